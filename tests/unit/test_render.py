@@ -1,0 +1,120 @@
+"""The one argv builder and the rendered systemd units."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specdeploy.config import DATA_DEFAULTS, config_from_data
+from specdeploy.flags import serve_args, serve_argv
+from specdeploy.render import exec_start, render_env_file, render_unit, systemd_quote
+
+
+def test_baseline_differs_only_in_speculative_config(valid_data):
+    cfg = config_from_data(valid_data)
+    spec, base = serve_args(cfg), serve_args(cfg, speculative=False)
+    i = spec.index("--speculative-config")
+    assert spec[:i] + spec[i + 2:] == base
+    assert json.loads(spec[i + 1]) == valid_data["speculative_config"]
+
+
+def test_argv_never_carries_removed_flags(valid_data):
+    argv = serve_argv(config_from_data(valid_data))
+    assert not [a for a in argv if a.startswith(("--speculative-model", "--num-speculative-tokens", "--spec-"))]
+    assert argv.count("--speculative-config") == 1
+
+
+def test_one_memory_mechanism_is_emitted(valid_data):
+    args = serve_args(config_from_data(valid_data))
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.92"
+    assert "--kv-cache-memory-bytes" not in args
+    del valid_data["gpu_memory_utilization"]
+    valid_data["kv_cache_memory_bytes"] = 1 << 30
+    args = serve_args(config_from_data(valid_data))
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)
+    assert "--gpu-memory-utilization" not in args
+
+
+def test_limits_come_from_workload_not_from_k(valid_data):
+    a = serve_args(config_from_data(valid_data))
+    valid_data["speculative_config"]["num_speculative_tokens"] = 2
+    b = serve_args(config_from_data(valid_data))
+
+    def value(args, flag):
+        return args[args.index(flag) + 1]
+
+    for flag in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens"):
+        assert value(a, flag) == value(b, flag)
+    assert value(a, "--max-model-len") == "512"  # prompt 256 + output 256
+    assert value(a, "--max-num-seqs") == "4"  # the workload's concurrency
+
+
+def test_measurement_instances_turn_prefix_caching_off(valid_data):
+    cfg = config_from_data(valid_data)
+    assert "--enable-prefix-caching" in serve_args(cfg)
+    assert "--no-enable-prefix-caching" in serve_args(cfg, prefix_caching=False)
+
+
+def test_data_defaults_come_from_the_schema():
+    assert DATA_DEFAULTS["vllm_port"] == 8000 and DATA_DEFAULTS["vllm_package"] == "vllm"
+    assert "vllm_version" not in DATA_DEFAULTS  # required: no silent default pin
+
+
+@pytest.mark.parametrize("word,quoted", [
+    ("plain", "plain"),
+    ("50%", "50%%"),
+    ("a b", '"a b"'),
+    ('{"k":"v"}', '"{\\"k\\":\\"v\\"}"'),
+    ("$HOME", '"$$HOME"'),
+    ("back\\slash", '"back\\\\slash"'),
+    (";", '";"'),
+    ("", '""'),
+])
+def test_systemd_quote(word, quoted):
+    assert systemd_quote(word) == quoted
+
+
+def test_units_hold_secrets_only_in_env_file(valid_data):
+    valid_data.update(hf_token="hf_secret_token", vllm_api_key="sk-secret")
+    cfg = config_from_data(valid_data)
+    for role in ("speculative", "baseline"):
+        text = render_unit(cfg, role).text
+        assert "hf_secret_token" not in text and "sk-secret" not in text
+        assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in text
+    env = render_env_file(cfg)
+    assert "HF_TOKEN='hf_secret_token'" in env and "VLLM_API_KEY='sk-secret'" in env
+
+
+def test_units_conflict_with_each_other(valid_data):
+    cfg = config_from_data(valid_data)
+    assert "Conflicts=specdeploy-vllm-baseline.service" in render_unit(cfg, "speculative").text
+    assert "Conflicts=specdeploy-vllm.service" in render_unit(cfg, "baseline").text
+
+
+def test_exec_start_line_is_the_rendered_argv(valid_data):
+    cfg = config_from_data(valid_data)
+    unit = render_unit(cfg)
+    line = re.search(r"^ExecStart=(.*)$", unit.text, re.M).group(1)
+    assert line == exec_start(unit.argv)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_rendered_units_pass_systemd_analyze_verify(valid_data, tmp_path):
+    # verify insists that ExecStart's binary exists: point the install dir at a real python.
+    install = tmp_path / "inst"
+    (install / "venv" / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, install / "venv" / "bin" / "python")
+    valid_data.update(install_dir=str(install), state_dir=str(tmp_path),
+                      speculative_config={**valid_data["speculative_config"], "revision": "50%$x"})
+    cfg = config_from_data(valid_data)
+    for role in ("speculative", "baseline"):
+        unit = render_unit(cfg, role)
+        path = tmp_path / unit.name
+        path.write_text(unit.text)
+        result = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.strip() == "", result.stderr
