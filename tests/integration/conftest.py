@@ -1,0 +1,143 @@
+"""Fixtures for integration tests against the local sandbox fleet.
+
+``sandbox_fleet`` (session scope) brings ``$SPECDEPLOY_TEST_HOSTS`` (default 2)
+systemd-nspawn hosts up in parallel and always tears them down afterwards --
+unless ``SPECDEPLOY_KEEP_SANDBOX=1``, in which case the fleet is left running
+and reused by the next session (``up`` is idempotent).
+
+Unless ``SPECDEPLOY_STATE_DIR`` is set, the tests use their own state dir
+(``/run/specdeploy/sandbox-test``), so a developer's ``specdeploy sandbox up``
+fleet is never touched. The fixture exports ``SPECDEPLOY_STATE_DIR`` so that
+subprocesses (``pyinfra inventories/sandbox.py ...``) see the same fleet.
+
+If ``services.start`` fails, the hosts are still usable: ``sandbox_fleet``
+records the error in ``state["services_error"]`` and only the
+``sandbox_services`` fixture fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_STATE_DIR = "/run/specdeploy/sandbox-test"
+
+
+def _sandbox_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "sandbox fleet needs root"
+    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "zstd"):
+        if shutil.which(tool) is None:
+            return f"{tool} missing (run .ci/install-system-deps.sh)"
+    if not Path("/sys/fs/cgroup/unified").is_dir() and not Path("/sys/fs/cgroup/cgroup.procs").exists():
+        return "no cgroup hierarchy"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if item.get_closest_marker("sandbox") is None:
+            continue
+        if reason is None:
+            reason = _sandbox_unavailable() or ""
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _keep() -> bool:
+    return os.environ.get("SPECDEPLOY_KEEP_SANDBOX", "") == "1"
+
+
+@pytest.fixture(scope="session")
+def sandbox_state_dir() -> str:
+    d = os.environ.setdefault("SPECDEPLOY_STATE_DIR", TEST_STATE_DIR)
+    return d
+
+
+@pytest.fixture(scope="session")
+def sandbox_fleet(request, sandbox_state_dir):
+    """The running fleet's state dict (see ``specdeploy.sandbox``)."""
+    from specdeploy import sandbox
+    from specdeploy.sandbox import hosts as sb_hosts
+
+    n = int(os.environ.get("SPECDEPLOY_TEST_HOSTS", "2"))
+    prefixes: set[str] = set()
+
+    def finalize():
+        if _keep():
+            warnings.warn(
+                f"SPECDEPLOY_KEEP_SANDBOX=1: leaving the sandbox fleet up "
+                f"(state {sandbox.state_path()}); `specdeploy sandbox down` removes it"
+            )
+            return
+        st = sandbox.load_state()
+        if st:
+            prefixes.add(st["prefix"])
+        sandbox.down()
+        dirty = {p: {k: v for k, v in sb_hosts.leftovers(p).items() if v} for p in prefixes}
+        dirty = {p: v for p, v in dirty.items() if v}
+        assert not dirty, f"sandbox down left things behind: {dirty}"
+
+    request.addfinalizer(finalize)  # registered first: also runs if up() fails
+    try:
+        st = sandbox.up(n)
+    except sandbox.SandboxError as e:
+        st = sandbox.load_state()
+        if not st or "services_error" not in st:
+            if st:
+                prefixes.add(st["prefix"])
+            raise
+        warnings.warn(f"sandbox services failed, hosts are up: {e}")
+    prefixes.add(st["prefix"])
+    return st
+
+
+@pytest.fixture(scope="session")
+def sandbox_services(sandbox_fleet) -> dict:
+    """The services' state (wheelhouse, HF mirror); fails if they did not start."""
+    if sandbox_fleet.get("services_error"):
+        pytest.fail(f"sandbox services failed to start: {sandbox_fleet['services_error']}")
+    return sandbox_fleet.get("services", {})
+
+
+@pytest.fixture(scope="session")
+def sandbox_ssh(sandbox_fleet):
+    """``sandbox_ssh(host_or_name, command) -> CompletedProcess`` (text, no check)."""
+    from specdeploy.sandbox import hosts as sb_hosts
+
+    by_name = {h["name"]: h for h in sandbox_fleet["hosts"]}
+
+    def run(host, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        h = by_name[host] if isinstance(host, str) else host
+        return subprocess.run(
+            sb_hosts.ssh_command(sandbox_fleet, h["address"], command),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def pyinfra_sandbox(sandbox_fleet):
+    """Run the real pyinfra CLI against inventories/sandbox.py."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["pyinfra", "-y", str(REPO_ROOT / "inventories/sandbox.py"), *args],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=os.environ.copy(),
+        )
+
+    return run
