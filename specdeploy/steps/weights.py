@@ -1,0 +1,53 @@
+"""Step 2: target and draft weights at their pinned revisions, into the host's HF cache."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import server
+
+from ..config import ServeConfig
+from ..facts import FreeDiskBytes, ModelSnapshot
+from ..remote import source
+from ..render import env_file_path
+from .remote import with_env_file
+
+
+def models(cfg: ServeConfig) -> list[tuple[str, str, str]]:
+    """(role, repo, revision) for every model the server loads."""
+    pairs = [("target", cfg.target_model, cfg.target_revision)]
+    if cfg.draft_model and cfg.speculative_config.get("method") == "draft_model":
+        pairs.append(("draft", cfg.draft_model, cfg.draft_revision))
+    return pairs
+
+
+def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
+    return {role: host.get_fact(ModelSnapshot, hf_home=cfg.hf_home, repo=repo, revision=rev)
+            for role, repo, rev in models(cfg)}
+
+
+@deploy("Fetch model weights")
+def fetch_weights(cfg: ServeConfig) -> bool:
+    """Schedules downloads for missing snapshots; returns True when any was missing."""
+    present = snapshots(cfg)
+    missing = [(role, repo, rev) for role, repo, rev in models(cfg) if present[role] is None]
+    if not missing:
+        return False
+    free = host.get_fact(FreeDiskBytes, path=cfg.hf_home)
+    needed = int(cfg.min_free_disk_gb * (1 << 30))
+    if free < needed:
+        raise RuntimeError(
+            f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, min_free_disk_gb is "
+            f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching {', '.join(r for _, r, _ in missing)}")
+    env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
+    script = shlex.quote(source("fetch_weights"))
+    for role, repo, rev in missing:
+        args = " ".join(shlex.quote(a) for a in (cfg.hf_home, repo, rev))
+        command = with_env_file(env_file_path(cfg), f"{env}HF_HUB_DISABLE_TELEMETRY=1 "
+                                f"{cfg.venv}/bin/python -c {script} {args}")
+        server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
+    server.shell(name="Weights belong to the service user",
+                 commands=[f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.hf_home}"])
+    return True
