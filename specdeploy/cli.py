@@ -90,6 +90,24 @@ def cmd_sandbox(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    """The embedded default: a local sandbox fleet, then the real deploy onto it."""
+    import subprocess
+
+    from . import sandbox
+    from .render import templates_dir
+
+    repo = templates_dir().parent
+    state = sandbox.up(hosts=args.hosts)
+    print(f"sandbox: {len(state['hosts'])} host(s) up: {', '.join(h['name'] for h in state['hosts'])}")
+    command = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
+    print("$ " + " ".join(command), flush=True)
+    result = subprocess.run(command, cwd=repo)
+    print(f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: /var/lib/specdeploy/records/ "
+          "on each host; `specdeploy sandbox down` removes the fleet.")
+    return result.returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -110,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "status", "down"])
     p.add_argument("--hosts", type=int, default=3)
     p.set_defaults(func=cmd_sandbox)
+    p = sub.add_parser("demo", help="sandbox up + deploys/serve.py on it (the README's first command)")
+    p.add_argument("--hosts", type=int, default=2)
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

