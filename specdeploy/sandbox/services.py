@@ -190,9 +190,24 @@ def _terminate(rec: dict, timeout: float = 10.0) -> None:
                     return
             except ChildProcessError:
                 pass
-            if not _is_ours(rec):
-                return
+            if not _is_ours(rec) and not _group_members(pid):
+                return  # leader and every process of its group (workers holding the port) are gone
             time.sleep(0.1)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
 
 
 def _launch(name: str, cmd: list[str], log: Path, env: dict, marker: str, host: str, port: int,
