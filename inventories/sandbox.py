@@ -68,3 +68,7 @@ sandbox = [
     )
     for _h in _state["hosts"]
 ]
+
+# The first host is the canary: `specdeploy rollout inventories/sandbox.py deploys/serve.py
+# --canary-group canary` deploys it alone first (its data comes from the `sandbox` group above).
+canary = [sandbox[0][0]]

@@ -108,6 +108,37 @@ def cmd_demo(args) -> int:
     return result.returncode
 
 
+def cmd_rollout(args) -> int:
+    from .rollout import run_rollout
+
+    extra = args.pyinfra_args[1:] if args.pyinfra_args[:1] == ["--"] else args.pyinfra_args
+    try:
+        return run_rollout(args.inventory, args.deploy, canary_group=args.canary_group or None,
+                           batch_size=args.batch_size, dry=args.dry, pyinfra_args=extra, limit=args.limit)
+    except ValueError as error:
+        print(f"specdeploy rollout: {error}", file=sys.stderr)
+        return 2
+
+
+def cmd_unlock(args) -> int:
+    """Remove a deploy lock left behind by a deploy that died (check that it really is gone first)."""
+    import subprocess
+
+    from .config import config_from_data
+    from .steps.lock import LOCK_DIR
+
+    hosts = _load_hosts(args)
+    failed = 0
+    for name, data in hosts.items():
+        if args.limit and name not in args.limit:
+            continue
+        path = f"{LOCK_DIR}/{config_from_data(data).service_name}.deploy.lock"
+        command = ["pyinfra", "-y", args.inventory, "--limit", name, "exec", "--",
+                   f"if [ -f {path} ]; then echo removing: $(cat {path}); rm -f {path}; else echo no lock; fi"]
+        failed += subprocess.run(command).returncode != 0
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -128,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "status", "down"])
     p.add_argument("--hosts", type=int, default=3)
     p.set_defaults(func=cmd_sandbox)
+    p = sub.add_parser("rollout", help="canary group first, then batches; stops at the first unhealthy batch")
+    p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
+    p.add_argument("deploy", nargs="?", default="deploys/serve.py", help="deploy file (default deploys/serve.py)")
+    p.add_argument("--canary-group", default="canary", help="inventory group deployed first ('' for none)")
+    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary (default 1)")
+    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument("--dry", action="store_true", help="pyinfra --dry per batch: show what would change")
+    p.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="-- extra pyinfra arguments")
+    p.set_defaults(func=cmd_rollout)
+    p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
+    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.set_defaults(func=cmd_unlock)
     p = sub.add_parser("demo", help="sandbox up + deploys/serve.py on it (the README's first command)")
     p.add_argument("--hosts", type=int, default=2)
     p.set_defaults(func=cmd_demo)

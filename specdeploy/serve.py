@@ -17,7 +17,8 @@ from .config import DATA_DEFAULTS, ServeConfig
 from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .preflight import evaluate
 from .render import RenderedUnit, render_unit
-from .steps import health, install, record, smoke, unit, weights
+from .rollout import show_unit_diff, verify_or_rollback
+from .steps import health, install, lock, record, smoke, unit, weights
 
 
 def host_config() -> ServeConfig:
@@ -58,6 +59,8 @@ def serve(role: str = "speculative"):
     started = time.time()
     cfg = host_config()
     rendered = render_unit(cfg, role)
+    lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
+    show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
 
     install.prepare_host(cfg)
     install.install_vllm(cfg)
@@ -71,6 +74,8 @@ def serve(role: str = "speculative"):
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = previous is not None and previous.get("unit", {}).get("sha256") == rendered.sha256
 
-    python.call(name="Health check, smoke benchmark, deployment record", function=verify_and_record,
-                cfg=cfg, rendered=rendered, started=started,
+    # A failing health check on a changed host restores the previous unit + env file (rollout.py).
+    python.call(name="Health check, smoke benchmark, deployment record", function=verify_or_rollback,
+                verify=verify_and_record, changed=changed, cfg=cfg, rendered=rendered, started=started,
                 _if=lambda: changed() or not up_to_date or active != "active")
+    lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

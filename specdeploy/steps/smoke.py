@@ -15,7 +15,8 @@ from ..config import ServeConfig
 from ..flags import launcher
 from ..metrics import acceptance, spec_decode_counters
 from .health import _curl, base_url
-from .remote import run
+from ..render import env_file_path
+from .remote import run, with_env_file
 
 
 def reports_dir(host_name: str) -> Path:
@@ -33,7 +34,10 @@ def run_bench(cfg: ServeConfig, *, tokenizer_path: str, name: str, workload=None
     env = f"HF_HOME={shlex.quote(cfg.hf_home)} HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 " + " ".join(
         f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items())
     started = time.monotonic()
-    run(f"mkdir -p {remote_dir} && {env} {shlex.join(launcher(cfg) + args)}")
+    # An --api-key server needs it on the benchmark's requests too: `vllm bench` reads OPENAI_API_KEY; it
+    # comes from the root-only env file, never argv.
+    run(with_env_file(env_file_path(cfg), f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
+                      f"{env} {shlex.join(launcher(cfg) + args)}"))
     elapsed = time.monotonic() - started
     after = spec_decode_counters(_curl(cfg, "/metrics"))
     local = reports_dir(host.name) / filename
