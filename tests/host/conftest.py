@@ -1,0 +1,127 @@
+"""Host tests for a deployed fleet: `pytest tests/host --inventory inventories/prod.py [--limit HOST]`.
+
+The pyinfra inventory (with its group_data, exactly as `pyinfra INVENTORY ...` sees it) is turned into
+testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_port, ssh_key,
+ssh_known_hosts_file, ssh_strict_host_key_checking, _sudo) become one `Host` entry of a generated
+ssh_config, used by testinfra's `ssh://` backend (the system ssh client, with connection sharing).
+Every expectation is derived from the same config the deploy used: `specdeploy.checks.check_config`
+on the host's data, and `specdeploy.render` / `specdeploy.flags.serve_argv` for the unit and argv.
+
+Without --inventory this directory is not collected, so a plain `pytest tests` skips it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("specdeploy host tests")
+    group.addoption("--inventory", help="pyinfra inventory file of the deployed fleet (enables tests/host)")
+    group.addoption("--limit", action="append", default=None, help="only this host (repeatable)")
+
+
+def _explicitly_requested(config) -> bool:
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == HERE or HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("inventory", None):
+        return None
+    if HERE == Path(collection_path).resolve() or HERE in Path(collection_path).resolve().parents:
+        if _explicitly_requested(config):
+            raise pytest.UsageError("tests/host checks a deployed fleet: pass --inventory INVENTORY "
+                                    "(e.g. pytest tests/host --inventory inventories/prod.py)")
+        return True
+    return None
+
+
+def _fleet(config) -> dict[str, dict]:
+    cached = getattr(config, "_specdeploy_fleet", None)
+    if cached is None:
+        from specdeploy.inventory import host_data
+
+        inventory = config.getoption("inventory")
+        hosts = host_data(inventory)
+        limit = config.getoption("limit")
+        if limit:
+            unknown = sorted(set(limit) - set(hosts))
+            if unknown:
+                raise pytest.UsageError(f"--limit {', '.join(unknown)}: not in {inventory}")
+            hosts = {name: data for name, data in hosts.items() if name in limit}
+        if not hosts:
+            raise pytest.UsageError(f"{inventory}: no hosts")
+        cached = config._specdeploy_fleet = hosts
+    return cached
+
+
+def pytest_generate_tests(metafunc):
+    if "host_name" in metafunc.fixturenames:
+        names = list(_fleet(metafunc.config))
+        metafunc.parametrize("host_name", names, ids=names, scope="session")
+
+
+def ssh_config_text(hosts: dict[str, dict]) -> str:
+    """One ssh_config `Host` block per pyinfra host, from its pyinfra SSH settings."""
+    blocks = []
+    for name, data in hosts.items():
+        lines = [f"Host {name}", f"    HostName {data.get('ssh_hostname') or name}"]
+        if data.get("ssh_user"):
+            lines.append(f"    User {data['ssh_user']}")
+        if data.get("ssh_port"):
+            lines.append(f"    Port {data['ssh_port']}")
+        if data.get("ssh_key"):
+            lines += [f"    IdentityFile {data['ssh_key']}", "    IdentitiesOnly yes"]
+        if data.get("ssh_known_hosts_file"):
+            lines.append(f"    UserKnownHostsFile {data['ssh_known_hosts_file']}")
+        strict = data.get("ssh_strict_host_key_checking")
+        if strict is not None:
+            lines.append(f"    StrictHostKeyChecking {strict if isinstance(strict, str) else ('yes' if strict else 'no')}")
+        if data.get("ssh_allow_agent") is False:
+            lines.append("    ForwardAgent no")
+        lines += ["    BatchMode yes", "    ConnectTimeout 10"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+@pytest.fixture(scope="session")
+def fleet(request) -> dict[str, dict]:
+    return _fleet(request.config)
+
+
+@pytest.fixture(scope="session")
+def ssh_config(fleet, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("specdeploy-ssh") / "ssh_config"
+    path.write_text(ssh_config_text(fleet))
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def host_data(fleet, host_name) -> dict:
+    return fleet[host_name]
+
+
+@pytest.fixture(scope="session")
+def th(host_name, host_data, ssh_config):
+    """The testinfra host for `host_name`."""
+    import testinfra
+
+    return testinfra.get_host(f"ssh://{host_name}", ssh_config=ssh_config, sudo=bool(host_data.get("_sudo")),
+                              controlpersist=120, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cfg(host_name, host_data):
+    from specdeploy.checks import check_config
+
+    return check_config(host_name, host_data)
