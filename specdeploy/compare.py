@@ -362,11 +362,41 @@ def speculation_gate(cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
     })
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if decision["passed"] or gate_cfg.on_fail != "baseline":
-        run(f"systemctl disable {baseline.name} 2>/dev/null || true", check=False)
         return rendered, checked, decision
     run(f"systemctl disable {rendered.name} && systemctl enable {baseline.name}")
     checked = start_fresh(cfg, baseline, speculative=False, install=False)
     return baseline, checked, decision
+
+
+class GateFailed(RuntimeError):
+    pass
+
+
+def disable_other_role(cfg: ServeConfig, rendered: RenderedUnit) -> None:
+    """Only the unit the host serves with is enabled (the other may be left enabled by an earlier
+    gate decision)."""
+    other = unit_name(cfg, "baseline" if rendered.role == "speculative" else "speculative")
+    run(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true", check=False)
+
+
+def gate_settled_unit(cfg: ServeConfig, rendered: RenderedUnit, previous: dict | None) -> RenderedUnit:
+    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline for
+    exactly this speculative unit and gate setting, keep serving the baseline (no re-measurement and
+    no flip-flop on a re-run). Change the config (or the gate) to measure again."""
+    gate = (previous or {}).get("gate") or {}
+    if (rendered.role == "speculative" and cfg.speculation_gate is not None and gate
+            and not gate.get("passed") and gate.get("on_fail") == "baseline"
+            and (previous or {}).get("role") == "baseline"
+            and gate.get("speculative_unit_sha256") == rendered.sha256
+            and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio):
+        return render_unit(cfg, "baseline")
+    return rendered
+
+
+def gate_blocks(previous: dict | None) -> bool:
+    """A recorded gate failure with on_fail=fail: the next run must measure again, not skip."""
+    gate = (previous or {}).get("gate") or {}
+    return bool(gate) and not gate.get("passed") and gate.get("on_fail") == "fail"
 
 
 # --- the deploys ------------------------------------------------------------------------------------
@@ -375,8 +405,14 @@ _WRITE_LOCK: dict[str, int] = {}
 
 
 def _measure(cfg: ServeConfig, *, kind: str, plan: list[tuple[Arm, bool]], cond: dict) -> None:
+    from .steps import lock
+
     out = run_dir(kind) / "raw" / host.name
-    run_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
+    try:
+        run_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
+    except Exception:
+        lock.release_now(cfg)  # the host is back on its deployed unit (run_plan's finally) or says why
+        raise
 
 
 def _write_report(kind: str) -> None:
@@ -405,6 +441,7 @@ def compare_deploy():
 
     from .config import DATA_DEFAULTS
     from .serve import host_config
+    from .steps import lock
 
     @deploy("specdeploy: baseline vs speculative A/B", data_defaults=DATA_DEFAULTS)
     def _compare():
@@ -418,8 +455,10 @@ def compare_deploy():
         cond = conditions(cfg, repeats=repeats, warmup_runs=warmup_runs,
                           order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
                           apc_profile=apc_workload(cfg)[2] if apc else None)
+        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
         python.call(name=f"A/B measurement ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})",
                     function=_measure, cfg=cfg, kind="compare", plan=plan, cond=cond)
+        lock.release(name="Release the host's deploy lock", cfg=cfg)
         python.call(name=f"Report {run_dir('compare')}", function=_write_report, kind="compare")
 
     _compare()
@@ -432,6 +471,7 @@ def tune_deploy():
 
     from .config import DATA_DEFAULTS
     from .serve import host_config
+    from .steps import lock
 
     @deploy("specdeploy: num_speculative_tokens sweep", data_defaults=DATA_DEFAULTS)
     def _tune():
@@ -442,8 +482,10 @@ def tune_deploy():
         plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
         cond = conditions(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs,
                           order="warm-up, then " + " ".join(a.label for a, w in plan if not w))
+        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
         python.call(name=f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)", function=_measure,
                     cfg=cfg, kind="tune", plan=plan, cond=cond)
+        lock.release(name="Release the host's deploy lock", cfg=cfg)
         python.call(name=f"Report {run_dir('tune')}", function=_write_report, kind="tune")
 
     _tune()

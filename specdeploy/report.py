@@ -151,8 +151,8 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded {cond.get('warmup_runs')}, order "
         f"{cond.get('order')}, server restarted for every sample; prefix caching: {cond.get('prefix_caching')}",
         f"- speculative_config: `{json.dumps(cond.get('speculative_config'), sort_keys=True)}`",
-        f"- baseline argv: `vllm serve {' '.join(cond.get('baseline_argv', []))}`",
-        f"- speculative argv: `vllm serve {' '.join(cond.get('speculative_argv', []))}`",
+        f"- baseline argv: `{' '.join(cond.get('baseline_argv', []))}`",
+        f"- speculative argv: `{' '.join(cond.get('speculative_argv', []))}`",
         f"- bench: `vllm {' '.join(cond.get('bench_args', []))}`",
         f"- measured {cond.get('started_at')} – {cond.get('finished_at')} ({cond.get('seconds')} s); host left on "
         f"`{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",

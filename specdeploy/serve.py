@@ -18,6 +18,7 @@ from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, Vllm
 from .preflight import evaluate
 from .render import RenderedUnit, render_unit
 from .rollout import show_unit_diff, verify_or_rollback
+from . import compare
 from .steps import health, install, lock, record, smoke, unit, weights
 
 
@@ -47,10 +48,16 @@ def verify_and_record(cfg: ServeConfig, rendered: RenderedUnit, started: float, 
         counters = result["specdeploy"]["server_counters"]
         if not counters["drafts"]:
             raise health.HealthError(f"{host.name}: spec-decode counters did not grow during the smoke benchmark")
+    gate = None  # opt-in (host data speculation_gate): smoke A/B; may leave the host on the baseline unit
+    if result is not None and rendered.role == "speculative" and cfg.speculation_gate is not None:
+        rendered, checked, gate = compare.speculation_gate(cfg, rendered, snaps["target"]["path"])
+    compare.disable_other_role(cfg, rendered)
     entry = record.build_record(cfg, rendered, vllm_version=host.get_fact(VllmVersion, venv=cfg.venv,
                                 package=cfg.vllm_package), snapshots=snaps, preflight=pre, health=checked,
-                                smoke=result, started=started, role=rendered.role)
+                                smoke=result, started=started, role=rendered.role, gate=gate)
     record.write_record(cfg, entry)
+    if gate is not None and not gate["passed"] and gate["on_fail"] == "fail":
+        raise compare.GateFailed(f"{host.name}: speculation gate failed: {gate['reason']}")
     return entry
 
 
@@ -59,6 +66,7 @@ def serve(role: str = "speculative"):
     started = time.time()
     cfg = host_config()
     rendered = render_unit(cfg, role)
+    rendered = compare.gate_settled_unit(cfg, rendered, host.get_fact(JsonFile, path=record.record_path(cfg)))
     lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
     show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
 
@@ -72,7 +80,8 @@ def serve(role: str = "speculative"):
     changed = unit.install_unit(cfg, rendered)
     previous = host.get_fact(JsonFile, path=record.record_path(cfg))
     active = host.get_fact(ServiceActive, unit=rendered.name)
-    up_to_date = previous is not None and previous.get("unit", {}).get("sha256") == rendered.sha256
+    up_to_date = (previous is not None and previous.get("unit", {}).get("sha256") == rendered.sha256
+                  and not compare.gate_blocks(previous))
 
     # A failing health check on a changed host restores the previous unit + env file (rollout.py).
     python.call(name="Health check, smoke benchmark, deployment record", function=verify_or_rollback,

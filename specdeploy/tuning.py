@@ -85,6 +85,9 @@ def compare_values(spec: Sequence[float], base: Sequence[float], *, lower_is_bet
     band = ratio_with_band(spec, base)
     out = {"ratio": _clean(band["ratio"]), "low": _clean(band["low"]), "high": _clean(band["high"]),
            "significant": bool(band["significant"])}
+    if len(spec) < 2 or len(base) < 2:  # one run has no spread: no noise estimate, no verdict
+        out.update(significant=False, verdict="too few runs", why="fewer than 2 runs in an arm")
+        return out
     out["verdict"] = verdict(out, lower_is_better=lower_is_better)
     return out
 

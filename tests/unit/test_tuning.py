@@ -51,6 +51,11 @@ def test_zero_baseline_is_not_comparable_and_inf_is_not_written():
     assert r["high"] is None  # inf band edge is JSON-safe None
 
 
+def test_single_run_gets_no_verdict():
+    r = compare_values([5.0], [10.0])
+    assert r["ratio"] == 0.5 and r["verdict"] == "too few runs" and not r["significant"]
+
+
 def test_acceptance_is_pooled_over_runs():
     a = acceptance_summary([
         {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 15, "acceptance_rate": 0.5, "mean_acceptance_length": 2.5},
