@@ -111,7 +111,9 @@ def cmd_demo(args) -> int:
 def cmd_rollout(args) -> int:
     from .rollout import run_rollout
 
-    extra = args.pyinfra_args[1:] if args.pyinfra_args[:1] == ["--"] else args.pyinfra_args
+    import shlex
+
+    extra = shlex.split(args.pyinfra_args)
     try:
         return run_rollout(args.inventory, args.deploy, canary_group=args.canary_group or None,
                            batch_size=args.batch_size, dry=args.dry, pyinfra_args=extra, limit=args.limit)
@@ -166,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary (default 1)")
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.add_argument("--dry", action="store_true", help="pyinfra --dry per batch: show what would change")
-    p.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="-- extra pyinfra arguments")
+    p.add_argument("--pyinfra-args", default="", help="extra pyinfra arguments, one string, e.g. \"--debug\"")
     p.set_defaults(func=cmd_rollout)
     p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")

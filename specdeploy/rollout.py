@@ -277,6 +277,6 @@ def run_rollout(inventory: str, deploy: str, *, canary_group: str | None = "cana
             say(f"rollout STOPPED; not touched: {', '.join(untouched) or 'none'}")
             return result.returncode or 1
         say(f"batch {index}/{total} done in {time.monotonic() - t0:.0f}s: "
-            f"{'would change (dry run)' if dry else 'healthy'}: {', '.join(batch)}")
+            f"{'planned (dry run, nothing changed)' if dry else 'healthy'}: {', '.join(batch)}")
     say(f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) in {time.monotonic() - started:.0f}s")
     return 0
