@@ -41,10 +41,16 @@ def ratio_with_band(spec: Sequence[float], base: Sequence[float]) -> dict:
     than one MAD). `significant` is True when the whole band lies on one side of 1, i.e. the two arms
     differ by more than their spread: faster when high < 1, slower when low > 1.
     """
-    ms, mb = median(spec), median(base)
+    return band_from_spread(median(spec), mad(spec), median(base), mad(base))
+
+
+def band_from_spread(spec_median: float, spec_spread: float, base_median: float, base_spread: float) -> dict:
+    """`ratio_with_band` when only each arm's median and spread (MAD, or an estimate of it) are known."""
+    ms, ds, mb, db = spec_median, spec_spread, base_median, base_spread
     if mb <= 0:
         raise ValueError("baseline median must be positive")
-    ds, db = mad(spec), mad(base)
+    if ds < 0 or db < 0:
+        raise ValueError("spreads must be >= 0")
     low = (ms - ds) / (mb + db)
     high = (ms + ds) / (mb - db) if mb - db > 0 else math.inf
     return {"ratio": ms / mb, "low": low, "high": high, "significant": high < 1.0 or low > 1.0}
