@@ -363,7 +363,9 @@ def speculation_gate(cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if decision["passed"] or gate_cfg.on_fail != "baseline":
         return rendered, checked, decision
-    run(f"systemctl disable {rendered.name} && systemctl enable {baseline.name}")
+    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit unchanged
+    run(f"cp -p {UNIT_DIR}/{baseline.name} /etc/specdeploy/staged-{baseline.name} && "
+        f"systemctl disable {rendered.name} && systemctl enable {baseline.name}")
     checked = start_fresh(cfg, baseline, speculative=False, install=False)
     return baseline, checked, decision
 
