@@ -200,7 +200,7 @@ def tune_summary(run_dir: Path) -> dict:
     hosts = load_run(run_dir)
     out = {"schema": 1, "kind": "tune", "run": run_dir.name,
            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "notes": {"samples": SAMPLE_NOTE, "prefix_caching": "prefix caching OFF in every instance",
+           "notes": {"samples": SAMPLE_NOTE.replace("Arms alternate A B A B", "The k order rotates every round"), "prefix_caching": "prefix caching OFF in every instance",
                      "itl_vs_tpot": ITL_NOTE, "generated_text": TEXT_NOTE}, "hosts": {}}
     for name, h in hosts.items():
         ks = h["conditions"]["ks"]
@@ -232,6 +232,9 @@ def tune_markdown(s: dict) -> str:
         c = h["choice"]
         lines += [f"## {name}", "", f"best k = {c['best_k']}, **recommended k = {c['recommended_k']}** "
                   f"(currently {h['current_k']}).", ""]
+        if any(v["n"] < 2 for v in c["per_k"].values()):
+            lines += ["**Only one run for some k: there is no noise estimate (MAD 0), so 'within noise of best' "
+                      "means equal. Use tune_repeats >= 2 (default 3) before acting on this.**", ""]
         lines.append(f"Host-data change: `{h['host_data_change']}`" if h["host_data_change"]
                      else "No change: the current k is the recommended one.")
         lines += ["", "| k | TPOT median (ms) | TPOT MAD | ratio to best | within noise of best | E2EL median (ms) | "
