@@ -35,6 +35,7 @@ def bench_args(cfg: ServeConfig, *, base_url: str, tokenizer: str, result_dir: s
         "--metric-percentiles", METRIC_PERCENTILES,
         "--disable-tqdm",
         "--save-result",
+        "--save-detailed",  # keep per-request latencies: noise bands need the samples
         "--result-dir", result_dir,
         "--result-filename", result_filename,
     ]
