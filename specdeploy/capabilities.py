@@ -11,7 +11,9 @@ Sources (re-check when adding a release):
   `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
 - `--spec-method` / `--spec-model` / `--spec-tokens` (short forms that write into the JSON):
-  `vllm/engine/arg_utils.py` of 0.32.0.
+  `vllm/engine/arg_utils.py` of 0.26.0 and 0.32.0.
+- `draft_model` silently turns async scheduling off in 0.26.0 (`vllm/config/vllm.py`); see
+  benchmarks/gpu_payoff/REPORT.md for what that costs per step.
 - `rejection_sample_method: "synthetic"` (synthetic acceptance, for benchmarks with dummy weights):
   0.26.0 (see ../shared/gpu/first-measurements.md) and 0.32.0.
 """
