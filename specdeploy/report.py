@@ -282,9 +282,10 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
                        label=arm if gi == 0 and m == CHART_METRICS[0] else None)
                 ax.scatter([x] * len(a["values"]), a["values"], color="black", s=10, zorder=3)
             v = g["ratios"][m]["verdict"]
-            ax.text(gi, ax.get_ylim()[1] * 0.98 if ax.get_ylim()[1] else 0, v, ha="center", va="top", fontsize=7)
+            ax.text(gi, 1.01, v, ha="center", va="bottom", fontsize=7, transform=ax.get_xaxis_transform(),
+                    color={"better": "#2ca02c", "worse": "#d62728"}.get(v, "#555555"))
         ax.set_xticks(range(len(groups)), [g for g, _ in groups], rotation=20, fontsize=8)
-        ax.set_title(f"{label.split(' (')[0]} ({unit})\n{'lower' if lower else 'higher'} is better", fontsize=9)
+        ax.set_title(f"{label.split(' (')[0]} ({unit})\n{'lower' if lower else 'higher'} is better\n", fontsize=9)
     fig.legend(loc="upper right", fontsize=8)
     fig.suptitle(f"{s['run']}: medians over runs, MAD bars, dots = individual runs (prefix caching off)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.92))
@@ -292,23 +293,27 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
     plt.close(fig)
     written.append("latency.png")
 
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.9 * len(groups)))
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 1.1 * len(groups)))
+    LIMITS, ticks = (0.2, 5.0), []  # band edges beyond the axis are drawn at its edge
     for mi, m in enumerate(CHART_METRICS):
         for gi, (gname, g) in enumerate(groups):
             r = g["ratios"][m]
             if r["ratio"] is None:
                 continue
             y = gi * (len(CHART_METRICS) + 1) + mi
-            hi = r["high"] if r["high"] is not None else max(r["ratio"] * 2, 2)
+            clip = lambda x: min(max(x, LIMITS[0]), LIMITS[1])  # noqa: E731
+            hi = r["high"] if r["high"] is not None else LIMITS[1]
             color = {"better": "#2ca02c", "worse": "#d62728"}.get(r["verdict"], "#7f7f7f")
-            ax.plot([r["low"], hi], [y, y], color=color, lw=3, alpha=0.5)
-            ax.plot([r["ratio"]], [y], "o", color=color)
-            ax.text(max(hi, r["ratio"]) * 1.02, y, f"{gname} {m}: {r['ratio']:.2f} ({r['verdict']})", va="center",
-                    fontsize=7)
+            ax.plot([clip(r["low"]), clip(hi)], [y, y], color=color, lw=3, alpha=0.5)
+            ax.plot([clip(r["ratio"])], [y], "o", color=color)
+            ticks.append((y, f"{gname} {m}: {r['ratio']:.2f} ({r['verdict']})"))
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.set_yticks([])
-    ax.set_xlabel("speculative / baseline (log scale); latency < 1 is better, throughput > 1 is better")
+    ax.set_xlim(*LIMITS)
+    ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
+    ax.minorticks_off()
+    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7)
+    ax.set_xlabel("speculative / baseline (log scale, clipped to 0.2-5); latency < 1 is better, throughput > 1 is better")
     ax.set_title("ratio of medians with noise band (green better, red worse, grey within noise)", fontsize=9)
     fig.tight_layout()
     fig.savefig(run_dir / "ratios.png", dpi=110)
