@@ -35,10 +35,10 @@ from .bench import bench_args
 from .config import ServeConfig, Workload
 from .flags import launcher
 from .metrics import acceptance, spec_decode_counters
-from .render import RenderedUnit, render_unit, unit_name
+from .render import RenderedUnit, env_file_path, render_unit, unit_name
 from .steps import health, record, weights
 from .steps.health import _curl, base_url
-from .steps.remote import run
+from .steps.remote import run, with_env_file
 from .tuning import gate_decision, per_request_tpot_ms
 
 UNIT_DIR = "/etc/systemd/system"
@@ -176,7 +176,9 @@ def bench(cfg: ServeConfig, *, tokenizer: str, name: str, local: Path, workload:
     env = f"HF_HOME={shlex.quote(cfg.hf_home)} HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 " + " ".join(
         f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items())
     started = time.monotonic()
-    run(f"mkdir -p {remote_dir} && {env} {shlex.join(launcher(cfg) + args)}")
+    # an --api-key server needs the key on the benchmark's requests: from the root-only env file, never argv
+    run(with_env_file(env_file_path(cfg), f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
+                      f"{env} {shlex.join(launcher(cfg) + args)}"))
     seconds = time.monotonic() - started
     after = _curl(cfg, "/metrics")
     local.parent.mkdir(parents=True, exist_ok=True)
