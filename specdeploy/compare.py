@@ -249,6 +249,8 @@ def run_plan(cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, c
     tokenizer = snaps["target"]["path"]
     prod_unit, prod_role = deployed_unit(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("*.json"):  # a reused run id: no sample of an earlier run may be counted
+        stale.unlink()
     started = time.time()
     (out_dir / "conditions.json").write_text(json.dumps(
         {**conditions, "host": host.name, "restored_unit": prod_unit, "restored_role": prod_role,
