@@ -1,0 +1,71 @@
+"""Printed, not asserted: how long a first rollout takes on 1 vs 4 fresh sandbox hosts, and a no-op
+re-run on 4 hosts.
+
+    python benchmarks/rollout_time.py [--mode pyinfra|rollout] [--hosts 4]
+
+Uses its own sandbox fleet (SPECDEPLOY_STATE_DIR, default /run/specdeploy/sandbox-bench) and tears it
+down between sizes, so every "first" rollout starts from bare hosts (only the control node's caches --
+wheelhouse, model mirror -- are warm). `--mode pyinfra` deploys all hosts at once
+(`pyinfra -y inventories/sandbox.py deploys/serve.py`); `--mode rollout` runs
+`specdeploy rollout ... --canary-group canary --batch-size N-1` (canary, then the rest together).
+Targets from issue 6: 4 hosts within 2x of 1 host; no-op re-run on 4 hosts within 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def timed(command: list[str]) -> float:
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}")
+    return elapsed
+
+
+def deploy_command(mode: str, hosts: int) -> list[str]:
+    if mode == "rollout":
+        return ["specdeploy", "rollout", "inventories/sandbox.py", "deploys/serve.py", "--canary-group", "canary",
+                "--batch-size", str(max(1, hosts - 1))]
+    return ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["pyinfra", "rollout"], default="pyinfra")
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--keep", action="store_true", help="leave the last fleet up")
+    args = parser.parse_args()
+    os.environ.setdefault("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox-bench")
+    from specdeploy import sandbox
+
+    rows = []
+    for size in (1, args.hosts):
+        sandbox.down()
+        sandbox.up(size)
+        first = timed(deploy_command(args.mode, size))
+        rows.append((f"first rollout, {size} host(s)", first))
+        print(f"first rollout on {size} fresh host(s): {first:.1f}s", flush=True)
+    noop = timed(deploy_command(args.mode, args.hosts))
+    rows.append((f"no-op re-run, {args.hosts} hosts", noop))
+    if not args.keep:
+        sandbox.down()
+
+    print(f"\nrollout timings ({args.mode}, {os.cpu_count()} CPU cores on the control node, sandbox hosts share them)")
+    for label, seconds in rows:
+        print(f"  {label:<28} {seconds:8.1f} s")
+    ratio = rows[1][1] / rows[0][1]
+    print(f"  {args.hosts} vs 1 host: {ratio:.2f}x (target <= 2x); no-op re-run {noop:.1f}s (target <= 5 s)")
+
+
+if __name__ == "__main__":
+    main()
