@@ -174,8 +174,10 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered, *, changed, **kwargs)
         return verify(cfg, rendered, **kwargs)
     except Exception as error:  # noqa: BLE001 - any failure of the new config
         cause = str(error)
-        if not changed():
-            _report({"host": host.name, "cause": cause, "rolled_back": False})
+        if not changed():  # nothing of ours to undo (e.g. the server was only down): report, free the lock
+            _report({"host": host.name, "cause": cause, "rolled_back": False,
+                     "after": "not rolled back: this run changed neither unit nor env file"})
+            lock.release_now(cfg)
             raise
         logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}; rolling back")
         previous = restore_previous(cfg, rendered.name)
