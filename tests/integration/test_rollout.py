@@ -5,7 +5,6 @@ Needs 3 hosts: when the session fleet is smaller it is grown to 3 for this modul
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
