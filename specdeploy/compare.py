@@ -394,15 +394,22 @@ def gate_settled_unit(cfg: ServeConfig, rendered: RenderedUnit, previous: dict |
             and not gate.get("passed") and gate.get("on_fail") == "baseline"
             and (previous or {}).get("role") == "baseline"
             and gate.get("speculative_unit_sha256") == rendered.sha256
-            and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio):
+            and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio
+            and cfg.speculation_gate.on_fail == "baseline"):
         return render_unit(cfg, "baseline")
     return rendered
 
 
-def gate_blocks(previous: dict | None) -> bool:
-    """A recorded gate failure with on_fail=fail: the next run must measure again, not skip."""
+def gate_pending(cfg: ServeConfig, previous: dict | None) -> bool:
+    """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
+    switched on or its setting changed since the record, or it failed with on_fail=fail."""
+    if cfg.speculation_gate is None:
+        return False
     gate = (previous or {}).get("gate") or {}
-    return bool(gate) and not gate.get("passed") and gate.get("on_fail") == "fail"
+    if not gate or gate.get("max_tpot_ratio") != cfg.speculation_gate.max_tpot_ratio \
+            or gate.get("on_fail") != cfg.speculation_gate.on_fail:
+        return True
+    return not gate.get("passed") and gate.get("on_fail") == "fail"
 
 
 # --- the deploys ------------------------------------------------------------------------------------

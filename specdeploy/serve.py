@@ -81,7 +81,7 @@ def serve(role: str = "speculative"):
     previous = host.get_fact(JsonFile, path=record.record_path(cfg))
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (previous is not None and previous.get("unit", {}).get("sha256") == rendered.sha256
-                  and not compare.gate_blocks(previous))
+                  and not compare.gate_pending(cfg, previous))
 
     # A failing health check on a changed host restores the previous unit + env file (rollout.py).
     python.call(name="Health check, smoke benchmark, deployment record", function=verify_or_rollback,
