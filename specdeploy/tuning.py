@@ -30,7 +30,8 @@ METRICS: dict[str, tuple[str, str, str, bool]] = {
 ITL_NOTE = ("ITL and TPOT are different numbers under speculation: TPOT is (E2E latency - TTFT) / "
             "(output tokens - 1), the cost per generated token; ITL is the gap between streamed chunks, "
             "and one chunk can carry several accepted tokens, so ITL can rise while TPOT falls. Judge "
-            "speculation by TPOT and E2E latency, not by ITL.")
+            "speculation by TPOT and E2E latency, not by ITL. A baseline ITL median near 0 ms means its tokens "
+            "reached the client coalesced in chunks; the ITL ratio is then huge and meaningless.")
 TEXT_NOTE = ("Identical generated text is not used as a pass/fail signal anywhere: with temperature 0 "
              "speculation is designed not to change the output, so equal text proves nothing about speed, "
              "and unequal text can come from batching nondeterminism.")
