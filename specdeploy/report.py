@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .tuning import (ITL_NOTE, METRICS, TEXT_NOTE, acceptance_summary, arm_summary, choose_k, compare_arms,
-                     host_data_change, run_values, summarize_values)
+                     host_data_change, run_values)
 
 CHART_METRICS = ["ttft", "tpot", "itl", "e2el", "output_throughput"]
 APC_NOTE = ("Automatic prefix caching was OFF in every baseline and speculative measurement instance "

@@ -104,8 +104,6 @@ def test_unfinished_host_is_left_out(compare_run):
 def test_tune_report_recommends_and_prints_change(tmp_path):
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 3}
     samples = [("k1", True, bench_json(50.0), counters(10, 5, 1), None)]
-    for tp in ([6.0, 6.1, 6.2], ):
-        pass
     values = {1: [6.0, 6.2, 6.1], 2: [5.1, 5.3, 5.2], 3: [5.0, 5.2, 5.1], 4: [5.6, 5.7, 5.8]}
     for r in range(3):
         for k in (1, 2, 3, 4):
