@@ -29,16 +29,14 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
-from prometheus_client.parser import text_string_to_metric_families
 
 from .bench import bench_args
 from .config import ServeConfig, Workload
-from .flags import launcher
-from .metrics import acceptance, spec_decode_counters
-from .render import RenderedUnit, env_file_path, render_unit, unit_name
+from .render import RenderedUnit, render_unit, unit_name
 from .steps import health, record, weights
 from .steps.health import _curl, base_url
-from .steps.remote import run, with_env_file
+from .steps.smoke import bench
+from .steps.remote import run
 from .tuning import gate_decision, per_request_tpot_ms
 
 UNIT_DIR = "/etc/systemd/system"
@@ -46,30 +44,12 @@ UNIT_DIR = "/etc/systemd/system"
 
 # --- settings: host data, overridden by the environment ---------------------------------------------
 
-def setting(name: str, default, cast=int):
-    """`name` from the environment (SPECDEPLOY_<NAME>), else host data, else default."""
+def setting(cfg: ServeConfig, name: str):
+    """A measurement setting: SPECDEPLOY_<NAME> from the environment, else the host's config."""
     env = os.environ.get(f"SPECDEPLOY_{name.upper()}")
-    if env not in (None, ""):
-        return cast(env)
-    value = host.data.get(name)
-    return cast(default if value is None else value)
-
-
-def int_list(text) -> list[int]:
-    if isinstance(text, (list, tuple)):
-        return [int(x) for x in text]
-    out: list[int] = []
-    for part in str(text).replace(" ", "").split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += list(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
-    return out
-
-
-def to_bool(text) -> bool:
-    return text if isinstance(text, bool) else str(text).lower() in ("1", "true", "yes", "on")
+    if env in (None, ""):
+        return getattr(cfg, name)
+    return getattr(ServeConfig.model_validate({**cfg.model_dump(), name: env}), name)  # validated like host data
 
 
 _RUN_IDS: dict[str, str] = {}
@@ -148,56 +128,6 @@ def warm_up(cfg: ServeConfig, workload: Workload) -> None:
     _curl(cfg, "/v1/completions", data={"model": cfg.effective_served_name, "prompt": "warm up " * 8,
                                         "max_tokens": workload.output_len, "temperature": 0,
                                         "ignore_eos": True}, timeout=300)
-
-
-# --- one benchmark ----------------------------------------------------------------------------------
-
-def prefix_cache_counters(text: str) -> dict[str, float]:
-    """vllm:prefix_cache_{queries,hits}_total summed over label sets (prometheus_client)."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name.startswith("vllm:prefix_cache_"):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    short = sample.name[len("vllm:prefix_cache_"):-len("_total")]
-                    out[short] = out.get(short, 0.0) + sample.value
-    return out
-
-
-def bench(cfg: ServeConfig, *, tokenizer: str, name: str, local: Path, workload: Workload | None = None,
-          extra: list[str] | tuple[str, ...] = (), meta: dict | None = None) -> dict:
-    """One `vllm bench serve` on the host against the running server; its JSON is fetched to `local`
-    with {"specdeploy": {server_counters, prefix_cache, command, ...meta}} added."""
-    remote_dir = f"{cfg.state_dir}/bench"
-    filename = f"{name}.json"
-    before = _curl(cfg, "/metrics")
-    args = bench_args(cfg, base_url=base_url(cfg), tokenizer=tokenizer, result_dir=remote_dir,
-                      result_filename=filename, workload=workload, label=name) + list(extra)
-    env = f"HF_HOME={shlex.quote(cfg.hf_home)} HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 " + " ".join(
-        f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items())
-    started = time.monotonic()
-    # an --api-key server needs the key on the benchmark's requests: from the root-only env file, never argv
-    run(with_env_file(env_file_path(cfg), f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
-                      f"{env} {shlex.join(launcher(cfg) + args)}"))
-    seconds = time.monotonic() - started
-    after = _curl(cfg, "/metrics")
-    local.parent.mkdir(parents=True, exist_ok=True)
-    host.get_file(f"{remote_dir}/{filename}", str(local))
-    run(f"rm -f {remote_dir}/{filename}", check=False)
-    result = json.loads(local.read_text())
-    pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
-    prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
-    result["specdeploy"] = {
-        **(meta or {}),
-        "host": host.name,
-        "server_counters": acceptance(spec_decode_counters(before), spec_decode_counters(after)),
-        "prefix_cache": prefix | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
-        "bench_seconds": round(seconds, 1),
-        "command": launcher(cfg) + args,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    local.write_text(json.dumps(result, indent=1))
-    return result
 
 
 def sample(cfg: ServeConfig, arm: Arm, *, index: int, tokenizer: str, out_dir: Path, warmup: bool = False,
@@ -459,10 +389,10 @@ def compare_deploy():
     @deploy("specdeploy: baseline vs speculative A/B", data_defaults=DATA_DEFAULTS)
     def _compare():
         cfg = host_config()
-        repeats = setting("compare_repeats", 3)
-        warmup_runs = setting("compare_warmup_runs", 1)
-        apc = setting("compare_apc_profile", True, to_bool)
-        apc_repeats = setting("compare_apc_repeats", 1)
+        repeats = setting(cfg, "compare_repeats")
+        warmup_runs = setting(cfg, "compare_warmup_runs")
+        apc = setting(cfg, "compare_apc_profile")
+        apc_repeats = setting(cfg, "compare_apc_repeats")
         plan = compare_plan(cfg, repeats=repeats, warmup_runs=warmup_runs, apc_profile=apc,
                             apc_repeats=apc_repeats)
         cond = conditions(cfg, repeats=repeats, warmup_runs=warmup_runs,
@@ -489,9 +419,9 @@ def tune_deploy():
     @deploy("specdeploy: num_speculative_tokens sweep", data_defaults=DATA_DEFAULTS)
     def _tune():
         cfg = host_config()
-        ks = setting("tune_k", "1-7", int_list)
-        repeats = setting("tune_repeats", 3)
-        warmup_runs = setting("tune_warmup_runs", 1)
+        ks = setting(cfg, "tune_k")
+        repeats = setting(cfg, "tune_repeats")
+        warmup_runs = setting(cfg, "tune_warmup_runs")
         plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
         cond = conditions(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs,
                           order="warm-up, then " + " ".join(a.label for a, w in plan if not w))

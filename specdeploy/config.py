@@ -9,12 +9,27 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+                      field_validator)
 
 # vLLM's own default (CacheConfig.gpu_memory_utilization); we write it out explicitly so the unit
 # and the deployment record show the mechanism that was chosen.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 VLLM_MIN_BATCHED_TOKENS = 2048
+
+
+def parse_int_list(value) -> list[int]:
+    """[1, 2, 4] or "1-3,5" -> a list of ints."""
+    if isinstance(value, (list, tuple)):
+        return [int(x) for x in value]
+    out: list[int] = []
+    for part in str(value).replace(" ", "").split(","):
+        if "-" in part:
+            low, high = part.split("-")
+            out += list(range(int(low), int(high) + 1))
+        elif part:
+            out.append(int(part))
+    return out
 
 
 class Workload(BaseModel):
@@ -91,6 +106,21 @@ class ServeConfig(BaseModel):
     min_free_disk_gb: float = 2.0
     health_timeout_s: PositiveInt = 900
     speculation_gate: SpeculationGate | None = None
+
+    # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
+    # overrides each for one run.
+    compare_repeats: PositiveInt = 3  # runs per arm, each on a freshly started server
+    compare_warmup_runs: NonNegativeInt = 1  # discarded runs before the counted ones
+    compare_apc_profile: bool = True  # the separate prefix-caching profile
+    compare_apc_repeats: PositiveInt = 1
+    tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
+    tune_repeats: PositiveInt = 3
+    tune_warmup_runs: NonNegativeInt = 1
+
+    @field_validator("tune_k", mode="before")
+    @classmethod
+    def _k_list(cls, value):
+        return parse_int_list(value)
 
     # Derived values: the one place that turns the workload into server limits.
     @property

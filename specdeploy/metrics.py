@@ -38,3 +38,15 @@ def acceptance(before: dict[str, float], after: dict[str, float]) -> dict[str, f
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
     }
+
+
+def prefix_cache_counters(text: str) -> dict[str, float]:
+    """vllm:prefix_cache_{queries,hits}_total summed over label sets."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("vllm:prefix_cache_"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    short = sample.name[len("vllm:prefix_cache_"):-len("_total")]
+                    out[short] = out.get(short, 0.0) + sample.value
+    return out

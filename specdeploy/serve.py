@@ -42,8 +42,11 @@ def run_preflight(cfg: ServeConfig):
 def verify_and_record(cfg: ServeConfig, rendered: RenderedUnit, started: float, *, run_smoke: bool = True) -> dict:
     """Health check, smoke benchmark and deployment record (runs at execution time)."""
     snaps, pre = run_preflight(cfg)
+    verify_started = time.monotonic()
     checked = health.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
     result = smoke.smoke(cfg, snaps["target"]["path"]) if run_smoke else None
+    timings = {"server_start_seconds": checked["seconds_to_healthy"],
+               "checks_and_smoke_seconds": round(time.monotonic() - verify_started - checked["seconds_to_healthy"], 1)}
     if result is not None and rendered.role == "speculative":
         counters = result["specdeploy"]["server_counters"]
         if not counters["drafts"]:
@@ -54,7 +57,7 @@ def verify_and_record(cfg: ServeConfig, rendered: RenderedUnit, started: float, 
     compare.disable_other_role(cfg, rendered)
     entry = record.build_record(cfg, rendered, vllm_version=host.get_fact(VllmVersion, venv=cfg.venv,
                                 package=cfg.vllm_package), snapshots=snaps, preflight=pre, health=checked,
-                                smoke=result, started=started, role=rendered.role, gate=gate)
+                                smoke=result, started=started, role=rendered.role, gate=gate, timings=timings)
     record.write_record(cfg, entry)
     if gate is not None and not gate["passed"] and gate["on_fail"] == "fail":
         raise compare.GateFailed(f"{host.name}: speculation gate failed: {gate['reason']}")

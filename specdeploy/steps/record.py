@@ -19,7 +19,7 @@ def record_path(cfg: ServeConfig) -> str:
 
 def build_record(cfg: ServeConfig, unit: RenderedUnit, *, vllm_version: str, snapshots: dict, preflight,
                  health: dict | None, smoke: dict | None, started: float, role: str = "speculative",
-                 gate: dict | None = None) -> dict:
+                 gate: dict | None = None, timings: dict | None = None) -> dict:
     w = cfg.workload
     return {
         "schema": 1,
@@ -44,6 +44,7 @@ def build_record(cfg: ServeConfig, unit: RenderedUnit, *, vllm_version: str, sna
         "smoke": summarize(smoke) if smoke else None,
         "smoke_counters": (smoke or {}).get("specdeploy", {}).get("server_counters"),
         "gate": gate,
+        "timings": timings,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.time() - started, 1),

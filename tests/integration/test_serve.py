@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 from pathlib import Path
 
 import pytest
@@ -96,6 +95,7 @@ def test_deployment_record_matches_config(first_deploy, hosts, sandbox_ssh):
         assert record["limits"]["memory"] == {"kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
         assert record["smoke"]["completed"] == cfg.workload.num_prompts
         assert record["smoke_counters"]["drafts"] > 0
+        assert record["timings"]["server_start_seconds"] > 0 and record["timings"]["checks_and_smoke_seconds"] > 0
         unit_text = ssh(sandbox_ssh, host, "cat /etc/systemd/system/specdeploy-vllm.service")
         import hashlib
         assert record["unit"]["sha256"] == hashlib.sha256(unit_text.encode()).hexdigest()

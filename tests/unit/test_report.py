@@ -6,7 +6,8 @@ import json
 import pytest
 
 from specdeploy import report
-from specdeploy.compare import compare_plan, int_list, tune_plan
+from specdeploy.compare import compare_plan, tune_plan
+from specdeploy.config import parse_int_list
 from specdeploy.config import ServeConfig
 
 
@@ -130,7 +131,7 @@ def test_plans_alternate_and_restart_every_sample():
     tplan = tune_plan(cfg, ks=[1, 2, 3], repeats=2, warmup_runs=0)
     assert [a.label for a, _ in tplan] == ["k1", "k2", "k3", "k2", "k3", "k1"]
     assert tplan[0][0].speculative_config["num_speculative_tokens"] == 1
-    assert int_list("1-3,5") == [1, 2, 3, 5] and int_list([2, 4]) == [2, 4]
+    assert parse_int_list("1-3,5") == [1, 2, 3, 5] and parse_int_list([2, 4]) == [2, 4]
 
 
 def test_measure_unit_differs_only_in_the_arm():
