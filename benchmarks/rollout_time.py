@@ -28,19 +28,31 @@ def timed(command: list[str]) -> float:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     elapsed = time.monotonic() - started
     if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}")
+        sys.exit(
+            f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}"
+        )
     return elapsed
 
 
 def deploy_command(mode: str, hosts: int) -> list[str]:
     if mode == "rollout":
-        return ["specdeploy", "rollout", "inventories/sandbox.py", "deploys/serve.py", "--canary-group", "canary",
-                "--batch-size", str(max(1, hosts - 1))]
+        return [
+            "specdeploy",
+            "rollout",
+            "inventories/sandbox.py",
+            "deploys/serve.py",
+            "--canary-group",
+            "canary",
+            "--batch-size",
+            str(max(1, hosts - 1)),
+        ]
     return ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=["pyinfra", "rollout"], default="pyinfra")
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--keep", action="store_true", help="leave the last fleet up")
@@ -60,11 +72,15 @@ def main() -> None:
     if not args.keep:
         sandbox.down()
 
-    print(f"\nrollout timings ({args.mode}, {os.cpu_count()} CPU cores on the control node, sandbox hosts share them)")
+    print(
+        f"\nrollout timings ({args.mode}, {os.cpu_count()} CPU cores on the control node, sandbox hosts share them)"
+    )
     for label, seconds in rows:
         print(f"  {label:<28} {seconds:8.1f} s")
     ratio = rows[1][1] / rows[0][1]
-    print(f"  {args.hosts} vs 1 host: {ratio:.2f}x (target <= 2x); no-op re-run {noop:.1f}s (target <= 5 s)")
+    print(
+        f"  {args.hosts} vs 1 host: {ratio:.2f}x (target <= 2x); no-op re-run {noop:.1f}s (target <= 5 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,16 @@ def timed(command: list[str]) -> float:
     started = time.monotonic()
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}")
+        sys.exit(
+            f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}"
+        )
     return time.monotonic() - started
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="leave the fleet up")
     args = parser.parse_args()
@@ -43,14 +47,23 @@ def main() -> None:
 
     state = sandbox.up(args.hosts)
     first = timed(DEPLOY)
-    print(f"first deploy on {args.hosts} host(s): {first:.1f}s (install, weights, start, checks, smoke)")
+    print(
+        f"first deploy on {args.hosts} host(s): {first:.1f}s (install, weights, start, checks, smoke)"
+    )
     for h in state["hosts"]:
-        out = subprocess.run(sandbox_hosts.ssh_command(state, h["address"],
-                                                       "cat /var/lib/specdeploy/records/deployment.json"),
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            sandbox_hosts.ssh_command(
+                state, h["address"], "cat /var/lib/specdeploy/records/deployment.json"
+            ),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         timings = json.loads(out)["timings"]
-        print(f"{h['name']}: server start {timings['server_start_seconds']:.1f}s (excluded); health checks + "
-              f"smoke benchmark {timings['checks_and_smoke_seconds']:.1f}s (target <= 60 s)")
+        print(
+            f"{h['name']}: server start {timings['server_start_seconds']:.1f}s (excluded); health checks + "
+            f"smoke benchmark {timings['checks_and_smoke_seconds']:.1f}s (target <= 60 s)"
+        )
     noop = timed(DEPLOY)
     print(f"no-op re-run on {args.hosts} host(s): {noop:.1f}s (target <= 5 s)")
     if not args.keep:

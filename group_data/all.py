@@ -9,7 +9,9 @@ vllm_package = "vllm"
 vllm_version = "0.32.0"  # an exact pin; `specdeploy check` refuses ranges
 
 target_model = "Qwen/Qwen3-8B"
-target_revision = "main"  # prefer a commit sha; the deployment record stores what "main" resolved to
+target_revision = (
+    "main"  # prefer a commit sha; the deployment record stores what "main" resolved to
+)
 served_model_name = "qwen3-8b"
 
 speculative_config = {

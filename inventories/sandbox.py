@@ -42,9 +42,7 @@ def _load_state() -> dict:
 
 _state = _load_state()
 if not _state.get("hosts"):
-    raise RuntimeError(
-        f"sandbox state {_STATE_FILE} lists no hosts; run `specdeploy sandbox up`."
-    )
+    raise RuntimeError(f"sandbox state {_STATE_FILE} lists no hosts; run `specdeploy sandbox up`.")
 
 _services = dict(_state.get("services") or {})
 

@@ -13,31 +13,56 @@ PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,90,99"
 
 
-def bench_args(cfg: ServeConfig, *, base_url: str, tokenizer: str, result_dir: str, result_filename: str,
-               workload: Workload | None = None, label: str | None = None) -> list[str]:
+def bench_args(
+    cfg: ServeConfig,
+    *,
+    base_url: str,
+    tokenizer: str,
+    result_dir: str,
+    result_filename: str,
+    workload: Workload | None = None,
+    label: str | None = None,
+) -> list[str]:
     w = workload or cfg.workload
     args = [
-        "bench", "serve",
-        "--backend", "vllm",
-        "--base-url", base_url,
-        "--endpoint", "/v1/completions",
-        "--model", cfg.effective_served_name,
-        "--served-model-name", cfg.effective_served_name,
-        "--tokenizer", tokenizer,
-        "--dataset-name", w.dataset,
-        "--num-prompts", str(w.num_prompts),
-        "--request-rate", str(w.request_rate),
-        "--max-concurrency", str(w.max_concurrency),
-        "--seed", str(w.seed),
-        "--temperature", "0",
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        cfg.effective_served_name,
+        "--served-model-name",
+        cfg.effective_served_name,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        w.dataset,
+        "--num-prompts",
+        str(w.num_prompts),
+        "--request-rate",
+        str(w.request_rate),
+        "--max-concurrency",
+        str(w.max_concurrency),
+        "--seed",
+        str(w.seed),
+        "--temperature",
+        "0",
         "--ignore-eos",  # every request produces output_len tokens, so arms do equal work
-        "--percentile-metrics", PERCENTILE_METRICS,
-        "--metric-percentiles", METRIC_PERCENTILES,
+        "--percentile-metrics",
+        PERCENTILE_METRICS,
+        "--metric-percentiles",
+        METRIC_PERCENTILES,
         "--disable-tqdm",
         "--save-result",
         "--save-detailed",  # keep per-request latencies: noise bands need the samples
-        "--result-dir", result_dir,
-        "--result-filename", result_filename,
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        result_filename,
     ]
     if w.dataset == "random":
         args += ["--random-input-len", str(w.prompt_len), "--random-output-len", str(w.output_len)]
@@ -76,6 +101,10 @@ def format_summary(host: str, result: dict) -> str:
     lines = [f"{host}: smoke benchmark"]
     for key, label, fmt in SUMMARY_FIELDS:
         value = result.get(key)
-        lines.append(f"  {label:<42} {fmt.format(value) if isinstance(value, (int, float)) else '-'}")
-    lines.append("  (under speculation one streamed chunk can carry several tokens: ITL > TPOT is expected)")
+        lines.append(
+            f"  {label:<42} {fmt.format(value) if isinstance(value, (int, float)) else '-'}"
+        )
+    lines.append(
+        "  (under speculation one streamed chunk can carry several tokens: ITL > TPOT is expected)"
+    )
     return "\n".join(lines)

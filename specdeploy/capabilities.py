@@ -92,7 +92,9 @@ def speculative_keys(vllm_version: str) -> SpeculativeKeys:
 def _rejected(value) -> dict[str, str]:
     if isinstance(value, dict):
         return dict(value)
-    return {key: "vLLM derives it itself; it cannot be set in --speculative-config" for key in value}
+    return {
+        key: "vLLM derives it itself; it cannot be set in --speculative-config" for key in value
+    }
 
 
 def supports_heterogeneous_vocab(vllm_version: str) -> bool:

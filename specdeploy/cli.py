@@ -29,7 +29,10 @@ def cmd_check(args) -> int:
         print(problem)
     if problems:
         bad = len({p.host for p in problems})
-        print(f"{len(problems)} problem(s) on {bad} of {len(hosts)} host(s); nothing was touched.", file=sys.stderr)
+        print(
+            f"{len(problems)} problem(s) on {bad} of {len(hosts)} host(s); nothing was touched.",
+            file=sys.stderr,
+        )
         return 1
     print(f"{len(hosts)} host(s) valid.")
     return 0
@@ -99,24 +102,35 @@ def cmd_demo(args) -> int:
 
     repo = templates_dir().parent
     state = sandbox.up(hosts=args.hosts)
-    print(f"sandbox: {len(state['hosts'])} host(s) up: {', '.join(h['name'] for h in state['hosts'])}")
+    print(
+        f"sandbox: {len(state['hosts'])} host(s) up: {', '.join(h['name'] for h in state['hosts'])}"
+    )
     command = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
     print("$ " + " ".join(command), flush=True)
     result = subprocess.run(command, cwd=repo)
-    print(f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: /var/lib/specdeploy/records/ "
-          "on each host; `specdeploy sandbox down` removes the fleet.")
+    print(
+        f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: /var/lib/specdeploy/records/ "
+        "on each host; `specdeploy sandbox down` removes the fleet."
+    )
     return result.returncode
 
 
 def cmd_rollout(args) -> int:
-    from .rollout import run_rollout
-
     import shlex
+
+    from .rollout import run_rollout
 
     extra = shlex.split(args.pyinfra_args)
     try:
-        return run_rollout(args.inventory, args.deploy, canary_group=args.canary_group or None,
-                           batch_size=args.batch_size, dry=args.dry, pyinfra_args=extra, limit=args.limit)
+        return run_rollout(
+            args.inventory,
+            args.deploy,
+            canary_group=args.canary_group or None,
+            batch_size=args.batch_size,
+            dry=args.dry,
+            pyinfra_args=extra,
+            limit=args.limit,
+        )
     except ValueError as error:
         print(f"specdeploy rollout: {error}", file=sys.stderr)
         return 2
@@ -135,8 +149,16 @@ def cmd_unlock(args) -> int:
         if args.limit and name not in args.limit:
             continue
         path = f"{LOCK_DIR}/{config_from_data(data).service_name}.deploy.lock"
-        command = ["pyinfra", "-y", args.inventory, "--limit", name, "exec", "--",
-                   f"if [ -f {path} ]; then echo removing: $(cat {path}); rm -f {path}; else echo no lock; fi"]
+        command = [
+            "pyinfra",
+            "-y",
+            args.inventory,
+            "--limit",
+            name,
+            "exec",
+            "--",
+            f"if [ -f {path} ]; then echo removing: $(cat {path}); rm -f {path}; else echo no lock; fi",
+        ]
         failed += subprocess.run(command).returncode != 0
     return 1 if failed else 0
 
@@ -147,33 +169,60 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_inventory(p):
         p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
-        p.add_argument("--group-data", action="append", help="extra group_data directory (repeatable)")
+        p.add_argument(
+            "--group-data", action="append", help="extra group_data directory (repeatable)"
+        )
         return p
 
-    with_inventory(sub.add_parser("check", help="validate every host's data; touches no host")).set_defaults(func=cmd_check)
-    p = with_inventory(sub.add_parser("render", help="write each host's speculative and baseline units"))
+    with_inventory(
+        sub.add_parser("check", help="validate every host's data; touches no host")
+    ).set_defaults(func=cmd_check)
+    p = with_inventory(
+        sub.add_parser("render", help="write each host's speculative and baseline units")
+    )
     p.add_argument("--out", required=True, help="output directory (one folder per host)")
     p.set_defaults(func=cmd_render)
-    p = sub.add_parser("migrate", help="convert old --speculative-model style flags to --speculative-config")
+    p = sub.add_parser(
+        "migrate", help="convert old --speculative-model style flags to --speculative-config"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser("sandbox", help="local test fleet: systemd-nspawn hosts, wheelhouse, model mirror")
+    p = sub.add_parser(
+        "sandbox", help="local test fleet: systemd-nspawn hosts, wheelhouse, model mirror"
+    )
     p.add_argument("action", choices=["up", "status", "down"])
     p.add_argument("--hosts", type=int, default=3)
     p.set_defaults(func=cmd_sandbox)
-    p = sub.add_parser("rollout", help="canary group first, then batches; stops at the first unhealthy batch")
+    p = sub.add_parser(
+        "rollout", help="canary group first, then batches; stops at the first unhealthy batch"
+    )
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
-    p.add_argument("deploy", nargs="?", default="deploys/serve.py", help="deploy file (default deploys/serve.py)")
-    p.add_argument("--canary-group", default="canary", help="inventory group deployed first ('' for none)")
-    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary (default 1)")
+    p.add_argument(
+        "deploy",
+        nargs="?",
+        default="deploys/serve.py",
+        help="deploy file (default deploys/serve.py)",
+    )
+    p.add_argument(
+        "--canary-group", default="canary", help="inventory group deployed first ('' for none)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="hosts per batch after the canary (default 1)"
+    )
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
-    p.add_argument("--dry", action="store_true", help="pyinfra --dry per batch: show what would change")
-    p.add_argument("--pyinfra-args", default="", help="extra pyinfra arguments, one string, e.g. \"--debug\"")
+    p.add_argument(
+        "--dry", action="store_true", help="pyinfra --dry per batch: show what would change"
+    )
+    p.add_argument(
+        "--pyinfra-args", default="", help='extra pyinfra arguments, one string, e.g. "--debug"'
+    )
     p.set_defaults(func=cmd_rollout)
     p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.set_defaults(func=cmd_unlock)
-    p = sub.add_parser("demo", help="sandbox up + deploys/serve.py on it (the README's first command)")
+    p = sub.add_parser(
+        "demo", help="sandbox up + deploys/serve.py on it (the README's first command)"
+    )
     p.add_argument("--hosts", type=int, default=2)
     p.set_defaults(func=cmd_demo)
     return parser

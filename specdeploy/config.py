@@ -9,8 +9,15 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
-                      field_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 
 # vLLM's own default (CacheConfig.gpu_memory_utilization); we write it out explicitly so the unit
 # and the deployment record show the mechanism that was chosen.
@@ -140,14 +147,19 @@ class ServeConfig(BaseModel):
         # One whole prompt's prefill plus a decode step for every other sequence, so a prompt of the
         # expected length is never chunked; never below vLLM's online-serving default of 2048.
         # Independent of k: vLLM schedules speculation's extra tokens within this budget.
-        derived = max(self.workload.prompt_len + self.effective_max_num_seqs, VLLM_MIN_BATCHED_TOKENS)
+        derived = max(
+            self.workload.prompt_len + self.effective_max_num_seqs, VLLM_MIN_BATCHED_TOKENS
+        )
         return self.max_num_batched_tokens or derived
 
     @property
     def memory_mechanism(self) -> tuple[str, float | int]:
         if self.kv_cache_memory_bytes is not None:
             return ("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
-        return ("gpu_memory_utilization", self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        return (
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+        )
 
     @property
     def draft_model(self) -> str | None:

@@ -42,8 +42,10 @@ class AcceleratorMemory(FactBase):
     """Total memory of each NVIDIA GPU in bytes; an empty list on hosts without one."""
 
     def command(self) -> str:
-        return ("command -v nvidia-smi >/dev/null && "
-                "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits || true")
+        return (
+            "command -v nvidia-smi >/dev/null && "
+            "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits || true"
+        )
 
     def process(self, output):
         return [int(float(line.strip())) * 1024 * 1024 for line in output if line.strip()]
@@ -53,8 +55,10 @@ class FreeDiskBytes(FactBase):
     """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> str:
-        return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                "df -Pk \"$p\" | tail -n 1")
+        return (
+            f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            'df -Pk "$p" | tail -n 1'
+        )
 
     def process(self, output):
         return int(output[-1].split()[3]) * 1024

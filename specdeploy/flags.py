@@ -59,21 +59,31 @@ def speculative_json(speculative_config: dict) -> str:
     return json.dumps(speculative_config, sort_keys=True, separators=(",", ":"))
 
 
-def serve_args(cfg: ServeConfig, *, speculative: bool = True, prefix_caching: bool | None = None) -> list[str]:
+def serve_args(
+    cfg: ServeConfig, *, speculative: bool = True, prefix_caching: bool | None = None
+) -> list[str]:
     """Arguments after `vllm serve`. The baseline differs from the speculative server only in
     `--speculative-config`; `prefix_caching` overrides the config (measurement instances pass False)."""
     mechanism, amount = cfg.memory_mechanism
     caching = cfg.enable_prefix_caching if prefix_caching is None else prefix_caching
     args = [
         cfg.target_model,
-        "--revision", cfg.target_revision,
-        "--served-model-name", cfg.effective_served_name,
-        "--host", cfg.vllm_host,
-        "--port", str(cfg.vllm_port),
-        "--max-model-len", str(cfg.effective_max_model_len),
-        "--max-num-seqs", str(cfg.effective_max_num_seqs),
-        "--max-num-batched-tokens", str(cfg.effective_max_num_batched_tokens),
-        f"--{mechanism.replace('_', '-')}", str(amount),
+        "--revision",
+        cfg.target_revision,
+        "--served-model-name",
+        cfg.effective_served_name,
+        "--host",
+        cfg.vllm_host,
+        "--port",
+        str(cfg.vllm_port),
+        "--max-model-len",
+        str(cfg.effective_max_model_len),
+        "--max-num-seqs",
+        str(cfg.effective_max_num_seqs),
+        "--max-num-batched-tokens",
+        str(cfg.effective_max_num_batched_tokens),
+        f"--{mechanism.replace('_', '-')}",
+        str(amount),
         "--enable-prefix-caching" if caching else "--no-enable-prefix-caching",
     ]
     if speculative:

@@ -14,7 +14,7 @@ def spec_decode_counters(text: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(PREFIX):
             continue
-        short = family.name[len(PREFIX):]
+        short = family.name[len(PREFIX) :]
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
@@ -47,6 +47,6 @@ def prefix_cache_counters(text: str) -> dict[str, float]:
         if family.name.startswith("vllm:prefix_cache_"):
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    short = sample.name[len("vllm:prefix_cache_"):-len("_total")]
+                    short = sample.name[len("vllm:prefix_cache_") : -len("_total")]
                     out[short] = out.get(short, 0.0) + sample.value
     return out

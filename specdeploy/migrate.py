@@ -9,8 +9,13 @@ import shlex
 from dataclasses import dataclass
 
 from .config import ServeConfig
-from .flags import (LEGACY_BOOLEAN_FLAGS, LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS,
-                    speculative_json)
+from .flags import (
+    LEGACY_BOOLEAN_FLAGS,
+    LEGACY_SPECULATIVE_FLAGS,
+    MANAGED_FLAGS,
+    SHORT_SPECULATIVE_FLAGS,
+    speculative_json,
+)
 
 
 class MigrationError(ValueError):
@@ -77,9 +82,12 @@ def migrate(argv: list[str]) -> Migration:
     if has_json and legacy:
         raise MigrationError(
             "the command mixes --speculative-config with the old flags "
-            f"({', '.join(sorted(legacy))}); keep one style — put every setting in the JSON")
+            f"({', '.join(sorted(legacy))}); keep one style — put every setting in the JSON"
+        )
     if not legacy:
-        raise MigrationError("nothing to migrate: no --speculative-model/--num-speculative-tokens style flags")
+        raise MigrationError(
+            "nothing to migrate: no --speculative-model/--num-speculative-tokens style flags"
+        )
     if model is None:
         raise MigrationError("no target model found (vllm serve MODEL ...)")
     spec = dict(legacy)
@@ -89,10 +97,14 @@ def migrate(argv: list[str]) -> Migration:
             spec["method"] = "ngram"
         else:
             spec["method"] = "draft_model"
-            notes.append("method set to \"draft_model\" (a separate draft model); use \"eagle\"/\"eagle3\" "
-                         "if the draft is an EAGLE head")
+            notes.append(
+                'method set to "draft_model" (a separate draft model); use "eagle"/"eagle3" '
+                "if the draft is an EAGLE head"
+            )
     if "acceptance_method" in spec or "posterior_threshold" in spec or "posterior_alpha" in spec:
-        notes.append("typical acceptance sampling is gone from vLLM; those keys will fail `specdeploy check`")
+        notes.append(
+            "typical acceptance sampling is gone from vLLM; those keys will fail `specdeploy check`"
+        )
     command = head + [model] + kept + ["--speculative-config", speculative_json(spec)]
     host_data = {"target_model": model, "speculative_config": spec, **_host_data_for(kept)}
     return Migration(command=command, speculative_config=spec, host_data=host_data, notes=notes)
@@ -130,6 +142,9 @@ def format_migration(result: Migration) -> str:
         "",
         "# specdeploy host data (group_data/*.py):",
     ]
-    lines += [f"{key} = {pprint.pformat(value, sort_dicts=False)}" for key, value in result.host_data.items()]
+    lines += [
+        f"{key} = {pprint.pformat(value, sort_dicts=False)}"
+        for key, value in result.host_data.items()
+    ]
     lines += [f"# note: {note}" for note in result.notes]
     return "\n".join(lines)

@@ -52,7 +52,11 @@ def exec_start(argv: list[str]) -> str:
 
 
 def unit_name(cfg: ServeConfig, role: str) -> str:
-    return f"{cfg.service_name}.service" if role == "speculative" else f"{cfg.service_name}-baseline.service"
+    return (
+        f"{cfg.service_name}.service"
+        if role == "speculative"
+        else f"{cfg.service_name}-baseline.service"
+    )
 
 
 def env_file_path(cfg: ServeConfig) -> str:
@@ -93,7 +97,9 @@ class RenderedUnit:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
-def render_unit(cfg: ServeConfig, role: str = "speculative", *, prefix_caching: bool | None = None) -> RenderedUnit:
+def render_unit(
+    cfg: ServeConfig, role: str = "speculative", *, prefix_caching: bool | None = None
+) -> RenderedUnit:
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
     argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
@@ -103,8 +109,10 @@ def render_unit(cfg: ServeConfig, role: str = "speculative", *, prefix_caching: 
         role=role,
         conflicts=other,
         env_file=env_file_path(cfg),
-        environment=[systemd_quote(f"{n}={v}", expands_dollar=False)
-                     for n, v in sorted(service_environment(cfg).items())],
+        environment=[
+            systemd_quote(f"{n}={v}", expands_dollar=False)
+            for n, v in sorted(service_environment(cfg).items())
+        ],
         exec_start=exec_start(argv),
     )
     return RenderedUnit(role=role, name=unit_name(cfg, role), argv=argv, text=text)

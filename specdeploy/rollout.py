@@ -66,7 +66,7 @@ def unit_exec_argv(unit_text: str | None) -> list[str] | None:
     argv = None
     for line in unit_text.splitlines():
         if line.startswith("ExecStart="):
-            value = line[len("ExecStart="):].lstrip("-@:+!")
+            value = line[len("ExecStart=") :].lstrip("-@:+!")
             argv = systemd_split(value) if value.strip() else None
     return argv
 
@@ -85,7 +85,11 @@ def _argv_lines(argv: list[str]) -> list[str]:
     lines, i = [], 0
     while i < len(argv):
         word = argv[i]
-        value = argv[i + 1] if i + 1 < len(argv) and word.startswith("-") and not argv[i + 1].startswith("--") else None
+        value = (
+            argv[i + 1]
+            if i + 1 < len(argv) and word.startswith("-") and not argv[i + 1].startswith("--")
+            else None
+        )
         if value is not None:
             if word in ("--speculative-config", "-sc"):
                 try:
@@ -103,12 +107,24 @@ def _argv_lines(argv: list[str]) -> list[str]:
     return lines
 
 
-def argv_diff(old: list[str] | None, new: list[str], *, old_name: str = "installed", new_name: str = "rendered") -> str:
+def argv_diff(
+    old: list[str] | None,
+    new: list[str],
+    *,
+    old_name: str = "installed",
+    new_name: str = "rendered",
+) -> str:
     """A unified diff of two argv lists ('' when equal)."""
     if old == new:
         return ""
-    diff = difflib.unified_diff(_argv_lines(old or []), _argv_lines(new), fromfile=f"{old_name} argv",
-                                tofile=f"{new_name} argv", lineterm="", n=2)
+    diff = difflib.unified_diff(
+        _argv_lines(old or []),
+        _argv_lines(new),
+        fromfile=f"{old_name} argv",
+        tofile=f"{new_name} argv",
+        lineterm="",
+        n=2,
+    )
     return "\n".join(diff)
 
 
@@ -137,15 +153,21 @@ def show_unit_diff(cfg: ServeConfig, rendered) -> bool:
     if unit_changes:
         installed = unit_exec_argv(host.get_fact(FileText, path=path))
         if installed is None:
-            logger.warning(f"{host.print_prefix}{rendered.name} is not installed yet; it will start with argv:\n  "
-                           + "\n  ".join(_argv_lines(rendered.argv)))
+            logger.warning(
+                f"{host.print_prefix}{rendered.name} is not installed yet; it will start with argv:\n  "
+                + "\n  ".join(_argv_lines(rendered.argv))
+            )
         else:
             diff = argv_diff(installed, rendered.argv)
-            logger.warning(f"{host.print_prefix}{rendered.name} will change and restart; "
-                           + (f"argv diff:\n{diff}" if diff else "argv unchanged (other unit lines differ)"))
+            logger.warning(
+                f"{host.print_prefix}{rendered.name} will change and restart; "
+                + (f"argv diff:\n{diff}" if diff else "argv unchanged (other unit lines differ)")
+            )
     if env_changes:
-        logger.warning(f"{host.print_prefix}{env_file_path(cfg)} (secrets) will change"
-                       f"{' and restart the server' if not unit_changes else ''}; values are not shown")
+        logger.warning(
+            f"{host.print_prefix}{env_file_path(cfg)} (secrets) will change"
+            f"{' and restart the server' if not unit_changes else ''}; values are not shown"
+        )
     return unit_changes or env_changes
 
 
@@ -172,33 +194,49 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered, *, changed, **kwargs)
 
     try:
         return verify(cfg, rendered, **kwargs)
-    except Exception as error:  # noqa: BLE001 - any failure of the new config
+    except Exception as error:
         cause = str(error)
-        if not changed():  # nothing of ours to undo (e.g. the server was only down): report, free the lock
-            _report({"host": host.name, "cause": cause, "rolled_back": False,
-                     "after": "not rolled back: this run changed neither unit nor env file"})
+        if (
+            not changed()
+        ):  # nothing of ours to undo (e.g. the server was only down): report, free the lock
+            _report(
+                {
+                    "host": host.name,
+                    "cause": cause,
+                    "rolled_back": False,
+                    "after": "not rolled back: this run changed neither unit nor env file",
+                }
+            )
             lock.release_now(cfg)
             raise
-        logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}; rolling back")
+        logger.warning(
+            f"{host.print_prefix}new config failed: {cause.splitlines()[0]}; rolling back"
+        )
         previous = restore_previous(cfg, rendered.name)
         entry = {"host": host.name, "cause": cause, "rolled_back": previous is not None}
         if previous is None:
             entry["after"] = "no previous unit: the service is stopped"
             _report(entry)
             lock.release_now(cfg)
-            raise RolledBack(f"{host.name}: health check failed on the new config and there is no previous "
-                             f"unit to roll back to; {rendered.name} is stopped.\ncause: {cause}") from error
+            raise RolledBack(
+                f"{host.name}: health check failed on the new config and there is no previous "
+                f"unit to roll back to; {rendered.name} is stopped.\ncause: {cause}"
+            ) from error
         old = _config_for_argv(cfg, previous)
         try:
-            checked = health.wait_healthy(old, rendered.name, speculative="--speculative-config" in previous)
+            checked = health.wait_healthy(
+                old, rendered.name, speculative="--speculative-config" in previous
+            )
             entry["after"] = f"healthy on the previous unit after {checked['seconds_to_healthy']}s"
-        except Exception as again:  # noqa: BLE001
+        except Exception as again:
             entry["after"] = f"NOT healthy after rollback either: {again}"
         _report(entry)
         lock.release_now(cfg)
-        raise RolledBack(f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
-                         f"unit and env file are restored and {rendered.name} is {entry['after']}.\n"
-                         f"cause: {cause}") from error
+        raise RolledBack(
+            f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
+            f"unit and env file are restored and {rendered.name} is {entry['after']}.\n"
+            f"cause: {cause}"
+        ) from error
 
 
 def _config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
@@ -228,23 +266,37 @@ def inventory_hosts(inventory_path: str, cwd: str | None = None) -> list[tuple[s
     return [(h.name, list(h.groups)) for h in inventory]
 
 
-def plan_batches(hosts: list[tuple[str, list[str]]], canary_group: str | None, batch_size: int,
-                 limit: list[str] | None = None) -> list[list[str]]:
+def plan_batches(
+    hosts: list[tuple[str, list[str]]],
+    canary_group: str | None,
+    batch_size: int,
+    limit: list[str] | None = None,
+) -> list[list[str]]:
     """Canary group first (one batch), then the rest `batch_size` at a time, inventory order."""
     if batch_size < 1:
         raise ValueError("batch size must be >= 1")
     names = [name for name, _ in hosts if not limit or name in limit]
-    canary = [name for name, groups in hosts if canary_group and canary_group in groups and name in names]
+    canary = [
+        name for name, groups in hosts if canary_group and canary_group in groups and name in names
+    ]
     if canary_group and not canary:
         raise ValueError(f"no host of the inventory is in the canary group {canary_group!r}")
     rest = [name for name in names if name not in canary]
     batches = [canary] if canary else []
-    return batches + [rest[i:i + batch_size] for i in range(0, len(rest), batch_size)]
+    return batches + [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
 
 
-def run_rollout(inventory: str, deploy: str, *, canary_group: str | None = "canary", batch_size: int = 1,
-                dry: bool = False, pyinfra_args: list[str] | None = None, limit: list[str] | None = None,
-                out=sys.stdout) -> int:
+def run_rollout(
+    inventory: str,
+    deploy: str,
+    *,
+    canary_group: str | None = "canary",
+    batch_size: int = 1,
+    dry: bool = False,
+    pyinfra_args: list[str] | None = None,
+    limit: list[str] | None = None,
+    out=sys.stdout,
+) -> int:
     """Run pyinfra batch by batch; stop at the first failing batch. Returns the exit code."""
     batches = plan_batches(inventory_hosts(inventory), canary_group, batch_size, limit)
     total = len(batches)
@@ -252,11 +304,18 @@ def run_rollout(inventory: str, deploy: str, *, canary_group: str | None = "cana
     def say(text: str) -> None:
         print(f"specdeploy rollout: {text}", file=out, flush=True)
 
-    say(f"{sum(map(len, batches))} host(s) in {total} batch(es): "
-        + " | ".join(f"{'canary ' if i == 0 and canary_group else ''}[{', '.join(b)}]" for i, b in enumerate(batches)))
+    say(
+        f"{sum(map(len, batches))} host(s) in {total} batch(es): "
+        + " | ".join(
+            f"{'canary ' if i == 0 and canary_group else ''}[{', '.join(b)}]"
+            for i, b in enumerate(batches)
+        )
+    )
     started = time.monotonic()
     for index, batch in enumerate(batches, 1):
-        with_report = Path(os.environ.get("TMPDIR", "/tmp")) / f"specdeploy-rollout-{os.getpid()}-{index}"
+        with_report = (
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"specdeploy-rollout-{os.getpid()}-{index}"
+        )
         command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
         for name in batch:
             command += ["--limit", name]
@@ -264,21 +323,36 @@ def run_rollout(inventory: str, deploy: str, *, canary_group: str | None = "cana
         env = {**os.environ, "SPECDEPLOY_ROLLOUT_REPORT": str(with_report)}
         t0 = time.monotonic()
         result = subprocess.run(command, env=env)
-        notes = [json.loads(p.read_text()) for p in sorted(with_report.glob("*.json"))] if with_report.is_dir() else []
+        notes = (
+            [json.loads(p.read_text()) for p in sorted(with_report.glob("*.json"))]
+            if with_report.is_dir()
+            else []
+        )
         shutil.rmtree(with_report, ignore_errors=True)
         if result.returncode != 0:
-            say(f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s (pyinfra exit {result.returncode})")
+            say(
+                f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s (pyinfra exit {result.returncode})"
+            )
             for entry in notes:
-                action = ("rolled back to its previous unit and env file; " + entry.get("after", "")
-                          if entry.get("rolled_back") else entry.get("after", "not rolled back"))
-                say(f"FAILED host {entry['host']}: {action}\n  cause: "
-                    + "\n  ".join(entry["cause"].splitlines()))
+                action = (
+                    "rolled back to its previous unit and env file; " + entry.get("after", "")
+                    if entry.get("rolled_back")
+                    else entry.get("after", "not rolled back")
+                )
+                say(
+                    f"FAILED host {entry['host']}: {action}\n  cause: "
+                    + "\n  ".join(entry["cause"].splitlines())
+                )
             if not notes:
                 say(f"failed host(s) among [{', '.join(batch)}]: see pyinfra's errors above")
             untouched = [h for b in batches[index:] for h in b]
             say(f"rollout STOPPED; not touched: {', '.join(untouched) or 'none'}")
             return result.returncode or 1
-        say(f"batch {index}/{total} done in {time.monotonic() - t0:.0f}s: "
-            f"{'planned (dry run, nothing changed)' if dry else 'healthy'}: {', '.join(batch)}")
-    say(f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) in {time.monotonic() - started:.0f}s")
+        say(
+            f"batch {index}/{total} done in {time.monotonic() - t0:.0f}s: "
+            f"{'planned (dry run, nothing changed)' if dry else 'healthy'}: {', '.join(batch)}"
+        )
+    say(
+        f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) in {time.monotonic() - started:.0f}s"
+    )
     return 0

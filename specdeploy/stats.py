@@ -44,7 +44,9 @@ def ratio_with_band(spec: Sequence[float], base: Sequence[float]) -> dict:
     return band_from_spread(median(spec), mad(spec), median(base), mad(base))
 
 
-def band_from_spread(spec_median: float, spec_spread: float, base_median: float, base_spread: float) -> dict:
+def band_from_spread(
+    spec_median: float, spec_spread: float, base_median: float, base_spread: float
+) -> dict:
     """`ratio_with_band` when only each arm's median and spread (MAD, or an estimate of it) are known."""
     ms, ds, mb, db = spec_median, spec_spread, base_median, base_spread
     if mb <= 0:

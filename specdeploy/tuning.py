@@ -27,14 +27,18 @@ METRICS: dict[str, tuple[str, str, str, bool]] = {
     "request_throughput": ("request_throughput", "request throughput", "req/s", False),
 }
 
-ITL_NOTE = ("ITL and TPOT are different numbers under speculation: TPOT is (E2E latency - TTFT) / "
-            "(output tokens - 1), the cost per generated token; ITL is the gap between streamed chunks, "
-            "and one chunk can carry several accepted tokens, so ITL can rise while TPOT falls. Judge "
-            "speculation by TPOT and E2E latency, not by ITL. A baseline ITL median near 0 ms means its tokens "
-            "reached the client coalesced in chunks; the ITL ratio is then huge and meaningless.")
-TEXT_NOTE = ("Identical generated text is not used as a pass/fail signal anywhere: with temperature 0 "
-             "speculation is designed not to change the output, so equal text proves nothing about speed, "
-             "and unequal text can come from batching nondeterminism.")
+ITL_NOTE = (
+    "ITL and TPOT are different numbers under speculation: TPOT is (E2E latency - TTFT) / "
+    "(output tokens - 1), the cost per generated token; ITL is the gap between streamed chunks, "
+    "and one chunk can carry several accepted tokens, so ITL can rise while TPOT falls. Judge "
+    "speculation by TPOT and E2E latency, not by ITL. A baseline ITL median near 0 ms means its tokens "
+    "reached the client coalesced in chunks; the ITL ratio is then huge and meaningless."
+)
+TEXT_NOTE = (
+    "Identical generated text is not used as a pass/fail signal anywhere: with temperature 0 "
+    "speculation is designed not to change the output, so equal text proves nothing about speed, "
+    "and unequal text can come from batching nondeterminism."
+)
 
 
 def _clean(x: float | None) -> float | None:
@@ -54,7 +58,12 @@ def run_values(runs: Sequence[Mapping], metric: str) -> list[float]:
 def summarize_values(values: Sequence[float]) -> dict:
     if not values:
         return {"n": 0, "median": None, "mad": None, "values": []}
-    return {"n": len(values), "median": median(values), "mad": mad(values), "values": [float(v) for v in values]}
+    return {
+        "n": len(values),
+        "median": median(values),
+        "mad": mad(values),
+        "values": [float(v) for v in values],
+    }
 
 
 def arm_summary(runs: Sequence[Mapping]) -> dict[str, dict]:
@@ -74,18 +83,36 @@ def verdict(band: Mapping, *, lower_is_better: bool) -> str:
     return "within noise"
 
 
-def compare_values(spec: Sequence[float], base: Sequence[float], *, lower_is_better: bool = True) -> dict:
+def compare_values(
+    spec: Sequence[float], base: Sequence[float], *, lower_is_better: bool = True
+) -> dict:
     """ratio = median(spec)/median(base) with stats.ratio_with_band's noise band, plus a verdict.
     A baseline median of 0 (e.g. ITL when the baseline streams coalesced chunks) is not comparable."""
     if not spec or not base:
-        return {"ratio": None, "low": None, "high": None, "significant": False, "verdict": "not comparable",
-                "why": "no samples"}
+        return {
+            "ratio": None,
+            "low": None,
+            "high": None,
+            "significant": False,
+            "verdict": "not comparable",
+            "why": "no samples",
+        }
     if median(base) <= 0:
-        return {"ratio": None, "low": None, "high": None, "significant": False, "verdict": "not comparable",
-                "why": f"baseline median is {median(base)}"}
+        return {
+            "ratio": None,
+            "low": None,
+            "high": None,
+            "significant": False,
+            "verdict": "not comparable",
+            "why": f"baseline median is {median(base)}",
+        }
     band = ratio_with_band(spec, base)
-    out = {"ratio": _clean(band["ratio"]), "low": _clean(band["low"]), "high": _clean(band["high"]),
-           "significant": bool(band["significant"])}
+    out = {
+        "ratio": _clean(band["ratio"]),
+        "low": _clean(band["low"]),
+        "high": _clean(band["high"]),
+        "significant": bool(band["significant"]),
+    }
     if len(spec) < 2 or len(base) < 2:  # one run has no spread: no noise estimate, no verdict
         out.update(significant=False, verdict="too few runs", why="fewer than 2 runs in an arm")
         return out
@@ -95,9 +122,12 @@ def compare_values(spec: Sequence[float], base: Sequence[float], *, lower_is_bet
 
 def compare_arms(spec_runs: Sequence[Mapping], base_runs: Sequence[Mapping]) -> dict[str, dict]:
     """{metric: ratio/band/verdict} of the speculative arm over the baseline arm, run-level values."""
-    return {metric: compare_values(run_values(spec_runs, metric), run_values(base_runs, metric),
-                                   lower_is_better=lower)
-            for metric, (_, _, _, lower) in METRICS.items()}
+    return {
+        metric: compare_values(
+            run_values(spec_runs, metric), run_values(base_runs, metric), lower_is_better=lower
+        )
+        for metric, (_, _, _, lower) in METRICS.items()
+    }
 
 
 def acceptance_summary(counters: Sequence[Mapping]) -> dict:
@@ -108,10 +138,14 @@ def acceptance_summary(counters: Sequence[Mapping]) -> dict:
     proposed = sum(c.get("draft_tokens") or 0 for c in counters)
     accepted = sum(c.get("accepted_tokens") or 0 for c in counters)
     rates = [c["acceptance_rate"] for c in counters if c.get("acceptance_rate") is not None]
-    lengths = [c["mean_acceptance_length"] for c in counters if c.get("mean_acceptance_length") is not None]
+    lengths = [
+        c["mean_acceptance_length"] for c in counters if c.get("mean_acceptance_length") is not None
+    ]
     return {
         "runs": len(counters),
-        "drafts": drafts, "draft_tokens": proposed, "accepted_tokens": accepted,
+        "drafts": drafts,
+        "draft_tokens": proposed,
+        "accepted_tokens": accepted,
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "per_run_acceptance_rate": summarize_values(rates),
@@ -120,6 +154,7 @@ def acceptance_summary(counters: Sequence[Mapping]) -> dict:
 
 
 # --- num_speculative_tokens -------------------------------------------------------------------------
+
 
 def choose_k(tpot_by_k: Mapping[int, Sequence[float]]) -> dict:
     """Recommend the smallest k whose TPOT is within the noise band of the best k.
@@ -136,12 +171,20 @@ def choose_k(tpot_by_k: Mapping[int, Sequence[float]]) -> dict:
     for k in ks:
         values = list(tpot_by_k[k])
         band = ratio_with_band(values, tpot_by_k[best])
-        per_k[k] = {**summarize_values(values), "ratio_to_best": _clean(band["ratio"]),
-                    "low": _clean(band["low"]), "high": _clean(band["high"]),
-                    "within_noise_of_best": band["low"] <= 1.0}
+        per_k[k] = {
+            **summarize_values(values),
+            "ratio_to_best": _clean(band["ratio"]),
+            "low": _clean(band["low"]),
+            "high": _clean(band["high"]),
+            "within_noise_of_best": band["low"] <= 1.0,
+        }
     recommended = min(k for k in ks if per_k[k]["within_noise_of_best"])
-    return {"best_k": best, "recommended_k": recommended, "per_k": per_k,
-            "rule": "smallest k with median(k) - MAD(k) <= median(best) + MAD(best) (TPOT, run-level)"}
+    return {
+        "best_k": best,
+        "recommended_k": recommended,
+        "per_k": per_k,
+        "rule": "smallest k with median(k) - MAD(k) <= median(best) + MAD(best) (TPOT, run-level)",
+    }
 
 
 def host_data_change(host: str, speculative_config: Mapping, k: int) -> str:
@@ -152,19 +195,22 @@ def host_data_change(host: str, speculative_config: Mapping, k: int) -> str:
 
 # --- the speculation gate ---------------------------------------------------------------------------
 
+
 def per_request_tpot_ms(result: Mapping) -> list[float]:
     """Per-request TPOT (ms) from a `--save-detailed` bench result, as vLLM's bench computes it:
     (latency - ttft) / (output_len - 1) for requests with more than one output token."""
     out = []
-    for latency, ttft, n in zip(result.get("latencies") or [], result.get("ttfts") or [],
-                                result.get("output_lens") or []):
+    for latency, ttft, n in zip(
+        result.get("latencies") or [], result.get("ttfts") or [], result.get("output_lens") or []
+    ):
         if n and n > 1 and latency is not None and ttft is not None:
             out.append((latency - ttft) / (n - 1) * 1000.0)
     return out
 
 
-def gate_decision(spec_tpot: Sequence[float], base_tpot: Sequence[float], *, max_tpot_ratio: float,
-                  on_fail: str) -> dict:
+def gate_decision(
+    spec_tpot: Sequence[float], base_tpot: Sequence[float], *, max_tpot_ratio: float, on_fail: str
+) -> dict:
     """Keep speculation only if median TPOT speculative/baseline <= max_tpot_ratio.
 
     The point ratio decides (a smoke A/B is small); the band is recorded, and `conclusive` says whether
@@ -175,14 +221,26 @@ def gate_decision(spec_tpot: Sequence[float], base_tpot: Sequence[float], *, max
     ratio, low, high = band["ratio"], band["low"], band["high"]
     passed = ratio <= max_tpot_ratio
     conclusive = (high <= max_tpot_ratio) if passed else (low > max_tpot_ratio)
-    action = "keep speculative" if passed else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
-    reason = (f"median TPOT speculative {median(spec_tpot):.3f} ms / baseline {median(base_tpot):.3f} ms = "
-              f"{ratio:.3f} (noise band {low:.3f}-{_fmt(high)}); required <= {max_tpot_ratio}: "
-              f"{'passed' if passed else 'failed'}{'' if conclusive else ' (band straddles the threshold)'}"
-              f" -> {action}")
+    action = (
+        "keep speculative"
+        if passed
+        else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
+    )
+    reason = (
+        f"median TPOT speculative {median(spec_tpot):.3f} ms / baseline {median(base_tpot):.3f} ms = "
+        f"{ratio:.3f} (noise band {low:.3f}-{_fmt(high)}); required <= {max_tpot_ratio}: "
+        f"{'passed' if passed else 'failed'}{'' if conclusive else ' (band straddles the threshold)'}"
+        f" -> {action}"
+    )
     return {
-        "passed": passed, "conclusive": conclusive, "action": action, "on_fail": on_fail,
-        "max_tpot_ratio": max_tpot_ratio, "ratio": _clean(ratio), "low": _clean(low), "high": _clean(high),
+        "passed": passed,
+        "conclusive": conclusive,
+        "action": action,
+        "on_fail": on_fail,
+        "max_tpot_ratio": max_tpot_ratio,
+        "ratio": _clean(ratio),
+        "low": _clean(low),
+        "high": _clean(high),
         "speculative": summarize_values(list(spec_tpot)),
         "baseline": summarize_values(list(base_tpot)),
         "reason": reason,

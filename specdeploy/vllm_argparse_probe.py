@@ -88,7 +88,7 @@ def _jsonable(value: Any) -> Any:
     if enum_value is not None and type(value).__module__ != "torch":
         return _jsonable(enum_value)
     text = str(value)
-    return text[len("torch."):] if text.startswith("torch.") else text
+    return text[len("torch.") :] if text.startswith("torch.") else text
 
 
 def _pin_cpu_platform() -> None:
@@ -147,7 +147,7 @@ def _speculative_summary(spec: Any) -> dict[str, Any] | None:
 def _safe_call(obj: Any, name: str) -> Any:
     try:
         return _jsonable(getattr(obj, name)())
-    except Exception:  # noqa: BLE001 - a summary field must never sink the probe
+    except Exception:
         return None
 
 
@@ -212,7 +212,7 @@ def probe(argv: list[str], *, engine_config: bool = True) -> tuple[int, dict[str
     except SystemExit as exc:  # argparse reports on stderr and exits 2
         report["error"] = f"argument parser rejected argv (exit {exc.code}); see stderr"
         return 2, report
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return 2, report
     if getattr(args, "model_tag", None) is not None:  # what ServeSubcommand.cmd does
@@ -225,7 +225,7 @@ def probe(argv: list[str], *, engine_config: bool = True) -> tuple[int, dict[str
     report["stage"] = "engine_args"
     try:
         engine_args = AsyncEngineArgs.from_cli_args(args)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return 1, report
     report["engine_args"] = _engine_args_summary(engine_args)
@@ -236,7 +236,7 @@ def probe(argv: list[str], *, engine_config: bool = True) -> tuple[int, dict[str
     report["stage"] = "engine_config"
     try:
         cfg = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report["error"] = _root_error(exc)
         print(traceback.format_exc(), file=sys.stderr)
         return 1, report

@@ -25,7 +25,7 @@ import sys
 import tarfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from specdeploy.stats import band_from_spread  # noqa: E402
+from specdeploy.stats import band_from_spread
 
 P90_TO_MAD = 0.6745 / 1.2816
 
@@ -33,8 +33,11 @@ P90_TO_MAD = 0.6745 / 1.2816
 # ---------------------------------------------------------------- collect
 def _log_metrics(text: str) -> dict:
     out = {}
-    for key, pat in (("p90_tpot_ms", r"P90 TPOT \(ms\):\s+([\d.]+)"), ("p90_itl_ms", r"P90 ITL \(ms\):\s+([\d.]+)"),
-                     ("p50_tpot_ms", r"P50 TPOT \(ms\):\s+([\d.]+)")):
+    for key, pat in (
+        ("p90_tpot_ms", r"P90 TPOT \(ms\):\s+([\d.]+)"),
+        ("p90_itl_ms", r"P90 ITL \(ms\):\s+([\d.]+)"),
+        ("p50_tpot_ms", r"P50 TPOT \(ms\):\s+([\d.]+)"),
+    ):
         m = re.search(pat, text)
         if m:
             out[key] = float(m.group(1))
@@ -48,19 +51,32 @@ def collect(out_path: str, dirs: list[str]) -> None:
         with tarfile.open(os.path.join(d, "logs.tar.gz")) as tar:
             for m in tar.getmembers():
                 if m.isfile() and ".bench" in m.name:
-                    logs[os.path.basename(m.name)] = tar.extractfile(m).read().decode(errors="replace")
+                    logs[os.path.basename(m.name)] = (
+                        tar.extractfile(m).read().decode(errors="replace")
+                    )
         for r in json.load(open(os.path.join(d, "summary.json"))):
             if "bench" not in r and r["arm"] in records:
                 continue  # a "skipped" entry never overrides a measured one
             r = {k: v for k, v in r.items() if k not in ("log_tail",)}
             for conc, b in r.get("bench", {}).items():
-                for k in ("per_request_tpot_ms", "per_request_median_itl_ms", "per_request_chunks", "output_lens"):
+                for k in (
+                    "per_request_tpot_ms",
+                    "per_request_median_itl_ms",
+                    "per_request_chunks",
+                    "output_lens",
+                ):
                     b.pop(k, None)  # empty: the bench did not save per-request data
                 b.update(_log_metrics(logs.get(f"{r['arm']}.bench{conc}.log", "")))
             records[r["arm"]] = r
     with open(out_path, "w") as f:
-        json.dump({"device": "1x NVIDIA H200 (Firecracker), vLLM 0.26.0, torch 2.11.0+cu130",
-                   "records": list(records.values())}, f, indent=1)
+        json.dump(
+            {
+                "device": "1x NVIDIA H200 (Firecracker), vLLM 0.26.0, torch 2.11.0+cu130",
+                "records": list(records.values()),
+            },
+            f,
+            indent=1,
+        )
     print(f"{len(records)} arms -> {out_path}")
 
 
@@ -98,11 +114,15 @@ def report(path: str, png: str) -> None:
     t_target = base["bench"]["1"]["median_tpot_ms"]
     draft = _arm(recs, "draft_alone")
     c_alone = draft["bench"]["1"]["median_tpot_ms"] / t_target
-    print(f"target step (baseline TPOT, c=1) = {t_target:.2f} ms; draft alone = "
-          f"{draft['bench']['1']['median_tpot_ms']:.2f} ms; c_alone = {c_alone:.3f}\n")
+    print(
+        f"target step (baseline TPOT, c=1) = {t_target:.2f} ms; draft alone = "
+        f"{draft['bench']['1']['median_tpot_ms']:.2f} ms; c_alone = {c_alone:.3f}\n"
+    )
     rows = []
-    print("| arm | k | L set | sched | c | TPOT med ms | TPOT P90 ms | ITL med ms | AL meas | step = TPOT x AL ms | "
-          "TPOT ratio spec/base [band] | significant | speedup | c_eff | alpha | Leviathan at c_alone |")
+    print(
+        "| arm | k | L set | sched | c | TPOT med ms | TPOT P90 ms | ITL med ms | AL meas | step = TPOT x AL ms | "
+        "TPOT ratio spec/base [band] | significant | speedup | c_eff | alpha | Leviathan at c_alone |"
+    )
     print("|" + "---|" * 16)
     for r in recs:
         m = r["meta"]
@@ -115,25 +135,47 @@ def report(path: str, png: str) -> None:
             k, length = m["k"], m["L"]
             al = b.get("spec_decode_acceptance_length") or length
             step = b["median_tpot_ms"] * al
-            band = band_from_spread(b["median_tpot_ms"], _spread(b), bb["median_tpot_ms"], _spread(bb))
+            band = band_from_spread(
+                b["median_tpot_ms"], _spread(b), bb["median_tpot_ms"], _spread(bb)
+            )
             t_base = bb["median_tpot_ms"]
             c_eff = (step / t_base - 1) / k
             a = alpha_from_length(al, k)
-            lev_alone = leviathan(a, k, c_alone)  # leviathan(a, k, c_eff) == measured speedup by construction
+            lev_alone = leviathan(
+                a, k, c_alone
+            )  # leviathan(a, k, c_eff) == measured speedup by construction
             name = r["arm"] + (" (draft eager)" if m.get("draft_eager") else "")
-            rows.append(dict(arm=r["arm"], k=k, L=length, sched=m["sched"], conc=int(conc), tpot=b["median_tpot_ms"],
-                             speedup=1 / band["ratio"], step=step, c_eff=c_eff, alpha=a, lev_alone=lev_alone,
-                             draft_eager=bool(m.get("draft_eager"))))
-            print(f"| {name} | {k} | {length} | {m['sched']} | {conc} | {b['median_tpot_ms']:.2f} | "
-                  f"{b.get('p90_tpot_ms', float('nan')):.2f} | {b['median_itl_ms']:.2f} | {al:.2f} | {step:.1f} | "
-                  f"{band['ratio']:.3f} [{band['low']:.3f}, {band['high']:.3f}] | "
-                  f"{'yes' if band['significant'] else 'no'} | {1 / band['ratio']:.2f}x | {c_eff:.2f} | "
-                  f"{a:.2f} | {lev_alone:.2f}x |")
+            rows.append(
+                dict(
+                    arm=r["arm"],
+                    k=k,
+                    L=length,
+                    sched=m["sched"],
+                    conc=int(conc),
+                    tpot=b["median_tpot_ms"],
+                    speedup=1 / band["ratio"],
+                    step=step,
+                    c_eff=c_eff,
+                    alpha=a,
+                    lev_alone=lev_alone,
+                    draft_eager=bool(m.get("draft_eager")),
+                )
+            )
+            print(
+                f"| {name} | {k} | {length} | {m['sched']} | {conc} | {b['median_tpot_ms']:.2f} | "
+                f"{b.get('p90_tpot_ms', float('nan')):.2f} | {b['median_itl_ms']:.2f} | {al:.2f} | {step:.1f} | "
+                f"{band['ratio']:.3f} [{band['low']:.3f}, {band['high']:.3f}] | "
+                f"{'yes' if band['significant'] else 'no'} | {1 / band['ratio']:.2f}x | {c_eff:.2f} | "
+                f"{a:.2f} | {lev_alone:.2f}x |"
+            )
     for name in ("base", "base_v1", "draft_alone"):
         r = _arm(recs, name)
         if r:
-            cells = ", ".join(f"c={c}: TPOT {b['median_tpot_ms']:.2f} ms (P90 {b.get('p90_tpot_ms', float('nan')):.2f})"
-                              for c, b in r["bench"].items() if "median_tpot_ms" in b)
+            cells = ", ".join(
+                f"c={c}: TPOT {b['median_tpot_ms']:.2f} ms (P90 {b.get('p90_tpot_ms', float('nan')):.2f})"
+                for c, b in r["bench"].items()
+                if "median_tpot_ms" in b
+            )
             print(f"\n{name}: {cells}")
     _plot(rows, t_target, c_alone, png)
 
@@ -155,11 +197,28 @@ def _plot(rows, t_target, c_alone, png):
     for k, ss in sorted(steps.items()):
         lo, hi = min(ss), max(ss)
         ls = [1 + i * k / 100 for i in range(101)]
-        ax.fill_between(ls, [t_target * x / hi for x in ls], [t_target * x / lo for x in ls], color=colors[k], alpha=0.15)
-        ax.plot(ls, [t_target * x / (sum(ss) / len(ss)) for x in ls], color=colors[k], lw=1,
-                label=f"k={k}: step {sum(ss) / len(ss):.1f} ms -> speedup = {t_target:.2f} L / step")
+        ax.fill_between(
+            ls,
+            [t_target * x / hi for x in ls],
+            [t_target * x / lo for x in ls],
+            color=colors[k],
+            alpha=0.15,
+        )
+        ax.plot(
+            ls,
+            [t_target * x / (sum(ss) / len(ss)) for x in ls],
+            color=colors[k],
+            lw=1,
+            label=f"k={k}: step {sum(ss) / len(ss):.1f} ms -> speedup = {t_target:.2f} L / step",
+        )
         ls2 = [1 + i * k / 100 for i in range(101)]
-        ax.plot(ls2, [leviathan(alpha_from_length(x, k), k, c_alone) for x in ls2], color=colors[k], lw=1, ls=":")
+        ax.plot(
+            ls2,
+            [leviathan(alpha_from_length(x, k), k, c_alone) for x in ls2],
+            color=colors[k],
+            lw=1,
+            ls=":",
+        )
     for r in rows:
         if r["conc"] != 1:
             continue
@@ -170,8 +229,11 @@ def _plot(rows, t_target, c_alone, png):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xlabel("acceptance length L (tokens per step, synthetic)")
     ax.set_ylabel("speedup = baseline TPOT / speculative TPOT")
-    ax.set_title("H200, Qwen3-8B target + Qwen3-0.6B draft, c=1\npoints: measured (o async, x sync, v draft eager)\n"
-                 "solid: 5.24 ms x L / measured step(k); dotted: Leviathan with c_alone=0.34", fontsize=9)
+    ax.set_title(
+        "H200, Qwen3-8B target + Qwen3-0.6B draft, c=1\npoints: measured (o async, x sync, v draft eager)\n"
+        "solid: 5.24 ms x L / measured step(k); dotted: Leviathan with c_alone=0.34",
+        fontsize=9,
+    )
     ax.set_ylim(0, 3.2)
     ax.legend(fontsize=7, loc="upper left")
     ax = axes[1]
@@ -187,16 +249,22 @@ def _plot(rows, t_target, c_alone, png):
             if not math.isnan(grid[i][j]):
                 ax.text(j, i, f"{grid[i][j]:.2f}x", ha="center", va="center", fontsize=10)
             elif length <= k + 1:
-                pred = t_target * length / (sum(steps[k]) / len(steps[k])) if k in steps else math.nan
-                ax.text(j, i, f"({pred:.2f}x)", ha="center", va="center", fontsize=8, color="dimgray")
+                pred = (
+                    t_target * length / (sum(steps[k]) / len(steps[k])) if k in steps else math.nan
+                )
+                ax.text(
+                    j, i, f"({pred:.2f}x)", ha="center", va="center", fontsize=8, color="dimgray"
+                )
             else:
                 ax.text(j, i, "L>k+1", ha="center", va="center", fontsize=7, color="lightgray")
     ax.set_xticks(range(len(ls)), [str(x) for x in ls])
     ax.set_yticks(range(len(ks)), [str(k) for k in ks])
     ax.set_xlabel("L")
     ax.set_ylabel("k (num_speculative_tokens)")
-    ax.set_title("payoff map, c=1, --async-scheduling\nblack: measured; grey (x): 5.24 ms x L / step(k), not measured",
-                 fontsize=9)
+    ax.set_title(
+        "payoff map, c=1, --async-scheduling\nblack: measured; grey (x): 5.24 ms x L / step(k), not measured",
+        fontsize=9,
+    )
     fig.colorbar(im, ax=ax, label="speedup")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -27,10 +27,24 @@ LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"
 MIN_ARM_S = 70  # a warm-cache arm: ~35 s to serve, ~35 s of benchmarks
 COLD_ARM_S = 150  # first arm of a kind: torch.compile without cache
-HIGHLIGHTS = ("torch.compile take", "Compiling a graph", "Graph capturing finished", "init engine",
-              "Asynchronous scheduling is", "Model Runner V2", "V1 model runner", "cudagraph_mode",
-              "Loading weights took", "Model loading took", "Available KV cache memory", "Using FLASH",
-              "backend", "Traceback", "Error", "error")
+HIGHLIGHTS = (
+    "torch.compile take",
+    "Compiling a graph",
+    "Graph capturing finished",
+    "init engine",
+    "Asynchronous scheduling is",
+    "Model Runner V2",
+    "V1 model runner",
+    "cudagraph_mode",
+    "Loading weights took",
+    "Model loading took",
+    "Available KV cache memory",
+    "Using FLASH",
+    "backend",
+    "Traceback",
+    "Error",
+    "error",
+)
 
 
 def log(msg: str) -> None:
@@ -46,10 +60,20 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def complete(port: int, model: str, max_tokens: int) -> None:
-    body = json.dumps({"model": model, "prompt": "def fibonacci(n): return", "max_tokens": max_tokens,
-                       "temperature": 0, "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": "def fibonacci(n): return",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         r.read()
 
@@ -66,8 +90,12 @@ def warm(port: int, model: str) -> None:
 
 def gpu_used_mib() -> int:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return int(out.split()[0])
     except Exception:
         return -1
@@ -105,14 +133,35 @@ def summarize(path: str) -> dict:
             tpot.append(1000.0 * sum(itls) / (n - 1))
             itl_med.append(1000.0 * statistics.median(itls))
             chunks.append(len(itls) + 1)
-    keys = ("completed", "failed", "duration", "output_throughput", "request_throughput", "median_ttft_ms",
-            "median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms", "median_itl_ms", "mean_itl_ms", "p99_itl_ms",
-            "median_e2el_ms", "spec_decode_acceptance_length", "spec_decode_acceptance_rate",
-            "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
-            "max_concurrency", "total_output_tokens")
+    keys = (
+        "completed",
+        "failed",
+        "duration",
+        "output_throughput",
+        "request_throughput",
+        "median_ttft_ms",
+        "median_tpot_ms",
+        "mean_tpot_ms",
+        "p99_tpot_ms",
+        "median_itl_ms",
+        "mean_itl_ms",
+        "p99_itl_ms",
+        "median_e2el_ms",
+        "spec_decode_acceptance_length",
+        "spec_decode_acceptance_rate",
+        "spec_decode_num_drafts",
+        "spec_decode_draft_tokens",
+        "spec_decode_accepted_tokens",
+        "max_concurrency",
+        "total_output_tokens",
+    )
     out = {k: r.get(k) for k in keys}
-    out.update(per_request_tpot_ms=tpot, per_request_median_itl_ms=itl_med, per_request_chunks=chunks,
-               output_lens=r.get("output_lens"))
+    out.update(
+        per_request_tpot_ms=tpot,
+        per_request_median_itl_ms=itl_med,
+        per_request_chunks=chunks,
+        output_lens=r.get("output_lens"),
+    )
     return out
 
 
@@ -131,8 +180,13 @@ def run_arm(name: str, arm: dict, deadline: float, py: str) -> dict:
     serve_log = f"{LOGS}/{name}.serve.log"
     t0 = time.time()
     with open(serve_log, "w") as lf:
-        proc = subprocess.Popen([py, "-m", "vllm.entrypoints.cli.main", "serve", *arm["serve"]], env=env,
-                                stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [py, "-m", "vllm.entrypoints.cli.main", "serve", *arm["serve"]],
+            env=env,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     port = arm["port"]
     try:
         while True:
@@ -160,18 +214,28 @@ def run_arm(name: str, arm: dict, deadline: float, py: str) -> dict:
             tb = time.time()
             with open(blog, "w") as lf:
                 try:
-                    rc = subprocess.run([py, "-m", "vllm.entrypoints.cli.main", *bargs], env=env, stdout=lf,
-                                        stderr=subprocess.STDOUT, timeout=left - 10).returncode
+                    rc = subprocess.run(
+                        [py, "-m", "vllm.entrypoints.cli.main", *bargs],
+                        env=env,
+                        stdout=lf,
+                        stderr=subprocess.STDOUT,
+                        timeout=left - 10,
+                    ).returncode
                 except subprocess.TimeoutExpired:
                     rc = "timeout"
             result = os.path.join(RESULTS, bargs[bargs.index("--result-filename") + 1])
             if rc == 0 and os.path.exists(result):
                 rec["bench"][conc] = summarize(result) | {"wall_s": round(time.time() - tb, 1)}
                 b = rec["bench"][conc]
-                log(f"{name} c={conc}: TPOT {b['median_tpot_ms']:.2f} ms  ITL {b['median_itl_ms']:.2f} ms  "
-                    f"AL {b.get('spec_decode_acceptance_length')}  ({rec['bench'][conc]['wall_s']} s)")
+                log(
+                    f"{name} c={conc}: TPOT {b['median_tpot_ms']:.2f} ms  ITL {b['median_itl_ms']:.2f} ms  "
+                    f"AL {b.get('spec_decode_acceptance_length')}  ({rec['bench'][conc]['wall_s']} s)"
+                )
             else:
-                rec["bench"][conc] = {"error": f"bench rc={rc}", "tail": open(blog, errors='replace').read()[-1500:]}
+                rec["bench"][conc] = {
+                    "error": f"bench rc={rc}",
+                    "tail": open(blog, errors="replace").read()[-1500:],
+                }
                 log(f"{name} c={conc}: bench failed rc={rc}")
         return rec
     finally:
@@ -257,7 +321,9 @@ def main() -> None:
         need = args.min_arm_s if compiled_before else args.cold_arm_s
         left = deadline - time.time()
         if left < need:
-            records.append({"arm": name, "meta": arm["meta"], "skipped": f"budget: {left:.0f} s left"})
+            records.append(
+                {"arm": name, "meta": arm["meta"], "skipped": f"budget: {left:.0f} s left"}
+            )
             log(f"{name}: skipped, {left:.0f} s left")
             continue
         log(f"{name}: starting ({left:.0f} s left)")
@@ -273,9 +339,14 @@ def main() -> None:
     log(f"done in {time.time() - start:.0f} s")
     for r in records:
         b = r.get("bench", {})
-        cells = "  ".join(f"c{c}: TPOT {v.get('median_tpot_ms', float('nan')):.2f} ITL {v.get('median_itl_ms', float('nan')):.2f}"
-                          for c, v in b.items() if isinstance(v, dict) and "median_tpot_ms" in v)
-        print(f"{r['arm']:<22} ready {r.get('ready_s', '-')}s  {cells}  {r.get('error', r.get('skipped', ''))}")
+        cells = "  ".join(
+            f"c{c}: TPOT {v.get('median_tpot_ms', float('nan')):.2f} ITL {v.get('median_itl_ms', float('nan')):.2f}"
+            for c, v in b.items()
+            if isinstance(v, dict) and "median_tpot_ms" in v
+        )
+        print(
+            f"{r['arm']:<22} ready {r.get('ready_s', '-')}s  {cells}  {r.get('error', r.get('skipped', ''))}"
+        )
 
 
 if __name__ == "__main__":

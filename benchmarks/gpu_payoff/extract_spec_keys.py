@@ -14,7 +14,12 @@ import sys
 # create_speculative_config overwriting them); setting them in the JSON is meaningless at best.
 # draft_load_config is not among them: it is an optional user setting ("If not specified, will use the
 # load config from the target model"), read by the draft proposer.
-DERIVED = ("draft_model_config", "draft_parallel_config", "target_model_config", "target_parallel_config")
+DERIVED = (
+    "draft_model_config",
+    "draft_parallel_config",
+    "target_model_config",
+    "target_parallel_config",
+)
 DERIVED_WHY = "vLLM fills it from the engine config itself (SpeculativeConfig derived field)"
 
 
@@ -35,16 +40,27 @@ def literal_values(node: ast.AST, aliases: dict[str, ast.AST]) -> list[str]:
 
 def extract(path: str) -> tuple[list[str], list[str], str | None]:
     tree = ast.parse(open(path).read())
-    aliases = {t.targets[0].id: t.value for t in tree.body
-               if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)}
+    aliases = {
+        t.targets[0].id: t.value
+        for t in tree.body
+        if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)
+    }
     methods = sorted(set(literal_values(aliases["SpeculativeMethod"], aliases)))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig")
-    fields = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig"
+    )
+    fields = [
+        n.target.id
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    ]
     src = open(path).read()
     tp_msg = None
     if "'tensor_parallel_size' is not a valid argument in the" in src:
-        tp_msg = ("'tensor_parallel_size' is not a valid argument in the speculative_config "
-                  "(SpeculativeConfig._verify_args)")
+        tp_msg = (
+            "'tensor_parallel_size' is not a valid argument in the speculative_config "
+            "(SpeculativeConfig._verify_args)"
+        )
     return fields, methods, tp_msg
 
 
@@ -55,7 +71,12 @@ def main() -> None:
     if tp_msg:
         rejected["tensor_parallel_size"] = tp_msg
     keys = sorted(f for f in fields if f not in rejected)
-    entry = {"keys": keys, "methods": methods, "rejected_keys": dict(sorted(rejected.items())), "source": source}
+    entry = {
+        "keys": keys,
+        "methods": methods,
+        "rejected_keys": dict(sorted(rejected.items())),
+        "source": source,
+    }
     print(json.dumps({version: entry}, indent=1))
 
 

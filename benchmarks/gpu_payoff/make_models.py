@@ -42,11 +42,23 @@ COMMON = {
     "vocab_size": VOCAB_SIZE,
 }
 # Values from Qwen/Qwen3-8B and Qwen/Qwen3-0.6B config.json.
-TARGET = COMMON | {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                   "num_attention_heads": 32, "num_key_value_heads": 8, "max_window_layers": 36,
-                   "tie_word_embeddings": False}
-DRAFT = COMMON | {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-                  "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True}
+TARGET = COMMON | {
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_window_layers": 36,
+    "tie_word_embeddings": False,
+}
+DRAFT = COMMON | {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": True,
+}
 
 
 def train_tokenizer():
@@ -56,8 +68,12 @@ def train_tokenizer():
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train(files, trainer)
     return tok
 
@@ -72,8 +88,15 @@ def main() -> None:
             json.dump(cfg, f, indent=1, sort_keys=True)
         tok.save(os.path.join(d, "tokenizer.json"))
         with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-                       "model_max_length": 40960}, f, indent=1)
+            json.dump(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "eos_token": "<|endoftext|>",
+                    "model_max_length": 40960,
+                },
+                f,
+                indent=1,
+            )
     print(f"wrote {out}/target and {out}/draft (tokenizer vocab {tok.get_vocab_size()})")
 
 

@@ -1,13 +1,26 @@
 """Print JSON facts about a model snapshot in a Hugging Face cache (standard library only).
 
 argv: HF_HOME REPO_ID REVISION. Prints null when the snapshot is not (completely) there."""
+
 import json
 import os
 import struct
 import sys
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def snapshot_dir(hf_home, repo, revision):
@@ -37,7 +50,9 @@ def main(hf_home, repo, revision):
     if path is None:
         return None
     files = sorted(os.listdir(path))
-    if any(not os.path.exists(os.path.join(path, f)) for f in files):  # dangling link: partial download
+    if any(
+        not os.path.exists(os.path.join(path, f)) for f in files
+    ):  # dangling link: partial download
         return None
     manifest = os.path.join(path, ".specdeploy-complete")
     if not os.path.exists(manifest) or "config.json" not in files:
@@ -55,7 +70,9 @@ def main(hf_home, repo, revision):
         tokenizer = json.load(open(os.path.join(path, "tokenizer.json")))
         vocab = tokenizer.get("model", {}).get("vocab", {})
         added = {t["id"] for t in tokenizer.get("added_tokens", [])}
-        tokenizer_vocab = len(set(vocab.values() if isinstance(vocab, dict) else range(len(vocab))) | added)
+        tokenizer_vocab = len(
+            set(vocab.values() if isinstance(vocab, dict) else range(len(vocab))) | added
+        )
     heads = text.get("num_attention_heads")
     return {
         "repo": repo,

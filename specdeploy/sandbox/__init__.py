@@ -102,7 +102,12 @@ def _new_state(prefix: str) -> dict:
 def _services_enabled(services: bool | None) -> bool:
     if services is not None:
         return services
-    return os.environ.get("SPECDEPLOY_SANDBOX_SERVICES", "1").lower() not in ("0", "no", "false", "off")
+    return os.environ.get("SPECDEPLOY_SANDBOX_SERVICES", "1").lower() not in (
+        "0",
+        "no",
+        "false",
+        "off",
+    )
 
 
 def up(hosts: int = 3, services: bool | None = None) -> dict:
@@ -168,7 +173,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
                 for fut in [ex.submit(bring_up, i) for i in todo]:
                     try:
                         created.append(fut.result())
-                    except BaseException as e:  # noqa: BLE001
+                    except BaseException as e:
                         errors.append(e)
         st["hosts"] = sorted(list(keep.values()) + created, key=lambda h: h["index"])
         _hosts.write_known_hosts(st)
@@ -188,7 +193,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
             for f in futs:
                 try:
                     f.result()
-                except BaseException as e:  # noqa: BLE001
+                except BaseException as e:
                     errors.append(e)
         st["updated"] = time.time()
         _state.save(st)
@@ -206,9 +211,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
             except Exception as e:
                 st["services_error"] = f"{type(e).__name__}: {e}"
                 _state.save(st)
-                raise SandboxError(
-                    f"sandbox hosts are up, but services.start failed: {e}"
-                ) from e
+                raise SandboxError(f"sandbox hosts are up, but services.start failed: {e}") from e
             st["services"] = dict(extra_state)
             for k, v in extra_state.items():
                 if k not in _CORE_KEYS:
@@ -251,7 +254,7 @@ def status() -> dict:
     if svc is not None and hasattr(svc, "status"):
         try:
             res["services_status"] = _call_service(svc.status, st)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             res["services_status"] = {"error": str(e)}
     return res
 
@@ -266,7 +269,7 @@ def _teardown(st: dict | None) -> None:
         if svc is not None and hasattr(svc, "stop"):
             try:
                 _call_service(svc.stop, st)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.warning("services.stop failed: %s", e)
         prefixes.discard(st["prefix"])
         _hosts.teardown_prefix(st["prefix"], st.get("hosts", []))

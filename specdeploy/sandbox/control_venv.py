@@ -35,7 +35,16 @@ def ensure(cache_dir: str | os.PathLike | None = None) -> Path:
     if installed == VERSION and (alias is None or _version(python, alias[0]) == alias[1]):
         return python
     wheels = wheelhouse.ensure(cache)
-    commands = install_commands(str(venv), PACKAGE, VERSION, ["--no-index", "--find-links", str(wheels)],
-                                pip_install=installed != VERSION)
-    subprocess.run(["bash", "-ec", " && ".join(commands)], check=True, env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"})
+    commands = install_commands(
+        str(venv),
+        PACKAGE,
+        VERSION,
+        ["--no-index", "--find-links", str(wheels)],
+        pip_install=installed != VERSION,
+    )
+    subprocess.run(
+        ["bash", "-ec", " && ".join(commands)],
+        check=True,
+        env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"},
+    )
     return python

@@ -180,7 +180,20 @@ def ensure_ssh_key(sdir: Path) -> tuple[Path, str]:
     key = sdir / "id_ed25519"
     if not key.exists():
         sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "specdeploy-sandbox", "-f", str(key)])
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "specdeploy-sandbox",
+                "-f",
+                str(key),
+            ]
+        )
     os.chmod(key, 0o600)
     return key, (key.with_suffix(".pub")).read_text().strip()
 
@@ -202,7 +215,9 @@ def ssh_command(st: dict, address: str, *remote: str, connect_timeout: int = 3) 
 
 
 def write_known_hosts(st: dict) -> None:
-    lines = [f"{h['address']} {h['host_pubkey']}" for h in st.get("hosts", []) if h.get("host_pubkey")]
+    lines = [
+        f"{h['address']} {h['host_pubkey']}" for h in st.get("hosts", []) if h.get("host_pubkey")
+    ]
     kh = Path(st["known_hosts"])
     tmp = kh.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in lines))
@@ -307,7 +322,11 @@ def _alive(pid: int) -> bool:
 
 def is_our_nspawn(pid: int, name: str) -> bool:
     cmd = _cmdline(pid)
-    return bool(cmd) and any(c.endswith("systemd-nspawn") for c in cmd[:1]) and f"--machine={name}" in cmd
+    return (
+        bool(cmd)
+        and any(c.endswith("systemd-nspawn") for c in cmd[:1])
+        and f"--machine={name}" in cmd
+    )
 
 
 def find_nspawn_pids(prefix: str) -> dict[int, str]:
@@ -442,7 +461,9 @@ def wait_ready(st: dict, name: str, address: str, pid: int, timeout: float = BOO
     last = ""
     while time.monotonic() < deadline:
         if not _alive(pid):
-            raise SandboxError(f"{name}: systemd-nspawn exited during boot:\n{console_tail(st['prefix'], name)}")
+            raise SandboxError(
+                f"{name}: systemd-nspawn exited during boot:\n{console_tail(st['prefix'], name)}"
+            )
         remaining = max(5, int(deadline - time.monotonic()))
         p = subprocess.run(
             ssh_command(st, address, f"timeout {remaining} systemctl is-system-running --wait"),
@@ -455,7 +476,9 @@ def wait_ready(st: dict, name: str, address: str, pid: int, timeout: float = BOO
             return out
         last = (out + " " + p.stderr.strip()).strip()
         time.sleep(0.3)
-    raise SandboxError(f"{name}: not ready after {timeout:.0f}s (last: {last})\n{console_tail(st['prefix'], name)}")
+    raise SandboxError(
+        f"{name}: not ready after {timeout:.0f}s (last: {last})\n{console_tail(st['prefix'], name)}"
+    )
 
 
 def console_tail(prefix: str, name: str, n: int = 30) -> str:
@@ -502,7 +525,9 @@ def failed_units(st: dict, address: str) -> list[str]:
 
 def host_alive(h: dict) -> bool:
     pid = h.get("nspawn_pid")
-    return bool(pid) and _alive(pid) and is_our_nspawn(pid, h["name"]) and is_mounted(Path(h["root"]))
+    return (
+        bool(pid) and _alive(pid) and is_our_nspawn(pid, h["name"]) and is_mounted(Path(h["root"]))
+    )
 
 
 def system_state(st: dict, h: dict, timeout: int = 10) -> str:

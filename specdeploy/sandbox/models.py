@@ -87,7 +87,13 @@ SPEC: dict[str, Any] = {
             "min_frequency": 2,
             # Top-level modules of the interpreter's standard library.
             "corpus": {"stdlib_globs": ["*.py"], "extra_globs": []},
-            "special_tokens": ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|start|>", "<|end|>"],
+            "special_tokens": [
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|pad|>",
+                "<|start|>",
+                "<|end|>",
+            ],
             "bos": "<|begin_of_text|>",
             "eos": "<|end_of_text|>",
             "pad": "<|pad|>",
@@ -226,7 +232,9 @@ def _manifest_ok(manifest: dict | None, cache_dir: Path) -> bool:
     return True
 
 
-def ensure(cache_dir: str | os.PathLike | None = None, *, force: bool = False, python: str | None = None) -> dict:
+def ensure(
+    cache_dir: str | os.PathLike | None = None, *, force: bool = False, python: str | None = None
+) -> dict:
     """Generate the tiny model repositories unless an intact, current set exists.
 
     Returns the manifest::
@@ -259,14 +267,28 @@ def ensure(cache_dir: str | os.PathLike | None = None, *, force: bool = False, p
         t0 = time.monotonic()
         with open(log, "w") as fh:
             proc = subprocess.run(
-                [py, os.path.abspath(__file__), "_build", str(work / "snapshots"), json.dumps(SPEC)],
-                stdout=fh, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
-                     "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+                [
+                    py,
+                    os.path.abspath(__file__),
+                    "_build",
+                    str(work / "snapshots"),
+                    json.dumps(SPEC),
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env={
+                    **os.environ,
+                    "PYTHONHASHSEED": "0",
+                    "OMP_NUM_THREADS": "1",
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "HF_HUB_OFFLINE": "1",
+                },
             )
         if proc.returncode != 0:
             tail = log.read_text()[-4000:]
-            raise RuntimeError(f"model generation failed (rc={proc.returncode}), log {log}:\n{tail}")
+            raise RuntimeError(
+                f"model generation failed (rc={proc.returncode}), log {log}:\n{tail}"
+            )
         build_info = json.loads((work / "snapshots" / "build.json").read_text())
 
         new_hub = work / "hub"
@@ -291,8 +313,15 @@ def ensure(cache_dir: str | os.PathLike | None = None, *, force: bool = False, p
                 _git(repo, "read-tree", "--empty")
                 _git(repo, "add", "-A")
                 date = f"@{_EPOCH + 3600 * i} +0000"
-                _git(repo, "commit", "-q", "--no-gpg-sign", "-m", f"{repo_id} {rev['name']}",
-                     env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+                _git(
+                    repo,
+                    "commit",
+                    "-q",
+                    "--no-gpg-sign",
+                    "-m",
+                    f"{repo_id} {rev['name']}",
+                    env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date},
+                )
                 _git(repo, "tag", rev["name"])
                 revisions[rev["name"]] = _git(repo, "rev-parse", "HEAD")
             repos[repo_id] = {
@@ -374,7 +403,11 @@ def _train_tokenizer(tspec: dict):
     tok.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
     )
-    info = {"vocab_size": tok.get_vocab_size(), "corpus_files": len(files), "corpus_sha256": digest.hexdigest()}
+    info = {
+        "vocab_size": tok.get_vocab_size(),
+        "corpus_files": len(files),
+        "corpus_sha256": digest.hexdigest(),
+    }
     return tok, info
 
 
@@ -405,10 +438,10 @@ def _readme(repo_id: str, rspec: dict, rev: dict, vocab: int, arch: dict) -> str
 
 
 def _build(out: Path, spec: dict) -> None:
+    import safetensors
+    import tokenizers
     import torch
     import transformers
-    import tokenizers
-    import safetensors
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.use_deterministic_algorithms(True)
@@ -463,23 +496,39 @@ def _build(out: Path, spec: dict) -> None:
             sizes = {p.name: p.stat().st_size for p in sorted(dest.iterdir())}
             print(f"{repo_id}@{rev['name']}: {sizes}", flush=True)
 
-    (out / "build.json").write_text(json.dumps({
-        "tokenizers": tok_info,
-        "versions": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "safetensors": safetensors.__version__,
-        },
-    }, indent=2))
+    (out / "build.json").write_text(
+        json.dumps(
+            {
+                "tokenizers": tok_info,
+                "versions": {
+                    "python": sys.version.split()[0],
+                    "torch": torch.__version__,
+                    "transformers": transformers.__version__,
+                    "tokenizers": tokenizers.__version__,
+                    "safetensors": safetensors.__version__,
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "_build":
         _build(Path(sys.argv[2]), json.loads(sys.argv[3]))
     elif len(sys.argv) <= 2:
-        m = ensure(sys.argv[1] if len(sys.argv) == 2 else None, force=os.environ.get("SPECDEPLOY_MODELS_FORCE") == "1")
-        print(json.dumps({k: {"revisions": v["revisions"], "main": v["main"]} for k, v in m["repos"].items()}, indent=2))
+        m = ensure(
+            sys.argv[1] if len(sys.argv) == 2 else None,
+            force=os.environ.get("SPECDEPLOY_MODELS_FORCE") == "1",
+        )
+        print(
+            json.dumps(
+                {
+                    k: {"revisions": v["revisions"], "main": v["main"]}
+                    for k, v in m["repos"].items()
+                },
+                indent=2,
+            )
+        )
     else:
         sys.exit("usage: models.py [CACHE_DIR] | models.py _build OUT SPEC_JSON")

@@ -82,7 +82,9 @@ def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _state_dir(state: dict) -> Path:
-    return Path(state.get("state_dir") or os.environ.get("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox"))
+    return Path(
+        state.get("state_dir") or os.environ.get("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox")
+    )
 
 
 def services_dir(state: dict) -> Path:
@@ -107,11 +109,23 @@ def ensure_mirror_venv(cache_dir: str | os.PathLike | None = None) -> Path:
     log = _cache_dir(cache_dir) / "venv-mirror.log"
     with open(log, "w") as fh:
         if not (venv / "bin" / "python").exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=fh, stderr=subprocess.STDOUT)
+            subprocess.run(
+                [sys.executable, "-m", "venv", str(venv)],
+                check=True,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
         proc = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-             *MIRROR_VENV_REQUIREMENTS],
-            stdout=fh, stderr=subprocess.STDOUT,
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                *MIRROR_VENV_REQUIREMENTS,
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
         )
     if proc.returncode != 0:
         raise RuntimeError(f"installing {MIRROR_VENV_REQUIREMENTS} into {venv} failed; see {log}")
@@ -143,7 +157,9 @@ def _port_free(host: str, port: int) -> bool:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -164,7 +180,7 @@ def _is_ours(rec: dict) -> bool:
 
 def _http_ok(url: str, timeout: float = 3.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local URL)
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return 200 <= r.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -210,32 +226,65 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _launch(name: str, cmd: list[str], log: Path, env: dict, marker: str, host: str, port: int,
-            health_url: str, extra: dict) -> dict:
+def _launch(
+    name: str,
+    cmd: list[str],
+    log: Path,
+    env: dict,
+    marker: str,
+    host: str,
+    port: int,
+    health_url: str,
+    extra: dict,
+) -> dict:
     if not _port_free(host, port):
-        raise RuntimeError(f"{name}: {host}:{port} is already in use (set {_PORT_ENV[name]} or ports=)")
+        raise RuntimeError(
+            f"{name}: {host}:{port} is already in use (set {_PORT_ENV[name]} or ports=)"
+        )
     with open(log, "ab") as fh:
         fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
         fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, close_fds=True)
-    rec = {"pid": proc.pid, "host": host, "port": port, "log": str(log), "marker": marker,
-           "cmd": cmd, "health_url": health_url, **extra}
+        proc = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    rec = {
+        "pid": proc.pid,
+        "host": host,
+        "port": port,
+        "log": str(log),
+        "marker": marker,
+        "cmd": cmd,
+        "health_url": health_url,
+        **extra,
+    }
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with rc={proc.returncode}; log {log}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"{name} exited with rc={proc.returncode}; log {log}:\n{log.read_text()[-3000:]}"
+            )
         if _http_ok(health_url, timeout=2.0):
             return rec
         time.sleep(0.3)
     _terminate(rec)
-    raise RuntimeError(f"{name} did not answer {health_url} within {START_TIMEOUT_S:.0f}s; log {log}:\n"
-                       f"{log.read_text()[-3000:]}")
+    raise RuntimeError(
+        f"{name} did not answer {health_url} within {START_TIMEOUT_S:.0f}s; log {log}:\n"
+        f"{log.read_text()[-3000:]}"
+    )
 
 
 def _clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGINGFACE_", "PIP_", "VIRTUAL_ENV", "PYTHON"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGINGFACE_", "PIP_", "VIRTUAL_ENV", "PYTHON"))
+    }
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -252,18 +301,40 @@ def _start_wheelhouse(state: dict, venv: Path, cache: Path, host: str, port: int
     sdir = services_dir(state)
     log = sdir / "wheelhouse.log"
     wh = wheelhouse_mod.wheelhouse_dir(cache)
-    cmd = [str(venv / "bin" / "pypi-server"), "run",
-           "--host", host, "--port", str(port),
-           "--authenticate", ".", "--passwords", ".",      # read-only, no auth
-           "--disable-fallback",                             # never redirect to pypi.org
-           "--server", "auto",                               # bottle picks waitress (installed)
-           "--health-endpoint", "/health",
-           "--log-file", str(log), "--log-stream", "none",
-           str(wh)]
+    cmd = [
+        str(venv / "bin" / "pypi-server"),
+        "run",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--authenticate",
+        ".",
+        "--passwords",
+        ".",  # read-only, no auth
+        "--disable-fallback",  # never redirect to pypi.org
+        "--server",
+        "auto",  # bottle picks waitress (installed)
+        "--health-endpoint",
+        "/health",
+        "--log-file",
+        str(log),
+        "--log-stream",
+        "none",
+        str(wh),
+    ]
     base = f"http://{host}:{port}"
-    return _launch("wheelhouse", cmd, log, _clean_env(), marker=str(log), host=host, port=port,
-                   health_url=f"{base}/health",
-                   extra={"url": f"{base}/simple/", "find_links": f"{base}/packages/", "dir": str(wh)})
+    return _launch(
+        "wheelhouse",
+        cmd,
+        log,
+        _clean_env(),
+        marker=str(log),
+        host=host,
+        port=port,
+        health_url=f"{base}/health",
+        extra={"url": f"{base}/simple/", "find_links": f"{base}/packages/", "dir": str(wh)},
+    )
 
 
 def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int) -> dict:
@@ -276,18 +347,32 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         f"host = {_toml_str(host)}\n"
         f"port = {port}\n"
         f"repos-path = {_toml_str(str(sdir / 'olah-cache'))}\n"
-        f"mirror-scheme = \"http\"\n"
+        f'mirror-scheme = "http"\n'
         f"mirror-netloc = {_toml_str(f'{host}:{port}')}\n"
         f"mirror-lfs-netloc = {_toml_str(f'{host}:{port}')}\n"
         f"mirrors-path = [{_toml_str(str(hub))}]\n"
         "\n[accessibility]\n"
         "offline = true\n"
     )
-    cmd = [str(venv / "bin" / "olah-cli"), "--config", str(conf), "--log-path", str(sdir / "olah-logs")]
+    cmd = [
+        str(venv / "bin" / "olah-cli"),
+        "--config",
+        str(conf),
+        "--log-path",
+        str(sdir / "olah-logs"),
+    ]
     base = f"http://{host}:{port}"
-    return _launch("hf_mirror", cmd, log, _clean_env(), marker=str(conf), host=host, port=port,
-                   health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
-                   extra={"url": base, "mirrors_path": str(hub)})
+    return _launch(
+        "hf_mirror",
+        cmd,
+        log,
+        _clean_env(),
+        marker=str(conf),
+        host=host,
+        port=port,
+        health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
+        extra={"url": base, "mirrors_path": str(hub)},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -318,8 +403,14 @@ def _wanted_port(name: str, state: dict, ports: dict | None, host: str) -> int:
     return port or _free_port(host)
 
 
-def start(state: dict, *, cache_dir: str | os.PathLike | None = None, ports: dict | None = None,
-          ensure_assets: bool = True, source_args: str | list[str] | None = None) -> dict:
+def start(
+    state: dict,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    ports: dict | None = None,
+    ensure_assets: bool = True,
+    source_args: str | list[str] | None = None,
+) -> dict:
     """Start (or keep) the wheelhouse index and the HF mirror; return state keys to merge.
 
     Idempotent: a recorded server that is alive, still ours, on the wanted
@@ -340,7 +431,9 @@ def start(state: dict, *, cache_dir: str | os.PathLike | None = None, ports: dic
     else:
         manifest = models_mod.load_manifest(cache)
         if manifest is None:
-            raise RuntimeError(f"no model manifest at {models_mod.manifest_path(cache)}; run models.ensure()")
+            raise RuntimeError(
+                f"no model manifest at {models_mod.manifest_path(cache)}; run models.ensure()"
+            )
     venv = ensure_mirror_venv(cache)
 
     old = _load_records(state)
@@ -349,14 +442,25 @@ def start(state: dict, *, cache_dir: str | os.PathLike | None = None, ports: dic
     try:
         for name in SERVICE_NAMES:
             rec = old.pop(name, None)
-            if rec and _is_ours(rec) and rec.get("host") == host and _http_ok(rec.get("health_url", "")):
-                want = _wanted_port(name, state, ports, host) if (ports and name in ports) else rec["port"]
+            if (
+                rec
+                and _is_ours(rec)
+                and rec.get("host") == host
+                and _http_ok(rec.get("health_url", ""))
+            ):
+                want = (
+                    _wanted_port(name, state, ports, host)
+                    if (ports and name in ports)
+                    else rec["port"]
+                )
                 if want == rec.get("port"):
                     recs[name] = rec
                     continue
             if rec:
                 _terminate(rec)
-            recs[name] = starters[name](state, venv, cache, host, _wanted_port(name, state, ports, host))
+            recs[name] = starters[name](
+                state, venv, cache, host, _wanted_port(name, state, ports, host)
+            )
             _save_records(state, recs)
     except BaseException:
         for rec in recs.values():
@@ -396,8 +500,12 @@ def status(state: dict) -> dict[str, dict]:
     out = {}
     for name, rec in _load_records(state).items():
         alive = _is_ours(rec)
-        out[name] = {"pid": rec.get("pid"), "alive": alive, "url": rec.get("url"),
-                     "healthy": alive and _http_ok(rec.get("health_url", ""))}
+        out[name] = {
+            "pid": rec.get("pid"),
+            "alive": alive,
+            "url": rec.get("url"),
+            "healthy": alive and _http_ok(rec.get("health_url", "")),
+        }
     return out
 
 

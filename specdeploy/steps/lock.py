@@ -49,7 +49,7 @@ def holder_id() -> str:
     """Who we are: user@controlhost:pid (the pyinfra process that holds the lock)."""
     try:
         user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry
+    except Exception:
         user = str(os.getuid())
     return f"{user}@{control_host()}:{os.getpid()}"
 
@@ -99,10 +99,17 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
     """Take the lock; None when taken, else the holder's fields (lock held by someone else)."""
     path = shlex.quote(lock_path(cfg))
     me = holder_id()
-    line = shlex.join([f"holder={me}", f"since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
-                       f"host={host.name}"])
-    command = (f"mkdir -p {LOCK_DIR} && if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
-               f"then echo ACQUIRED; else cat {path}; fi")
+    line = shlex.join(
+        [
+            f"holder={me}",
+            f"since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+            f"host={host.name}",
+        ]
+    )
+    command = (
+        f"mkdir -p {LOCK_DIR} && if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
+        f"then echo ACQUIRED; else cat {path}; fi"
+    )
     for _ in range(2):
         ok, out = _run(command)
         if out.strip() == "ACQUIRED":
@@ -111,8 +118,10 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
         if fields.get("holder") == me:
             return None  # re-entrant: this process already holds it
         if fields and _holder_is_stale(fields):
-            logger.warning(f"{host.print_prefix}taking over stale deploy lock of {describe(fields)}: "
-                           "that process is no longer running on this control host")
+            logger.warning(
+                f"{host.print_prefix}taking over stale deploy lock of {describe(fields)}: "
+                "that process is no longer running on this control host"
+            )
             _run(f"rm -f {path}")
             continue
         return fields
@@ -127,9 +136,11 @@ def release_now(cfg: ServeConfig) -> None:
 
 
 def held_message(cfg: ServeConfig, fields: dict) -> str:
-    return (f"{host.name}: another deploy holds the deploy lock {lock_path(cfg)}: {describe(fields)}. "
-            "Wait for it to finish. If that deploy is gone, remove the lock: "
-            f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {lock_path(cfg)}` on the host).")
+    return (
+        f"{host.name}: another deploy holds the deploy lock {lock_path(cfg)}: {describe(fields)}. "
+        "Wait for it to finish. If that deploy is gone, remove the lock: "
+        f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {lock_path(cfg)}` on the host)."
+    )
 
 
 @operation()

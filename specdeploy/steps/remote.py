@@ -25,10 +25,14 @@ ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception|error:)")
 def journal_tail(unit: str, lines: int = 20, errors: int = 20) -> str:
     """The unit's last `lines` journal lines, preceded by the last `errors` error lines from further
     back: vLLM's root cause usually sits above a long traceback."""
-    ok, output = host.run_shell_command(command=f"journalctl -u {shlex.quote(unit)} -n 600 --no-pager -o cat")
+    ok, output = host.run_shell_command(
+        command=f"journalctl -u {shlex.quote(unit)} -n 600 --no-pager -o cat"
+    )
     text = output.stdout_lines
     last = text[-lines:]
-    earlier = [line for line in text[:-lines] if ERROR_LINE.search(line) and "  File " not in line][-errors:]
+    earlier = [line for line in text[:-lines] if ERROR_LINE.search(line) and "  File " not in line][
+        -errors:
+    ]
     if not earlier:
         return "\n".join(last)
     return "\n".join(["[earlier errors]", *earlier, "[last lines]", *last])

@@ -25,22 +25,43 @@ def reports_dir(host_name: str) -> Path:
     return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host_name
 
 
-def bench(cfg: ServeConfig, *, tokenizer: str, name: str, local: Path, workload: Workload | None = None,
-          extra: list[str] | tuple[str, ...] = (), meta: dict | None = None) -> dict:
+def bench(
+    cfg: ServeConfig,
+    *,
+    tokenizer: str,
+    name: str,
+    local: Path,
+    workload: Workload | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+    meta: dict | None = None,
+) -> dict:
     """One `vllm bench serve` on the host against the running server; its JSON is fetched to `local`
     with {"specdeploy": {server_counters, prefix_cache, command, ...meta}} added."""
     remote_dir = f"{cfg.state_dir}/bench"
     filename = f"{name}.json"
     before = _curl(cfg, "/metrics")
-    args = bench_args(cfg, base_url=base_url(cfg), tokenizer=tokenizer, result_dir=remote_dir,
-                      result_filename=filename, workload=workload, label=name) + list(extra)
+    args = bench_args(
+        cfg,
+        base_url=base_url(cfg),
+        tokenizer=tokenizer,
+        result_dir=remote_dir,
+        result_filename=filename,
+        workload=workload,
+        label=name,
+    ) + list(extra)
     env = f"HF_HOME={shlex.quote(cfg.hf_home)} HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 " + " ".join(
-        f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items())
+        f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items()
+    )
     started = time.monotonic()
     # An --api-key server needs the key on the benchmark's requests too: `vllm bench` reads OPENAI_API_KEY;
     # it comes from the root-only env file, never argv.
-    run(with_env_file(env_file_path(cfg), f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
-                      f"{env} {shlex.join(launcher(cfg) + args)}"))
+    run(
+        with_env_file(
+            env_file_path(cfg),
+            f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
+            f"{env} {shlex.join(launcher(cfg) + args)}",
+        )
+    )
     seconds = time.monotonic() - started
     after = _curl(cfg, "/metrics")
     local.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +74,8 @@ def bench(cfg: ServeConfig, *, tokenizer: str, name: str, local: Path, workload:
         **(meta or {}),
         "host": host.name,
         "server_counters": acceptance(spec_decode_counters(before), spec_decode_counters(after)),
-        "prefix_cache": prefix | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
+        "prefix_cache": prefix
+        | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
         "bench_seconds": round(seconds, 1),
         "command": launcher(cfg) + args,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -64,6 +86,8 @@ def bench(cfg: ServeConfig, *, tokenizer: str, name: str, local: Path, workload:
 
 def smoke(cfg: ServeConfig, tokenizer_path: str) -> dict:
     name = f"smoke-{time.strftime('%Y%m%dT%H%M%S')}"
-    result = bench(cfg, tokenizer=tokenizer_path, name=name, local=reports_dir(host.name) / f"{name}.json")
+    result = bench(
+        cfg, tokenizer=tokenizer_path, name=name, local=reports_dir(host.name) / f"{name}.json"
+    )
     logger.info(format_summary(host.name, result))
     return result

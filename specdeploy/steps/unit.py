@@ -33,15 +33,33 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
     env_text = render_env_file(cfg)
     # Decided from facts now: does the installed unit / env file differ from the rendered one? (Also
     # catches a unit edited by hand.) Only then keep the current pair for rollback, before either changes.
-    unit_differs = host.get_fact(Sha1File, path=target) != hashlib.sha1(unit.text.encode()).hexdigest()
-    env_differs = host.get_fact(Sha1File, path=env_file) != hashlib.sha1(env_text.encode()).hexdigest()
+    unit_differs = (
+        host.get_fact(Sha1File, path=target) != hashlib.sha1(unit.text.encode()).hexdigest()
+    )
+    env_differs = (
+        host.get_fact(Sha1File, path=env_file) != hashlib.sha1(env_text.encode()).hexdigest()
+    )
     if unit_differs or env_differs:
-        server.shell(name=f"Keep current {unit.name} and env file for rollback",
-                     commands=[keep_previous_command(cfg, unit.name)])
-    env_op = files.put(name="Secrets env file (root, 0600)", src=StringIO(env_text), dest=env_file,
-                       user="root", group="root", mode="600")
-    stage_op = files.put(name=f"Stage {unit.name}", src=StringIO(unit.text), dest=staged, user="root",
-                         group="root", mode="644")
+        server.shell(
+            name=f"Keep current {unit.name} and env file for rollback",
+            commands=[keep_previous_command(cfg, unit.name)],
+        )
+    env_op = files.put(
+        name="Secrets env file (root, 0600)",
+        src=StringIO(env_text),
+        dest=env_file,
+        user="root",
+        group="root",
+        mode="600",
+    )
+    stage_op = files.put(
+        name=f"Stage {unit.name}",
+        src=StringIO(unit.text),
+        dest=staged,
+        user="root",
+        group="root",
+        mode="644",
+    )
     swap = lambda: unit_differs or stage_op.did_change()  # noqa: E731
     server.shell(
         name=f"Swap in {unit.name} (previous kept for rollback)",
@@ -53,8 +71,13 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
     if enable:
         systemd.service(name=f"Enable {unit.name}", service=unit.name, enabled=True)
     if start:
-        systemd.service(name=f"Restart {unit.name} (config changed)", service=unit.name, running=True,
-                        restarted=True, _if=changed)
+        systemd.service(
+            name=f"Restart {unit.name} (config changed)",
+            service=unit.name,
+            running=True,
+            restarted=True,
+            _if=changed,
+        )
         systemd.service(name=f"{unit.name} running", service=unit.name, running=True)
     return changed
 
@@ -62,8 +85,10 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:
     """Copy the installed unit and env file to state_dir/rollback (only when a unit is installed)."""
     target, env_file, keep = f"{UNIT_DIR}/{name}", env_file_path(cfg), rollback_dir(cfg)
-    return (f"if [ -f {target} ]; then mkdir -p {keep} && cp -p {target} {keep}/{name}; "
-            f"if [ -f {env_file} ]; then cp -p {env_file} {keep}/{name}.env; else rm -f {keep}/{name}.env; fi; fi")
+    return (
+        f"if [ -f {target} ]; then mkdir -p {keep} && cp -p {target} {keep}/{name}; "
+        f"if [ -f {env_file} ]; then cp -p {env_file} {keep}/{name}.env; else rm -f {keep}/{name}.env; fi; fi"
+    )
 
 
 def restore_previous(cfg: ServeConfig, name: str) -> list[str] | None:
@@ -78,10 +103,17 @@ def restore_previous(cfg: ServeConfig, name: str) -> list[str] | None:
     if not text.strip():
         run(f"systemctl stop {name} || true", check=False)
         return None
-    run(" && ".join([
-        f"cp -p {keep}/{name} {target}.tmp", f"mv -f {target}.tmp {target}",
-        f"cp -p {target} {staged}",  # the next deploy compares against what really runs
-        f"if [ -f {keep}/{name}.env ]; then cp -p {keep}/{name}.env {env_file}; fi",
-        "systemctl daemon-reload", f"(systemctl reset-failed {shlex.quote(name)} || true)",
-        f"systemctl restart {shlex.quote(name)}"]))
+    run(
+        " && ".join(
+            [
+                f"cp -p {keep}/{name} {target}.tmp",
+                f"mv -f {target}.tmp {target}",
+                f"cp -p {target} {staged}",  # the next deploy compares against what really runs
+                f"if [ -f {keep}/{name}.env ]; then cp -p {keep}/{name}.env {env_file}; fi",
+                "systemctl daemon-reload",
+                f"(systemctl reset-failed {shlex.quote(name)} || true)",
+                f"systemctl restart {shlex.quote(name)}",
+            ]
+        )
+    )
     return unit_exec_argv(text)

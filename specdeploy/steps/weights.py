@@ -24,8 +24,10 @@ def models(cfg: ServeConfig) -> list[tuple[str, str, str]]:
 
 
 def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
-    return {role: host.get_fact(ModelSnapshot, hf_home=cfg.hf_home, repo=repo, revision=rev)
-            for role, repo, rev in models(cfg)}
+    return {
+        role: host.get_fact(ModelSnapshot, hf_home=cfg.hf_home, repo=repo, revision=rev)
+        for role, repo, rev in models(cfg)
+    }
 
 
 @deploy("Fetch model weights")
@@ -40,14 +42,19 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     if free < needed:
         raise RuntimeError(
             f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, min_free_disk_gb is "
-            f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching {', '.join(r for _, r, _ in missing)}")
+            f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching {', '.join(r for _, r, _ in missing)}"
+        )
     env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
     script = shlex.quote(source("fetch_weights"))
     for role, repo, rev in missing:
         args = " ".join(shlex.quote(a) for a in (cfg.hf_home, repo, rev))
-        command = with_env_file(env_file_path(cfg), f"{env}HF_HUB_DISABLE_TELEMETRY=1 "
-                                f"{cfg.venv}/bin/python -c {script} {args}")
+        command = with_env_file(
+            env_file_path(cfg),
+            f"{env}HF_HUB_DISABLE_TELEMETRY=1 {cfg.venv}/bin/python -c {script} {args}",
+        )
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
-    server.shell(name="Weights belong to the service user",
-                 commands=[f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.hf_home}"])
+    server.shell(
+        name="Weights belong to the service user",
+        commands=[f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.hf_home}"],
+    )
     return True

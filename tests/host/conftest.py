@@ -22,7 +22,9 @@ HERE = Path(__file__).resolve().parent
 
 def pytest_addoption(parser):
     group = parser.getgroup("specdeploy host tests")
-    group.addoption("--inventory", help="pyinfra inventory file of the deployed fleet (enables tests/host)")
+    group.addoption(
+        "--inventory", help="pyinfra inventory file of the deployed fleet (enables tests/host)"
+    )
     group.addoption("--limit", action="append", default=None, help="only this host (repeatable)")
 
 
@@ -39,8 +41,10 @@ def pytest_ignore_collect(collection_path, config):
         return None
     if HERE == Path(collection_path).resolve() or HERE in Path(collection_path).resolve().parents:
         if _explicitly_requested(config):
-            raise pytest.UsageError("tests/host checks a deployed fleet: pass --inventory INVENTORY "
-                                    "(e.g. pytest tests/host --inventory inventories/prod.py)")
+            raise pytest.UsageError(
+                "tests/host checks a deployed fleet: pass --inventory INVENTORY "
+                "(e.g. pytest tests/host --inventory inventories/prod.py)"
+            )
         return True
     return None
 
@@ -85,7 +89,9 @@ def ssh_config_text(hosts: dict[str, dict]) -> str:
             lines.append(f"    UserKnownHostsFile {data['ssh_known_hosts_file']}")
         strict = data.get("ssh_strict_host_key_checking")
         if strict is not None:
-            lines.append(f"    StrictHostKeyChecking {strict if isinstance(strict, str) else ('yes' if strict else 'no')}")
+            lines.append(
+                f"    StrictHostKeyChecking {strict if isinstance(strict, str) else ('yes' if strict else 'no')}"
+            )
         if data.get("ssh_allow_agent") is False:
             lines.append("    ForwardAgent no")
         lines += ["    BatchMode yes", "    ConnectTimeout 10"]
@@ -116,8 +122,13 @@ def th(host_name, host_data, ssh_config):
     """The testinfra host for `host_name`."""
     import testinfra
 
-    return testinfra.get_host(f"ssh://{host_name}", ssh_config=ssh_config, sudo=bool(host_data.get("_sudo")),
-                              controlpersist=120, timeout=30)
+    return testinfra.get_host(
+        f"ssh://{host_name}",
+        ssh_config=ssh_config,
+        sudo=bool(host_data.get("_sudo")),
+        controlpersist=120,
+        timeout=30,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,9 @@ from specdeploy.steps.weights import models
 
 def run(th, command: str) -> str:
     result = th.run(command)
-    assert result.rc == 0, f"{th.backend.hostname}: `{command[:120]}` failed (rc {result.rc}): {result.stderr[-2000:]}"
+    assert result.rc == 0, (
+        f"{th.backend.hostname}: `{command[:120]}` failed (rc {result.rc}): {result.stderr[-2000:]}"
+    )
     return result.stdout
 
 
@@ -58,20 +60,28 @@ def installed_argv(unit_file):
 def curl(th, cfg, path: str) -> str:
     env = shlex.quote(env_file_path(cfg))
     auth = '${VLLM_API_KEY:+-H "Authorization: Bearer $VLLM_API_KEY"}'
-    return run(th, f"sh -c {shlex.quote(f'set -a; [ -f {env} ] && . {env}; set +a; curl -sS --fail-with-body -m 30 {auth} {base_url(cfg)}{path}')}")
+    return run(
+        th,
+        f"sh -c {shlex.quote(f'set -a; [ -f {env} ] && . {env}; set +a; curl -sS --fail-with-body -m 30 {auth} {base_url(cfg)}{path}')}",
+    )
 
 
 def test_vllm_version_is_the_pin(th, cfg):
     code = f"import importlib.metadata as m; print(m.version({cfg.vllm_package!r}))"
     found = run(th, f"{shlex.quote(cfg.venv)}/bin/python -c {shlex.quote(code)}").strip()
-    assert found == cfg.vllm_version, f"{cfg.vllm_package} in {cfg.venv} is {found}, pinned {cfg.vllm_version}"
+    assert found == cfg.vllm_version, (
+        f"{cfg.vllm_package} in {cfg.venv} is {found}, pinned {cfg.vllm_version}"
+    )
 
 
 def test_unit_argv_is_the_rendered_one(installed_argv, rendered, unit_file):
-    diff = argv_diff(installed_argv, rendered.argv, old_name=unit_file[0], new_name="rendered from host data")
+    diff = argv_diff(
+        installed_argv, rendered.argv, old_name=unit_file[0], new_name="rendered from host data"
+    )
     assert installed_argv == rendered.argv, (
         f"the installed unit's ExecStart differs from the argv rendered from the host's data "
-        f"(edited by hand, or a deploy did not finish):\n{diff}")
+        f"(edited by hand, or a deploy did not finish):\n{diff}"
+    )
 
 
 def test_speculative_config_json(installed_argv, rendered, cfg):
@@ -81,38 +91,55 @@ def test_speculative_config_json(installed_argv, rendered, cfg):
     text = flag_value(installed_argv, "--speculative-config")
     assert text is not None, "ExecStart has no --speculative-config"
     assert json.loads(text) == cfg.speculative_config, (
-        f"--speculative-config is {text}, host data says {json.dumps(cfg.speculative_config, sort_keys=True)}")
+        f"--speculative-config is {text}, host data says {json.dumps(cfg.speculative_config, sort_keys=True)}"
+    )
 
 
 def test_no_deprecated_flags(installed_argv):
-    bad = [w.split("=", 1)[0] for w in installed_argv
-           if w.split("=", 1)[0] in LEGACY_SPECULATIVE_FLAGS or w.split("=", 1)[0] in SHORT_SPECULATIVE_FLAGS]
+    bad = [
+        w.split("=", 1)[0]
+        for w in installed_argv
+        if w.split("=", 1)[0] in LEGACY_SPECULATIVE_FLAGS
+        or w.split("=", 1)[0] in SHORT_SPECULATIVE_FLAGS
+    ]
     assert not bad, f"removed/bypassing speculative flags on the command line: {bad}"
 
 
 def test_argv_starts_with_the_venv_launcher(installed_argv, cfg):
-    assert installed_argv[:len(launcher(cfg)) + 1] == launcher(cfg) + ["serve"]
+    assert installed_argv[: len(launcher(cfg)) + 1] == launcher(cfg) + ["serve"]
 
 
 def test_loaded_unit_is_the_file_on_disk(th, rendered):
     assert run(th, f"systemctl show -p NeedDaemonReload --value {rendered.name}").strip() == "no", (
-        f"{rendered.name} changed on disk but systemd runs an older copy (daemon-reload missing)")
+        f"{rendered.name} changed on disk but systemd runs an older copy (daemon-reload missing)"
+    )
 
 
 def test_service_enabled_and_running_as_service_user(th, cfg, rendered):
     service = th.service(rendered.name)
     assert service.is_enabled, f"{rendered.name} is not enabled"
-    assert service.is_running, f"{rendered.name} is not running: {th.run(f'systemctl is-active {rendered.name}').stdout}"
+    assert service.is_running, (
+        f"{rendered.name} is not running: {th.run(f'systemctl is-active {rendered.name}').stdout}"
+    )
     pid = run(th, f"systemctl show -p MainPID --value {rendered.name}").strip()
     user = run(th, f"ps -o user= -p {pid}").strip()
-    assert user == cfg.service_user, f"{rendered.name} (pid {pid}) runs as {user}, not {cfg.service_user}"
+    assert user == cfg.service_user, (
+        f"{rendered.name} (pid {pid}) runs as {user}, not {cfg.service_user}"
+    )
     assert cfg.service_user != "root"
 
 
 def test_hardening_directives_in_force(th, rendered, cfg):
-    props = dict(line.split("=", 1) for line in run(
-        th, f"systemctl show -p NoNewPrivileges -p ProtectSystem -p ProtectHome -p PrivateTmp "
-            f"-p ReadWritePaths -p User {rendered.name}").strip().splitlines())
+    props = dict(
+        line.split("=", 1)
+        for line in run(
+            th,
+            f"systemctl show -p NoNewPrivileges -p ProtectSystem -p ProtectHome -p PrivateTmp "
+            f"-p ReadWritePaths -p User {rendered.name}",
+        )
+        .strip()
+        .splitlines()
+    )
     assert props["NoNewPrivileges"] == "yes" and props["ProtectSystem"] == "strict"
     assert props["ProtectHome"] == "yes" and props["PrivateTmp"] == "yes"
     assert cfg.state_dir in props["ReadWritePaths"].split()
@@ -122,7 +149,11 @@ def test_hardening_directives_in_force(th, rendered, cfg):
 def test_port_listening_on_configured_address(th, cfg):
     sockets = run(th, "ss -Hltn")
     local = {line.split()[3] for line in sockets.splitlines() if line.strip()}
-    wanted = f"{cfg.vllm_host}:{cfg.vllm_port}" if ":" not in cfg.vllm_host else f"[{cfg.vllm_host}]:{cfg.vllm_port}"
+    wanted = (
+        f"{cfg.vllm_host}:{cfg.vllm_port}"
+        if ":" not in cfg.vllm_host
+        else f"[{cfg.vllm_host}]:{cfg.vllm_port}"
+    )
     if cfg.vllm_host == "0.0.0.0":
         wanted = f"0.0.0.0:{cfg.vllm_port}"
     assert wanted in local, f"nothing listens on {wanted}; listening: {sorted(local)}"
@@ -148,35 +179,49 @@ def test_weights_present_at_pinned_revisions(th, cfg, record):
         facts = json.loads(run(th, f"python3 -c {shlex.quote(source('model_facts'))} {args}"))
         assert facts is not None, f"{role} {repo}@{revision} is not completely in {cfg.hf_home}"
         if re.fullmatch(r"[0-9a-f]{40}", revision):
-            assert facts["sha"] == revision, f"{role} {repo}: snapshot {facts['sha']} is not the pin {revision}"
+            assert facts["sha"] == revision, (
+                f"{role} {repo}: snapshot {facts['sha']} is not the pin {revision}"
+            )
         if record:
-            assert record[role]["resolved_sha"] == facts["sha"], f"record's {role} sha differs from the host's cache"
+            assert record[role]["resolved_sha"] == facts["sha"], (
+                f"record's {role} sha differs from the host's cache"
+            )
 
 
 def test_env_file_root_0600(th, cfg):
     f = th.file(env_file_path(cfg))
     assert f.exists, f"{env_file_path(cfg)} missing"
     assert (f.user, f.group, f.mode) == ("root", "root", 0o600), (
-        f"{env_file_path(cfg)} is {f.user}:{f.group} {oct(f.mode)}, expected root:root 0o600")
+        f"{env_file_path(cfg)} is {f.user}:{f.group} {oct(f.mode)}, expected root:root 0o600"
+    )
 
 
 def test_secrets_only_in_the_env_file(th, cfg, unit_file, installed_argv, rendered):
     for name, value in secrets(cfg).items():
         assert value not in unit_file[1], f"{name} appears in the unit file"
         assert all(value not in word for word in installed_argv), f"{name} appears in argv"
-        cmdline = run(th, f"cat /proc/$(systemctl show -p MainPID --value {rendered.name})/cmdline | tr '\\0' ' '")
+        cmdline = run(
+            th,
+            f"cat /proc/$(systemctl show -p MainPID --value {rendered.name})/cmdline | tr '\\0' ' '",
+        )
         assert value not in cmdline, f"{name} appears in the running process's command line"
-        journal = th.run(f"journalctl -u {rendered.name} --no-pager -o cat | grep -cF -- {shlex.quote(value)}")
-        assert journal.stdout.strip() in ("", "0"), f"{name} appears in the journal of {rendered.name}"
+        journal = th.run(
+            f"journalctl -u {rendered.name} --no-pager -o cat | grep -cF -- {shlex.quote(value)}"
+        )
+        assert journal.stdout.strip() in ("", "0"), (
+            f"{name} appears in the journal of {rendered.name}"
+        )
 
 
 def test_deployment_record_consistent(record, cfg, rendered, unit_file):
     assert record is not None, f"no deployment record at {record_path(cfg)}"
     assert record["unit"]["name"] == rendered.name
-    assert record["unit"]["argv"] == rendered.argv, argv_diff(record["unit"]["argv"], rendered.argv,
-                                                              old_name="record", new_name="rendered")
+    assert record["unit"]["argv"] == rendered.argv, argv_diff(
+        record["unit"]["argv"], rendered.argv, old_name="record", new_name="rendered"
+    )
     assert record["unit"]["sha256"] == hashlib.sha256(unit_file[1].encode()).hexdigest(), (
-        "the unit file is not the one the deployment record describes")
+        "the unit file is not the one the deployment record describes"
+    )
     assert record["vllm"] == {"package": cfg.vllm_package, "version": cfg.vllm_version}
     assert record["target"]["model"] == cfg.target_model
     if rendered.role == "speculative":

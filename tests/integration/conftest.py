@@ -35,7 +35,10 @@ def _sandbox_unavailable() -> str | None:
     for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "zstd"):
         if shutil.which(tool) is None:
             return f"{tool} missing (run .ci/install-system-deps.sh)"
-    if not Path("/sys/fs/cgroup/unified").is_dir() and not Path("/sys/fs/cgroup/cgroup.procs").exists():
+    if (
+        not Path("/sys/fs/cgroup/unified").is_dir()
+        and not Path("/sys/fs/cgroup/cgroup.procs").exists()
+    ):
         return "no cgroup hierarchy"
     return None
 
@@ -47,7 +50,9 @@ def pytest_collection_modifyitems(config, items):
             continue
         if reason is None:
             reason = _sandbox_unavailable() or ""
-            if reason and os.environ.get("CI"):  # CI installs everything: a missing tool is a failure
+            if reason and os.environ.get(
+                "CI"
+            ):  # CI installs everything: a missing tool is a failure
                 raise pytest.UsageError(f"sandbox tests cannot run in CI: {reason}")
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -26,8 +26,14 @@ def tail(result, n=80):
 
 
 def run(*command, timeout=1800):
-    return subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=os.environ.copy())
+    return subprocess.run(
+        list(command),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +48,7 @@ def ssh(sandbox_ssh):
         if check:
             assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
         return result.stdout
+
     return call
 
 
@@ -59,7 +66,11 @@ def show(ssh, host, *props):
 
 def code(ssh, host, path, key=None):
     auth = f"-H 'Authorization: Bearer {key}'" if key else ""
-    return ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:8000{path}", check=False)
+    return ssh(
+        host,
+        f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:8000{path}",
+        check=False,
+    )
 
 
 def test_sigkilled_server_comes_back_via_systemd_restart(deployed, hosts, ssh):
@@ -73,7 +84,9 @@ def test_sigkilled_server_comes_back_via_systemd_restart(deployed, hosts, ssh):
             break
         time.sleep(3)
     else:
-        pytest.fail(f"{host}: not back after SIGKILL: {now}\n{ssh(host, f'journalctl -u {UNIT} -n 30 -o cat')}")
+        pytest.fail(
+            f"{host}: not back after SIGKILL: {now}\n{ssh(host, f'journalctl -u {UNIT} -n 30 -o cat')}"
+        )
     assert now["MainPID"] != before["MainPID"] and now["ActiveState"] == "active"
     assert code(ssh, host, "/v1/models") == "200"
 
@@ -84,7 +97,8 @@ def test_api_key_only_in_the_root_env_file_under_hardening(deployed, hosts, ssh,
     inventory.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"sandbox = [(n, {{**d, 'vllm_api_key': {API_KEY!r}}}) for n, d in _base['sandbox'] if n == {host!r}]\n")
+        f"sandbox = [(n, {{**d, 'vllm_api_key': {API_KEY!r}}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
+    )
     result = run("pyinfra", "-y", str(inventory), "deploys/serve.py")
     assert result.returncode == 0, tail(result)
     assert API_KEY not in result.stdout + result.stderr, "the key leaked into the deploy's output"
@@ -98,16 +112,44 @@ def test_api_key_only_in_the_root_env_file_under_hardening(deployed, hosts, ssh,
     assert API_KEY not in ssh(host, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
     assert API_KEY not in ssh(host, f"systemctl show {UNIT}")
     assert API_KEY not in ssh(host, f"journalctl -u {UNIT} --no-pager -o cat")
-    assert ssh(host, "stat -c '%U:%G %a' /etc/specdeploy/specdeploy-vllm.env").strip() == "root:root 600"
+    assert (
+        ssh(host, "stat -c '%U:%G %a' /etc/specdeploy/specdeploy-vllm.env").strip()
+        == "root:root 600"
+    )
     assert API_KEY in ssh(host, "cat /etc/specdeploy/specdeploy-vllm.env")
     # non-root, hardened, and vLLM runs under it
-    props = show(ssh, host, "User", "NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "ActiveState")
-    assert props == {"User": "vllm", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
-                     "PrivateTmp": "yes", "ActiveState": "active"}
+    props = show(
+        ssh,
+        host,
+        "User",
+        "NoNewPrivileges",
+        "ProtectSystem",
+        "ProtectHome",
+        "PrivateTmp",
+        "ActiveState",
+    )
+    assert props == {
+        "User": "vllm",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "ActiveState": "active",
+    }
     assert ssh(host, f"ps -o user= -p {pid}").strip() == "vllm"
     # the host test suite agrees (it also checks argv/unit/journal for the secret)
-    suite = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host",
-                "--inventory", str(inventory), timeout=600)
+    suite = run(
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/host",
+        "--inventory",
+        str(inventory),
+        timeout=600,
+    )
     assert suite.returncode == 0, tail(suite, 120)
 
 
@@ -119,19 +161,28 @@ def test_interrupted_weight_download_completes_on_rerun(deployed, hosts, ssh):
     # Start the download afresh and cut it mid-file: the state huggingface_hub (2.x) leaves when killed
     # mid-transfer is a partial process-unique blobs/<etag>.<8 hex>.incomplete, no blob, no snapshot
     # link, and (ours) no completion marker. A re-run downloads the file again and renames it into place.
-    ssh(host, f"set -e; cp {blob} /root/draft.full; rm -rf {DRAFT_DIR}/snapshots/*/.specdeploy-complete "
-              f"{DRAFT_DIR}/snapshots/*/model.safetensors {blob}; "
-              f"head -c {size // 3} /root/draft.full > {blob}.0badc0de.incomplete; rm -f /root/draft.full; "
-              f"chown -R vllm:vllm {DRAFT_DIR}")
+    ssh(
+        host,
+        f"set -e; cp {blob} /root/draft.full; rm -rf {DRAFT_DIR}/snapshots/*/.specdeploy-complete "
+        f"{DRAFT_DIR}/snapshots/*/model.safetensors {blob}; "
+        f"head -c {size // 3} /root/draft.full > {blob}.0badc0de.incomplete; rm -f /root/draft.full; "
+        f"chown -R vllm:vllm {DRAFT_DIR}",
+    )
     before = show(ssh, host, "MainPID")
-    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=900)
+    result = run(
+        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=900
+    )
     assert result.returncode == 0, tail(result)
     assert "Download draft" in result.stdout + result.stderr, tail(result)
     assert ssh(host, f"sha256sum {blob}").split()[0] == sha, "the resumed blob is corrupt"
-    assert ssh(host, f"find {DRAFT_DIR}/snapshots -xtype l | wc -l").strip() == "0"  # no dangling links
+    assert (
+        ssh(host, f"find {DRAFT_DIR}/snapshots -xtype l | wc -l").strip() == "0"
+    )  # no dangling links
     assert ssh(host, f"readlink -f {DRAFT_DIR}/snapshots/*/model.safetensors").strip() == blob
     ssh(host, f"rm -f {blob}.0badc0de.incomplete")  # the dead process's temp file: never read again
     assert ssh(host, f"ls {DRAFT_DIR}/snapshots/*/.specdeploy-complete", check=False)
     assert show(ssh, host, "MainPID") == before  # same unit: the server was not restarted
-    again = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600)
+    again = run(
+        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
+    )
     assert again.returncode == 0 and "Download" not in again.stdout + again.stderr, tail(again)

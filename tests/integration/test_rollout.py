@@ -28,8 +28,14 @@ def tail(result, n=80):
 
 
 def run(*command, timeout=1800, env=None):
-    return subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        list(command),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +62,12 @@ def ssh(sandbox_fleet, hosts):
     by_name = {h["name"]: h for h in state["hosts"]}
 
     def call(host, command, check=True, timeout=120):
-        result = subprocess.run(sb_hosts.ssh_command(state, by_name[host]["address"], command),
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            sb_hosts.ssh_command(state, by_name[host]["address"], command),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
             assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
         return result.stdout
@@ -77,12 +87,22 @@ def cfg_of(host):
 
 
 def state_of(ssh, host):
-    out = ssh(host, "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic specdeploy-vllm")
+    out = ssh(
+        host,
+        "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic specdeploy-vllm",
+    )
     return dict(line.split("=", 1) for line in out.strip().splitlines())
 
 
 def healthy(ssh, host):
-    return ssh(host, "curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False) == "200"
+    return (
+        ssh(
+            host,
+            "curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health",
+            check=False,
+        )
+        == "200"
+    )
 
 
 def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
@@ -93,13 +113,25 @@ def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         f"_over = {overrides!r}\n"
         "sandbox = [(n, {**d, **_over.get(n, {})}) for n, d in _base['sandbox']]\n"
-        "canary = _base['canary']\n")
+        "canary = _base['canary']\n"
+    )
     return path
 
 
 def host_suite(*args):
-    return run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host",
-               "--inventory", "inventories/sandbox.py", *args, timeout=600)
+    return run(
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/host",
+        "--inventory",
+        "inventories/sandbox.py",
+        *args,
+        timeout=600,
+    )
 
 
 def test_host_suite_passes_on_the_deployed_fleet(deployed):
@@ -110,7 +142,10 @@ def test_host_suite_passes_on_the_deployed_fleet(deployed):
 
 def test_host_suite_fails_readably_on_a_hand_edited_unit(deployed, hosts, ssh):
     host = hosts[-1]
-    ssh(host, f"cp -p {UNIT} /root/unit.bak && sed -i 's/--max-num-seqs 2 /--max-num-seqs 7 /' {UNIT}")
+    ssh(
+        host,
+        f"cp -p {UNIT} /root/unit.bak && sed -i 's/--max-num-seqs 2 /--max-num-seqs 7 /' {UNIT}",
+    )
     try:
         result = host_suite("--limit", host, "-k", "unit_argv or record")
     finally:
@@ -128,10 +163,15 @@ def test_dry_run_prints_the_argv_diff_and_changes_nothing(deployed, hosts, ssh, 
     spec = {**cfg_of(hosts[0]).speculative_config, "num_speculative_tokens": 2}
     inventory = write_inventory(tmp_path, {h: {"speculative_config": spec} for h in hosts})
     before = {h: state_of(ssh, h) for h in hosts}
-    result = run("specdeploy", "rollout", str(inventory), "deploys/serve.py", "--batch-size", "2", "--dry")
+    result = run(
+        "specdeploy", "rollout", str(inventory), "deploys/serve.py", "--batch-size", "2", "--dry"
+    )
     assert result.returncode == 0, tail(result)
     out = result.stdout + result.stderr
-    assert "---speculative-config num_speculative_tokens=3" in out and "+--speculative-config num_speculative_tokens=2" in out, out[-4000:]
+    assert (
+        "---speculative-config num_speculative_tokens=3" in out
+        and "+--speculative-config num_speculative_tokens=2" in out
+    ), out[-4000:]
     assert "batch 1/2 [" in out and "batch 2/2 [" in out
     assert {h: state_of(ssh, h) for h in hosts} == before
 
@@ -140,7 +180,9 @@ def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
     host = hosts[0]
     lock = "/run/lock/specdeploy-vllm.deploy.lock"
     ssh(host, f"echo 'holder=alice@elsewhere:4242 since=2030-01-01T00:00:00Z host={host}' > {lock}")
-    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600)
+    result = run(
+        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
+    )
     assert result.returncode != 0
     out = result.stdout + result.stderr
     assert "alice@elsewhere (pid 4242, since 2030-01-01T00:00:00Z)" in out, tail(result)
@@ -150,8 +192,14 @@ def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
     assert ssh(host, f"test -e {lock} && echo held || echo free").strip() == "free"
     # A lock left by a dead process of this control host is taken over; a finished deploy releases it.
     import socket
-    ssh(host, f"echo 'holder=root@{socket.gethostname()}:999999 since=2030-01-01T00:00:00Z' > {lock}")
-    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600)
+
+    ssh(
+        host,
+        f"echo 'holder=root@{socket.gethostname()}:999999 since=2030-01-01T00:00:00Z' > {lock}",
+    )
+    result = run(
+        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
+    )
     assert result.returncode == 0, tail(result)
     assert "taking over stale deploy lock" in result.stdout + result.stderr
     assert ssh(host, f"test -e {lock} && echo held || echo free").strip() == "free"
@@ -163,22 +211,37 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
     # vocabulary, context, memory are read from headers) but whose weights are truncated: vLLM fails
     # only when it loads them, i.e. at health-check time.
     hub = "/var/lib/specdeploy/hf/hub"
-    ssh(broken, f"set -e; src={hub}/models--specdeploy-sandbox--tiny-llama-draft; "
-                f"dst={hub}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
-                f"for f in $dst/snapshots/*/*.safetensors; do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
-                f"chown -R vllm:vllm $dst")
+    ssh(
+        broken,
+        f"set -e; src={hub}/models--specdeploy-sandbox--tiny-llama-draft; "
+        f"dst={hub}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
+        f"for f in $dst/snapshots/*/*.safetensors; do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
+        f"chown -R vllm:vllm $dst",
+    )
     spec = {**cfg_of(canary).speculative_config, "num_speculative_tokens": 2}
-    inventory = write_inventory(tmp_path, {
-        canary: {"speculative_config": spec},
-        broken: {"speculative_config": {**spec, "model": BROKEN_DRAFT}},
-        third: {"speculative_config": spec},
-    })
+    inventory = write_inventory(
+        tmp_path,
+        {
+            canary: {"speculative_config": spec},
+            broken: {"speculative_config": {**spec, "model": BROKEN_DRAFT}},
+            third: {"speculative_config": spec},
+        },
+    )
     assert run("specdeploy", "check", str(inventory)).returncode == 0  # not caught before the hosts
     before = {h: state_of(ssh, h) for h in hosts}
     unit_before = {h: ssh(h, f"cat {UNIT}") for h in hosts}
 
-    result = run("specdeploy", "rollout", str(inventory), "deploys/serve.py", "--canary-group", "canary",
-                 "--batch-size", "1", timeout=1800)
+    result = run(
+        "specdeploy",
+        "rollout",
+        str(inventory),
+        "deploys/serve.py",
+        "--canary-group",
+        "canary",
+        "--batch-size",
+        "1",
+        timeout=1800,
+    )
     out = result.stdout + result.stderr
     assert result.returncode != 0, tail(result)
     # canary: updated and healthy on the new config
@@ -192,8 +255,15 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
     # third host: never touched
     assert state_of(ssh, third) == before[third] and ssh(third, f"cat {UNIT}") == unit_before[third]
     # the message names host and cause
-    assert f"FAILED host {broken}: rolled back to its previous unit and env file; healthy" in out, tail(result)
+    assert f"FAILED host {broken}: rolled back to its previous unit and env file; healthy" in out, (
+        tail(result)
+    )
     assert "not healthy" in out and "crashed" in out
     assert f"rollout STOPPED; not touched: {third}" in out
     # the lock was released by the rollback
-    assert ssh(broken, "test -e /run/lock/specdeploy-vllm.deploy.lock && echo held || echo free").strip() == "free"
+    assert (
+        ssh(
+            broken, "test -e /run/lock/specdeploy-vllm.deploy.lock && echo held || echo free"
+        ).strip()
+        == "free"
+    )

@@ -27,7 +27,9 @@ def test_pyinfra_connects_to_every_host(sandbox_fleet, pyinfra_sandbox):
         assert m, out
         assert m.group(1) == h["name"]
         assert m.group(2) in ("running", "degraded"), out
-    assert re.search(rf"server\.shell.*\s{len(sandbox_fleet['hosts'])}\s+{len(sandbox_fleet['hosts'])}\s", out), out
+    assert re.search(
+        rf"server\.shell.*\s{len(sandbox_fleet['hosts'])}\s+{len(sandbox_fleet['hosts'])}\s", out
+    ), out
 
 
 def test_pyinfra_strict_host_key_checking(sandbox_fleet, pyinfra_sandbox, tmp_path):
@@ -39,7 +41,9 @@ def test_pyinfra_strict_host_key_checking(sandbox_fleet, pyinfra_sandbox, tmp_pa
     alt_dir.mkdir()
     kh = alt_dir / "known_hosts"
     # Same addresses, someone else's key.
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(alt_dir / "k")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(alt_dir / "k")], check=True
+    )
     other = (alt_dir / "k.pub").read_text().split()
     kh.write_text("".join(f"{h['address']} {other[0]} {other[1]}\n" for h in bad["hosts"]))
     bad["known_hosts"] = str(kh)
@@ -153,7 +157,8 @@ def test_hosts_reach_each_other(sandbox_fleet, sandbox_ssh):
         pytest.skip("needs 2 hosts")
     a, b = sandbox_fleet["hosts"][:2]
     p = sandbox_ssh(
-        a, f"python3 -c \"import socket; socket.create_connection(('{b['address']}', 22), 5); print('ok')\""
+        a,
+        f"python3 -c \"import socket; socket.create_connection(('{b['address']}', 22), 5); print('ok')\"",
     )
     assert p.stdout.strip() == "ok", p.stderr
 
@@ -165,7 +170,9 @@ def test_up_is_idempotent_and_fast(sandbox_fleet):
     st = sandbox.up(len(sandbox_fleet["hosts"]), services=False)
     assert time.monotonic() - t0 < 15
     assert st["prefix"] == sandbox_fleet["prefix"]
-    assert [h["nspawn_pid"] for h in st["hosts"]] == [h["nspawn_pid"] for h in sandbox_fleet["hosts"]]
+    assert [h["nspawn_pid"] for h in st["hosts"]] == [
+        h["nspawn_pid"] for h in sandbox_fleet["hosts"]
+    ]
     s = sandbox.status()
     assert s["up"] is True
     assert all(h["running"] in ("running", "degraded") for h in s["hosts"]), s
@@ -209,7 +216,10 @@ def test_down_leaves_nothing(private_state_dir, sandbox_fleet):
     assert time.monotonic() - t0 < 60
     _assert_clean(prefix)
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
     assert not sandbox.state_path().exists()
     sandbox.down()  # idempotent
     # The session fleet is untouched.

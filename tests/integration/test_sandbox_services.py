@@ -58,19 +58,33 @@ def venv(tmp_path_factory):
 
 
 def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", *args],
-                          capture_output=True, text=True, env=_clean_env(), timeout=300)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", *args],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=300,
+    )
 
 
 def test_returned_keys(svc):
-    for key in ("wheelhouse_url", "pip_install_args", "hf_endpoint", "models", "model_repos", "services"):
+    for key in (
+        "wheelhouse_url",
+        "pip_install_args",
+        "hf_endpoint",
+        "models",
+        "model_repos",
+        "services",
+    ):
         assert key in svc, key
     assert svc["wheelhouse_url"].startswith("http://127.0.0.1:")
     assert svc["pip_install_args"][:2] == ["--index-url", svc["wheelhouse_url"]]
     assert set(svc["model_repos"]) == {"target", "draft", "draft-othervocab"}
     assert len(svc["models"][TARGET]["revisions"]) >= 2
     assert svc["models"][models.DRAFT]["vocab_size"] == svc["models"][TARGET]["vocab_size"]
-    assert svc["models"][models.DRAFT_OTHERVOCAB]["vocab_size"] != svc["models"][TARGET]["vocab_size"]
+    assert (
+        svc["models"][models.DRAFT_OTHERVOCAB]["vocab_size"] != svc["models"][TARGET]["vocab_size"]
+    )
     for rec in svc["services"].values():
         assert Path(f"/proc/{rec['pid']}").exists()
 
@@ -79,20 +93,37 @@ def test_pip_installs_from_wheelhouse_index(svc, venv):
     version = _wheel_version("packaging")
     r = _pip(venv, *svc["pip_install_args"], f"packaging=={version}")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert svc["wheelhouse_url"].rsplit("/simple/", 1)[0] in r.stdout + r.stderr  # fetched from our index
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import packaging; print(packaging.__version__)"],
-                         capture_output=True, text=True, check=True)
+    assert (
+        svc["wheelhouse_url"].rsplit("/simple/", 1)[0] in r.stdout + r.stderr
+    )  # fetched from our index
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import packaging; print(packaging.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == version
 
 
 def test_pip_no_index_find_links(svc, venv):
     version = _wheel_version("idna")
     host = svc["services"]["wheelhouse"]["host"]
-    r = _pip(venv, "--no-index", "--find-links", svc["wheelhouse_find_links"], "--trusted-host", host,
-             f"idna=={version}")
+    r = _pip(
+        venv,
+        "--no-index",
+        "--find-links",
+        svc["wheelhouse_find_links"],
+        "--trusted-host",
+        host,
+        f"idna=={version}",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import idna; print(idna.__version__)"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import idna; print(idna.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == version
 
 
@@ -109,7 +140,9 @@ def _sha256(path: Path) -> str:
 
 
 def _git_show(repo: str, rev: str, path: str) -> bytes:
-    return subprocess.run(["git", "-C", repo, "show", f"{rev}:{path}"], capture_output=True, check=True).stdout
+    return subprocess.run(
+        ["git", "-C", repo, "show", f"{rev}:{path}"], capture_output=True, check=True
+    ).stdout
 
 
 def test_snapshot_download_pinned_revisions(svc, tmp_path, monkeypatch):
@@ -123,8 +156,12 @@ def test_snapshot_download_pinned_revisions(svc, tmp_path, monkeypatch):
     assert old_sha != new_sha
     cache = tmp_path / "hf-cache"
 
-    old = Path(snapshot_download(TARGET, revision=old_sha, endpoint=svc["hf_endpoint"], cache_dir=cache))
-    new = Path(snapshot_download(TARGET, revision="main", endpoint=svc["hf_endpoint"], cache_dir=cache))
+    old = Path(
+        snapshot_download(TARGET, revision=old_sha, endpoint=svc["hf_endpoint"], cache_dir=cache)
+    )
+    new = Path(
+        snapshot_download(TARGET, revision="main", endpoint=svc["hf_endpoint"], cache_dir=cache)
+    )
     assert old.name == old_sha and new.name == new_sha
     assert "revision: v1" in (old / "README.md").read_text()
     assert "revision: v2" in (new / "README.md").read_text()
@@ -134,9 +171,13 @@ def test_snapshot_download_pinned_revisions(svc, tmp_path, monkeypatch):
     # Byte-identical to the git objects of the pinned commit.
     repo = str(models.hub_dir() / "models" / TARGET)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
-        assert _sha256(old / name) == hashlib.sha256(_git_show(repo, old_sha, name)).hexdigest(), name
+        assert _sha256(old / name) == hashlib.sha256(_git_show(repo, old_sha, name)).hexdigest(), (
+            name
+        )
     # A tag resolves to its commit as well.
-    tagged = Path(snapshot_download(TARGET, revision="v1", endpoint=svc["hf_endpoint"], cache_dir=cache))
+    tagged = Path(
+        snapshot_download(TARGET, revision="v1", endpoint=svc["hf_endpoint"], cache_dir=cache)
+    )
     assert tagged.name == old_sha
 
 
@@ -144,13 +185,21 @@ def test_hf_cli_download(svc, tmp_path):
     hf = shutil.which("hf") or str(Path(sys.executable).parent / "hf")
     dest = tmp_path / "draft"
     sha = svc["models"][models.DRAFT_OTHERVOCAB]["main"]
-    r = subprocess.run([hf, "download", models.DRAFT_OTHERVOCAB, "--revision", sha, "--local-dir", str(dest)],
-                       capture_output=True, text=True, timeout=300,
-                       env=_clean_env(HF_ENDPOINT=svc["hf_endpoint"], HF_HOME=str(tmp_path / "hf-home")))
+    r = subprocess.run(
+        [hf, "download", models.DRAFT_OTHERVOCAB, "--revision", sha, "--local-dir", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(HF_ENDPOINT=svc["hf_endpoint"], HF_HOME=str(tmp_path / "hf-home")),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     cfg = json.loads((dest / "config.json").read_text())
     tok = json.loads((dest / "tokenizer.json").read_text())
-    assert cfg["vocab_size"] == svc["models"][models.DRAFT_OTHERVOCAB]["vocab_size"] == len(tok["model"]["vocab"])
+    assert (
+        cfg["vocab_size"]
+        == svc["models"][models.DRAFT_OTHERVOCAB]["vocab_size"]
+        == len(tok["model"]["vocab"])
+    )
 
 
 def test_unknown_revision_is_an_error(svc, tmp_path):
@@ -158,7 +207,9 @@ def test_unknown_revision_is_an_error(svc, tmp_path):
     from huggingface_hub.errors import HfHubHTTPError
 
     with pytest.raises((HfHubHTTPError, ValueError, OSError)):
-        snapshot_download(TARGET, revision="0" * 40, endpoint=svc["hf_endpoint"], cache_dir=tmp_path / "c")
+        snapshot_download(
+            TARGET, revision="0" * 40, endpoint=svc["hf_endpoint"], cache_dir=tmp_path / "c"
+        )
 
 
 def test_start_is_idempotent(svc):
@@ -190,8 +241,13 @@ def test_stop_leaves_no_process(svc):
         assert not _alive(rec["pid"]), f"{name} pid {rec['pid']} still running"
         assert not _port_open(rec["host"], rec["port"]), f"{name} port {rec['port']} still open"
         # nothing else of ours runs with that config/log either
-        leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _alive(int(p.name))
-                     and rec["marker"] in services._cmdline(int(p.name))]
+        leftovers = [
+            p
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and _alive(int(p.name))
+            and rec["marker"] in services._cmdline(int(p.name))
+        ]
         assert not leftovers, leftovers
     services.stop(svc)  # idempotent
     assert all(not s["alive"] for s in services.status(svc).values())

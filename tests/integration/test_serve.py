@@ -54,16 +54,33 @@ def record_of(sandbox_ssh, host):
 
 
 def service_state(sandbox_ssh, host):
-    out = ssh(sandbox_ssh, host, "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic "
-                                 "specdeploy-vllm.service")
+    out = ssh(
+        sandbox_ssh,
+        host,
+        "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic "
+        "specdeploy-vllm.service",
+    )
     return dict(line.split("=", 1) for line in out.strip().splitlines())
 
 
 def test_service_active_under_systemd_and_healthy(first_deploy, hosts, sandbox_ssh):
     for host in hosts:
-        assert ssh(sandbox_ssh, host, "systemctl is-active specdeploy-vllm.service").strip() == "active"
-        assert ssh(sandbox_ssh, host, "systemctl is-enabled specdeploy-vllm.service").strip() == "enabled"
-        assert ssh(sandbox_ssh, host, "curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health") == "200"
+        assert (
+            ssh(sandbox_ssh, host, "systemctl is-active specdeploy-vllm.service").strip()
+            == "active"
+        )
+        assert (
+            ssh(sandbox_ssh, host, "systemctl is-enabled specdeploy-vllm.service").strip()
+            == "enabled"
+        )
+        assert (
+            ssh(
+                sandbox_ssh,
+                host,
+                "curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health",
+            )
+            == "200"
+        )
         models = json.loads(ssh(sandbox_ssh, host, "curl -sf http://127.0.0.1:8000/v1/models"))
         assert [m["id"] for m in models["data"]] == ["tiny-llama"]
 
@@ -95,13 +112,19 @@ def test_deployment_record_matches_config(first_deploy, hosts, sandbox_ssh):
         assert record["limits"]["memory"] == {"kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
         assert record["smoke"]["completed"] == cfg.workload.num_prompts
         assert record["smoke_counters"]["drafts"] > 0
-        assert record["timings"]["server_start_seconds"] > 0 and record["timings"]["checks_and_smoke_seconds"] > 0
+        assert (
+            record["timings"]["server_start_seconds"] > 0
+            and record["timings"]["checks_and_smoke_seconds"] > 0
+        )
         unit_text = ssh(sandbox_ssh, host, "cat /etc/systemd/system/specdeploy-vllm.service")
         import hashlib
+
         assert record["unit"]["sha256"] == hashlib.sha256(unit_text.encode()).hexdigest()
 
 
-def test_second_run_changes_nothing_and_keeps_the_server(first_deploy, hosts, sandbox_ssh, pyinfra_sandbox):
+def test_second_run_changes_nothing_and_keeps_the_server(
+    first_deploy, hosts, sandbox_ssh, pyinfra_sandbox
+):
     before = {h: service_state(sandbox_ssh, h) for h in hosts}
     result = pyinfra_sandbox("deploys/serve.py", timeout=600)
     assert result.returncode == 0, tail(result)
@@ -118,19 +141,27 @@ def _override_inventory(tmp_path, host, speculative_config):
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         f"sandbox = [(n, {{**d, 'speculative_config': {speculative_config!r}}}) if n == {host!r} else (n, d)\n"
-        "           for n, d in _base['sandbox'] if n == " + repr(host) + "]\n")
+        "           for n, d in _base['sandbox'] if n == " + repr(host) + "]\n"
+    )
     return path
 
 
 def _pyinfra(inventory, *args, timeout=DEPLOY_TIMEOUT):
     import subprocess
 
-    return subprocess.run(["pyinfra", "-y", str(inventory), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=os.environ.copy())
+    return subprocess.run(
+        ["pyinfra", "-y", str(inventory), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
 
 
-def test_vocab_mismatch_fails_preflight_before_touching_service(first_deploy, hosts, sandbox_ssh, tmp_path,
-                                                                 sandbox_services):
+def test_vocab_mismatch_fails_preflight_before_touching_service(
+    first_deploy, hosts, sandbox_ssh, tmp_path, sandbox_services
+):
     host = hosts[-1]
     cfg = config_for(host)
     other = "specdeploy-sandbox/tiny-llama-draft-othervocab"
@@ -145,7 +176,10 @@ def test_vocab_mismatch_fails_preflight_before_touching_service(first_deploy, ho
     assert "has vocab_size 3072" in output and "has 4096" in output, tail(result)
     assert "use_heterogeneous_vocab" in output
     assert service_state(sandbox_ssh, host) == before
-    assert ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service") == unit_before
+    assert (
+        ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service")
+        == unit_before
+    )
 
     # With the decision recorded, the same draft deploys and the record says so.
     spec["use_heterogeneous_vocab"] = True
@@ -155,4 +189,6 @@ def test_vocab_mismatch_fails_preflight_before_touching_service(first_deploy, ho
     assert record["draft"]["model"] == other
     assert record["vocab"]["shared"] is False
     assert record["vocab"]["decision"].startswith("heterogeneous vocabulary accepted")
-    assert record["vocab"]["draft_vocab_size"] == 3072 and record["vocab"]["target_vocab_size"] == 4096
+    assert (
+        record["vocab"]["draft_vocab_size"] == 3072 and record["vocab"]["target_vocab_size"] == 4096
+    )

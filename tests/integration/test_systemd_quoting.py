@@ -20,17 +20,27 @@ DUMP = "import json,sys; json.dump(sys.argv[1:], open('/run/argv-probe.json', 'w
 def test_exec_start_survives_systemd_quoting_and_specifiers(sandbox_fleet, sandbox_ssh):
     host = sandbox_fleet["hosts"][0]["name"]
     data = {
-        "vllm_version": "0.32.0", "target_model": "org/target 100%", "served_model_name": 'my "model"',
-        "speculative_config": {"method": "draft_model", "model": "org/draft", "num_speculative_tokens": 5,
-                               "revision": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x"},
+        "vllm_version": "0.32.0",
+        "target_model": "org/target 100%",
+        "served_model_name": 'my "model"',
+        "speculative_config": {
+            "method": "draft_model",
+            "model": "org/draft",
+            "num_speculative_tokens": 5,
+            "revision": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x",
+        },
         "vllm_extra_args": ["--override-generation-config", '{"temperature": 0.5}', ";"],
     }
     args = serve_args(check_config("quoting", data))
-    unit = ("[Service]\nType=oneshot\n"
-            f"ExecStart={exec_start(['/usr/bin/python3', '-c', DUMP, *args])}\n")
-    script = (f"cat > /etc/systemd/system/argv-probe.service <<'EOF'\n{unit}EOF\n"
-              "systemctl daemon-reload && systemctl start argv-probe.service && cat /run/argv-probe.json; "
-              "rm -f /etc/systemd/system/argv-probe.service /run/argv-probe.json; systemctl daemon-reload")
+    unit = (
+        "[Service]\nType=oneshot\n"
+        f"ExecStart={exec_start(['/usr/bin/python3', '-c', DUMP, *args])}\n"
+    )
+    script = (
+        f"cat > /etc/systemd/system/argv-probe.service <<'EOF'\n{unit}EOF\n"
+        "systemctl daemon-reload && systemctl start argv-probe.service && cat /run/argv-probe.json; "
+        "rm -f /etc/systemd/system/argv-probe.service /run/argv-probe.json; systemctl daemon-reload"
+    )
     result = sandbox_ssh(host, f"bash -c {shlex.quote(script)}")
     assert result.returncode == 0, result.stderr
     received = json.loads(result.stdout)

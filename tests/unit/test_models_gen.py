@@ -34,21 +34,39 @@ def test_layout_and_revisions(generated):
     target = manifest["repos"][models.TARGET]
     assert list(target["revisions"]) == ["v1", "v2"] and target["main"] == target["revisions"]["v2"]
     repo = models.hub_dir(cache) / "models" / models.TARGET
-    show = lambda rev, f: subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{f}"],  # noqa: E731
-                                         capture_output=True, text=True, check=True).stdout
+    show = lambda rev, f: (
+        subprocess.run(
+            ["git", "-C", str(repo), "show", f"{rev}:{f}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert json.loads(show("v1", "config.json"))["max_position_embeddings"] == 1024
     assert json.loads(show("v2", "config.json"))["max_position_embeddings"] == 2048
     assert "revision: v1" in show("v1", "README.md") and "revision: v2" in show("v2", "README.md")
     cfg = json.loads(show("v2", "config.json"))
-    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
-            cfg["num_key_value_heads"], cfg["intermediate_size"]) == (4, 256, 4, 2, 512)
+    assert (
+        cfg["num_hidden_layers"],
+        cfg["hidden_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["intermediate_size"],
+    ) == (4, 256, 4, 2, 512)
     assert cfg["dtype"] == "float32" and cfg["architectures"] == ["LlamaForCausalLM"]
     for repo_id, info in manifest["repos"].items():
         files = info["files"][list(info["revisions"])[-1]]
-        assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(files)
+        assert {
+            "model.safetensors",
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        } <= set(files)
         size = (models.hub_dir(cache) / "models" / repo_id / "model.safetensors").stat().st_size
         assert size < 20 * 2**20, (repo_id, size)
-    draft_cfg = json.loads((models.hub_dir(cache) / "models" / models.DRAFT / "config.json").read_text())
+    draft_cfg = json.loads(
+        (models.hub_dir(cache) / "models" / models.DRAFT / "config.json").read_text()
+    )
     assert (draft_cfg["num_hidden_layers"], draft_cfg["hidden_size"]) == (1, 128)
     assert manifest["repos"][models.DRAFT]["vocab_size"] == target["vocab_size"]
     assert manifest["repos"][models.DRAFT_OTHERVOCAB]["vocab_size"] != target["vocab_size"]
@@ -58,13 +76,17 @@ def test_deterministic_across_runs(generated, tmp_path):
     _, first = generated
     second = models.ensure(tmp_path, python=str(PY))
     for repo_id in first["repos"]:
-        assert second["repos"][repo_id]["revisions"] == first["repos"][repo_id]["revisions"], repo_id
+        assert second["repos"][repo_id]["revisions"] == first["repos"][repo_id]["revisions"], (
+            repo_id
+        )
 
 
 def test_ensure_is_a_noop_when_current(generated):
     cache, manifest = generated
     before = models.manifest_path(cache).stat().st_mtime_ns
-    assert models.ensure(cache, python="/nonexistent/python") == manifest  # would fail if it regenerated
+    assert (
+        models.ensure(cache, python="/nonexistent/python") == manifest
+    )  # would fail if it regenerated
     assert models.manifest_path(cache).stat().st_mtime_ns == before
 
 
@@ -73,4 +95,7 @@ def test_ensure_repairs_a_damaged_repo(generated):
     repo = models.hub_dir(cache) / "models" / models.TARGET
     subprocess.run(["git", "-C", str(repo), "tag", "-d", "v1"], check=True, capture_output=True)
     repaired = models.ensure(cache, python=str(PY))
-    assert repaired["repos"][models.TARGET]["revisions"] == manifest["repos"][models.TARGET]["revisions"]
+    assert (
+        repaired["repos"][models.TARGET]["revisions"]
+        == manifest["repos"][models.TARGET]["revisions"]
+    )

@@ -6,11 +6,28 @@ from specdeploy.preflight import evaluate, kv_bytes_per_token
 GIB = 1 << 30
 
 
-def model(repo, vocab=151936, tokenizer=151669, layers=36, kv_heads=8, head_dim=128, weights=16 * GIB,
-          max_pos=40960, dtype="bfloat16"):
-    return {"repo": repo, "vocab_size": vocab, "tokenizer_vocab_size": tokenizer, "num_hidden_layers": layers,
-            "num_key_value_heads": kv_heads, "head_dim": head_dim, "weight_bytes": weights,
-            "max_position_embeddings": max_pos, "torch_dtype": dtype}
+def model(
+    repo,
+    vocab=151936,
+    tokenizer=151669,
+    layers=36,
+    kv_heads=8,
+    head_dim=128,
+    weights=16 * GIB,
+    max_pos=40960,
+    dtype="bfloat16",
+):
+    return {
+        "repo": repo,
+        "vocab_size": vocab,
+        "tokenizer_vocab_size": tokenizer,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "weight_bytes": weights,
+        "max_position_embeddings": max_pos,
+        "torch_dtype": dtype,
+    }
 
 
 TARGET = model("Qwen/Qwen3-8B")
@@ -44,7 +61,10 @@ def test_vocab_mismatch_refused_with_both_sizes_and_two_ways_forward(valid_data)
     result = evaluate(cfg(valid_data), TARGET, other, H200, RAM)
     (problem,) = result.problems
     assert "vocab_size 32000" in problem and "has 151936" in problem
-    assert "pick a draft that shares the target's tokenizer" in problem and "use_heterogeneous_vocab" in problem
+    assert (
+        "pick a draft that shares the target's tokenizer" in problem
+        and "use_heterogeneous_vocab" in problem
+    )
     assert result.vocab["decision"] == "refused: vocabularies differ"
 
 
@@ -59,8 +79,10 @@ def test_vocab_mismatch_accepted_when_recorded(valid_data):
 def test_max_model_len_beyond_draft_positions(valid_data):
     short = model("Qwen/Qwen3-0.6B", layers=28, weights=GIB, max_pos=2048)
     result = evaluate(cfg(valid_data, max_model_len=4096), TARGET, short, H200, RAM)
-    assert result.problems == ["max_model_len 4096 exceeds the draft Qwen/Qwen3-0.6B's max_position_embeddings "
-                               "2048; lower max_model_len (>= prompt_len + output_len) or choose another draft"]
+    assert result.problems == [
+        "max_model_len 4096 exceeds the draft Qwen/Qwen3-0.6B's max_position_embeddings "
+        "2048; lower max_model_len (>= prompt_len + output_len) or choose another draft"
+    ]
 
 
 def test_utilisation_too_small_for_weights_and_kv(valid_data):
@@ -74,8 +96,10 @@ def test_kv_budget_smaller_than_batching_limits(valid_data):
     data = {k: v for k, v in valid_data.items() if k != "gpu_memory_utilization"}
     result = evaluate(cfg(data, kv_cache_memory_bytes=64 << 20), TARGET, DRAFT, H200, RAM)
     (problem,) = result.problems
-    assert problem.startswith("kv_cache_memory_bytes 67108864 holds 256 tokens but max_num_seqs 4 x "
-                              "max_model_len 512 = 2048 tokens need")
+    assert problem.startswith(
+        "kv_cache_memory_bytes 67108864 holds 256 tokens but max_num_seqs 4 x "
+        "max_model_len 512 = 2048 tokens need"
+    )
 
 
 def test_cpu_host_checks_ram(valid_data):

@@ -18,13 +18,17 @@ def test_baseline_differs_only_in_speculative_config(valid_data):
     cfg = config_from_data(valid_data)
     spec, base = serve_args(cfg), serve_args(cfg, speculative=False)
     i = spec.index("--speculative-config")
-    assert spec[:i] + spec[i + 2:] == base
+    assert spec[:i] + spec[i + 2 :] == base
     assert json.loads(spec[i + 1]) == valid_data["speculative_config"]
 
 
 def test_argv_never_carries_removed_flags(valid_data):
     argv = serve_argv(config_from_data(valid_data))
-    assert not [a for a in argv if a.startswith(("--speculative-model", "--num-speculative-tokens", "--spec-"))]
+    assert not [
+        a
+        for a in argv
+        if a.startswith(("--speculative-model", "--num-speculative-tokens", "--spec-"))
+    ]
     assert argv.count("--speculative-config") == 1
 
 
@@ -64,16 +68,19 @@ def test_data_defaults_come_from_the_schema():
     assert "vllm_version" not in DATA_DEFAULTS  # required: no silent default pin
 
 
-@pytest.mark.parametrize("word,quoted", [
-    ("plain", "plain"),
-    ("50%", "50%%"),
-    ("a b", '"a b"'),
-    ('{"k":"v"}', '"{\\"k\\":\\"v\\"}"'),
-    ("$HOME", '"$$HOME"'),
-    ("back\\slash", '"back\\\\slash"'),
-    (";", '";"'),
-    ("", '""'),
-])
+@pytest.mark.parametrize(
+    "word,quoted",
+    [
+        ("plain", "plain"),
+        ("50%", "50%%"),
+        ("a b", '"a b"'),
+        ('{"k":"v"}', '"{\\"k\\":\\"v\\"}"'),
+        ("$HOME", '"$$HOME"'),
+        ("back\\slash", '"back\\\\slash"'),
+        (";", '";"'),
+        ("", '""'),
+    ],
+)
 def test_systemd_quote(word, quoted):
     assert systemd_quote(word) == quoted
 
@@ -108,13 +115,18 @@ def test_rendered_units_pass_systemd_analyze_verify(valid_data, tmp_path):
     install = tmp_path / "inst"
     (install / "venv" / "bin").mkdir(parents=True)
     os.symlink(sys.executable, install / "venv" / "bin" / "python")
-    valid_data.update(install_dir=str(install), state_dir=str(tmp_path),
-                      speculative_config={**valid_data["speculative_config"], "revision": "50%$x"})
+    valid_data.update(
+        install_dir=str(install),
+        state_dir=str(tmp_path),
+        speculative_config={**valid_data["speculative_config"], "revision": "50%$x"},
+    )
     cfg = config_from_data(valid_data)
     for role in ("speculative", "baseline"):
         unit = render_unit(cfg, role)
         path = tmp_path / unit.name
         path.write_text(unit.text)
-        result = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stderr
         assert result.stderr.strip() == "", result.stderr

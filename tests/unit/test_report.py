@@ -7,14 +7,20 @@ import pytest
 
 from specdeploy import report
 from specdeploy.compare import compare_plan, tune_plan
-from specdeploy.config import parse_int_list
-from specdeploy.config import ServeConfig
+from specdeploy.config import ServeConfig, parse_int_list
 
 
 def bench_json(tpot, *, ttft=20.0, itl=None, thr=100.0, counters=None, prefix=None):
-    return {"median_tpot_ms": tpot, "median_ttft_ms": ttft, "median_itl_ms": itl if itl is not None else tpot,
-            "median_e2el_ms": ttft + 31 * tpot, "output_throughput": thr, "request_throughput": thr / 32,
-            "completed": 8, "failed": 0}
+    return {
+        "median_tpot_ms": tpot,
+        "median_ttft_ms": ttft,
+        "median_itl_ms": itl if itl is not None else tpot,
+        "median_e2el_ms": ttft + 31 * tpot,
+        "output_throughput": thr,
+        "request_throughput": thr / 32,
+        "completed": 8,
+        "failed": 0,
+    }
 
 
 def write_run(tmp_path, host, samples, cond):
@@ -22,40 +28,65 @@ def write_run(tmp_path, host, samples, cond):
     d.mkdir(parents=True)
     for i, (arm, warm, result, counters, prefix) in enumerate(samples):
         result = dict(result)
-        result["specdeploy"] = {"arm": arm, "index": i, "warmup": warm,
-                                "server_counters": counters or {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0,
-                                                                "acceptance_rate": None, "mean_acceptance_length": None},
-                                "prefix_cache": prefix or {}}
+        result["specdeploy"] = {
+            "arm": arm,
+            "index": i,
+            "warmup": warm,
+            "server_counters": counters
+            or {
+                "drafts": 0,
+                "draft_tokens": 0,
+                "accepted_tokens": 0,
+                "acceptance_rate": None,
+                "mean_acceptance_length": None,
+            },
+            "prefix_cache": prefix or {},
+        }
         (d / f"{i:02d}-{arm}.json").write_text(json.dumps(result))
     (d / "conditions.json").write_text(json.dumps({"finished_at": "x", "workload": {}, **cond}))
 
 
 def counters(drafts, accepted, k=3):
-    return {"drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / (drafts * k), "mean_acceptance_length": 1 + accepted / drafts}
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafts * k,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / (drafts * k),
+        "mean_acceptance_length": 1 + accepted / drafts,
+    }
 
 
 @pytest.fixture
 def compare_run(tmp_path):
     # h1: speculation slower (random draft); the warm-up run (99 ms) must not count.
-    write_run(tmp_path, "h1", [
-        ("speculative", True, bench_json(99.0), counters(10, 0), None),
-        ("baseline", False, bench_json(2.0, thr=120), None, None),
-        ("speculative", False, bench_json(11.0, thr=100), counters(100, 0), None),
-        ("baseline", False, bench_json(2.2, thr=118), None, None),
-        ("speculative", False, bench_json(11.5, thr=95), counters(100, 30), None),
-        ("baseline", False, bench_json(1.9, thr=121), None, None),
-        ("speculative", False, bench_json(10.8, thr=101), counters(100, 0), None),
-        ("apc-off", False, bench_json(2.0, ttft=50.0), None, {"queries": 100, "hits": 0}),
-        ("apc-on", False, bench_json(2.0, ttft=20.0), None, {"queries": 100, "hits": 75}),
-    ], {"kind": "compare"})
+    write_run(
+        tmp_path,
+        "h1",
+        [
+            ("speculative", True, bench_json(99.0), counters(10, 0), None),
+            ("baseline", False, bench_json(2.0, thr=120), None, None),
+            ("speculative", False, bench_json(11.0, thr=100), counters(100, 0), None),
+            ("baseline", False, bench_json(2.2, thr=118), None, None),
+            ("speculative", False, bench_json(11.5, thr=95), counters(100, 30), None),
+            ("baseline", False, bench_json(1.9, thr=121), None, None),
+            ("speculative", False, bench_json(10.8, thr=101), counters(100, 0), None),
+            ("apc-off", False, bench_json(2.0, ttft=50.0), None, {"queries": 100, "hits": 0}),
+            ("apc-on", False, bench_json(2.0, ttft=20.0), None, {"queries": 100, "hits": 75}),
+        ],
+        {"kind": "compare"},
+    )
     # h2: speculation faster
-    write_run(tmp_path, "h2", [
-        ("baseline", False, bench_json(10.0), None, None),
-        ("speculative", False, bench_json(5.0), counters(50, 120), None),
-        ("baseline", False, bench_json(10.4), None, None),
-        ("speculative", False, bench_json(5.2), counters(50, 110), None),
-    ], {"kind": "compare"})
+    write_run(
+        tmp_path,
+        "h2",
+        [
+            ("baseline", False, bench_json(10.0), None, None),
+            ("speculative", False, bench_json(5.0), counters(50, 120), None),
+            ("baseline", False, bench_json(10.4), None, None),
+            ("speculative", False, bench_json(5.2), counters(50, 110), None),
+        ],
+        {"kind": "compare"},
+    )
     return tmp_path
 
 
@@ -72,7 +103,9 @@ def test_compare_report_numbers_match_raw(compare_run):
     assert r["low"] == pytest.approx(10.8 / 2.1) and r["high"] == pytest.approx(11.2 / 1.9)
     assert r["verdict"] == "worse"
     assert h1["ratios"]["output_throughput"]["verdict"] == "worse"
-    assert h1["acceptance"]["acceptance_rate"] == pytest.approx(30 / 900)  # warm-up counters excluded
+    assert h1["acceptance"]["acceptance_rate"] == pytest.approx(
+        30 / 900
+    )  # warm-up counters excluded
     assert h1["acceptance"]["mean_acceptance_length"] == pytest.approx(1 + 30 / 300)
     assert s["hosts"]["h2"]["ratios"]["tpot"]["verdict"] == "better"
     # APC profile: separate, on over off, hit rate from the prefix-cache counters
@@ -109,7 +142,9 @@ def test_tune_report_recommends_and_prints_change(tmp_path):
     for r in range(3):
         for k in (1, 2, 3, 4):
             samples.append((f"k{k}", False, bench_json(values[k][r]), counters(10, 5, k), None))
-    write_run(tmp_path, "h1", samples, {"kind": "tune", "ks": [1, 2, 3, 4], "speculative_config": spec})
+    write_run(
+        tmp_path, "h1", samples, {"kind": "tune", "ks": [1, 2, 3, 4], "speculative_config": spec}
+    )
     s = report.write(tmp_path)
     h = s["hosts"]["h1"]
     assert h["choice"]["best_k"] == 3 and h["choice"]["recommended_k"] == 2
@@ -120,13 +155,25 @@ def test_tune_report_recommends_and_prints_change(tmp_path):
 
 
 def test_plans_alternate_and_restart_every_sample():
-    cfg = ServeConfig(vllm_version="0.32.0", target_model="t", speculative_config={"model": "d", "num_speculative_tokens": 3},
-                      max_model_len=1024)
+    cfg = ServeConfig(
+        vllm_version="0.32.0",
+        target_model="t",
+        speculative_config={"model": "d", "num_speculative_tokens": 3},
+        max_model_len=1024,
+    )
     plan = compare_plan(cfg, repeats=3, warmup_runs=1, apc_profile=True, apc_repeats=1)
     labels = [(a.label, w) for a, w in plan]
-    assert labels == [("speculative", True), ("baseline", False), ("speculative", False), ("baseline", False),
-                      ("speculative", False), ("baseline", False), ("speculative", False), ("apc-off", False),
-                      ("apc-on", False)]
+    assert labels == [
+        ("speculative", True),
+        ("baseline", False),
+        ("speculative", False),
+        ("baseline", False),
+        ("speculative", False),
+        ("baseline", False),
+        ("speculative", False),
+        ("apc-off", False),
+        ("apc-on", False),
+    ]
     assert not any(a.prefix_caching for a, _ in plan if not a.label.startswith("apc"))
     tplan = tune_plan(cfg, ks=[1, 2, 3], repeats=2, warmup_runs=0)
     assert [a.label for a, _ in tplan] == ["k1", "k2", "k3", "k2", "k3", "k1"]
@@ -137,11 +184,19 @@ def test_plans_alternate_and_restart_every_sample():
 def test_measure_unit_differs_only_in_the_arm():
     from specdeploy.compare import Arm, measure_unit
 
-    cfg = ServeConfig(vllm_version="0.32.0", target_model="t", speculative_config={"model": "d", "num_speculative_tokens": 3},
-                      max_model_len=1024, kv_cache_memory_bytes=1 << 28)
-    spec, base = measure_unit(cfg, Arm("speculative", True)), measure_unit(cfg, Arm("baseline", False))
+    cfg = ServeConfig(
+        vllm_version="0.32.0",
+        target_model="t",
+        speculative_config={"model": "d", "num_speculative_tokens": 3},
+        max_model_len=1024,
+        kv_cache_memory_bytes=1 << 28,
+    )
+    spec, base = (
+        measure_unit(cfg, Arm("speculative", True)),
+        measure_unit(cfg, Arm("baseline", False)),
+    )
     i = spec.argv.index("--speculative-config")
-    assert spec.argv[:i] + spec.argv[i + 2:] == base.argv
+    assert spec.argv[:i] + spec.argv[i + 2 :] == base.argv
     assert "--no-enable-prefix-caching" in base.argv
     assert "Conflicts=specdeploy-vllm.service specdeploy-vllm-baseline.service" in spec.text
     assert "[Install]" not in spec.text and spec.name == "specdeploy-vllm-measure.service"

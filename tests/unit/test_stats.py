@@ -54,7 +54,9 @@ def test_identical_constant_arms():
 
 
 def test_band_open_when_baseline_spread_reaches_zero():
-    r = ratio_with_band([1.0, 1.0, 1.0], [0.1, 1.0, 2.0])  # base median 1.0, mad 0.9 -> 0.1 > 0 still
+    r = ratio_with_band(
+        [1.0, 1.0, 1.0], [0.1, 1.0, 2.0]
+    )  # base median 1.0, mad 0.9 -> 0.1 > 0 still
     assert math.isfinite(r["high"])
     r = ratio_with_band([1.0, 1.0, 1.0], [0.0, 1.0, 3.0])  # mad 1.0 == median -> no upper bound
     assert r["high"] == math.inf and r["significant"] is False
@@ -62,7 +64,9 @@ def test_band_open_when_baseline_spread_reaches_zero():
 
 def test_band_from_spread_matches_samples_version():
     spec, base = [4.1, 4.2, 4.15, 4.12, 4.18], [5.2, 5.3, 5.25, 5.22, 5.28]
-    assert band_from_spread(median(spec), mad(spec), median(base), mad(base)) == ratio_with_band(spec, base)
+    assert band_from_spread(median(spec), mad(spec), median(base), mad(base)) == ratio_with_band(
+        spec, base
+    )
 
 
 def test_band_from_spread_measured_h200_slower_case():

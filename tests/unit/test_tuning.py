@@ -2,14 +2,27 @@
 
 import pytest
 
-from specdeploy.tuning import (acceptance_summary, arm_summary, choose_k, compare_arms, compare_values,
-                               gate_decision, host_data_change, per_request_tpot_ms)
+from specdeploy.tuning import (
+    acceptance_summary,
+    arm_summary,
+    choose_k,
+    compare_arms,
+    compare_values,
+    gate_decision,
+    host_data_change,
+    per_request_tpot_ms,
+)
 
 
 def run(tpot, ttft=20.0, itl=None, e2el=None, thr=100.0):
-    return {"median_tpot_ms": tpot, "median_ttft_ms": ttft, "median_itl_ms": itl if itl is not None else tpot,
-            "median_e2el_ms": e2el if e2el is not None else ttft + 31 * tpot, "output_throughput": thr,
-            "request_throughput": thr / 32}
+    return {
+        "median_tpot_ms": tpot,
+        "median_ttft_ms": ttft,
+        "median_itl_ms": itl if itl is not None else tpot,
+        "median_e2el_ms": e2el if e2el is not None else ttft + 31 * tpot,
+        "output_throughput": thr,
+        "request_throughput": thr / 32,
+    }
 
 
 def test_arm_summary_median_and_mad_per_metric():
@@ -57,17 +70,37 @@ def test_single_run_gets_no_verdict():
 
 
 def test_acceptance_is_pooled_over_runs():
-    a = acceptance_summary([
-        {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 15, "acceptance_rate": 0.5, "mean_acceptance_length": 2.5},
-        {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 0, "acceptance_rate": 0.0, "mean_acceptance_length": 1.0},
-    ])
+    a = acceptance_summary(
+        [
+            {
+                "drafts": 10,
+                "draft_tokens": 30,
+                "accepted_tokens": 15,
+                "acceptance_rate": 0.5,
+                "mean_acceptance_length": 2.5,
+            },
+            {
+                "drafts": 10,
+                "draft_tokens": 30,
+                "accepted_tokens": 0,
+                "acceptance_rate": 0.0,
+                "mean_acceptance_length": 1.0,
+            },
+        ]
+    )
     assert a["acceptance_rate"] == pytest.approx(15 / 60)
     assert a["mean_acceptance_length"] == pytest.approx(1 + 15 / 20)
     assert a["per_run_acceptance_rate"]["median"] == pytest.approx(0.25)
 
 
 def test_choose_k_smallest_within_noise_of_best():
-    tpot = {1: [10.0, 10.2, 10.1], 2: [8.1, 8.3, 8.2], 3: [8.0, 8.2, 7.9], 4: [8.4, 8.0, 8.1], 5: [9.0, 9.2, 9.1]}
+    tpot = {
+        1: [10.0, 10.2, 10.1],
+        2: [8.1, 8.3, 8.2],
+        3: [8.0, 8.2, 7.9],
+        4: [8.4, 8.0, 8.1],
+        5: [9.0, 9.2, 9.1],
+    }
     c = choose_k(tpot)
     assert c["best_k"] == 3
     assert c["per_k"][2]["within_noise_of_best"]  # 8.2 - 0.1 <= 8.0 + 0.1
@@ -90,8 +123,14 @@ def test_choose_k_when_speculation_only_gets_slower_with_k():
 
 
 def test_host_data_change_only_changes_k():
-    line = host_data_change("h1", {"method": "draft_model", "model": "d", "num_speculative_tokens": 5}, 2)
-    assert "'num_speculative_tokens': 2" in line and "'model': 'd'" in line and line.startswith("host_data/h1")
+    line = host_data_change(
+        "h1", {"method": "draft_model", "model": "d", "num_speculative_tokens": 5}, 2
+    )
+    assert (
+        "'num_speculative_tokens': 2" in line
+        and "'model': 'd'" in line
+        and line.startswith("host_data/h1")
+    )
 
 
 def test_per_request_tpot_from_detailed_result():
