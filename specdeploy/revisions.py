@@ -64,16 +64,22 @@ def _resolve(cfg: ServeConfig, repo: str, revision: str) -> str:
 
 def pin(cfg: ServeConfig) -> tuple[ServeConfig, dict[str, dict]]:
     """`cfg` with every moving ref replaced by its commit sha, and {role: {requested, resolved}}."""
-    pins: dict[str, dict] = {}
+    pins = {
+        role: {"requested": revision, "resolved": _resolve(cfg, repo, revision),
+               "resolved_on": "control node"}  # fmt: skip
+        for role, repo, revision in moving_refs(cfg)
+    }
+    return apply_pins(cfg, pins), pins
+
+
+def apply_pins(cfg: ServeConfig, pins: dict[str, dict]) -> ServeConfig:
+    """`cfg` with the recorded pins applied (also how host tests read a deployed host's record)."""
     update: dict = {}
-    for role, repo, revision in moving_refs(cfg):
-        sha = _resolve(cfg, repo, revision)
-        pins[role] = {"requested": revision, "resolved": sha, "resolved_on": "control node"}
-        if role == "target":
-            update["target_revision"] = sha
-        else:
-            update["speculative_config"] = {**cfg.speculative_config, "revision": sha}
-    return (cfg.model_copy(update=update) if update else cfg), pins
+    if "target" in pins:
+        update["target_revision"] = pins["target"]["resolved"]
+    if "draft" in pins:
+        update["speculative_config"] = {**cfg.speculative_config, "revision": pins["draft"]["resolved"]}
+    return cfg.model_copy(update=update) if update else cfg
 
 
 def pins_for_hosts(configs: list[ServeConfig]) -> dict[str, str]:
