@@ -281,7 +281,7 @@ def test_rotating_the_hf_token_restarts_nothing(first, upgraded, ssh, sandbox_se
     rotated = prod_shape(sandbox_services, "0.32.0", hf_token=ROTATED_TOKEN)
     result = deploy(inventory(first["tmp"], host, **rotated), timeout=600)
     assert result.returncode == 0, tail(result)
-    assert "HF token file" in result.stdout
+    assert re.search(r"HF token file \S+ \(root, 0600\)", result.stdout + result.stderr)
     assert main_pid(ssh, host) == before, "a token rotation restarted the server"
     assert ssh(host, "cat /etc/specdeploy/specdeploy-vllm.hf-token").strip() == ROTATED_TOKEN
     assert ROTATED_TOKEN not in result.stdout + result.stderr
