@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from . import compare
 from .checks import check_config
 from .config import DATA_DEFAULTS, ServeConfig
-from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .preflight import evaluate
 from .render import RenderedUnit, render_unit
 from .rollout import show_unit_diff, verify_or_rollback
@@ -39,9 +39,11 @@ def run_preflight(cfg: ServeConfig):
         cfg,
         snaps["target"],
         snaps.get("draft"),
-        host.get_fact(AcceleratorMemory),
+        host.get_fact(Accelerators),
         host.get_fact(MemoryBytes),
     )
+    for warning in result.warnings:
+        logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
     return snaps, result
 

@@ -107,7 +107,8 @@ def row(
             "seed": 0,
         },
         "vllm_extra_args": extra,
-        "vllm_env": dict(ENV),
+        # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
+        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1"}.get(lane, "0,1")},
         "vllm_port": 8000 if lane in ("A", "P2") else 8001,
     }
     if util is not None:
@@ -138,18 +139,18 @@ def rows() -> list[dict]:
         row("A_util0116", lane="A", util=0.116, note="8B+0.6B: 0.116 x GPU < weights"),
         row("A_kv1g", lane="A", kv_bytes=GIB, note="4096 tokens: < max_num_seqs x max_model_len"),
         row("A_kv128m", lane="A", kv_bytes=128 << 20, note="512 tokens < one 1024 sequence"),
+        row("A_kv126g", lane="A", kv_bytes=126 * GIB, note="weights + 126 GiB > GPU: OOM"),
         row("A_k1_3", lane="A", eager=False, util=0.85, arm="tp1_k1_L2.0"),
     ]
-    # Lane B (GPU 1): the baseline arm at TP 1, then the larger target and memory already in use.
+    # Lane B (GPU 1): the baseline arm at TP 1, memory already in use, the larger target.
     for n in range(3):
         out.append(row(f"B_base_{n}", lane="B", k=None, eager=False, util=0.85, arm="tp1_base"))
     out += [
-        row("B_32b_util092", lane="B", target=T32, util=0.92, note="32B+0.6B on one H200"),
-        row("B_32b_util044", lane="B", target=T32, util=0.44, note="32B weights > 0.44 x GPU"),
-        row("B_kv126g", lane="B", kv_bytes=126 * GIB, note="weights + 126 GiB > GPU: OOM"),
         row("B_hog20_util092", lane="B", util=0.92, hog_gib=20, note="20 GiB used by another"),
         row("B_hog20_util080", lane="B", util=0.80, hog_gib=20, note="fits beside 20 GiB"),
         row("B_hog20_kv4g", lane="B", kv_bytes=4 * GIB, hog_gib=20, note="default 0.92 check"),
+        row("B_32b_util092", lane="B", target=T32, util=0.92, note="32B+0.6B on one H200"),
+        row("B_32b_util044", lane="B", target=T32, util=0.44, note="32B weights > 0.44 x GPU"),
         row("B_base_3", lane="B", k=None, eager=False, util=0.85, arm="tp1_base"),
     ]
     # Phase 2 (both GPUs): tensor parallelism.
