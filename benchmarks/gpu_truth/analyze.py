@@ -119,12 +119,16 @@ def payoff(summary: list[dict]) -> dict:
                         "gpu_busy_pct": b.get("gpu_busy_pct_median"),
                         "ready_s": rec.get("ready_s"),
                         "engine_cpu": _engine_cpu(b.get("cpu", {})),
+                        "per_request_tpot_ms": [round(t, 2) for t in tpots],
                     }
                 )
         out[arm] = {"samples": samples}
         for conc in sorted({s["c"] for s in samples}):
             kept = [s["median_tpot_ms"] for s in samples if s["c"] == conc and not s["discarded"]]
-            if kept:
+            if not kept:  # one start only (first = discarded by the method): a lead, no band
+                (first,) = [s["median_tpot_ms"] for s in samples if s["c"] == conc]
+                out[arm][f"c{conc}"] = {"n": 0, "single_start_tpot_ms": first}
+            else:
                 out[arm][f"c{conc}"] = {
                     "n": len(kept),
                     "median_tpot_ms": round(median(kept), 3),
@@ -146,6 +150,11 @@ def payoff(summary: list[dict]) -> dict:
                 for s in base["samples"]
                 if f"c{s['c']}" == key and not s["discarded"]
             ]
+            if not spec_kept and not base_kept:
+                single = entry[key].get("single_start_tpot_ms")
+                base_single = base.get(key, {}).get("single_start_tpot_ms")
+                if single and base_single:
+                    entry[key]["single_start_ratio_vs_base"] = round(single / base_single, 3)
             if spec_kept and base_kept:
                 r = ratio_with_band(spec_kept, base_kept)
                 entry[key]["tpot_ratio_vs_base"] = {
