@@ -19,12 +19,12 @@ Sources (re-check when adding a release):
 - CUDA build per release (`CUDA_BUILD`): the 0.26.0 wheel's `vllm/_C_stable_libtorch.abi3.so` needs
   `libcudart.so.13` (torch 2.11.0+cu130); 0.28.0 and 0.32.0 require torch==2.13.0, whose Linux wheel
   requires cuda-toolkit==13.0.3 (pip metadata of those wheels, read 2026-11-30).
-- Oldest driver per CUDA major (`MIN_DRIVER`): NVIDIA CUDA Toolkit release notes, table "CUDA Toolkit
-  and Minimum Required Driver Version for CUDA Minor Version Compatibility": 12.x >= 525.60.13,
-  13.x >= 580.65.06 (Linux).
+- Oldest driver per CUDA major (`MIN_DRIVER`): NVIDIA CUDA Toolkit release notes, table "CUDA
+  Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": 12.x >=
+  525.60.13, 13.x >= 580.65.06 (Linux).
 - draft_model runtime per release (`DRAFT_MODEL_RUNTIME`):
-  0.26.0 (read from the wheel): `vllm/config/vllm.py` turns async scheduling off for draft_model unless
-  `--async-scheduling` is given; Model Runner V2 "does not yet support speculative method
+  0.26.0 (read from the wheel): `vllm/config/vllm.py` turns async scheduling off for draft_model
+  unless `--async-scheduling` is given; Model Runner V2 "does not yet support speculative method
   'draft_model'" (V1 is used); `v1/spec_decode/draft_model.py::_raise_if_draft_tp_mismatch` raises
   unless draft TP == target TP (an unset draft TP takes the target's).
   0.28.0: async scheduling on by default for draft_model (vllm-project/vllm PR #48341).
@@ -32,10 +32,10 @@ Sources (re-check when adding a release):
   `draft_tensor_parallel_size` is ignored and the draft runs at the target's TP (vllm-project/vllm
   issue #31345); a heterogeneous-vocab draft falls back to V1, where the TP rule above holds.
   The 0.28.0 and 0.31.0 entries come from those vLLM threads, not from reading their wheels here.
-- Memory accounting (`preflight.py` models it): 0.26.0 `v1/worker/utils.py::request_memory` refuses to
-  start when free memory < total x gpu_memory_utilization (also when kv_cache_memory_bytes is set,
-  with the default 0.92); `v1/worker/gpu_worker.py::determine_available_memory` gives the KV cache
-  requested - (weights + peak activations + non-torch memory + CUDA graph estimate);
+- Memory accounting (`preflight.py` models it): 0.26.0 `v1/worker/utils.py::request_memory` refuses
+  to start when free memory < total x gpu_memory_utilization (also when kv_cache_memory_bytes is
+  set, with the default 0.92); `v1/worker/gpu_worker.py::determine_available_memory` gives the KV
+  cache requested - (weights + peak activations + non-torch memory + CUDA graph estimate);
   `v1/core/kv_cache_utils.py::_check_enough_kv_cache_memory` refuses when that cannot hold one
   max_model_len sequence. Fewer concurrent sequences only queue.
 """

@@ -82,8 +82,9 @@ class Gpu(BaseModel):
 
 
 class AcceleratorInfo(BaseModel):
-    """What `nvidia-smi` says. status: "ok", "missing" (no nvidia-smi on PATH) or "failed" (it ran
-    and could not report, e.g. a driver/library mismatch or no device found; `error` has its words)."""
+    """What `nvidia-smi` says. status: "ok", "missing" (no nvidia-smi on PATH) or "failed" (it
+    ran and could not report, e.g. a driver/library mismatch or no device found; `error` quotes it).
+    """
 
     status: str
     gpus: list[Gpu] = []

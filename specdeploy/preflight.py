@@ -34,9 +34,10 @@ GIB = 1 << 30
 MIB = 1 << 20
 KV_BLOCK_TOKENS = 16  # vLLM's default block size: the KV cache is counted in whole blocks
 # Per-GPU costs vLLM measures at start that the files do not show. Calibrated on one H200 with vLLM
-# 0.26.0 (benchmarks/gpu_payoff/results.json: requested - available KV - weights = 1.0-1.1 GiB with a
-# warm compile cache, 1.9-2.1 GiB on a cold one for Qwen3-8B + 0.6B at 2048 batched tokens); the
-# cold value is used because a first deploy compiles cold. Checked in benchmarks/gpu_truth/.
+# 0.26.0 (benchmarks/gpu_payoff/results.json: requested - available KV - weights = 1.0-1.1 GiB
+# with a warm compile cache, 1.9-2.1 GiB on a cold one for Qwen3-8B + 0.6B at 2048 batched
+# tokens); the cold value is used because a first deploy compiles cold. Checked in
+# benchmarks/gpu_truth/ (conservative there by 0.5-1.5 GiB; KV tokens 0-1.3 % low).
 CUDA_CONTEXT_BYTES = 512 * MIB  # taken before vLLM reads free memory
 TP_COMM_BYTES = 768 * MIB  # NCCL + custom all-reduce buffers (TP/PP > 1), also before that read
 NON_TORCH_BYTES = 512 * MIB  # cuBLAS workspaces and allocator slack after it
@@ -231,8 +232,9 @@ def check_accelerator(
     par = parallelism(cfg)
     if len(devices) < par.gpus:
         result.problems.append(
-            f"tensor x pipeline x data parallel = {par.tp} x {par.pp} x {par.dp} needs {par.gpus} GPUs "
-            f"but this host has {len(devices)} usable ({', '.join(d.label for d in devices) or 'none'}); "
+            f"tensor x pipeline x data parallel = {par.tp} x {par.pp} x {par.dp} needs {par.gpus} "
+            f"GPUs but this host has {len(devices)} usable "
+            f"({', '.join(d.label for d in devices) or 'none'}); "
             "lower --tensor-parallel-size or use a host with more GPUs"
         )
         return []
@@ -330,13 +332,15 @@ def _check_gpu_memory(
             f"gpu_memory_utilization {util}"
             if util
             else (
-                f"vLLM's default gpu_memory_utilization {VLLM_DEFAULT_GPU_MEMORY_UTILIZATION}, which "
-                "it checks even with kv_cache_memory_bytes"
+                "vLLM's default gpu_memory_utilization "
+                f"{VLLM_DEFAULT_GPU_MEMORY_UTILIZATION}, which it checks even with "
+                "kv_cache_memory_bytes"
             )
         )
         result.problems.append(
             f"vLLM would refuse to start: {devices[0].label} has {gib(used)} in use, so only "
-            f"{gib(free)} of {gib(total)} is free, less than the {gib(requested)} asked for by {why}; "
+            f"{gib(free)} of {gib(total)} is free, less than the {gib(requested)} asked for by "
+            f"{why}; "
             "free the GPU or lower gpu_memory_utilization"
         )
         return

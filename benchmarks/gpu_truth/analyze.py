@@ -165,7 +165,7 @@ def payoff(summary: list[dict]) -> dict:
 
 def _engine_cpu(cpu: dict) -> dict | None:
     """The busiest thread of the engine-core process: its CPU share and the CPUs it was seen on."""
-    for pid, entry in cpu.items():
+    for entry in cpu.values():
         if "EngineCore" in entry.get("cmd", "") or any(
             "EngineCor" in t["name"] for t in entry["busy_threads"]
         ):

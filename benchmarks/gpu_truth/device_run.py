@@ -4,9 +4,9 @@ planned server, record vLLM's verdict and memory lines, benchmark the payoff row
 Per row: the `Accelerators` fact's exact command output (after any memory hog is in place), then
 `vllm serve` under taskset on the lane's GPU(s), until /health answers ("started") or the process
 exits ("refused"). Payoff rows are benchmarked on that fresh server (warm-up requests, then c=1 and
-c=8) while the engine's threads (CPU time, the CPUs they ran on, context switches) and the GPU's busy
-percentage are sampled. The `ModelSnapshot` fact script runs once per model over the generated
-checkpoints. Everything lands in OUT/summary.json after every row.
+c=8) while the engine's threads (CPU time, the CPUs they ran on, context switches) and the GPU's
+busy percentage are sampled (NVML read 0 % throughout on the H200 x2 VM: not usable there). The
+`ModelSnapshot` fact script runs once per model over the generated checkpoints. Everything lands in OUT/summary.json after every row.
 
 Usage: python3 device_run.py --plan plan.json --budget S --phase1 S --out DIR
 """

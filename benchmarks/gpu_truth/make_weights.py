@@ -1,10 +1,10 @@
 """Write real-size checkpoints into a Hugging Face cache, as specdeploy's weights step leaves them.
 
-For each architecture (Qwen3-8B, Qwen3-32B targets, Qwen3-0.6B draft): the real config.json, a small
-tokenizer (benchmarks/gpu_payoff/make_models.py), and safetensors shards with every tensor of the real
-checkpoint at its real shape and dtype. The data region is a sparse hole (zeros that take no disk),
-so the headers and file sizes are exactly what the `ModelSnapshot` fact reads on a real host; vLLM is
-started with `--load-format dummy` and allocates the same tensors from config.json.
+For each architecture (Qwen3-8B, Qwen3-32B targets, Qwen3-0.6B draft): the real config.json, a
+small tokenizer (benchmarks/gpu_payoff/make_models.py), and safetensors shards with every tensor of
+the real checkpoint at its real shape and dtype. The data region is a sparse hole (zeros that take
+no disk), so the headers and file sizes are exactly what the `ModelSnapshot` fact reads on a real
+host; vLLM is started with `--load-format dummy` and allocates the same tensors from config.json.
 
 Usage: python3 make_weights.py HF_HOME          (runs on the GPU machine; needs `tokenizers`)
 """

@@ -1,7 +1,8 @@
 """The Accelerators fact and the host checks built on it, from recorded nvidia-smi outputs.
 
-Each recording is what `ACCELERATOR_COMMAND` prints: the tagged query, `nvidia-smi -L` and the header
-line. H200_ONE and H200_EIGHT follow a real H200 x2 machine's values (driver 580.159.04, 143771 MiB);
+Each recording is what `ACCELERATOR_COMMAND` prints: the tagged query, `nvidia-smi -L` and the
+header line. H200_ONE and H200_EIGHT follow a real H200 x2 machine's values (driver 580.159.04,
+143771 MiB);
 the MIG one an H100 split into two 3g.40gb instances; the failing one the driver/library mismatch
 message nvidia-smi prints after a driver upgrade without a reboot."""
 
@@ -174,7 +175,9 @@ def test_fewer_gpus_than_tp_times_pp_is_refused(valid_data):
 def test_cuda_visible_devices_picks_the_gpus(valid_data):
     c = cfg(valid_data, vllm_env={"CUDA_VISIBLE_DEVICES": "3"})
     result = evaluate(c, TARGET, DRAFT, parse_accelerators(H200_EIGHT), RAM)
-    assert result.memory["gpus_used"] == ["GPU 3"] and result.memory["device_memory_used_bytes"] == MIB
+    assert (
+        result.memory["gpus_used"] == ["GPU 3"] and result.memory["device_memory_used_bytes"] == MIB
+    )
 
 
 def test_mig_instance_sizes_the_preflight(valid_data):

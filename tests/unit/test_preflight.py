@@ -101,8 +101,9 @@ def test_qwen_pair_fits_on_h200_and_reports_kv_tokens(valid_data):
     assert m["device"] == "gpu" and m["gpus_used"] == ["GPU 0"]
     assert m["kv_bytes_per_token"] == (36 + 28) * 8 * 128 * 2 * 2
     assert m["requested_bytes"] == -(-H200_TOTAL * 92 // 100)
-    assert m["kv_budget_bytes"] == m["requested_bytes"] - m["weights_per_gpu_bytes"] - (
-        m["overhead_per_gpu_bytes"]
+    assert (
+        m["kv_budget_bytes"]
+        == m["requested_bytes"] - m["weights_per_gpu_bytes"] - (m["overhead_per_gpu_bytes"])
     )
     assert m["kv_tokens"] % pf.KV_BLOCK_TOKENS == 0
     assert m["kv_tokens"] == m["kv_budget_bytes"] // (m["kv_bytes_per_token"] * 16) * 16

@@ -1,4 +1,5 @@
-"""What each vLLM release changes for draft_model: draft TP refused or ignored, pointless flags warned."""
+"""What each vLLM release changes for draft_model: draft TP refused or ignored, pointless flags
+warned."""
 
 from specdeploy import capabilities
 from specdeploy.checks import check_host, check_warnings
