@@ -5,7 +5,6 @@ request rate, concurrency and prompt count are identical by construction."""
 
 from __future__ import annotations
 
-
 from .config import ServeConfig, Workload
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"

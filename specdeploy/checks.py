@@ -15,6 +15,7 @@ from pyinfra import host as current_host
 from . import capabilities, revisions
 from .config import ServeConfig, config_from_data
 from .flags import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
+from .preflight import has_flag, parallelism
 
 EXACT_PIN = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+|\.dev\d+)?$")
 
@@ -89,7 +90,7 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         seen = {p.field for p in problems}
         return problems + [p for p in _from_validation_error(host, error) if p.field not in seen]
     if not version_problems:  # key sets and capabilities depend on a usable version
-        problems += _check_speculative(host, cfg)
+        problems += _check_speculative(host, cfg) + _check_draft_parallelism(host, cfg)[0]
     return problems + _check_memory(host, cfg) + _check_lengths(host, cfg)
 
 
@@ -102,13 +103,101 @@ def host_config_and_pins() -> tuple[ServeConfig, dict]:
         return revisions.pin(cfg)
     except revisions.RevisionError as error:
         raise ConfigError(
-            [Problem(current_host.name, "target_revision / speculative_config.revision", str(error),
-                     "pin commit shas (the record shows what each host serves)")]  # fmt: skip
+            [
+                Problem(
+                    current_host.name,
+                    "target_revision / speculative_config.revision",
+                    str(error),
+                    "pin commit shas (the record shows what each host serves)",
+                )
+            ]  # fmt: skip
         ) from None
 
 
 def host_config() -> ServeConfig:
     return host_config_and_pins()[0]
+
+
+def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
+    """Settings the pinned release makes pointless: reported by `specdeploy check`, not refused.
+    Empty when the data has problems (those come first)."""
+    if check_host(host, data):
+        return []
+    cfg = config_from_data(data)
+    if cfg.speculative_config.get("method") != "draft_model":
+        return []
+    runtime = _draft_runtime(cfg)
+    args = cfg.vllm_extra_args
+    release = f"vLLM {cfg.vllm_version}"
+    warnings = _check_draft_parallelism(host, cfg)[1]
+    if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):
+        warnings.append(
+            Problem(
+                host,
+                "vllm_extra_args",
+                f"--async-scheduling is already the default for draft_model in {release}",
+                "remove it",
+            )
+        )
+    if not runtime.async_scheduling_default and has_flag(args, "--no-async-scheduling"):
+        warnings.append(
+            Problem(
+                host,
+                "vllm_extra_args",
+                f"{release} already runs draft_model without async scheduling",
+                "remove --no-async-scheduling",
+            )
+        )
+    if runtime.model_runner == "v2" and cfg.speculative_config.get("enforce_eager"):
+        warnings.append(
+            Problem(
+                host,
+                "speculative_config.enforce_eager",
+                f"{release} runs the draft loop of draft_model without CUDA graphs anyway "
+                "(Model Runner V2)",
+                "remove it",
+            )
+        )
+    return warnings
+
+
+def _draft_runtime(cfg: ServeConfig) -> capabilities.DraftModelRuntime:
+    return capabilities.draft_model_runtime(
+        cfg.vllm_version, bool(cfg.speculative_config.get("use_heterogeneous_vocab"))
+    )
+
+
+def _check_draft_parallelism(host: str, cfg: ServeConfig) -> tuple[list[Problem], list[Problem]]:
+    """(problems, warnings) for draft_tensor_parallel_size against the target's TP."""
+    spec = cfg.speculative_config
+    draft_tp = spec.get("draft_tensor_parallel_size")
+    if spec.get("method") != "draft_model" or draft_tp is None:
+        return [], []
+    tp = parallelism(cfg).tp
+    if draft_tp == tp:
+        return [], []
+    runtime = _draft_runtime(cfg)
+    field = "speculative_config.draft_tensor_parallel_size"
+    if runtime.draft_tp == "equal":
+        return [
+            Problem(
+                host,
+                field,
+                f"{draft_tp} differs from the target's tensor parallel size {tp}; vLLM "
+                f"{cfg.vllm_version} runs draft_model on its V1 model runner, which raises unless "
+                "both are equal",
+                f"remove it (the draft then uses the target's TP) or set it to {tp}",
+            )
+        ], []
+    return [], [
+        Problem(
+            host,
+            field,
+            f"is ignored by vLLM {cfg.vllm_version} (Model Runner V2): the draft runs at the "
+            f"target's tensor parallel size {tp}, not {draft_tp}",
+            "remove it",
+        )
+    ]
 
 
 def check_config(host: str, data: dict[str, Any]) -> ServeConfig:

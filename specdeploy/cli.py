@@ -27,6 +27,8 @@ def cmd_check(args) -> int:
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
     for problem in problems:
         print(problem)
+    for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
+        print(f"warning: {warning}")
     if problems:
         bad = len({p.host for p in problems})
         print(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
+from pydantic import BaseModel
 from pyinfra.api import FactBase
 
 from .host_scripts import source
@@ -39,17 +41,108 @@ class ModelSnapshot(FactBase):
         return _json_or_none(output)
 
 
-class AcceleratorMemory(FactBase):
-    """Total memory of each NVIDIA GPU in bytes; an empty list on hosts without one."""
+class MigDevice(BaseModel):
+    profile: str  # e.g. "3g.71gb"
+    memory_bytes: int  # from the profile name (decimal GB, as NVIDIA names them)
+
+
+class Gpu(BaseModel):
+    index: int
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int | None  # None where nvidia-smi says [N/A] (MIG)
+    driver_version: str
+    compute_capability: str | None
+    mig_mode: str | None  # "Enabled" / "Disabled"; None where the GPU has no MIG
+    mig_devices: list[MigDevice] = []
+
+
+class AcceleratorInfo(BaseModel):
+    """What `nvidia-smi` says. status: "ok", "missing" (no nvidia-smi on PATH) or "failed" (it
+    ran and could not report, e.g. a driver/library mismatch or no device found; `error` quotes it).
+    """
+
+    status: str
+    gpus: list[Gpu] = []
+    driver_version: str | None = None
+    cuda_version: str | None = None  # the newest CUDA the driver supports (nvidia-smi's header)
+    error: str | None = None
+
+
+def _na(value: str) -> str | None:
+    value = value.strip()
+    return None if not value or value.startswith("[") or value == "N/A" else value
+
+
+def parse_accelerators(output: list[str]) -> AcceleratorInfo:
+    """Parse the output of ACCELERATOR_COMMAND (pure, so recorded outputs test it)."""
+    parts: dict[str, list[str]] = {}
+    section, rc = None, None
+    for line in output:
+        if line.startswith("@@"):
+            tag, _, rest = line[2:].partition(" ")
+            if tag == "rc":
+                rc = int(rest)
+            else:
+                section = tag
+                parts.setdefault(tag, [])
+        elif section is not None:
+            parts[section].append(line.rstrip())
+    if "missing" in parts:
+        return AcceleratorInfo(status="missing", error="nvidia-smi is not installed (not on PATH)")
+    query = [ln for ln in parts.get("query", []) if ln.strip()]
+    if rc != 0 or not query:
+        text = " ".join(ln.strip() for ln in query) or "nvidia-smi printed no GPU"
+        return AcceleratorInfo(status="failed", error=f"nvidia-smi exited {rc}: {text}")
+    gpus = []
+    for line in query:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 7:
+            return AcceleratorInfo(status="failed", error=f"unexpected nvidia-smi line: {line}")
+        # a name with a comma in it: everything between the index and the last five fields
+        index, name, rest = fields[0], ", ".join(fields[1:-5]), fields[-5:]
+        total, used, driver, cap, mig = rest
+        used_mib = _na(used)
+        gpus.append(
+            Gpu(
+                index=int(index),
+                name=name,
+                memory_total_bytes=int(float(total)) * MIB,
+                memory_used_bytes=int(float(used_mib)) * MIB if used_mib else None,
+                driver_version=driver,
+                compute_capability=_na(cap),
+                mig_mode=_na(mig),
+            )
+        )
+    current = None
+    for line in parts.get("list", []):
+        gpu = re.match(r"GPU (\d+):", line.strip())
+        mig = re.search(r"MIG (\S+?)\.(\d+)gb\s+Device", line)
+        if gpu:
+            current = next((g for g in gpus if g.index == int(gpu.group(1))), None)
+        elif mig and current is not None:
+            profile = f"{mig.group(1)}.{mig.group(2)}gb"
+            current.mig_devices.append(
+                MigDevice(profile=profile, memory_bytes=int(mig.group(2)) * 10**9)
+            )
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", " ".join(parts.get("header", [])))
+    return AcceleratorInfo(
+        status="ok",
+        gpus=gpus,
+        driver_version=gpus[0].driver_version,
+        cuda_version=cuda.group(1) if cuda else None,
+    )
+
+
+class Accelerators(FactBase):
+    """Every NVIDIA GPU on the host (name, memory total and used, driver, supported CUDA, compute
+    capability, MIG), or why there is none: an `AcceleratorInfo`."""
 
     def command(self) -> str:
-        return (
-            "command -v nvidia-smi >/dev/null && "
-            "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits || true"
-        )
+        return ACCELERATOR_COMMAND
 
     def process(self, output):
-        return [int(float(line.strip())) * 1024 * 1024 for line in output if line.strip()]
+        return parse_accelerators(output)
 
 
 class FreeDiskBytes(FactBase):

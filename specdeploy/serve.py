@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from . import gate
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
-from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .on_host import read_text
 from .preflight import evaluate
 from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
@@ -34,9 +34,11 @@ def run_preflight(cfg: ServeConfig):
         cfg,
         snaps["target"],
         snaps.get("draft"),
-        host.get_fact(AcceleratorMemory),
+        host.get_fact(Accelerators),
         host.get_fact(MemoryBytes),
     )
+    for warning in result.warnings:
+        logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
     return snaps, result
 

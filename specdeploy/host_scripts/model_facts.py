@@ -86,6 +86,8 @@ def main(hf_home, repo, revision):
         "num_hidden_layers": text.get("num_hidden_layers"),
         "num_key_value_heads": text.get("num_key_value_heads", heads),
         "head_dim": text.get("head_dim") or (text["hidden_size"] // heads if heads else None),
+        "hidden_size": text.get("hidden_size"),
+        "intermediate_size": text.get("intermediate_size"),
         "torch_dtype": text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype"),
         "weight_bytes": weight_bytes,
         "weight_dtypes": sorted(dtypes),

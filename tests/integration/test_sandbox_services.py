@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path

@@ -1,0 +1,207 @@
+"""The H200 plan: server starts that test the preflight against vLLM and sample the payoff.
+
+Every row is host data validated by `specdeploy.checks.check_config`; argv comes from
+`specdeploy.flags.serve_args` / `specdeploy.bench.bench_args`. On the 2-GPU machine, phase 1 runs
+two lanes at once (lane A on GPU 0 and CPUs 0-15, lane B on GPU 1 and CPUs 16-31); phase 2 uses
+both GPUs.
+Rows run in the order listed, each lane skipping what its budget no longer allows, so the list is in
+priority order. Rows with `bench` are payoff samples too: a fresh server per sample, the first of
+each arm discarded (it compiles cold).
+
+Usage: python -m benchmarks.gpu_truth.plan OUT.json      (from the repo root)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from specdeploy.bench import bench_args
+from specdeploy.checks import check_config
+from specdeploy.config import Workload
+from specdeploy.flags import serve_args
+
+HF_HOME = "/tmp/hf"
+SHA = "0" * 39 + "1"  # make_weights.REVISION_SHA
+T8, T32, D06 = "specdeploy/qwen3-8b-arch", "specdeploy/qwen3-32b-arch", "specdeploy/qwen3-0.6b-arch"
+GIB = 1 << 30
+CAPTURE_SIZES = [
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+]  # as benchmarks/gpu_payoff: a FULL graph for k<=5, c<=8
+PROMPT_LEN, OUTPUT_LEN = 256, 128
+CONCURRENCY = {1: 16, 8: 24}  # concurrency -> prompts
+ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def path(repo: str) -> str:
+    return f"{HF_HOME}/hub/models--{repo.replace('/', '--')}/snapshots/{SHA}"
+
+
+def spec(k: int, length: float) -> dict:
+    return {
+        "method": "draft_model",
+        "model": path(D06),
+        "num_speculative_tokens": k,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_length": length,
+    }
+
+
+def row(
+    rid: str,
+    *,
+    lane: str,
+    target: str = T8,
+    k: int | None = 1,
+    length: float = 2.0,
+    tp: int = 1,
+    eager: bool = True,
+    util: float | None = None,
+    kv_bytes: int | None = None,
+    hog_gib: int = 0,
+    arm: str | None = None,
+    note: str = "",
+) -> dict:
+    extra = ["--load-format", "dummy"]
+    extra += (
+        ["--enforce-eager"]
+        if eager
+        else [
+            "--compilation-config",
+            json.dumps({"cudagraph_capture_sizes": CAPTURE_SIZES}),
+        ]
+    )
+    if k is not None:
+        extra.append("--async-scheduling")  # as the payoff map's headline arms
+    if tp > 1:
+        extra += ["--tensor-parallel-size", str(tp)]
+    data = {
+        "vllm_version": "0.26.0",
+        "target_model": path(target),
+        "served_model_name": "m",
+        "speculative_config": spec(k or 1, length),
+        "max_model_len": 1024,
+        "max_num_seqs": 8,
+        "enable_prefix_caching": False,
+        "workload": {
+            "prompt_len": PROMPT_LEN,
+            "output_len": OUTPUT_LEN,
+            "request_rate": 1000.0,
+            "max_concurrency": 8,
+            "num_prompts": 24,
+            "dataset": "random",
+            "seed": 0,
+        },
+        "vllm_extra_args": extra,
+        # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
+        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1"}.get(lane, "0,1")},
+        "vllm_port": 8000 if lane in ("A", "P2") else 8001,
+    }
+    if util is not None:
+        data["gpu_memory_utilization"] = util
+    if kv_bytes is not None:
+        data["kv_cache_memory_bytes"] = kv_bytes
+    return {
+        "id": rid,
+        "lane": lane,
+        "data": data,
+        "target_repo": target,
+        "draft_repo": D06 if k is not None else None,
+        "speculative": k is not None,
+        "tp": tp,
+        "hog_gib": hog_gib,
+        "arm": arm,
+        "note": note,
+    }
+
+
+def rows() -> list[dict]:
+    out = []
+    # Lane A (GPU 0): the speculative payoff arm at TP 1, then eager boundary rows.
+    for n in range(3):
+        out.append(row(f"A_k1_{n}", lane="A", eager=False, util=0.85, arm="tp1_k1_L2.0"))
+    out += [
+        row("A_util020", lane="A", util=0.20, note="8B+0.6B: small KV cache, fits"),
+        row("A_util0116", lane="A", util=0.116, note="8B+0.6B: 0.116 x GPU < weights"),
+        row("A_kv1g", lane="A", kv_bytes=GIB, note="4096 tokens: < max_num_seqs x max_model_len"),
+        row("A_kv128m", lane="A", kv_bytes=128 << 20, note="512 tokens < one 1024 sequence"),
+        row("A_kv126g", lane="A", kv_bytes=126 * GIB, note="weights + 126 GiB > GPU: OOM"),
+        row("A_k1_3", lane="A", eager=False, util=0.85, arm="tp1_k1_L2.0"),
+    ]
+    # Lane B (GPU 1): the baseline arm at TP 1, memory already in use, the larger target.
+    for n in range(3):
+        out.append(row(f"B_base_{n}", lane="B", k=None, eager=False, util=0.85, arm="tp1_base"))
+    out += [
+        row("B_hog20_util092", lane="B", util=0.92, hog_gib=20, note="20 GiB used by another"),
+        row("B_hog20_util080", lane="B", util=0.80, hog_gib=20, note="fits beside 20 GiB"),
+        row("B_hog20_kv4g", lane="B", kv_bytes=4 * GIB, hog_gib=20, note="default 0.92 check"),
+        row("B_32b_util092", lane="B", target=T32, util=0.92, note="32B+0.6B on one H200"),
+        row("B_32b_util044", lane="B", target=T32, util=0.44, note="32B weights > 0.44 x GPU"),
+        row("B_base_3", lane="B", k=None, eager=False, util=0.85, arm="tp1_base"),
+    ]
+    # Phase 2 (both GPUs): tensor parallelism.
+    out += [
+        row("P2_32b_tp2_util030", lane="P2", target=T32, tp=2, util=0.30, note="fits only at TP 2"),
+        row("P2_tp4", lane="P2", tp=4, util=0.85, note="4 GPUs wanted, 2 present"),
+        row("P2_base_tp2", lane="P2", k=None, tp=2, eager=False, util=0.85, arm="tp2_base"),
+        row("P2_k1_tp2", lane="P2", tp=2, eager=False, util=0.85, arm="tp2_k1_L2.0"),
+        row(
+            "P2_k2_tp2", lane="P2", k=2, length=2.5, tp=2, eager=False, util=0.85, arm="tp2_k2_L2.5"
+        ),
+        row("P2_32b_tp2_util022", lane="P2", target=T32, tp=2, util=0.22, note="TP 2 too small"),
+    ]
+    return out
+
+
+def build() -> list[dict]:
+    plan = []
+    for r in rows():
+        cfg = check_config(r["id"], r["data"])  # raises ConfigError with every problem
+        r["serve"] = serve_args(cfg, speculative=r["speculative"], prefix_caching=False)
+        r["env"] = cfg.vllm_env
+        r["port"] = cfg.vllm_port
+        if r["arm"]:
+            r["bench"] = {
+                str(conc): bench_args(
+                    cfg,
+                    base_url=f"http://127.0.0.1:{cfg.vllm_port}",
+                    tokenizer=cfg.target_model,
+                    result_dir="/tmp/gt_results",
+                    result_filename=f"{r['id']}_c{conc}.json",
+                    workload=Workload(
+                        prompt_len=PROMPT_LEN,
+                        output_len=OUTPUT_LEN,
+                        request_rate=1000.0,
+                        max_concurrency=conc,
+                        num_prompts=n,
+                        dataset="random",
+                        seed=0,
+                    ),
+                    label=r["id"],
+                )
+                for conc, n in CONCURRENCY.items()
+            }
+        plan.append(r)
+    return plan
+
+
+if __name__ == "__main__":
+    plan = build()
+    with open(sys.argv[1], "w") as f:
+        json.dump(plan, f, indent=1)
+    print(f"{len(plan)} rows -> {sys.argv[1]}")
