@@ -209,3 +209,35 @@ def test_check_config_raises_with_every_problem(valid_data):
         check_config("gpu-1", valid_data)
     assert len(error.value.problems) == 2
     assert "gpu-1: gpu_memory_utilization" in str(error.value)
+
+
+def test_moving_refs_are_named_by_check_not_refused(valid_data):
+    from specdeploy.checks import check_warnings
+
+    assert check_host("gpu-1", valid_data) == []
+    warned = {w.field: w for w in check_warnings("gpu-1", valid_data)}
+    assert "moving ref" in warned["target_revision"].what
+    assert "speculative_config.revision" in warned  # the draft's revision defaults to "main"
+    valid_data["target_revision"] = "0" * 40
+    valid_data["speculative_config"]["revision"] = "1" * 40
+    assert not [w for w in check_warnings("gpu-1", valid_data) if "moving ref" in w.what]
+
+
+def test_names_that_reach_shell_and_units_are_validated(valid_data):
+    bad = {
+        "state_dir": "/var/lib/spec deploy",
+        "install_dir": "opt/relative",
+        "service_user": "vllm;rm",
+        "service_name": "a b",
+        "vllm_env": {"BAD NAME": "1"},
+        "vllm_host": "127.0.0.1; curl x",
+    }
+    for field, value in bad.items():
+        found = problems({**valid_data, field: value})
+        assert field in found, (field, found)
+        assert found[field].todo != "fix the value in group_data or host data"  # a specific hint
+
+
+def test_secret_values_are_never_printed(valid_data):
+    found = problems({**valid_data, "vllm_api_key": 'sk-"quoted"'})
+    assert "vllm_api_key" in found and "sk-" not in str(found["vllm_api_key"])
