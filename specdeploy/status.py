@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from typing import Any
@@ -423,9 +424,9 @@ class Fleet:
         """Read every host in parallel; each within `timeout` seconds."""
         import gevent
 
-        greenlets = [gevent.spawn(self._one, probe) for probe in self.probes]
-        gevent.joinall(greenlets)
-        return [g.value for g in greenlets]
+        self.greenlets = [gevent.spawn(self._one, probe) for probe in self.probes]
+        gevent.joinall(self.greenlets)
+        return [g.value for g in self.greenlets]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -570,15 +571,25 @@ def run_status(
 ) -> int:
     """`specdeploy status`: exit 0 only when every host is reachable, healthy, as its data says."""
     import gevent
+    import gevent.event
 
     if os.environ.get("SPECDEPLOY_DEBUG") != "1":
         for name in ("pyinfra", "paramiko"):  # failures are in the report, not in log lines
             logging.getLogger(name).setLevel(logging.CRITICAL)
     fleet = Fleet(inventory, limit=limit, group_data=group_data, timeout=timeout, interval=interval)
     code = 1
+    stop = gevent.event.Event()
+
+    def interrupted():  # Ctrl-C: stop now, without gevent's KeyboardInterrupt report
+        stop.set()
+        gevent.killall(getattr(fleet, "greenlets", []), block=False)
+
+    gevent.signal_handler(signal.SIGINT, interrupted)
     try:
-        while True:
+        while not stop.is_set():
             results = fleet.round()
+            if stop.is_set():
+                break
             code = 0 if results and all(e["ok"] for e in results) else 1
             if as_json:
                 print(
@@ -594,6 +605,7 @@ def run_status(
                 print(format_table(results), file=out, flush=True)
             if not watch:
                 return code
-            gevent.sleep(watch)
+            stop.wait(watch)
     except KeyboardInterrupt:
-        return code
+        pass
+    return code
