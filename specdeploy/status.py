@@ -89,6 +89,20 @@ class HttpGet(FactBase):
         return result
 
 
+class FileSha1(FactBase):
+    """A file's sha1, or "missing", or "unreadable" (e.g. the root-only env file without sudo)."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -e {p} ]; then {{ sha1sum {p} 2>/dev/null || echo unreadable; }}"
+            " | cut -d' ' -f1; else echo missing; fi"
+        )
+
+    def process(self, output):
+        return output[-1].strip() if output else None
+
+
 class GpuMemory(FactBase):
     """Memory used/total per NVIDIA GPU (nvidia-smi); [] on hosts without one."""
 
@@ -277,15 +291,23 @@ class HostProbe:
         drift = unit_drift(
             self.fact(FileTextFact, path=path), self.fact(Sha1File, path=path), expected
         )
-        env_sha = self.fact(Sha1File, path=env_file_path(cfg))
+        env_sha = self.fact(FileSha1, path=env_file_path(cfg))
         drift["env_file"] = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
+        if env_sha in ("missing", "unreadable"):
+            drift["env_file"] = env_sha
         out["unit"] = {"name": expected.name, "role": expected.role, **drift}
         if not drift["installed"]:
             problems.append(f"{path} is not installed")
         elif drift["drift"]:
             what = ", ".join(drift["keys"]) if drift["keys"] else "lines outside ExecStart"
             problems.append(f"unit drift: {path} differs from the host data ({what})")
-        if drift["env_file"]:
+        if drift["env_file"] == "unreadable":
+            problems.append(
+                f"{env_file_path(cfg)} (root-only) is unreadable: set _sudo in host data to read it"
+            )
+        elif drift["env_file"] == "missing":
+            problems.append(f"{env_file_path(cfg)} is missing")
+        elif drift["env_file"]:
             problems.append(f"{env_file_path(cfg)} differs from the host data (values not shown)")
 
         self.step = "reading the service"

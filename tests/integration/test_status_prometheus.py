@@ -271,3 +271,41 @@ def test_status_prometheus_and_drift(monitored, sandbox_ssh, tmp_path):
         sandbox_ssh(host, f"mv -f /root/unit.orig {UNIT} && systemctl daemon-reload")
     result = status(inventory, host, "--json", "--interval", "1")
     assert result.returncode == 0, tail(result)
+
+
+def test_unreachable_host_beside_a_healthy_one(monitored, sandbox_fleet, tmp_path):
+    """A host at an unused address of the sandbox's own bridge subnet (nothing answers there):
+    one clear line and exit 1 within the timeout, while the real host is read in parallel."""
+    import ipaddress
+
+    inventory, host, _, _ = monitored
+    used = {h["address"] for h in sandbox_fleet["hosts"]} | {sandbox_fleet["bridge_ip"]}
+    subnet = ipaddress.ip_network(sandbox_fleet["subnet"])
+    ghost = next(str(a) for a in reversed(list(subnet.hosts())) if str(a) not in used)
+    both = tmp_path / "with_ghost.py"
+    both.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(inventory)!r})\n"
+        "sandbox = [h for h in _base['sandbox'] if h[0] == " + repr(host) + "] + [\n"
+        f"    ('ghost', {{**_base['sandbox'][0][1], 'ssh_hostname': {ghost!r},"
+        " 'ssh_connect_retries': 0}),\n"
+        "]\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(both), "--json"]
+        + ["--timeout", "10", "--interval", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    seconds = time.monotonic() - started
+    assert result.returncode == 1, tail(result)
+    assert "Traceback" not in result.stderr
+    entries = {e["host"]: e for e in json.loads(result.stdout)}
+    assert entries[host]["reachable"] and entries[host]["ok"], entries[host]["problems"]
+    assert entries["ghost"]["reachable"] is False and ghost in entries["ghost"]["why"]
+    assert entries["ghost"]["checked_in_s"] <= 10.5
+    assert seconds < 10 + 15, seconds  # the timeout plus Python start and inventory loading
