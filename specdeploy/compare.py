@@ -21,26 +21,25 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import python
 
+from . import report
 from .bench import bench_args
-from .config import ServeConfig, Workload
-from .render import RenderedUnit, render_unit, unit_name
-from .steps import health, record, weights
-from .steps.health import _curl, base_url
-from .steps.remote import run
+from .checks import host_config
+from .config import DATA_DEFAULTS, ServeConfig, Workload
+from .on_host import read_text, sh, write_text
+from .render import RenderedUnit, measure_unit_name, render_unit, unit_name
+from .steps import health, lock, weights
+from .steps.health import base_url, request
 from .steps.smoke import bench
-from .tuning import gate_decision, per_request_tpot_ms
-
-UNIT_DIR = "/etc/systemd/system"
-
+from .timestamps import utc_iso, utc_stamp
 
 # --- settings: host data, overridden by the environment ---------------------------------------------
 
@@ -63,7 +62,7 @@ def run_id(kind: str) -> str:
     overrides it."""
     if kind not in _RUN_IDS:
         _RUN_IDS[kind] = (
-            os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
         )
     return _RUN_IDS[kind]
 
@@ -90,47 +89,27 @@ class Arm:
         return cfg.model_copy(update={"speculative_config": self.speculative_config})
 
 
-def measure_unit_name(cfg: ServeConfig) -> str:
-    return f"{cfg.service_name}-measure.service"
-
-
 def production_units(cfg: ServeConfig) -> list[str]:
     return [unit_name(cfg, "speculative"), unit_name(cfg, "baseline")]
 
 
 def measure_unit(cfg: ServeConfig, arm: Arm) -> RenderedUnit:
-    """The production unit of the arm's role, rendered by render_unit() with the arm's prefix caching,
-    renamed, conflicting with both production units, and never enabled."""
-    base = render_unit(
+    """The measurement instance for `arm`, rendered from the production template."""
+    return render_unit(
         arm.config(cfg),
         "speculative" if arm.speculative else "baseline",
         prefix_caching=arm.prefix_caching,
+        measurement_arm=arm.label,
     )
-    text = re.sub(
-        r"^Conflicts=.*$", "Conflicts=" + " ".join(production_units(cfg)), base.text, flags=re.M
-    )
-    text = re.sub(
-        r"^Description=.*$",
-        f"Description=specdeploy measurement instance ({arm.label})",
-        text,
-        flags=re.M,
-    )
-    text = re.sub(r"\n\[Install\]\n.*\Z", "\n", text, flags=re.S)
-    text = (
-        f"# specdeploy measurement instance, arm {arm.label}: started only by compare/tune/gate\n"
-        + text
-    )
-    return RenderedUnit(role=arm.label, name=measure_unit_name(cfg), argv=base.argv, text=text)
 
 
-def _install_unit_file(name: str, text: str) -> None:
-    path = f"{UNIT_DIR}/{name}"
-    host.put_file(StringIO(text), f"{path}.tmp")
-    run(f"mv -f {path}.tmp {path} && chmod 644 {path} && systemctl daemon-reload")
+def _install_unit_file(cfg: ServeConfig, name: str, text: str) -> None:
+    write_text(cfg.unit_path(name), text, mode="644")
+    sh("systemctl daemon-reload")
 
 
 def _stop(units: list[str]) -> None:
-    run(
+    sh(
         "; ".join(f"systemctl stop {shlex.quote(u)} 2>/dev/null" for u in units) + "; true",
         check=False,
     )
@@ -142,14 +121,15 @@ def start_fresh(
     """Stop every server on the port, (re)write the unit, start it, wait until healthy."""
     _stop([measure_unit_name(cfg), *production_units(cfg)])
     if install:
-        _install_unit_file(unit.name, unit.text)
-    run(f"systemctl reset-failed {unit.name} 2>/dev/null; systemctl start {unit.name}")
+        _install_unit_file(cfg, unit.name, unit.text)
+    name = shlex.quote(unit.name)
+    sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
     return health.wait_healthy(cfg, unit.name, speculative=speculative)
 
 
 def warm_up(cfg: ServeConfig, workload: Workload) -> None:
     """One discarded completion of the workload's output length (the health check already sent one)."""
-    _curl(
+    request(
         cfg,
         "/v1/completions",
         data={
@@ -208,11 +188,10 @@ def sample(
 
 def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
     """(unit name, role) the host was deployed with, from its deployment record."""
-    text = run(f"cat {record.record_path(cfg)} 2>/dev/null || true", check=False).strip()
+    text = read_text(cfg.record_path, missing_ok=True)
     if not text:
         raise RuntimeError(
-            f"{host.name}: no deployment record at {record.record_path(cfg)}; "
-            "run deploys/serve.py first"
+            f"{host.name}: no deployment record at {cfg.record_path}; run deploys/serve.py first"
         )
     rec = json.loads(text)
     return rec["unit"]["name"], rec.get("role", "speculative")
@@ -220,12 +199,13 @@ def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
 
 def restore(cfg: ServeConfig, unit: str, role: str) -> dict:
     """Remove the measurement unit and bring the deployed unit back, healthy."""
-    _stop([measure_unit_name(cfg)])
-    run(
-        f"rm -f {UNIT_DIR}/{measure_unit_name(cfg)} && systemctl daemon-reload && systemctl reset-failed "
-        f"{measure_unit_name(cfg)} 2>/dev/null; systemctl start {unit}",
-        check=False,
+    measure = measure_unit_name(cfg)
+    _stop([measure])
+    sh(
+        f"rm -f {shlex.quote(cfg.unit_path(measure))} && systemctl daemon-reload && "
+        f"systemctl reset-failed {shlex.quote(measure)} 2>/dev/null; true"
     )
+    sh(f"systemctl start {shlex.quote(unit)}")
     checked = health.wait_healthy(cfg, unit, speculative=role == "speculative")
     logger.info(f"{host.print_prefix}back on {unit}, healthy")
     return checked
@@ -255,7 +235,7 @@ def run_plan(
                 "host": host.name,
                 "restored_unit": prod_unit,
                 "restored_role": prod_role,
-                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "started_at": utc_iso(started),
             },
             indent=1,
             default=str,
@@ -272,7 +252,7 @@ def run_plan(
     cond = json.loads((out_dir / "conditions.json").read_text())
     cond.update(
         {
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "finished_at": utc_iso(),
             "seconds": round(time.time() - started, 1),
             "restored_health": restored,
         }
@@ -378,151 +358,27 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
     }
 
 
-# --- the speculation gate (deploys/serve.py) --------------------------------------------------------
-
-
-def speculation_gate(
-    cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
-) -> tuple[RenderedUnit, dict | None, dict]:
-    """Smoke A/B on the production units: baseline, then speculative, one fresh server and one
-    `--save-detailed` benchmark each; per-request TPOT decides (tuning.gate_decision).
-
-    Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
-    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit disabled."""
-    gate_cfg = cfg.speculation_gate
-    baseline = render_unit(cfg, "baseline")
-    out = Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host.name
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    results = {}
-    start_fresh(cfg, baseline, speculative=False)
-    warm_up(cfg, cfg.workload)
-    results["baseline"] = bench(
-        cfg,
-        tokenizer=tokenizer,
-        name=f"gate-{stamp}-baseline",
-        local=out / f"gate-{stamp}-baseline.json",
-        extra=["--save-detailed"],
-        meta={"arm": "baseline", "gate": True},
-    )
-    checked = start_fresh(cfg, rendered, speculative=True, install=False)
-    warm_up(cfg, cfg.workload)
-    results["speculative"] = bench(
-        cfg,
-        tokenizer=tokenizer,
-        name=f"gate-{stamp}-speculative",
-        local=out / f"gate-{stamp}-speculative.json",
-        extra=["--save-detailed"],
-        meta={"arm": "speculative", "gate": True},
-    )
-    decision = gate_decision(
-        per_request_tpot_ms(results["speculative"]),
-        per_request_tpot_ms(results["baseline"]),
-        max_tpot_ratio=gate_cfg.max_tpot_ratio,
-        on_fail=gate_cfg.on_fail,
-    )
-    decision.update(
-        {
-            "speculative_unit_sha256": rendered.sha256,
-            "baseline_unit_sha256": baseline.sha256,
-            "files": {arm: str(out / f"gate-{stamp}-{arm}.json") for arm in results},
-            "median_tpot_ms_from_bench": {
-                arm: r.get("median_tpot_ms") for arm, r in results.items()
-            },
-            "acceptance": results["speculative"]["specdeploy"]["server_counters"],
-            "method": "one fresh server and one benchmark per arm (baseline first), per-request TPOT, "
-            "production units (prefix caching as deployed)",
-        }
-    )
-    logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
-    if decision["passed"] or gate_cfg.on_fail != "baseline":
-        return rendered, checked, decision
-    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit unchanged
-    run(
-        f"cp -p {UNIT_DIR}/{baseline.name} /etc/specdeploy/staged-{baseline.name} && "
-        f"systemctl disable {rendered.name} && systemctl enable {baseline.name}"
-    )
-    checked = start_fresh(cfg, baseline, speculative=False, install=False)
-    return baseline, checked, decision
-
-
-class GateFailed(RuntimeError):
-    pass
-
-
-def disable_other_role(cfg: ServeConfig, rendered: RenderedUnit) -> None:
-    """Only the unit the host serves with is enabled (the other may be left enabled by an earlier
-    gate decision)."""
-    other = unit_name(cfg, "baseline" if rendered.role == "speculative" else "speculative")
-    run(
-        f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true",
-        check=False,
-    )
-
-
-def gate_settled_unit(
-    cfg: ServeConfig, rendered: RenderedUnit, previous: dict | None
-) -> RenderedUnit:
-    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline for
-    exactly this speculative unit and gate setting, keep serving the baseline (no re-measurement and
-    no flip-flop on a re-run). Change the config (or the gate) to measure again."""
-    gate = (previous or {}).get("gate") or {}
-    if (
-        rendered.role == "speculative"
-        and cfg.speculation_gate is not None
-        and gate
-        and not gate.get("passed")
-        and gate.get("on_fail") == "baseline"
-        and (previous or {}).get("role") == "baseline"
-        and gate.get("speculative_unit_sha256") == rendered.sha256
-        and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio
-        and cfg.speculation_gate.on_fail == "baseline"
-    ):
-        return render_unit(cfg, "baseline")
-    return rendered
-
-
-def gate_pending(cfg: ServeConfig, previous: dict | None) -> bool:
-    """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
-    switched on or its setting changed since the record, or it failed with on_fail=fail."""
-    if cfg.speculation_gate is None:
-        return False
-    gate = (previous or {}).get("gate") or {}
-    if (
-        not gate
-        or gate.get("max_tpot_ratio") != cfg.speculation_gate.max_tpot_ratio
-        or gate.get("on_fail") != cfg.speculation_gate.on_fail
-    ):
-        return True
-    return not gate.get("passed") and gate.get("on_fail") == "fail"
-
-
 # --- the deploys ------------------------------------------------------------------------------------
 
-_WRITE_LOCK: dict[str, int] = {}
+_REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
 
 def _measure(cfg: ServeConfig, *, kind: str, plan: list[tuple[Arm, bool]], cond: dict) -> None:
-    from .steps import lock
-
     out = run_dir(kind) / "raw" / host.name
     try:
         run_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
     except Exception:
-        lock.release_now(
-            cfg
-        )  # the host is back on its deployed unit (run_plan's finally) or says why
+        lock.release_now(cfg)  # the host is back on its deployed unit (run_plan's finally)
         raise
 
 
 def _write_report(kind: str) -> None:
     """Runs on every host after all hosts measured; the first one writes the fleet report."""
-    from . import report
-
     directory = run_dir(kind)
     finished = len(list((directory / "raw").glob("*/conditions.json")))
-    if _WRITE_LOCK.get(str(directory)) == finished:
+    if _REPORTED_HOSTS.get(str(directory)) == finished:
         return
-    _WRITE_LOCK[str(directory)] = finished
+    _REPORTED_HOSTS[str(directory)] = finished
     summary = report.write(directory, kind)
     logger.info(
         f"{host.print_prefix}report: {directory}/summary.md ({', '.join(summary['charts'])})"
@@ -537,80 +393,57 @@ def _write_report(kind: str) -> None:
             print(f"  {h['host_data_change'] or 'no change needed'}")
 
 
-def compare_deploy():
-    """deploys/compare.py: baseline vs speculative A/B on every host, then the report."""
-    from pyinfra.api import deploy
-    from pyinfra.operations import python
+def _compare_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
+    repeats = setting(cfg, "compare_repeats")
+    warmup_runs = setting(cfg, "compare_warmup_runs")
+    apc = setting(cfg, "compare_apc_profile")
+    apc_repeats = setting(cfg, "compare_apc_repeats")
+    plan = compare_plan(
+        cfg, repeats=repeats, warmup_runs=warmup_runs, apc_profile=apc, apc_repeats=apc_repeats
+    )
+    cond = conditions(
+        cfg,
+        repeats=repeats,
+        warmup_runs=warmup_runs,
+        order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
+        apc_profile=apc_workload(cfg)[2] if apc else None,
+    )
+    return plan, cond, f"A/B ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})"
 
-    from .config import DATA_DEFAULTS
-    from .serve import host_config
-    from .steps import lock
 
-    @deploy("specdeploy: baseline vs speculative A/B", data_defaults=DATA_DEFAULTS)
-    def _compare():
+def _tune_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
+    ks = setting(cfg, "tune_k")
+    repeats = setting(cfg, "tune_repeats")
+    warmup_runs = setting(cfg, "tune_warmup_runs")
+    plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
+    cond = conditions(
+        cfg,
+        ks=ks,
+        repeats=repeats,
+        warmup_runs=warmup_runs,
+        order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
+    )
+    return plan, cond, f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"
+
+
+MEASUREMENTS = {
+    "compare": ("specdeploy: baseline vs speculative A/B", _compare_plan),
+    "tune": ("specdeploy: num_speculative_tokens sweep", _tune_plan),
+}
+
+
+def measurement_deploy(kind: str):
+    """deploys/compare.py and deploys/tune.py: measure every host under the deploy lock, then the
+    fleet report."""
+    title, make_plan = MEASUREMENTS[kind]
+
+    @deploy(title, data_defaults=DATA_DEFAULTS)
+    def _measure_fleet():
         cfg = host_config()
-        repeats = setting(cfg, "compare_repeats")
-        warmup_runs = setting(cfg, "compare_warmup_runs")
-        apc = setting(cfg, "compare_apc_profile")
-        apc_repeats = setting(cfg, "compare_apc_repeats")
-        plan = compare_plan(
-            cfg, repeats=repeats, warmup_runs=warmup_runs, apc_profile=apc, apc_repeats=apc_repeats
-        )
-        cond = conditions(
-            cfg,
-            repeats=repeats,
-            warmup_runs=warmup_runs,
-            order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
-            apc_profile=apc_workload(cfg)[2] if apc else None,
-        )
-        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
-        python.call(
-            name=f"A/B measurement ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})",
-            function=_measure,
-            cfg=cfg,
-            kind="compare",
-            plan=plan,
-            cond=cond,
-        )
+        plan, cond, what = make_plan(cfg)
+        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
+        python.call(name=what, function=_measure, cfg=cfg, kind=kind, plan=plan, cond=cond)
         lock.release(name="Release the host's deploy lock", cfg=cfg)
-        python.call(name=f"Report {run_dir('compare')}", function=_write_report, kind="compare")
+        python.call(name=f"Report {run_dir(kind)}", function=_write_report, kind=kind)
 
-    _compare()
-
-
-def tune_deploy():
-    """deploys/tune.py: sweep num_speculative_tokens on every host, then recommend k."""
-    from pyinfra.api import deploy
-    from pyinfra.operations import python
-
-    from .config import DATA_DEFAULTS
-    from .serve import host_config
-    from .steps import lock
-
-    @deploy("specdeploy: num_speculative_tokens sweep", data_defaults=DATA_DEFAULTS)
-    def _tune():
-        cfg = host_config()
-        ks = setting(cfg, "tune_k")
-        repeats = setting(cfg, "tune_repeats")
-        warmup_runs = setting(cfg, "tune_warmup_runs")
-        plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
-        cond = conditions(
-            cfg,
-            ks=ks,
-            repeats=repeats,
-            warmup_runs=warmup_runs,
-            order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
-        )
-        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
-        python.call(
-            name=f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)",
-            function=_measure,
-            cfg=cfg,
-            kind="tune",
-            plan=plan,
-            cond=cond,
-        )
-        lock.release(name="Release the host's deploy lock", cfg=cfg)
-        python.call(name=f"Report {run_dir('tune')}", function=_write_report, kind="tune")
-
-    _tune()
+    _measure_fleet()

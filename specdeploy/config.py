@@ -6,7 +6,9 @@ and nowhere else; `DATA_DEFAULTS` hands them to `@deploy(data_defaults=...)`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -23,6 +25,18 @@ from pydantic import (
 # and the deployment record show the mechanism that was chosen.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 VLLM_MIN_BATCHED_TOKENS = 2048
+
+UNIT_DIR = "/etc/systemd/system"
+SECRETS_DIR = "/etc/specdeploy"  # root-only: env file, HF token, staged units
+LOCK_DIR = "/run/lock"  # tmpfs: a reboot clears a deploy lock
+
+# Host data that ends up in paths, unit files and shell commands: validated here, quoted there.
+ABSOLUTE_PATH = r"^/[A-Za-z0-9._/+-]*[A-Za-z0-9._+-]$"
+POSIX_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+UNIT_STEM = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Secrets reach curl's config and the env file inside double/single quotes: printable ASCII only.
+SECRET = r"^[!#-&(-\[\]-~]+$"
 
 
 def parse_int_list(value) -> list[int]:
@@ -103,13 +117,13 @@ class ServeConfig(BaseModel):
     # Where and how it runs
     vllm_host: str = "127.0.0.1"  # loopback: put a proxy in front or set 0.0.0.0 deliberately
     vllm_port: int = Field(default=8000, ge=1, le=65535)
-    service_name: str = "specdeploy-vllm"
-    service_user: str = "vllm"
-    install_dir: str = "/opt/specdeploy"  # venv lives in install_dir/venv
-    state_dir: str = "/var/lib/specdeploy"  # HF cache, records, previous units
+    service_name: str = Field(default="specdeploy-vllm", pattern=UNIT_STEM)
+    service_user: str = Field(default="vllm", pattern=POSIX_USER)
+    install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
+    state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
     hf_endpoint: str | None = None  # a mirror; None means huggingface.co
-    hf_token: str | None = None  # goes to the root-only env file, never argv
-    vllm_api_key: str | None = None  # likewise
+    hf_token: str | None = Field(default=None, pattern=SECRET)  # its own root-only file, downloads only
+    vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
     health_timeout_s: PositiveInt = 900
     speculation_gate: SpeculationGate | None = None
@@ -123,6 +137,26 @@ class ServeConfig(BaseModel):
     tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
     tune_repeats: PositiveInt = 3
     tune_warmup_runs: NonNegativeInt = 1
+
+    @field_validator("vllm_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not re.match(ENV_NAME, name)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad} (letters, digits, _)")
+        if any("\n" in v for v in value.values()):
+            raise ValueError("values may not contain newlines")
+        return value
+
+    @field_validator("vllm_host")
+    @classmethod
+    def _bind_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9.-]*$", value):
+                raise ValueError("must be an IP address or a host name") from None
+        return value
 
     @field_validator("tune_k", mode="before")
     @classmethod
@@ -169,13 +203,64 @@ class ServeConfig(BaseModel):
     def draft_revision(self) -> str:
         return self.speculative_config.get("revision") or "main"
 
+    # Where things live on the host: every path the deploy uses, in one place.
+    @property
+    def venvs_dir(self) -> str:
+        return f"{self.install_dir}/venvs"
+
     @property
     def venv(self) -> str:
-        return f"{self.install_dir}/venv"
+        """One venv per release: a version change is a unit change (ExecStart names this path)."""
+        return f"{self.venvs_dir}/{self.vllm_package}-{self.vllm_version}"
 
     @property
     def hf_home(self) -> str:
-        return f"{self.state_dir}/hf"
+        return f"{self.state_dir}/hf"  # weights; read by the server, written only by the deploy
+
+    @property
+    def server_home(self) -> str:
+        return f"{self.state_dir}/cache"  # the only directory the server writes (HOME, caches)
+
+    @property
+    def records_dir(self) -> str:
+        return f"{self.state_dir}/records"  # root-owned, like everything below
+
+    @property
+    def record_path(self) -> str:
+        return f"{self.records_dir}/deployment.json"
+
+    @property
+    def rollback_dir(self) -> str:
+        return f"{self.state_dir}/rollback"
+
+    @property
+    def bench_dir(self) -> str:
+        return f"{self.state_dir}/bench"
+
+    @property
+    def datasets_dir(self) -> str:
+        return f"{self.state_dir}/datasets"
+
+    @property
+    def env_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.env"  # the server's secrets (VLLM_API_KEY)
+
+    @property
+    def hf_token_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.hf-token"  # downloads only; not the server's
+
+    def unit_path(self, unit: str) -> str:
+        return f"{UNIT_DIR}/{unit}"
+
+    def staged_unit_path(self, unit: str) -> str:
+        return f"{SECRETS_DIR}/staged-{unit}"  # what the last deploy installed, to compare against
+
+    def kept_unit_path(self, unit: str) -> str:
+        return f"{self.rollback_dir}/{unit}"  # the previous unit (+ ".env"), for rollback
+
+    @property
+    def lock_path(self) -> str:
+        return f"{LOCK_DIR}/{self.service_name}.deploy.lock"
 
 
 FIELDS = tuple(ServeConfig.model_fields)

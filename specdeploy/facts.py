@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from .remote import source
+from .host_scripts import source
 
 
 def _json_or_none(output: list[str]):
@@ -20,7 +20,8 @@ class VllmVersion(FactBase):
 
     def command(self, venv: str, package: str) -> str:
         code = f"import importlib.metadata as m; print(m.version({package!r}))"
-        return f"test -x {venv}/bin/python && {venv}/bin/python -c {shlex.quote(code)} 2>/dev/null || true"
+        python = shlex.quote(f"{venv}/bin/python")
+        return f"if [ -x {python} ]; then {python} -c {shlex.quote(code)} 2>/dev/null || true; fi"
 
     def process(self, output):
         text = "\n".join(output).strip()
@@ -82,7 +83,8 @@ class JsonFile(FactBase):
     """A JSON document on the host (e.g. the deployment record), or None."""
 
     def command(self, path: str) -> str:
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        # missing: no output (None); present but unreadable: the fact fails, never "nothing there"
+        return f"if [ -e {shlex.quote(path)} ]; then cat {shlex.quote(path)}; fi"
 
     def process(self, output):
         return _json_or_none(output)
@@ -92,7 +94,7 @@ class FileText(FactBase):
     """A text file's content, or None."""
 
     def command(self, path: str) -> str:
-        return f"test -f {shlex.quote(path)} && cat {shlex.quote(path)} || true"
+        return f"if [ -e {shlex.quote(path)} ]; then cat {shlex.quote(path)}; fi"
 
     def process(self, output):
         return "\n".join(output) if output else None

@@ -5,6 +5,7 @@ Templates, the deployment record, the host tests and the GPU benchmarks all take
 
 from __future__ import annotations
 
+import difflib
 import json
 
 from .config import ServeConfig
@@ -100,3 +101,65 @@ def launcher(cfg: ServeConfig) -> list[str]:
 
 def serve_argv(cfg: ServeConfig, **kwargs) -> list[str]:
     return launcher(cfg) + ["serve"] + serve_args(cfg, **kwargs)
+
+
+# Reading argv back (rollback, diffs, host tests)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def argv_lines(argv: list[str]) -> list[str]:
+    """One line per flag (with its value), the --speculative-config JSON expanded key by key."""
+    lines, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        value = (
+            argv[i + 1]
+            if i + 1 < len(argv) and word.startswith("-") and not argv[i + 1].startswith("--")
+            else None
+        )
+        if value is not None:
+            if word in ("--speculative-config", "-sc"):
+                try:
+                    spec = json.loads(value)
+                    lines += [f"{word} {key}={json.dumps(spec[key])}" for key in sorted(spec)]
+                    i += 2
+                    continue
+                except ValueError:
+                    pass
+            lines.append(f"{word} {value}")
+            i += 2
+        else:
+            lines.append(word)
+            i += 1
+    return lines
+
+
+def argv_diff(
+    old: list[str] | None,
+    new: list[str],
+    *,
+    old_name: str = "installed",
+    new_name: str = "rendered",
+) -> str:
+    """A unified diff of two argv lists ('' when equal)."""
+    if old == new:
+        return ""
+    diff = difflib.unified_diff(
+        argv_lines(old or []),
+        argv_lines(new),
+        fromfile=f"{old_name} argv",
+        tofile=f"{new_name} argv",
+        lineterm="",
+        n=2,
+    )
+    return "\n".join(diff)
+
+

@@ -51,6 +51,48 @@ def exec_start(argv: list[str]) -> str:
     return " ".join(systemd_quote(word) for word in argv)
 
 
+def systemd_split(line: str) -> list[str]:
+    """Split an ExecStart= value the way systemd does for the words render.exec_start writes:
+    whitespace-separated words, double-quoted words with C escapes, `%%` -> `%`, `$$` -> `$`."""
+    words, i, n = [], 0, len(line)
+    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r"}
+    while i < n:
+        while i < n and line[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        word = []
+        if line[i] in "\"'":
+            quote = line[i]
+            i += 1
+            while i < n and line[i] != quote:
+                if line[i] == "\\" and i + 1 < n:
+                    word.append(escapes.get(line[i + 1], line[i + 1]))
+                    i += 2
+                else:
+                    word.append(line[i])
+                    i += 1
+            i += 1
+        else:
+            while i < n and line[i] not in " \t":
+                word.append(line[i])
+                i += 1
+        words.append("".join(word).replace("%%", "%").replace("$$", "$"))
+    return words
+
+
+def unit_exec_argv(unit_text: str | None) -> list[str] | None:
+    """The argv of the (last) ExecStart= line of a unit file's text; None without one."""
+    if not unit_text:
+        return None
+    argv = None
+    for line in unit_text.splitlines():
+        if line.startswith("ExecStart="):
+            value = line[len("ExecStart=") :].lstrip("-@:+!")
+            argv = systemd_split(value) if value.strip() else None
+    return argv
+
+
 def unit_name(cfg: ServeConfig, role: str) -> str:
     return (
         f"{cfg.service_name}.service"
@@ -59,13 +101,10 @@ def unit_name(cfg: ServeConfig, role: str) -> str:
     )
 
 
-def env_file_path(cfg: ServeConfig) -> str:
-    return f"/etc/specdeploy/{cfg.service_name}.env"
-
-
 def service_environment(cfg: ServeConfig) -> dict[str, str]:
     """Non-secret environment: weights come only from the HF cache the deploy filled (offline)."""
     return {
+        "HOME": cfg.server_home,  # vLLM's, torch's and triton's caches land here
         "HF_HOME": cfg.hf_home,
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -75,8 +114,9 @@ def service_environment(cfg: ServeConfig) -> dict[str, str]:
 
 
 def secrets(cfg: ServeConfig) -> dict[str, str]:
-    values = {"HF_TOKEN": cfg.hf_token, "VLLM_API_KEY": cfg.vllm_api_key}
-    return {name: value for name, value in values.items() if value}
+    """The server's own secrets. The HF token is not one: the server runs offline, and the token
+    lives in its own file for downloads (so rotating it restarts nothing)."""
+    return {"VLLM_API_KEY": cfg.vllm_api_key} if cfg.vllm_api_key else {}
 
 
 def _env_file_value(value: str) -> str:
@@ -98,24 +138,41 @@ class RenderedUnit:
 
 
 def render_unit(
-    cfg: ServeConfig, role: str = "speculative", *, prefix_caching: bool | None = None
+    cfg: ServeConfig,
+    role: str = "speculative",
+    *,
+    prefix_caching: bool | None = None,
+    measurement_arm: str | None = None,
 ) -> RenderedUnit:
+    """The unit for `role`. With `measurement_arm`, the measurement instance of compare/tune/gate:
+    the same server (prefix caching as given), named `<service>-measure.service`, conflicting with
+    both production units, never enabled."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
     argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
-    other = unit_name(cfg, "baseline" if role == "speculative" else "speculative")
+    if measurement_arm is None:
+        name = unit_name(cfg, role)
+        conflicts = [unit_name(cfg, "baseline" if role == "speculative" else "speculative")]
+    else:
+        name = measure_unit_name(cfg)
+        conflicts = [unit_name(cfg, r) for r in ROLES]
     text = _env.get_template("vllm.service.j2").render(
         cfg=cfg,
         role=role,
-        conflicts=other,
-        env_file=env_file_path(cfg),
+        measurement_arm=measurement_arm,
+        conflicts=" ".join(conflicts),
+        env_file=cfg.env_file,
         environment=[
             systemd_quote(f"{n}={v}", expands_dollar=False)
             for n, v in sorted(service_environment(cfg).items())
         ],
         exec_start=exec_start(argv),
     )
-    return RenderedUnit(role=role, name=unit_name(cfg, role), argv=argv, text=text)
+    return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
+
+
+def measure_unit_name(cfg: ServeConfig) -> str:
+    return f"{cfg.service_name}-measure.service"
 
 
 def render_env_file(cfg: ServeConfig) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
+from .timestamps import utc_iso
 from .tuning import (
     ITL_NOTE,
     METRICS,
@@ -113,7 +113,7 @@ def compare_summary(run_dir: Path) -> dict:
         "schema": 1,
         "kind": "compare",
         "run": run_dir.name,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_iso(),
         "notes": {
             "prefix_caching": APC_NOTE,
             "itl_vs_tpot": ITL_NOTE,
@@ -285,7 +285,7 @@ def tune_summary(run_dir: Path) -> dict:
         "schema": 1,
         "kind": "tune",
         "run": run_dir.name,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_iso(),
         "notes": {
             "samples": SAMPLE_NOTE.replace(
                 "Arms alternate A B A B", "The k order rotates every round"

@@ -4,16 +4,13 @@
   once per batch with `--limit`: the canary group first, then the other hosts N at a time, in
   inventory order. A batch is done only when pyinfra exits 0, i.e. every host in it passed its
   health check; otherwise the rollout stops and the hosts of later batches are never touched.
-* Inside a deploy, `verify_or_rollback` wraps the health check: when it fails on a host whose unit or
-  env file this run changed, the previous unit + env file (kept in state_dir/rollback) are restored,
-  the service restarted and checked healthy again, and the failure is raised with the journal tail.
-* `show_unit_diff` prints, at planning time (so also under `--dry`), the argv diff between the unit
-  installed on the host and the one this deploy would install.
+* Inside a deploy, `steps/rollback.py` restores the previous unit when the health check fails and
+  leaves a note (ROLLOUT_REPORT_ENV) that this controller prints; `steps/unit.py` prints the argv
+  diff while planning.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shlex
@@ -23,233 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ServeConfig
-
-# ---------------------------------------------------------------------------------------------------
-# ExecStart parsing (the inverse of render.systemd_quote) and argv diffs
-
-
-def systemd_split(line: str) -> list[str]:
-    """Split an ExecStart= value the way systemd does for the words render.exec_start writes:
-    whitespace-separated words, double-quoted words with C escapes, `%%` -> `%`, `$$` -> `$`."""
-    words, i, n = [], 0, len(line)
-    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r"}
-    while i < n:
-        while i < n and line[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word = []
-        if line[i] in "\"'":
-            quote = line[i]
-            i += 1
-            while i < n and line[i] != quote:
-                if line[i] == "\\" and i + 1 < n:
-                    word.append(escapes.get(line[i + 1], line[i + 1]))
-                    i += 2
-                else:
-                    word.append(line[i])
-                    i += 1
-            i += 1
-        else:
-            while i < n and line[i] not in " \t":
-                word.append(line[i])
-                i += 1
-        words.append("".join(word).replace("%%", "%").replace("$$", "$"))
-    return words
-
-
-def unit_exec_argv(unit_text: str | None) -> list[str] | None:
-    """The argv of the (last) ExecStart= line of a unit file's text; None without one."""
-    if not unit_text:
-        return None
-    argv = None
-    for line in unit_text.splitlines():
-        if line.startswith("ExecStart="):
-            value = line[len("ExecStart=") :].lstrip("-@:+!")
-            argv = systemd_split(value) if value.strip() else None
-    return argv
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if word.startswith(flag + "="):
-            return word.split("=", 1)[1]
-    return None
-
-
-def _argv_lines(argv: list[str]) -> list[str]:
-    """One line per flag (with its value), the --speculative-config JSON expanded key by key."""
-    lines, i = [], 0
-    while i < len(argv):
-        word = argv[i]
-        value = (
-            argv[i + 1]
-            if i + 1 < len(argv) and word.startswith("-") and not argv[i + 1].startswith("--")
-            else None
-        )
-        if value is not None:
-            if word in ("--speculative-config", "-sc"):
-                try:
-                    spec = json.loads(value)
-                    lines += [f"{word} {key}={json.dumps(spec[key])}" for key in sorted(spec)]
-                    i += 2
-                    continue
-                except ValueError:
-                    pass
-            lines.append(f"{word} {value}")
-            i += 2
-        else:
-            lines.append(word)
-            i += 1
-    return lines
-
-
-def argv_diff(
-    old: list[str] | None,
-    new: list[str],
-    *,
-    old_name: str = "installed",
-    new_name: str = "rendered",
-) -> str:
-    """A unified diff of two argv lists ('' when equal)."""
-    if old == new:
-        return ""
-    diff = difflib.unified_diff(
-        _argv_lines(old or []),
-        _argv_lines(new),
-        fromfile=f"{old_name} argv",
-        tofile=f"{new_name} argv",
-        lineterm="",
-        n=2,
-    )
-    return "\n".join(diff)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Inside a deploy (pyinfra context)
-
-
-def show_unit_diff(cfg: ServeConfig, rendered) -> bool:
-    """Planning time: print what the unit change would do on this host (argv diff against the unit
-    installed now; the env file only as changed/unchanged, never its secrets). Returns True when the
-    unit would change."""
-    import hashlib
-
-    from pyinfra import host, logger
-    from pyinfra.facts.files import Sha1File
-
-    from .facts import FileText
-    from .render import env_file_path, render_env_file
-    from .steps.unit import UNIT_DIR
-
-    path = f"{UNIT_DIR}/{rendered.name}"
-    installed_sha = host.get_fact(Sha1File, path=path)
-    unit_changes = installed_sha != hashlib.sha1(rendered.text.encode()).hexdigest()
-    env_sha = host.get_fact(Sha1File, path=env_file_path(cfg))
-    env_changes = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
-    if unit_changes:
-        installed = unit_exec_argv(host.get_fact(FileText, path=path))
-        if installed is None:
-            logger.warning(
-                f"{host.print_prefix}{rendered.name} is not installed yet; it will start with argv:\n  "
-                + "\n  ".join(_argv_lines(rendered.argv))
-            )
-        else:
-            diff = argv_diff(installed, rendered.argv)
-            logger.warning(
-                f"{host.print_prefix}{rendered.name} will change and restart; "
-                + (f"argv diff:\n{diff}" if diff else "argv unchanged (other unit lines differ)")
-            )
-    if env_changes:
-        logger.warning(
-            f"{host.print_prefix}{env_file_path(cfg)} (secrets) will change"
-            f"{' and restart the server' if not unit_changes else ''}; values are not shown"
-        )
-    return unit_changes or env_changes
-
-
-class RolledBack(RuntimeError):
-    """The new config failed its health check on a host; the previous one is back and healthy."""
-
-
-def _report(entry: dict) -> None:
-    """Leave a machine-readable failure note for `specdeploy rollout` (env SPECDEPLOY_ROLLOUT_REPORT)."""
-    directory = os.environ.get("SPECDEPLOY_ROLLOUT_REPORT")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
-
-
-def verify_or_rollback(verify, cfg: ServeConfig, rendered, *, changed, **kwargs):
-    """python.call target: run `verify(cfg, rendered, **kwargs)`; when it fails on a host whose unit or
-    env file this run changed, put the previous unit + env file back, restart, prove it healthy,
-    release the deploy lock and raise RolledBack naming host and cause (journal tail included)."""
-    from pyinfra import host, logger
-
-    from .steps import health, lock
-    from .steps.unit import restore_previous
-
-    try:
-        return verify(cfg, rendered, **kwargs)
-    except Exception as error:
-        cause = str(error)
-        if (
-            not changed()
-        ):  # nothing of ours to undo (e.g. the server was only down): report, free the lock
-            _report(
-                {
-                    "host": host.name,
-                    "cause": cause,
-                    "rolled_back": False,
-                    "after": "not rolled back: this run changed neither unit nor env file",
-                }
-            )
-            lock.release_now(cfg)
-            raise
-        logger.warning(
-            f"{host.print_prefix}new config failed: {cause.splitlines()[0]}; rolling back"
-        )
-        previous = restore_previous(cfg, rendered.name)
-        entry = {"host": host.name, "cause": cause, "rolled_back": previous is not None}
-        if previous is None:
-            entry["after"] = "no previous unit: the service is stopped"
-            _report(entry)
-            lock.release_now(cfg)
-            raise RolledBack(
-                f"{host.name}: health check failed on the new config and there is no previous "
-                f"unit to roll back to; {rendered.name} is stopped.\ncause: {cause}"
-            ) from error
-        old = _config_for_argv(cfg, previous)
-        try:
-            checked = health.wait_healthy(
-                old, rendered.name, speculative="--speculative-config" in previous
-            )
-            entry["after"] = f"healthy on the previous unit after {checked['seconds_to_healthy']}s"
-        except Exception as again:
-            entry["after"] = f"NOT healthy after rollback either: {again}"
-        _report(entry)
-        lock.release_now(cfg)
-        raise RolledBack(
-            f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
-            f"unit and env file are restored and {rendered.name} is {entry['after']}.\n"
-            f"cause: {cause}"
-        ) from error
-
-
-def _config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
-    """The new config with the address and served name the restored unit actually uses."""
-    update = {}
-    if (address := flag_value(argv, "--host")) is not None:
-        update["vllm_host"] = address
-    if (port := flag_value(argv, "--port")) is not None:
-        update["vllm_port"] = int(port)
-    if (name := flag_value(argv, "--served-model-name")) is not None:
-        update["served_model_name"] = name
-    return cfg.model_copy(update=update)
-
+from .checks import ConfigError, check_config
+from .inventory import host_data
+from .revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
+from .steps.rollback import ROLLOUT_REPORT_ENV
 
 # ---------------------------------------------------------------------------------------------------
 # The controller: `specdeploy rollout`
@@ -286,6 +60,17 @@ def plan_batches(
     return batches + [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
 
 
+def fleet_pins(inventory: str, names: list[str]) -> dict[str, str]:
+    """Resolve every moving ref of the hosts once, before the first batch (revisions.py); a host
+    whose data is invalid or whose ref cannot be resolved stops the rollout before any host."""
+    data = host_data(inventory)
+    try:
+        configs = [check_config(name, data[name]) for name in names]
+        return pins_for_hosts(configs)
+    except (ConfigError, RevisionError) as error:
+        raise ValueError(f"nothing was touched:\n{error}") from None
+
+
 def run_rollout(
     inventory: str,
     deploy: str,
@@ -304,6 +89,10 @@ def run_rollout(
     def say(text: str) -> None:
         print(f"specdeploy rollout: {text}", file=out, flush=True)
 
+    pins = fleet_pins(inventory, [name for batch in batches for name in batch])
+    for key, sha in sorted(pins.items()):
+        say(f"pinned for every batch: {key.split('|', 1)[1]} -> {sha}")
+
     say(
         f"{sum(map(len, batches))} host(s) in {total} batch(es): "
         + " | ".join(
@@ -320,7 +109,8 @@ def run_rollout(
         for name in batch:
             command += ["--limit", name]
         say(f"batch {index}/{total} [{', '.join(batch)}]: $ {shlex.join(command)}")
-        env = {**os.environ, "SPECDEPLOY_ROLLOUT_REPORT": str(with_report)}
+        env = {**os.environ, ROLLOUT_REPORT_ENV: str(with_report)}
+        env[PINNED_REVISIONS_ENV] = json.dumps(pins)
         t0 = time.monotonic()
         result = subprocess.run(command, env=env)
         notes = (

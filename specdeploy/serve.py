@@ -12,20 +12,15 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from . import compare
-from .checks import check_config
+from . import gate
+from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .on_host import read_text
 from .preflight import evaluate
-from .render import RenderedUnit, render_unit
-from .rollout import show_unit_diff, verify_or_rollback
+from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
 from .steps import health, install, lock, record, smoke, unit, weights
-
-
-def host_config() -> ServeConfig:
-    """The current host's validated config; raises ConfigError (listing every problem) before any
-    operation is scheduled, so an invalid host is never touched."""
-    return check_config(host.name, host.data.dict())
+from .steps.rollback import verify_or_rollback
 
 
 def run_preflight(cfg: ServeConfig):
@@ -46,8 +41,22 @@ def run_preflight(cfg: ServeConfig):
     return snaps, result
 
 
+def venvs_in_use(cfg: ServeConfig) -> set[str]:
+    """Release venvs named by this service's installed units and their rollback copies."""
+    names = [unit_name(cfg, role) for role in ROLES]
+    paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
+    texts = [read_text(path, missing_ok=True) for path in paths]
+    venvs = {install.venv_of(unit_exec_argv(text), cfg) for text in texts if text}
+    return {venv for venv in venvs if venv} | {cfg.venv}
+
+
 def verify_and_record(
-    cfg: ServeConfig, rendered: RenderedUnit, started: float, *, run_smoke: bool = True
+    cfg: ServeConfig,
+    rendered: RenderedUnit,
+    started: float,
+    *,
+    pins: dict | None = None,
+    run_smoke: bool = True,
 ) -> dict:
     """Health check, smoke benchmark and deployment record (runs at execution time)."""
     snaps, pre = run_preflight(cfg)
@@ -66,10 +75,11 @@ def verify_and_record(
             raise health.HealthError(
                 f"{host.name}: spec-decode counters did not grow during the smoke benchmark"
             )
-    gate = None  # opt-in (host data speculation_gate): smoke A/B; may leave the host on the baseline unit
+    decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     if result is not None and rendered.role == "speculative" and cfg.speculation_gate is not None:
-        rendered, checked, gate = compare.speculation_gate(cfg, rendered, snaps["target"]["path"])
-    compare.disable_other_role(cfg, rendered)
+        rendered, checked, decision = gate.speculation_gate(cfg, rendered, snaps["target"]["path"])
+    gate.disable_other_role(cfg, rendered)
+    removed = install.prune_venvs(cfg, keep=venvs_in_use(cfg))  # verified: older releases can go
     entry = record.build_record(
         cfg,
         rendered,
@@ -80,43 +90,44 @@ def verify_and_record(
         smoke=result,
         started=started,
         role=rendered.role,
-        gate=gate,
+        gate=decision,
         timings=timings,
+        revisions=pins or {},
+        pruned_venvs=removed,
     )
     record.write_record(cfg, entry)
-    if gate is not None and not gate["passed"] and gate["on_fail"] == "fail":
-        raise compare.GateFailed(f"{host.name}: speculation gate failed: {gate['reason']}")
+    if decision is not None and not decision["passed"] and decision["on_fail"] == "fail":
+        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision['reason']}")
     return entry
 
 
 @deploy("specdeploy: serve vLLM with speculative decoding", data_defaults=DATA_DEFAULTS)
 def serve(role: str = "speculative"):
     started = time.time()
-    cfg = host_config()
+    cfg, pins = host_config_and_pins()
     rendered = render_unit(cfg, role)
-    rendered = compare.gate_settled_unit(
-        cfg, rendered, host.get_fact(JsonFile, path=record.record_path(cfg))
-    )
+    previous = host.get_fact(JsonFile, path=cfg.record_path)
+    rendered = gate.gate_settled_unit(cfg, rendered, previous)
     lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
-    show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
+    unit.show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
 
     install.prepare_host(cfg)
     install.install_vllm(cfg)
+    weights.download_token(cfg)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)
     else:
         run_preflight(cfg)  # weights already there: refuse now, before any operation runs
 
     changed = unit.install_unit(cfg, rendered)
-    previous = host.get_fact(JsonFile, path=record.record_path(cfg))
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (
         previous is not None
         and previous.get("unit", {}).get("sha256") == rendered.sha256
-        and not compare.gate_pending(cfg, previous)
+        and not gate.gate_pending(cfg, previous)
     )
 
-    # A failing health check on a changed host restores the previous unit + env file (rollout.py).
+    # A failing health check on a changed host restores the previous unit + env file.
     python.call(
         name="Health check, smoke benchmark, deployment record",
         function=verify_or_rollback,
@@ -125,6 +136,7 @@ def serve(role: str = "speculative"):
         cfg=cfg,
         rendered=rendered,
         started=started,
+        pins=pins,
         _if=lambda: changed() or not up_to_date or active != "active",
     )
     lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

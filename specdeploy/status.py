@@ -129,14 +129,6 @@ class GpuMemory(FactBase):
         return gpus
 
 
-def curl_config(api_key: str | None) -> str:
-    """curl `-K` config carrying the Authorization header (an empty config without a key)."""
-    if not api_key:
-        return "\n"
-    escaped = api_key.replace("\\", "\\\\").replace('"', '\\"')
-    return f'header = "Authorization: Bearer {escaped}"\n'
-
-
 # --------------------------------------------------------------------------------------------------
 # Drift
 
@@ -159,7 +151,8 @@ def changed_keys(diff: str) -> list[str]:
 def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
     """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
     renders now."""
-    from .rollout import argv_diff, unit_exec_argv
+    from .flags import argv_diff
+    from .render import unit_exec_argv
 
     if installed_sha1 is None:
         return {"installed": False, "drift": True, "keys": [], "argv_diff": "", "other": False}
@@ -239,11 +232,9 @@ class HostProbe:
         from pyinfra.facts.files import Sha1File
 
         from .checks import ConfigError, check_config
-        from .compare import gate_settled_unit
-        from .render import env_file_path, render_env_file, render_unit
-        from .steps.health import base_url
-        from .steps.record import record_path
-        from .steps.unit import UNIT_DIR
+        from .gate import gate_settled_unit
+        from .render import render_env_file, render_unit
+        from .steps.health import base_url, curl_config
 
         host = self.host
         out: dict[str, Any] = {
@@ -282,16 +273,16 @@ class HostProbe:
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
             )
 
-        record = self.fact(JsonFileFact, path=record_path(cfg))
+        record = self.fact(JsonFileFact, path=cfg.record_path)
         out["record"] = _record_summary(record)
         if record is None:
-            problems.append(f"no deployment record at {record_path(cfg)}")
+            problems.append(f"no deployment record at {cfg.record_path}")
         expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
-        path = f"{UNIT_DIR}/{expected.name}"
+        path = cfg.unit_path(expected.name)
         drift = unit_drift(
             self.fact(FileTextFact, path=path), self.fact(Sha1File, path=path), expected
         )
-        env_sha = self.fact(FileSha1, path=env_file_path(cfg))
+        env_sha = self.fact(FileSha1, path=cfg.env_file)
         drift["env_file"] = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
         if env_sha in ("missing", "unreadable"):
             drift["env_file"] = env_sha
@@ -303,12 +294,12 @@ class HostProbe:
             problems.append(f"unit drift: {path} differs from the host data ({what})")
         if drift["env_file"] == "unreadable":
             problems.append(
-                f"{env_file_path(cfg)} (root-only) is unreadable: set _sudo in host data to read it"
+                f"{cfg.env_file} (root-only) is unreadable: set _sudo in host data to read it"
             )
         elif drift["env_file"] == "missing":
-            problems.append(f"{env_file_path(cfg)} is missing")
+            problems.append(f"{cfg.env_file} is missing")
         elif drift["env_file"]:
-            problems.append(f"{env_file_path(cfg)} differs from the host data (values not shown)")
+            problems.append(f"{cfg.env_file} differs from the host data (values not shown)")
 
         self.step = "reading the service"
         show = self.fact(ServiceShow, unit=expected.name)
@@ -330,7 +321,7 @@ class HostProbe:
 
         self.step = "checking /health and scraping /metrics"
         url = base_url(cfg)
-        auth = curl_config(cfg.vllm_api_key)
+        auth = curl_config(cfg)  # the API key header, on curl's stdin
         health = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
         out["health"] = {
             "http": health["http"],

@@ -150,6 +150,8 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
 
         base = _rootfs.ensure_base()  # debootstrap (cached) before the parallel part
         st["base_rootfs"] = str(base)
+        if _services_enabled(services):  # hosts' apt source: the gateway's Debian repository
+            st["debian_repo_url"] = _services().debian_repo_url(st)
 
         by_index = {h["index"]: h for h in st.get("hosts", [])}
         keep, extra = {}, []

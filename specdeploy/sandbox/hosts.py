@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import rootfs
+from . import debian_repo, rootfs
 from . import state as state_mod
 
 log = logging.getLogger(__name__)
@@ -415,6 +415,17 @@ def prepare_root(st: dict, name: str, address: str) -> tuple[Path, str]:
     ak = ssh_dir / "authorized_keys"
     ak.write_text(st["ssh_pubkey"] + "\n")
     os.chmod(ak, 0o600)
+    # The deploy user (created in the base image) logs in with the same sandbox key.
+    home = root / "home" / rootfs.DEPLOY_USER
+    uid, gid = home.stat().st_uid, home.stat().st_gid
+    (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    (home / ".ssh/authorized_keys").write_text(st["ssh_pubkey"] + "\n")
+    os.chmod(home / ".ssh/authorized_keys", 0o600)
+    for path in (home / ".ssh", home / ".ssh/authorized_keys"):
+        os.chown(path, uid, gid)
+    # Packages come from the sandbox's Debian repository (the organisation's mirror of a real fleet).
+    apt_url = st.get("debian_repo_url")
+    (etc / "apt/sources.list").write_text(debian_repo.sources_line(apt_url) if apt_url else "")
     return root, f"{pub[0]} {pub[1]}"
 
 

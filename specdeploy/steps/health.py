@@ -11,8 +11,7 @@ from pyinfra import host, logger
 
 from ..config import ServeConfig
 from ..metrics import spec_decode_counters
-from ..render import env_file_path
-from .remote import journal_tail, run, with_env_file
+from ..on_host import journal_tail, sh, sh_status
 
 
 class HealthError(RuntimeError):
@@ -20,18 +19,36 @@ class HealthError(RuntimeError):
 
 
 def base_url(cfg: ServeConfig) -> str:
-    address = "127.0.0.1" if cfg.vllm_host in ("0.0.0.0", "::", "") else cfg.vllm_host
+    """The server's URL as seen from the host itself (a wildcard bind is reached on loopback)."""
+    if cfg.vllm_host in ("0.0.0.0", ""):
+        address = "127.0.0.1"
+    elif cfg.vllm_host == "::":
+        address = "[::1]"
+    elif ":" in cfg.vllm_host:  # an IPv6 literal needs brackets in a URL
+        address = f"[{cfg.vllm_host}]"
+    else:
+        address = cfg.vllm_host
     return f"http://{address}:{cfg.vllm_port}"
 
 
-def _curl(
+def curl_config(cfg: ServeConfig, data: dict | None = None) -> str:
+    """curl's `-K -` config text: the API key header and the JSON body travel on stdin, so neither
+    appears in any process's argv on the host."""
+    lines = []
+    if cfg.vllm_api_key:
+        lines.append(f'header = "Authorization: Bearer {cfg.vllm_api_key}"')
+    if data is not None:
+        body = json.dumps(data).replace("\\", "\\\\").replace('"', '\\"')
+        lines += ['header = "Content-Type: application/json"', f'data = "{body}"']
+    return "\n".join(lines) + "\n"
+
+
+def request(
     cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30
 ) -> str:
-    # The API key (if any) is read from the root-only env file on the host, never from argv here.
-    auth = '${VLLM_API_KEY:+-H "Authorization: Bearer $VLLM_API_KEY"}'
-    body = f"-H 'Content-Type: application/json' -d {shlex.quote(json.dumps(data))}" if data else ""
-    command = f"curl -sS --fail-with-body -m {timeout} {auth} {body} {base_url(cfg)}{path}"
-    return run(with_env_file(env_file_path(cfg), command), check=check)
+    """GET (or POST `data` as JSON) `path` on the host's server, from the host; the body."""
+    command = f"curl -sS --fail-with-body -m {int(timeout)} -K - {shlex.quote(base_url(cfg) + path)}"
+    return sh(command, check=check, stdin=curl_config(cfg, data))
 
 
 def wait_healthy(
@@ -45,10 +62,10 @@ def wait_healthy(
     restarts_at_start = _restarts(unit)
     while True:
         elapsed = time.monotonic() - started
-        ok, _ = host.run_shell_command(command=f"curl -sf -m 5 -o /dev/null {base_url(cfg)}/health")
+        ok, _, _ = sh_status(f"curl -sf -m 5 -o /dev/null {shlex.quote(base_url(cfg))}/health")
         if ok:
             break
-        state = run(f"systemctl is-active {unit} || true", check=False).strip()
+        state = sh(f"systemctl is-active {shlex.quote(unit)} || true", check=False).strip()
         crashed = (
             _restarts(unit) > restarts_at_start
         )  # Restart=on-failure hides a crash loop as "activating"
@@ -76,17 +93,17 @@ def wait_healthy(
 
 
 def _restarts(unit: str) -> int:
-    text = run(f"systemctl show -p NRestarts --value {unit}", check=False).strip()
+    text = sh(f"systemctl show -p NRestarts --value {shlex.quote(unit)}", check=False).strip()
     return int(text) if text.isdigit() else 0
 
 
 def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
-    models = json.loads(_curl(cfg, "/v1/models"))
+    models = json.loads(request(cfg, "/v1/models"))
     served = [m["id"] for m in models.get("data", [])]
     if cfg.effective_served_name not in served:
         raise HealthError(f"/v1/models lists {served}, not {cfg.effective_served_name!r}")
     completion = json.loads(
-        _curl(
+        request(
             cfg,
             "/v1/completions",
             data={
@@ -100,7 +117,7 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     )
     if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
         raise HealthError(f"completion returned no tokens: {completion}")
-    counters = spec_decode_counters(_curl(cfg, "/metrics"))
+    counters = spec_decode_counters(request(cfg, "/metrics"))
     if speculative and not counters:
         raise HealthError("/metrics has no vllm:spec_decode_* counters: speculation is not on")
     if speculative and counters.get("num_drafts", 0) < 1:

@@ -1,4 +1,14 @@
-"""Step 1: the pinned vLLM in a dedicated venv owned by the service user."""
+"""Step 2: the host's packages, the service user, the directories, and the pinned vLLM in a venv of
+its own release.
+
+One venv per release (`install_dir/venvs/<package>-<version>`): the unit's ExecStart names it, so a
+version change is a unit change — restarted, health-checked, rolled back to the previous release's
+unit (whose venv is still there) when the new one fails. `prune_venvs` keeps the venvs the installed
+and the kept (rollback) unit use, and removes older ones only after a verified deploy.
+
+Ownership: the server (service user) writes only its home and the HF cache; records, rollback copies
+and benchmark output are root's, so a compromised server cannot plant a unit that root installs.
+"""
 
 from __future__ import annotations
 
@@ -9,53 +19,47 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, python, server
 
-from ..capabilities import PACKAGE_REMOVE_AFTER_INSTALL, PACKAGE_SYSTEM_DEPENDENCIES, alias_for
-from ..config import ServeConfig
+from ..capabilities import (
+    HOST_SYSTEM_PACKAGES,
+    PACKAGE_REMOVE_AFTER_INSTALL,
+    PACKAGE_SYSTEM_DEPENDENCIES,
+    alias_for,
+)
+from ..config import SECRETS_DIR, ServeConfig
 from ..facts import VllmVersion
-from ..remote import source
+from ..host_scripts import source
+from ..on_host import sh
 
 
-@deploy("Service user and directories")
+@deploy("Packages, service user and directories")
 def prepare_host(cfg: ServeConfig):
+    needed = HOST_SYSTEM_PACKAGES + PACKAGE_SYSTEM_DEPENDENCIES[cfg.vllm_package]
+    installed = host.get_fact(DebPackages)
+    if any(name not in installed for name in needed):  # only then touch apt
+        apt.packages(name=f"Debian packages {', '.join(needed)}", packages=needed, update=True)
     server.group(name="Service group", group=cfg.service_user, system=True)
     server.user(
         name="Service user",
         user=cfg.service_user,
         group=cfg.service_user,
         system=True,
-        home=cfg.state_dir,
+        home=cfg.server_home,
         shell="/usr/sbin/nologin",
         ensure_home=False,
     )
-    files.directory(
-        name="Install dir",
-        path=cfg.install_dir,
-        user=cfg.service_user,
-        group=cfg.service_user,
-        mode="755",
-    )
-    for path in (
-        cfg.state_dir,
-        cfg.hf_home,
-        f"{cfg.state_dir}/records",
-        f"{cfg.state_dir}/rollback",
-    ):
+    root_dirs = {cfg.install_dir: "755", cfg.venvs_dir: "755", cfg.state_dir: "755"}
+    root_dirs |= {cfg.records_dir: "755", cfg.rollback_dir: "700", cfg.bench_dir: "700"}
+    root_dirs |= {cfg.datasets_dir: "755", SECRETS_DIR: "700"}
+    for path, mode in root_dirs.items():
+        files.directory(name=f"{path} (root)", path=path, user="root", group="root", mode=mode)
+    for path in (cfg.hf_home, cfg.server_home):
         files.directory(
-            name=f"State dir {path}",
+            name=f"{path} ({cfg.service_user})",
             path=path,
             user=cfg.service_user,
             group=cfg.service_user,
             mode="750",
         )
-    files.directory(
-        name="Secrets dir", path="/etc/specdeploy", user="root", group="root", mode="700"
-    )
-    needed = PACKAGE_SYSTEM_DEPENDENCIES[cfg.vllm_package]
-    installed = host.get_fact(DebPackages)
-    if any(
-        name not in installed for name in needed
-    ):  # only then touch apt (it may have no network)
-        apt.packages(name=f"System libraries for {cfg.vllm_package}", packages=needed, update=True)
 
 
 @deploy("Install pinned vLLM")
@@ -75,8 +79,8 @@ def install_vllm(cfg: ServeConfig):
         cfg.pip_install_args,
         pip_install=installed != cfg.vllm_version,
     )
-    commands.append(f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.venv}")
-    server.shell(name=f"pip install {pin} (found {installed or 'nothing'})", commands=commands)
+    server.shell(name=f"pip install {pin} into {cfg.venv} (found {installed or 'nothing'})",
+                 commands=commands)  # fmt: skip
     python.call(name="Installed version equals the pin", function=_verify_version, cfg=cfg)
 
 
@@ -84,9 +88,11 @@ def install_commands(
     venv: str, package: str, version: str, pip_args: list[str], *, pip_install: bool = True
 ) -> list[str]:
     """Shell commands that put `package==version` into `venv` and make it runnable; shared by the
-    host install and the control node's own venv (specdeploy.sandbox.control_venv)."""
-    pip = f"{venv}/bin/python -m pip"
-    commands = [f"test -x {venv}/bin/python || python3 -m venv {venv}"]
+    host install and the control node's own venv (specdeploy.sandbox.control_venv). The venv stays
+    root's: the server only reads it."""
+    python_bin = shlex.quote(f"{venv}/bin/python")
+    pip = f"{python_bin} -m pip"
+    commands = [f"test -x {python_bin} || python3 -m venv {shlex.quote(venv)}"]
     if pip_install:
         commands.append(
             f"{pip} install --disable-pip-version-check -q {shlex.join(pip_args)} "
@@ -98,7 +104,7 @@ def install_commands(
     alias = alias_for(package, version)
     if alias:
         commands.append(
-            f"{venv}/bin/python -c {shlex.quote(source('alias_dist'))} "
+            f"{python_bin} -c {shlex.quote(source('alias_dist'))} "
             f"{alias[0]} {alias[1]} {package} {version}"
         )
     return commands
@@ -110,3 +116,20 @@ def _verify_version(cfg: ServeConfig):
         raise RuntimeError(
             f"{host.name}: {cfg.vllm_package} in {cfg.venv} is {found!r}, pinned {cfg.vllm_version}"
         )
+
+
+def venv_of(argv: list[str] | None, cfg: ServeConfig) -> str | None:
+    """The release venv a unit's argv runs from (its interpreter's venv), or None."""
+    if not argv or not argv[0].startswith(cfg.venvs_dir + "/"):
+        return None
+    return argv[0][: -len("/bin/python")] if argv[0].endswith("/bin/python") else None
+
+
+def prune_venvs(cfg: ServeConfig, keep: set[str]) -> list[str]:
+    """Execution time, after a verified deploy: remove release venvs that neither the installed nor
+    the kept (rollback) unit uses. Returns the removed paths."""
+    listed = sh(f"find {shlex.quote(cfg.venvs_dir)} -mindepth 1 -maxdepth 1 -type d", check=False)
+    removed = [path for path in listed.split() if path not in keep]
+    for path in removed:
+        sh(f"rm -rf -- {shlex.quote(path)}")
+    return removed

@@ -23,22 +23,17 @@ import getpass
 import os
 import shlex
 import socket
-import time
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 
-from ..config import ServeConfig
-
-LOCK_DIR = "/run/lock"
+from ..config import LOCK_DIR, ServeConfig
+from ..on_host import read_text, sh, sh_status
+from ..timestamps import utc_iso
 
 
 class LockHeld(RuntimeError):
     pass
-
-
-def lock_path(cfg: ServeConfig) -> str:
-    return f"{LOCK_DIR}/{cfg.service_name}.deploy.lock"
 
 
 def control_host() -> str:
@@ -85,24 +80,19 @@ def _holder_is_stale(fields: dict) -> bool:
     return False
 
 
-def _run(command: str) -> tuple[bool, str]:
-    ok, output = host.run_shell_command(command=command)
-    return ok, output.stdout
-
-
 def read_lock(cfg: ServeConfig) -> dict | None:
-    ok, text = _run(f"cat {shlex.quote(lock_path(cfg))} 2>/dev/null || true")
-    return parse_holder(text) if text.strip() else None
+    text = read_text(cfg.lock_path, missing_ok=True)
+    return parse_holder(text) if text and text.strip() else None
 
 
 def try_acquire(cfg: ServeConfig) -> dict | None:
     """Take the lock; None when taken, else the holder's fields (lock held by someone else)."""
-    path = shlex.quote(lock_path(cfg))
+    path = shlex.quote(cfg.lock_path)
     me = holder_id()
     line = shlex.join(
         [
             f"holder={me}",
-            f"since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+            f"since={utc_iso()}",
             f"host={host.name}",
         ]
     )
@@ -111,7 +101,7 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
         f"then echo ACQUIRED; else cat {path}; fi"
     )
     for _ in range(2):
-        ok, out = _run(command)
+        _ok, out, _ = sh_status(command)
         if out.strip() == "ACQUIRED":
             return None
         fields = parse_holder(out) if out.strip() else {}
@@ -122,7 +112,7 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
                 f"{host.print_prefix}taking over stale deploy lock of {describe(fields)}: "
                 "that process is no longer running on this control host"
             )
-            _run(f"rm -f {path}")
+            sh(f"rm -f {path}")
             continue
         return fields
     return fields
@@ -130,16 +120,16 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
 
 def release_now(cfg: ServeConfig) -> None:
     """Remove the lock if (and only if) this process holds it."""
-    path = shlex.quote(lock_path(cfg))
+    path = shlex.quote(cfg.lock_path)
     me = shlex.quote(f"holder={holder_id()} ")
-    _run(f"if [ -f {path} ] && grep -qF -- {me} {path}; then rm -f {path}; fi")
+    sh(f"if [ -f {path} ] && grep -qF -- {me} {path}; then rm -f {path}; fi", check=False)
 
 
 def held_message(cfg: ServeConfig, fields: dict) -> str:
     return (
-        f"{host.name}: another deploy holds the deploy lock {lock_path(cfg)}: {describe(fields)}. "
+        f"{host.name}: another deploy holds the deploy lock {cfg.lock_path}: {describe(fields)}. "
         "Wait for it to finish. If that deploy is gone, remove the lock: "
-        f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {lock_path(cfg)}` on the host)."
+        f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {cfg.lock_path}` on the host)."
     )
 
 

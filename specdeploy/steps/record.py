@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from io import StringIO
 
 from pyinfra import host
 
 from ..bench import summarize
 from ..config import ServeConfig
+from ..on_host import write_text
 from ..render import RenderedUnit
-
-
-def record_path(cfg: ServeConfig) -> str:
-    return f"{cfg.state_dir}/records/deployment.json"
+from ..timestamps import utc_iso
 
 
 def build_record(
@@ -30,6 +27,8 @@ def build_record(
     role: str = "speculative",
     gate: dict | None = None,
     timings: dict | None = None,
+    revisions: dict | None = None,
+    pruned_venvs: list[str] | None = None,
 ) -> dict:
     w = cfg.workload
     return {
@@ -65,21 +64,22 @@ def build_record(
             "max_num_batched_tokens": cfg.effective_max_num_batched_tokens,
             "memory": dict([cfg.memory_mechanism]),
         },
-        "vllm": {"package": cfg.vllm_package, "version": vllm_version},
+        "vllm": {"package": cfg.vllm_package, "version": vllm_version, "venv": cfg.venv,
+                 "pruned_venvs": pruned_venvs or []},  # fmt: skip
+        # moving refs (branch/tag) the control node resolved once for the whole rollout
+        "revisions": revisions or {},
         "unit": {"name": unit.name, "sha256": unit.sha256, "argv": unit.argv},
         "health": health,
         "smoke": summarize(smoke) if smoke else None,
         "smoke_counters": (smoke or {}).get("specdeploy", {}).get("server_counters"),
         "gate": gate,
         "timings": timings,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_at": utc_iso(started),
+        "finished_at": utc_iso(),
         "seconds": round(time.time() - started, 1),
     }
 
 
 def write_record(cfg: ServeConfig, record: dict) -> None:
-    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    path = record_path(cfg)
-    host.put_file(StringIO(text), f"{path}.tmp")
-    host.run_shell_command(command=f"mv -f {path}.tmp {path} && chmod 644 {path}")
+    """Atomically, root-owned and world-readable (the record holds no secret)."""
+    write_text(cfg.record_path, json.dumps(record, indent=2, sort_keys=True) + "\n", mode="644")

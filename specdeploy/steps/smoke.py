@@ -16,9 +16,9 @@ from ..bench import bench_args, format_summary
 from ..config import ServeConfig, Workload
 from ..flags import launcher
 from ..metrics import acceptance, prefix_cache_counters, spec_decode_counters
-from ..render import env_file_path
-from .health import _curl, base_url
-from .remote import run, with_env_file
+from ..on_host import read_text, sh
+from ..timestamps import utc_iso, utc_stamp
+from .health import base_url, request
 
 
 def reports_dir(host_name: str) -> Path:
@@ -37,37 +37,34 @@ def bench(
 ) -> dict:
     """One `vllm bench serve` on the host against the running server; its JSON is fetched to `local`
     with {"specdeploy": {server_counters, prefix_cache, command, ...meta}} added."""
-    remote_dir = f"{cfg.state_dir}/bench"
-    filename = f"{name}.json"
-    before = _curl(cfg, "/metrics")
+    result_path = f"{cfg.bench_dir}/{name}.json"
+    before = request(cfg, "/metrics")
     args = bench_args(
         cfg,
         base_url=base_url(cfg),
         tokenizer=tokenizer,
-        result_dir=remote_dir,
-        result_filename=filename,
+        result_dir=cfg.bench_dir,
+        result_filename=f"{name}.json",
         workload=workload,
         label=name,
     ) + list(extra)
-    env = f"HF_HOME={shlex.quote(cfg.hf_home)} HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 " + " ".join(
-        f"{k}={shlex.quote(v)}" for k, v in cfg.vllm_env.items()
-    )
+    env = {"HF_HOME": cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env |= cfg.vllm_env
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     started = time.monotonic()
-    # An --api-key server needs the key on the benchmark's requests too: `vllm bench` reads OPENAI_API_KEY;
-    # it comes from the root-only env file, never argv.
-    run(
-        with_env_file(
-            env_file_path(cfg),
-            f'mkdir -p {remote_dir} && OPENAI_API_KEY="${{VLLM_API_KEY:-}}" '
-            f"{env} {shlex.join(launcher(cfg) + args)}",
-        )
+    # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
+    # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file).
+    sh(
+        f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; "
+        f"{assignments} {shlex.join(launcher(cfg) + args)}",
+        stdin=(cfg.vllm_api_key or "") + "\n",
     )
     seconds = time.monotonic() - started
-    after = _curl(cfg, "/metrics")
+    after = request(cfg, "/metrics")
+    text = read_text(result_path)
+    sh(f"rm -f {shlex.quote(result_path)}", check=False)
     local.parent.mkdir(parents=True, exist_ok=True)
-    host.get_file(f"{remote_dir}/{filename}", str(local))
-    run(f"rm -f {remote_dir}/{filename}", check=False)
-    result = json.loads(local.read_text())
+    result = json.loads(text)
     pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
     prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
     result["specdeploy"] = {
@@ -78,14 +75,14 @@ def bench(
         | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
         "bench_seconds": round(seconds, 1),
         "command": launcher(cfg) + args,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "finished_at": utc_iso(),
     }
     local.write_text(json.dumps(result, indent=1))
     return result
 
 
 def smoke(cfg: ServeConfig, tokenizer_path: str) -> dict:
-    name = f"smoke-{time.strftime('%Y%m%dT%H%M%S')}"
+    name = f"smoke-{utc_stamp()}"
     result = bench(
         cfg, tokenizer=tokenizer_path, name=name, local=reports_dir(host.name) / f"{name}.json"
     )

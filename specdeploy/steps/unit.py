@@ -1,7 +1,8 @@
-"""Step 4: install the rendered unit and env file; restart only when one of them changed.
+"""Step 5: install the rendered unit and env file; restart only when one of them changed.
 
 A new unit is uploaded to a staging path first and moved into place in one `mv`, so systemd never
-sees a half-written file; the unit it replaces is kept under state_dir/rollback for `rollback()`."""
+sees a half-written file; the unit and env file it replaces are kept under state_dir/rollback
+(root's) for `restore_previous()`."""
 
 from __future__ import annotations
 
@@ -9,48 +10,45 @@ import hashlib
 import shlex
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from ..config import ServeConfig
-from ..render import RenderedUnit, env_file_path, render_env_file
+from ..facts import FileText
+from ..flags import argv_diff, argv_lines
+from ..on_host import read_text, sh
+from ..render import RenderedUnit, render_env_file, unit_exec_argv
+from .secrets import Secret, secret_file
 
-UNIT_DIR = "/etc/systemd/system"
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
-def rollback_dir(cfg: ServeConfig) -> str:
-    return f"{cfg.state_dir}/rollback"
+def pending_changes(cfg: ServeConfig, unit: RenderedUnit) -> tuple[bool, bool]:
+    """Planning time, from facts: (the installed unit differs from `unit`, the env file differs from
+    the rendered one). Also catches a unit edited by hand."""
+    unit_differs = host.get_fact(Sha1File, path=cfg.unit_path(unit.name)) != sha1(unit.text)
+    env_differs = host.get_fact(Sha1File, path=cfg.env_file) != sha1(render_env_file(cfg))
+    return unit_differs, env_differs
 
 
 @deploy("Install systemd unit")
 def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, enable: bool = True):
     """Returns the operations whose change means the server must restart."""
-    staged = f"/etc/specdeploy/staged-{unit.name}"
-    target = f"{UNIT_DIR}/{unit.name}"
-    env_file = env_file_path(cfg)
-    env_text = render_env_file(cfg)
-    # Decided from facts now: does the installed unit / env file differ from the rendered one? (Also
-    # catches a unit edited by hand.) Only then keep the current pair for rollback, before either changes.
-    unit_differs = (
-        host.get_fact(Sha1File, path=target) != hashlib.sha1(unit.text.encode()).hexdigest()
-    )
-    env_differs = (
-        host.get_fact(Sha1File, path=env_file) != hashlib.sha1(env_text.encode()).hexdigest()
-    )
-    if unit_differs or env_differs:
+    staged, target = cfg.staged_unit_path(unit.name), cfg.unit_path(unit.name)
+    unit_differs, env_differs = pending_changes(cfg, unit)
+    if unit_differs or env_differs:  # keep the current pair before either changes
         server.shell(
             name=f"Keep current {unit.name} and env file for rollback",
             commands=[keep_previous_command(cfg, unit.name)],
         )
-    env_op = files.put(
+    env_op = secret_file(
         name="Secrets env file (root, 0600)",
-        src=StringIO(env_text),
-        dest=env_file,
-        user="root",
-        group="root",
-        mode="600",
+        path=cfg.env_file,
+        secret=Secret(render_env_file(cfg)),
     )
     stage_op = files.put(
         name=f"Stage {unit.name}",
@@ -63,7 +61,7 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
     swap = lambda: unit_differs or stage_op.did_change()  # noqa: E731
     server.shell(
         name=f"Swap in {unit.name} (previous kept for rollback)",
-        commands=[f"cp -p {staged} {target}.tmp && mv -f {target}.tmp {target}"],
+        commands=[f"cp -p {staged} {target}.tmp && mv -f {target}.tmp {target}"],  # validated paths
         _if=swap,
     )
     changed = lambda: swap() or env_op.did_change()  # noqa: E731
@@ -84,36 +82,66 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
 
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:
     """Copy the installed unit and env file to state_dir/rollback (only when a unit is installed)."""
-    target, env_file, keep = f"{UNIT_DIR}/{name}", env_file_path(cfg), rollback_dir(cfg)
+    target, env_file = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.env_file)
+    kept = shlex.quote(cfg.kept_unit_path(name))
     return (
-        f"if [ -f {target} ]; then mkdir -p {keep} && cp -p {target} {keep}/{name}; "
-        f"if [ -f {env_file} ]; then cp -p {env_file} {keep}/{name}.env; else rm -f {keep}/{name}.env; fi; fi"
+        f"if [ -f {target} ]; then cp -p {target} {kept}; "
+        f"if [ -f {env_file} ]; then cp -p {env_file} {kept}.env; else rm -f {kept}.env; fi; fi"
     )
 
 
-def restore_previous(cfg: ServeConfig, name: str) -> list[str] | None:
-    """Execution time (inside python.call): put the kept unit + env file back, daemon-reload and restart.
-    Returns the restored unit's argv, or None (and stops the service) when there was no previous unit."""
-    from ..rollout import unit_exec_argv
-    from .remote import run
+def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
+    """Execution time: the unit kept for rollback, or None when there is none."""
+    text = read_text(cfg.kept_unit_path(name), missing_ok=True)
+    return text if text and text.strip() else None
 
-    target, env_file, keep = f"{UNIT_DIR}/{name}", env_file_path(cfg), rollback_dir(cfg)
-    staged = f"/etc/specdeploy/staged-{name}"
-    text = run(f"cat {keep}/{name} 2>/dev/null || true", check=False)
-    if not text.strip():
-        run(f"systemctl stop {name} || true", check=False)
+
+def restore_previous(cfg: ServeConfig, name: str) -> str | None:
+    """Execution time (inside python.call): put the kept unit + env file back, daemon-reload and
+    restart. Returns the restored unit's text, or None when no unit was kept (nothing is changed)."""
+    text = kept_unit_text(cfg, name)
+    if text is None:
         return None
-    run(
+    target, env_file = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.env_file)
+    kept, staged = shlex.quote(cfg.kept_unit_path(name)), shlex.quote(cfg.staged_unit_path(name))
+    unit = shlex.quote(name)
+    sh(
         " && ".join(
             [
-                f"cp -p {keep}/{name} {target}.tmp",
+                f"cp -p {kept} {target}.tmp",
                 f"mv -f {target}.tmp {target}",
                 f"cp -p {target} {staged}",  # the next deploy compares against what really runs
-                f"if [ -f {keep}/{name}.env ]; then cp -p {keep}/{name}.env {env_file}; fi",
+                f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
                 "systemctl daemon-reload",
-                f"(systemctl reset-failed {shlex.quote(name)} || true)",
-                f"systemctl restart {shlex.quote(name)}",
+                f"(systemctl reset-failed {unit} || true)",
+                f"systemctl restart {unit}",
             ]
         )
     )
-    return unit_exec_argv(text)
+    return text
+
+
+def show_unit_diff(cfg: ServeConfig, rendered: RenderedUnit) -> bool:
+    """Planning time (so also under `--dry`): print what the unit change would do on this host (argv
+    diff against the unit installed now; the env file only as changed/unchanged, never its secrets).
+    Returns True when the unit or env file would change."""
+    unit_changes, env_changes = pending_changes(cfg, rendered)
+    if unit_changes:
+        installed = unit_exec_argv(host.get_fact(FileText, path=cfg.unit_path(rendered.name)))
+        if installed is None:
+            logger.warning(
+                f"{host.print_prefix}{rendered.name} is not installed yet; it will start with "
+                "argv:\n  " + "\n  ".join(argv_lines(rendered.argv))
+            )
+        else:
+            diff = argv_diff(installed, rendered.argv)
+            logger.warning(
+                f"{host.print_prefix}{rendered.name} will change and restart; "
+                + (f"argv diff:\n{diff}" if diff else "argv unchanged (other unit lines differ)")
+            )
+    if env_changes:
+        logger.warning(
+            f"{host.print_prefix}{cfg.env_file} (secrets) will change"
+            f"{' and restart the server' if not unit_changes else ''}; values are not shown"
+        )
+    return unit_changes or env_changes

@@ -10,9 +10,8 @@ from pyinfra.operations import server
 
 from ..config import ServeConfig
 from ..facts import FreeDiskBytes, ModelSnapshot
-from ..remote import source
-from ..render import env_file_path
-from .remote import with_env_file
+from ..host_scripts import source
+from .secrets import Secret, secret_file
 
 
 def models(cfg: ServeConfig) -> list[tuple[str, str, str]]:
@@ -30,6 +29,14 @@ def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
     }
 
 
+@deploy("Download token")
+def download_token(cfg: ServeConfig):
+    """The HF token in its own root-only file; rotating it changes this file only (no restart)."""
+    secret = Secret(cfg.hf_token) if cfg.hf_token else None
+    secret_file(name=f"HF token file {cfg.hf_token_file} (root, 0600)", path=cfg.hf_token_file,
+                secret=secret)  # fmt: skip
+
+
 @deploy("Fetch model weights")
 def fetch_weights(cfg: ServeConfig) -> bool:
     """Schedules downloads for missing snapshots; returns True when any was missing."""
@@ -44,17 +51,18 @@ def fetch_weights(cfg: ServeConfig) -> bool:
             f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, min_free_disk_gb is "
             f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching {', '.join(r for _, r, _ in missing)}"
         )
+    # The token file is written first, so a gated repo downloads on a fresh host too; it is the
+    # download's alone (HF_TOKEN_PATH), never the server's environment.
     env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
+    env += f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
     script = shlex.quote(source("fetch_weights"))
     for role, repo, rev in missing:
-        args = " ".join(shlex.quote(a) for a in (cfg.hf_home, repo, rev))
-        command = with_env_file(
-            env_file_path(cfg),
-            f"{env}HF_HUB_DISABLE_TELEMETRY=1 {cfg.venv}/bin/python -c {script} {args}",
-        )
+        args = shlex.join([cfg.hf_home, repo, rev])
+        command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
+    owner = shlex.quote(f"{cfg.service_user}:{cfg.service_user}")
     server.shell(
         name="Weights belong to the service user",
-        commands=[f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.hf_home}"],
+        commands=[f"chown -R {owner} {shlex.quote(cfg.hf_home)}"],
     )
     return True

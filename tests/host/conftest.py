@@ -132,7 +132,7 @@ def th(host_name, host_data, ssh_config):
 
 
 @pytest.fixture(scope="session")
-def cfg(host_name, host_data):
+def host_cfg(host_name, host_data):
     from specdeploy.checks import check_config
 
     return check_config(host_name, host_data)

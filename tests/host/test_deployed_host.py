@@ -11,12 +11,18 @@ import shlex
 
 import pytest
 
-from specdeploy.flags import LEGACY_SPECULATIVE_FLAGS, SHORT_SPECULATIVE_FLAGS, launcher, serve_argv
-from specdeploy.remote import source
-from specdeploy.render import env_file_path, render_unit, secrets
-from specdeploy.rollout import argv_diff, flag_value, unit_exec_argv
+from specdeploy.flags import (
+    LEGACY_SPECULATIVE_FLAGS,
+    SHORT_SPECULATIVE_FLAGS,
+    argv_diff,
+    flag_value,
+    launcher,
+    serve_argv,
+)
+from specdeploy.host_scripts import source
+from specdeploy.render import render_unit, secrets, unit_exec_argv
+from specdeploy.revisions import apply_pins
 from specdeploy.steps.health import base_url
-from specdeploy.steps.record import record_path
 from specdeploy.steps.weights import models
 
 
@@ -29,9 +35,15 @@ def run(th, command: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def record(th, cfg):
-    text = th.run(f"cat {shlex.quote(record_path(cfg))}").stdout
+def record(th, host_cfg):
+    text = th.run(f"cat {shlex.quote(host_cfg.record_path)}").stdout
     return json.loads(text) if text.strip() else None
+
+
+@pytest.fixture(scope="session")
+def cfg(host_cfg, record):
+    """The host's config with the moving refs pinned as the deployment record says (revisions.py)."""
+    return apply_pins(host_cfg, (record or {}).get("revisions") or {})
 
 
 @pytest.fixture(scope="session")
@@ -58,12 +70,16 @@ def installed_argv(unit_file):
 
 
 def curl(th, cfg, path: str) -> str:
-    env = shlex.quote(env_file_path(cfg))
-    auth = '${VLLM_API_KEY:+-H "Authorization: Bearer $VLLM_API_KEY"}'
-    return run(
-        th,
-        f"sh -c {shlex.quote(f'set -a; [ -f {env} ] && . {env}; set +a; curl -sS --fail-with-body -m 30 {auth} {base_url(cfg)}{path}')}",
+    """GET `path` on the host. The API key goes from the root-only env file to curl's stdin through
+    the shell's builtin printf: it is in no command line (ps) and not in sudo's log."""
+    env = shlex.quote(cfg.env_file)
+    header = 'header = "Authorization: Bearer %s"\\n'
+    script = (
+        f"set -a; [ -f {env} ] && . {env}; set +a; "
+        f"{{ [ -n \"$VLLM_API_KEY\" ] && printf '{header}' \"$VLLM_API_KEY\"; true; }} | "
+        f"curl -sS --fail-with-body -m 30 -K - {shlex.quote(base_url(cfg) + path)}"
     )
+    return run(th, f"sh -c {shlex.quote(script)}")
 
 
 def test_vllm_version_is_the_pin(th, cfg):
@@ -142,8 +158,17 @@ def test_hardening_directives_in_force(th, rendered, cfg):
     )
     assert props["NoNewPrivileges"] == "yes" and props["ProtectSystem"] == "strict"
     assert props["ProtectHome"] == "yes" and props["PrivateTmp"] == "yes"
-    assert cfg.state_dir in props["ReadWritePaths"].split()
+    assert set(props["ReadWritePaths"].split()) == {cfg.server_home, cfg.hf_home}
     assert props["User"] == cfg.service_user
+
+
+def test_what_root_later_uses_is_root_owned(th, cfg):
+    """Rollback copies, records and benchmark output: a compromised server must not write them."""
+    for path in (cfg.state_dir, cfg.records_dir, cfg.rollback_dir, cfg.bench_dir, cfg.venv):
+        f = th.file(path)
+        assert f.exists and f.user == "root" and not f.mode & 0o022, (
+            f"{path} is {f.user}:{f.group} {oct(f.mode)}; it must be root's, not group/world-writable"
+        )
 
 
 def test_port_listening_on_configured_address(th, cfg):
@@ -188,12 +213,14 @@ def test_weights_present_at_pinned_revisions(th, cfg, record):
             )
 
 
-def test_env_file_root_0600(th, cfg):
-    f = th.file(env_file_path(cfg))
-    assert f.exists, f"{env_file_path(cfg)} missing"
-    assert (f.user, f.group, f.mode) == ("root", "root", 0o600), (
-        f"{env_file_path(cfg)} is {f.user}:{f.group} {oct(f.mode)}, expected root:root 0o600"
-    )
+def test_secret_files_root_0600(th, cfg):
+    paths = [cfg.env_file] + ([cfg.hf_token_file] if cfg.hf_token else [])
+    for path in paths:
+        f = th.file(path)
+        assert f.exists, f"{path} missing"
+        assert (f.user, f.group, f.mode) == ("root", "root", 0o600), (
+            f"{path} is {f.user}:{f.group} {oct(f.mode)}, expected root:root 0o600"
+        )
 
 
 def test_secrets_only_in_the_env_file(th, cfg, unit_file, installed_argv, rendered):
@@ -205,16 +232,15 @@ def test_secrets_only_in_the_env_file(th, cfg, unit_file, installed_argv, render
             f"cat /proc/$(systemctl show -p MainPID --value {rendered.name})/cmdline | tr '\\0' ' '",
         )
         assert value not in cmdline, f"{name} appears in the running process's command line"
-        journal = th.run(
-            f"journalctl -u {rendered.name} --no-pager -o cat | grep -cF -- {shlex.quote(value)}"
-        )
-        assert journal.stdout.strip() in ("", "0"), (
-            f"{name} appears in the journal of {rendered.name}"
-        )
+        # searched here, not with grep on the host: a grep argument would put it in sudo's log
+        journal = run(th, f"journalctl -u {rendered.name} --no-pager -o cat")
+        assert value not in journal, f"{name} appears in the journal of {rendered.name}"
+    if cfg.hf_token:
+        assert cfg.hf_token not in unit_file[1] and cfg.hf_token not in " ".join(installed_argv)
 
 
 def test_deployment_record_consistent(record, cfg, rendered, unit_file):
-    assert record is not None, f"no deployment record at {record_path(cfg)}"
+    assert record is not None, f"no deployment record at {cfg.record_path}"
     assert record["unit"]["name"] == rendered.name
     assert record["unit"]["argv"] == rendered.argv, argv_diff(
         record["unit"]["argv"], rendered.argv, old_name="record", new_name="rendered"
@@ -222,7 +248,11 @@ def test_deployment_record_consistent(record, cfg, rendered, unit_file):
     assert record["unit"]["sha256"] == hashlib.sha256(unit_file[1].encode()).hexdigest(), (
         "the unit file is not the one the deployment record describes"
     )
-    assert record["vllm"] == {"package": cfg.vllm_package, "version": cfg.vllm_version}
+    assert (record["vllm"]["package"], record["vllm"]["version"]) == (
+        cfg.vllm_package,
+        cfg.vllm_version,
+    )
+    assert record["vllm"]["venv"] == cfg.venv
     assert record["target"]["model"] == cfg.target_model
     if rendered.role == "speculative":
         assert record["speculative_config"] == cfg.speculative_config

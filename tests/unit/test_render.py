@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,7 +94,19 @@ def test_units_hold_secrets_only_in_env_file(valid_data):
         assert "hf_secret_token" not in text and "sk-secret" not in text
         assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in text
     env = render_env_file(cfg)
-    assert "HF_TOKEN='hf_secret_token'" in env and "VLLM_API_KEY='sk-secret'" in env
+    assert "VLLM_API_KEY='sk-secret'" in env
+    # the server runs offline: the download token is not in its environment (own file, issue 10)
+    assert "hf_secret_token" not in env and cfg.hf_token_file != cfg.env_file
+
+
+def test_measurement_unit_is_rendered_from_the_template(valid_data):
+    cfg = config_from_data(valid_data)
+    unit = render_unit(cfg, "baseline", prefix_caching=False, measurement_arm="k3")
+    production = render_unit(cfg, "baseline", prefix_caching=False)
+    assert unit.name == "specdeploy-vllm-measure.service" and unit.argv == production.argv
+    assert "Conflicts=specdeploy-vllm.service specdeploy-vllm-baseline.service" in unit.text
+    assert "Description=specdeploy measurement instance (k3)" in unit.text
+    assert "[Install]" not in unit.text and "[Install]" in production.text
 
 
 def test_units_conflict_with_each_other(valid_data):
@@ -113,14 +126,14 @@ def test_exec_start_line_is_the_rendered_argv(valid_data):
 def test_rendered_units_pass_systemd_analyze_verify(valid_data, tmp_path):
     # verify insists that ExecStart's binary exists: point the install dir at a real python.
     install = tmp_path / "inst"
-    (install / "venv" / "bin").mkdir(parents=True)
-    os.symlink(sys.executable, install / "venv" / "bin" / "python")
     valid_data.update(
         install_dir=str(install),
         state_dir=str(tmp_path),
         speculative_config={**valid_data["speculative_config"], "revision": "50%$x"},
     )
     cfg = config_from_data(valid_data)
+    (Path(cfg.venv) / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, Path(cfg.venv) / "bin" / "python")
     for role in ("speculative", "baseline"):
         unit = render_unit(cfg, role)
         path = tmp_path / unit.name

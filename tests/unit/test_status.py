@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specdeploy.config import config_from_data
+from specdeploy.flags import argv_diff
 from specdeploy.metrics import (
     histogram_buckets,
     histogram_delta,
@@ -21,13 +22,11 @@ from specdeploy.metrics import (
     samples,
 )
 from specdeploy.render import exec_start, render_unit
-from specdeploy.rollout import argv_diff
 from specdeploy.status import (
     GpuMemory,
     HttpGet,
     ServiceShow,
     changed_keys,
-    curl_config,
     format_table,
     unit_drift,
 )
@@ -213,11 +212,6 @@ def test_fact_parsing():
         }
     ]
     assert GpuMemory().process([]) == []
-
-
-def test_curl_config_carries_the_key_quoted():
-    assert curl_config(None) == "\n"
-    assert curl_config('a"b\\c') == 'header = "Authorization: Bearer a\\"b\\\\c"\n'
 
 
 def test_table_for_an_unreachable_and_a_drifted_host():

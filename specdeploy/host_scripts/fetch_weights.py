@@ -1,6 +1,7 @@
 """Download one model snapshot into the host's Hugging Face cache (runs in the vLLM venv).
 
-argv: HF_HOME REPO_ID REVISION. Honours HF_ENDPOINT and HF_TOKEN from the environment.
+argv: HF_HOME REPO_ID REVISION. Honours HF_ENDPOINT and HF_TOKEN_PATH (the token's own root-only
+file) from the environment.
 huggingface_hub resumes interrupted files (.incomplete blobs) and never touches other revisions, so a
 failed run leaves any working snapshot as it was. A marker file is written last: only a snapshot that
 has it counts as complete."""
@@ -15,7 +16,6 @@ path = snapshot_download(
     repo_id=repo,
     revision=revision,
     cache_dir=os.path.join(hf_home, "hub"),
-    token=os.environ.get("HF_TOKEN") or None,
 )
 # This cache serves one deployment, offline (HF_HUB_OFFLINE=1). Code paths in vLLM that load a model
 # without its revision (e.g. the draft tokenizer under use_heterogeneous_vocab) resolve "main": point

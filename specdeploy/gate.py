@@ -1,0 +1,135 @@
+"""The speculation gate (opt-in host data `speculation_gate`): after the smoke benchmark,
+deploys/serve.py measures baseline and speculative on fresh servers; when speculation does not beat
+the baseline by the margin the host ends on the baseline unit (or the deploy fails), and the
+deployment record says why, with the numbers."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from pyinfra import host, logger
+
+from .compare import start_fresh, warm_up
+from .config import ServeConfig
+from .on_host import sh
+from .render import RenderedUnit, render_unit, unit_name
+from .steps.smoke import bench
+from .timestamps import utc_stamp
+from .tuning import gate_decision, per_request_tpot_ms
+
+
+def speculation_gate(
+    cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
+) -> tuple[RenderedUnit, dict | None, dict]:
+    """Smoke A/B on the production units: baseline, then speculative, one fresh server and one
+    `--save-detailed` benchmark each; per-request TPOT decides (tuning.gate_decision).
+
+    Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
+    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit disabled."""
+    gate_cfg = cfg.speculation_gate
+    baseline = render_unit(cfg, "baseline")
+    out = Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host.name
+    stamp = utc_stamp()
+    results = {}
+    start_fresh(cfg, baseline, speculative=False)
+    warm_up(cfg, cfg.workload)
+    results["baseline"] = bench(
+        cfg,
+        tokenizer=tokenizer,
+        name=f"gate-{stamp}-baseline",
+        local=out / f"gate-{stamp}-baseline.json",
+        extra=["--save-detailed"],
+        meta={"arm": "baseline", "gate": True},
+    )
+    checked = start_fresh(cfg, rendered, speculative=True, install=False)
+    warm_up(cfg, cfg.workload)
+    results["speculative"] = bench(
+        cfg,
+        tokenizer=tokenizer,
+        name=f"gate-{stamp}-speculative",
+        local=out / f"gate-{stamp}-speculative.json",
+        extra=["--save-detailed"],
+        meta={"arm": "speculative", "gate": True},
+    )
+    decision = gate_decision(
+        per_request_tpot_ms(results["speculative"]),
+        per_request_tpot_ms(results["baseline"]),
+        max_tpot_ratio=gate_cfg.max_tpot_ratio,
+        on_fail=gate_cfg.on_fail,
+    )
+    decision.update(
+        {
+            "speculative_unit_sha256": rendered.sha256,
+            "baseline_unit_sha256": baseline.sha256,
+            "files": {arm: str(out / f"gate-{stamp}-{arm}.json") for arm in results},
+            "median_tpot_ms_from_bench": {
+                arm: r.get("median_tpot_ms") for arm, r in results.items()
+            },
+            "acceptance": results["speculative"]["specdeploy"]["server_counters"],
+            "method": "one fresh server and one benchmark per arm (baseline first), per-request TPOT, "
+            "production units (prefix caching as deployed)",
+        }
+    )
+    logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
+    if decision["passed"] or gate_cfg.on_fail != "baseline":
+        return rendered, checked, decision
+    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit unchanged
+    installed, staged = cfg.unit_path(baseline.name), cfg.staged_unit_path(baseline.name)
+    sh(
+        f"cp -p {shlex.quote(installed)} {shlex.quote(staged)} && "
+        f"systemctl disable {shlex.quote(rendered.name)} && "
+        f"systemctl enable {shlex.quote(baseline.name)}"
+    )
+    checked = start_fresh(cfg, baseline, speculative=False, install=False)
+    return baseline, checked, decision
+
+
+class GateFailed(RuntimeError):
+    pass
+
+
+def disable_other_role(cfg: ServeConfig, rendered: RenderedUnit) -> None:
+    """Only the unit the host serves with is enabled (the other may be left enabled by an earlier
+    gate decision)."""
+    other = unit_name(cfg, "baseline" if rendered.role == "speculative" else "speculative")
+    other = shlex.quote(other)
+    sh(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true")
+
+
+def gate_settled_unit(
+    cfg: ServeConfig, rendered: RenderedUnit, previous: dict | None
+) -> RenderedUnit:
+    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline for
+    exactly this speculative unit and gate setting, keep serving the baseline (no re-measurement and
+    no flip-flop on a re-run). Change the config (or the gate) to measure again."""
+    gate = (previous or {}).get("gate") or {}
+    if (
+        rendered.role == "speculative"
+        and cfg.speculation_gate is not None
+        and gate
+        and not gate.get("passed")
+        and gate.get("on_fail") == "baseline"
+        and (previous or {}).get("role") == "baseline"
+        and gate.get("speculative_unit_sha256") == rendered.sha256
+        and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio
+        and cfg.speculation_gate.on_fail == "baseline"
+    ):
+        return render_unit(cfg, "baseline")
+    return rendered
+
+
+def gate_pending(cfg: ServeConfig, previous: dict | None) -> bool:
+    """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
+    switched on or its setting changed since the record, or it failed with on_fail=fail."""
+    if cfg.speculation_gate is None:
+        return False
+    gate = (previous or {}).get("gate") or {}
+    if (
+        not gate
+        or gate.get("max_tpot_ratio") != cfg.speculation_gate.max_tpot_ratio
+        or gate.get("on_fail") != cfg.speculation_gate.on_fail
+    ):
+        return True
+    return not gate.get("passed") and gate.get("on_fail") == "fail"

@@ -1,0 +1,108 @@
+"""The one way deploy code touches the current host outside pyinfra operations and facts.
+
+pyinfra applies the privilege settings of host data (`_sudo`, `_sudo_user`, `_sudo_password`,
+`_su_user`, ...) to operations and facts, but not to `host.run_shell_command`, `host.put_file` or
+`host.get_file` called from `python.call` callbacks. Every callback of specdeploy (health, smoke,
+compare, tune, gate, rollback, the lock, the record) goes through the functions here instead, which
+pass those settings on; so a fleet reached as a non-root deploy user with sudo behaves like root.
+
+* `sh` runs a shell command and returns stdout; a failure raises HostCommandError with the output.
+* `read_text` returns a file's text; a missing file is None only with `missing_ok`, and a file that
+  cannot be read is always an error, never "nothing there".
+* `write_text` writes a file atomically, its content on stdin (never argv, never a temp file
+  readable by anyone but root), then sets owner and mode before it is moved into place.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+
+# Connector arguments that are about one command, not about who runs it.
+_PER_COMMAND = {"_stdin", "_timeout", "_get_pty", "_success_exit_codes"}
+_MISSING = "specdeploy: no such file"  # read_text's marker on stderr for a missing file
+
+
+class HostCommandError(RuntimeError):
+    pass
+
+
+def privilege_arguments() -> dict:
+    """The host's sudo/su/doas settings (and shell/env settings) from its data, as pyinfra's own
+    argument resolution computes them for an operation on this host."""
+    arguments, _ = pop_global_arguments(host.state, host, {})
+    return {
+        key: value
+        for key, value in arguments.items()
+        if key in CONNECTOR_ARGUMENT_KEYS and key not in _PER_COMMAND
+    }
+
+
+def sh_status(command: str, *, stdin: str | None = None, timeout: int | None = None):
+    """(ok, stdout, combined output) of one shell command, with the host's privilege settings."""
+    extra = {"_stdin": stdin} if stdin is not None else {}
+    if timeout is not None:
+        extra["_timeout"] = timeout
+    ok, output = host.run_shell_command(command=command, **privilege_arguments(), **extra)
+    return ok, output.stdout, output
+
+
+def sh(command: str, *, check: bool = True, stdin: str | None = None, timeout: int | None = None):
+    """Run `command` on the host (as root under `_sudo`); its stdout. Raises HostCommandError when it
+    fails and `check` is true."""
+    ok, stdout, output = sh_status(command, stdin=stdin, timeout=timeout)
+    if check and not ok:
+        shown = command if len(command) < 300 else command[:300] + " ..."
+        raise HostCommandError(f"{host.name}: `{shown}` failed:\n{output.stderr[-4000:]}")
+    return stdout
+
+
+def read_text(path: str, *, missing_ok: bool = False) -> str | None:
+    """A file's text. None when it does not exist and `missing_ok`; any other failure raises."""
+    quoted = shlex.quote(path)
+    command = (
+        f"if [ -e {quoted} ]; then cat {quoted}; else echo {shlex.quote(_MISSING)} >&2; exit 3; fi"
+    )
+    ok, stdout, output = sh_status(command)
+    if ok:
+        return stdout + "\n" if stdout else ""  # pyinfra hands output over line by line
+    if missing_ok and output.stderr.strip() == _MISSING:
+        return None
+    raise HostCommandError(f"{host.name}: cannot read {path}: {output.stderr.strip()}")
+
+
+def write_text(
+    path: str, text: str, *, mode: str = "644", owner: str = "root", group: str = "root"
+) -> None:
+    """Write `text` to `path` atomically: a private temp file beside it (umask 077), content on
+    stdin, owner and mode set, then one `mv`. A reader sees the old file or the new one."""
+    if not re.fullmatch(r"[0-7]{3,4}", mode):
+        raise ValueError(f"bad mode {mode!r}")
+    directory, quoted = shlex.quote(path.rsplit("/", 1)[0] or "/"), shlex.quote(path)
+    owner_group = shlex.quote(f"{owner}:{group}")
+    sh(
+        f"umask 077 && tmp=$(mktemp -p {directory} .specdeploy.XXXXXX) && "
+        f'cat > "$tmp" && chown {owner_group} "$tmp" && chmod {mode} "$tmp" && '
+        f'mv -f "$tmp" {quoted} || {{ rm -f "$tmp"; exit 1; }}',
+        stdin=text,
+    )
+
+
+def journal_tail(unit: str, lines: int = 20, errors: int = 20) -> str:
+    """The unit's last `lines` journal lines, preceded by the last `errors` error lines from further
+    back: vLLM's root cause usually sits above a long traceback."""
+    _ok, stdout, _ = sh_status(f"journalctl -u {shlex.quote(unit)} -n 600 --no-pager -o cat")
+    text = stdout.splitlines()
+    last = text[-lines:]
+    earlier = [line for line in text[:-lines] if ERROR_LINE.search(line) and "  File " not in line][
+        -errors:
+    ]
+    if not earlier:
+        return "\n".join(last)
+    return "\n".join(["[earlier errors]", *earlier, "[last lines]", *last])
+
+
+ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception|error:)")

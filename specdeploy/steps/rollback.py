@@ -1,0 +1,104 @@
+"""Health-gated rollback: steps 6-8 (health, smoke, record) run through `verify_or_rollback`.
+
+When they fail on a host whose unit or env file this run changed, the previous pair (kept under
+state_dir/rollback by steps/unit.py before anything changed) is put back, the service restarted and
+checked healthy again; the failure is raised with the journal tail and a message that says what is
+true: what was restored, whether the host is healthy, and what runs now. A note for
+`specdeploy rollout` goes to the directory named by ROLLOUT_REPORT_ENV.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+from pyinfra import host, logger
+
+from ..config import ServeConfig
+from ..flags import flag_value
+from ..on_host import sh
+from ..render import RenderedUnit, unit_exec_argv
+from . import health, lock
+from .unit import restore_previous
+
+ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
+
+
+class RolledBack(RuntimeError):
+    """The new config failed its health check on a host; the previous one was put back."""
+
+
+def _report(entry: dict) -> None:
+    """Leave a machine-readable failure note for `specdeploy rollout`."""
+    directory = os.environ.get(ROLLOUT_REPORT_ENV)
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
+
+
+def service_state(unit: str) -> str:
+    return sh(f"systemctl is-active {shlex.quote(unit)} || true", check=False).strip() or "unknown"
+
+
+def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
+    """The new config with the address and served name the restored unit actually uses."""
+    update = {}
+    if (address := flag_value(argv, "--host")) is not None:
+        update["vllm_host"] = address
+    if (port := flag_value(argv, "--port")) is not None:
+        update["vllm_port"] = int(port)
+    if (name := flag_value(argv, "--served-model-name")) is not None:
+        update["served_model_name"] = name
+    return cfg.model_copy(update=update)
+
+
+def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, changed, **kwargs):
+    """python.call target: run `verify(cfg, rendered, **kwargs)`; on failure, roll back what this
+    run changed, release the deploy lock and raise with a true account of the host's state."""
+    try:
+        return verify(cfg, rendered, **kwargs)
+    except Exception as error:  # noqa: BLE001 - any failure of the new config
+        cause = str(error)
+        unit = rendered.name
+        entry = {"host": host.name, "cause": cause, "rolled_back": False}
+        try:
+            if not changed():
+                state = service_state(unit)
+                entry["after"] = (
+                    f"not rolled back: this run changed neither unit nor env file; {unit} is {state}"
+                )
+                raise
+            logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
+            previous = restore_previous(cfg, unit)
+            if previous is None:
+                sh(f"systemctl stop {shlex.quote(unit)} || true", check=False)
+                entry["after"] = (
+                    f"no previous unit was kept (first deploy of {unit} here), so nothing was "
+                    f"restored; {unit} is stopped ({service_state(unit)}) and the host serves nothing"
+                )
+                raise RolledBack(
+                    f"{host.name}: the new config failed its health check; {entry['after']}.\n"
+                    f"cause: {cause}"
+                ) from error
+            entry["rolled_back"] = True
+            entry["after"] = _after_restore(cfg, unit, unit_exec_argv(previous) or [])
+            raise RolledBack(
+                f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
+                f"unit and env file were restored; {entry['after']}.\ncause: {cause}"
+            ) from error
+        finally:
+            _report(entry)
+            lock.release_now(cfg)
+
+
+def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
+    """What runs after a restore, checked: healthy or not, and from which release venv."""
+    runs = f"{unit} runs {argv[0] if argv else '?'}"
+    try:
+        old = config_for_argv(cfg, argv)
+        checked = health.wait_healthy(old, unit, speculative="--speculative-config" in argv)
+        return f"{runs} and is healthy again after {checked['seconds_to_healthy']}s"
+    except Exception as again:  # noqa: BLE001
+        return f"{runs} but is NOT healthy after rollback either ({service_state(unit)}): {again}"

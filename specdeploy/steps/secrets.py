@@ -1,0 +1,52 @@
+"""Secret files on the host (the server's env file, the download token), root:root 0600.
+
+`files.put` would not do: under `_sudo` it stages the file in a temp path as the SSH user, and
+`--diff` prints old and new content. Here the content travels on stdin of one root command that
+writes a private temp file and moves it into place (`on_host.write_text`); the operation compares
+checksums, so it changes (and restarts what depends on it) only when the secret changed. No value
+reaches argv, pyinfra's output at any verbosity, or a file another user can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.facts.files import File, Sha1File
+
+from ..on_host import write_text
+
+
+class Secret:
+    """A value that prints as <secret> wherever pyinfra shows an operation's arguments."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+def _write(path: str, secret: Secret) -> None:
+    write_text(path, secret.value, mode="600")
+
+
+@operation()
+def secret_file(path: str, secret: Secret | None):
+    """Ensure `path` holds exactly the secret's text (root:root 0600), or is absent when None."""
+    current = host.get_fact(Sha1File, path=path)
+    if secret is None:
+        if current is not None:
+            yield StringCommand(f"rm -f {shlex.quote(path)}")
+        return
+    if current != hashlib.sha1(secret.value.encode()).hexdigest():
+        yield FunctionCommand(_write, (path, secret), {})
+        return
+    info = host.get_fact(File, path=path) or {}
+    if (info.get("user"), info.get("group"), info.get("mode")) != ("root", "root", 600):
+        quoted = shlex.quote(path)
+        yield StringCommand(f"chown root:root {quoted} && chmod 600 {quoted}")
