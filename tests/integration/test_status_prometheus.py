@@ -271,6 +271,9 @@ def test_status_prometheus_and_drift(monitored, sandbox_ssh, tmp_path):
         sandbox_ssh(host, f"mv -f /root/unit.orig {UNIT} && systemctl daemon-reload")
     result = status(inventory, host, "--json", "--interval", "1")
     assert result.returncode == 0, tail(result)
+    # status ran every read through sudo; the key went on curl's stdin: not in sudo's log or argv
+    logged = sandbox_ssh(host, f"journalctl --no-pager | grep -c {API_KEY} || true")
+    assert logged.stdout.strip() == "0", "the API key reached the host's journal"
 
 
 def test_unreachable_host_beside_a_healthy_one(monitored, sandbox_fleet, tmp_path):
