@@ -5,7 +5,6 @@ request rate, concurrency and prompt count are identical by construction."""
 
 from __future__ import annotations
 
-import shlex
 
 from .config import ServeConfig, Workload
 
@@ -71,12 +70,6 @@ def bench_args(
     if label:
         args += ["--label", label]
     return args
-
-
-def bench_command(cfg: ServeConfig, **kwargs) -> str:
-    from .flags import launcher
-
-    return shlex.join(launcher(cfg) + bench_args(cfg, **kwargs))
 
 
 SUMMARY_FIELDS = [

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 from .config import ServeConfig
 
@@ -48,18 +50,37 @@ def _resolve(cfg: ServeConfig, repo: str, revision: str) -> str:
         if key in handed_down:
             _resolved[key] = handed_down[key]
         else:
-            from huggingface_hub import HfApi  # only when a moving ref has to be resolved
-
-            api = HfApi(endpoint=cfg.hf_endpoint, token=cfg.hf_token or False)
-            try:
-                _resolved[key] = api.model_info(repo, revision=revision).sha
-            except Exception as error:  # noqa: BLE001 - any hub failure means "cannot pin"
-                raise RevisionError(
-                    f"{repo}@{revision} is a moving ref and the control node could not resolve it "
-                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}) — pin a commit "
-                    "sha in host data, or make the hub reachable from the control node"
-                ) from None
+            _resolved[key] = _ask_hub(cfg, repo, revision)
     return _resolved[key]
+
+
+_ASK_HUB = """
+import sys
+from huggingface_hub import HfApi
+endpoint, repo, revision = sys.argv[1:4]
+print(HfApi(endpoint=endpoint or None).model_info(repo, revision=revision).sha)
+"""
+
+
+def _ask_hub(cfg: ServeConfig, repo: str, revision: str) -> str:
+    """huggingface_hub in a child process: inside pyinfra (gevent-patched `select`) it cannot be
+    imported. The token travels in the child's environment, never its argv."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    if cfg.hf_token:
+        env["HF_TOKEN"] = cfg.hf_token
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _ASK_HUB, cfg.hf_endpoint or "", repo, revision],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    sha = done.stdout.strip()
+    if done.returncode != 0 or not is_commit(sha):
+        why = (done.stderr.strip().splitlines() or ["no answer"])[-1][:200]
+        raise RevisionError(
+            f"{repo}@{revision} is a moving ref and the control node could not resolve it ({why})"
+            " — pin a commit sha in host data, or make the hub reachable from the control node"
+        )
+    return sha
 
 
 def pin(cfg: ServeConfig) -> tuple[ServeConfig, dict[str, dict]]:

@@ -17,117 +17,24 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import signal
 import sys
 import time
 from typing import Any
 
-from pyinfra.api import FactBase
-
-# the facts deploys read (specdeploy/facts.py): status sees exactly what a deploy sees
-from .facts import FileText as FileTextFact
-from .facts import JsonFile as JsonFileFact
-from .facts import VllmVersion as VllmVersionFact
+from .facts import (
+    FileSha1,
+    FileText,
+    GpuMemory,
+    HttpGet,
+    JsonFile,
+    ServiceShow,
+    VllmVersion,
+)
 from .metrics import live_figures
 
 DEFAULT_TIMEOUT = 30.0  # seconds per host, connect + every read + the scrape interval
 DEFAULT_INTERVAL = 5.0  # seconds between the two /metrics scrapes
-_MARK = "specdeploy-status-curl"
-
-# --------------------------------------------------------------------------------------------------
-# Facts (read-only commands; each prints its own failure instead of exiting non-zero, so a missing
-# file or a dead server is a value, not a failed host)
-
-
-class ServiceShow(FactBase):
-    """systemd's view of a unit (`systemctl show`), plus the host's uptime to turn monotonic stamps
-    into ages."""
-
-    PROPERTIES = (
-        "LoadState",
-        "ActiveState",
-        "SubState",
-        "UnitFileState",
-        "ActiveEnterTimestamp",
-        "ActiveEnterTimestampMonotonic",
-        "NRestarts",
-        "MainPID",
-        "NeedDaemonReload",
-    )
-
-    def command(self, unit: str) -> str:
-        props = ",".join(self.PROPERTIES)
-        return (
-            f"systemctl show {shlex.quote(unit)} -p {props} 2>/dev/null || true; "
-            "echo Uptime=$(cut -d' ' -f1 /proc/uptime)"
-        )
-
-    def process(self, output):
-        return dict(line.split("=", 1) for line in output if "=" in line)
-
-
-class HttpGet(FactBase):
-    """GET a URL with curl on the host: {'exit': curl's exit code, 'http': status, 'body': text}.
-    Pass the curl config (e.g. the Authorization header) as `_stdin`: curl reads it with `-K -`."""
-
-    def command(self, url: str, timeout: int = 10) -> str:
-        return (
-            f"curl -sS -m {int(timeout)} -K - -w '\\n{_MARK} %{{http_code}}\\n' "
-            f'{shlex.quote(url)} 2>&1; echo "{_MARK}-exit $?"'
-        )
-
-    def process(self, output):
-        lines = list(output)
-        result = {"exit": None, "http": None, "body": ""}
-        if lines and lines[-1].startswith(f"{_MARK}-exit "):
-            result["exit"] = int(lines.pop().split()[-1])
-        if lines and lines[-1].startswith(f"{_MARK} "):
-            code = lines.pop().split()[-1]
-            result["http"] = int(code) if code.isdigit() else None
-        result["body"] = "\n".join(lines).rstrip("\n")
-        return result
-
-
-class FileSha1(FactBase):
-    """A file's sha1, or "missing", or "unreadable" (e.g. the root-only env file without sudo)."""
-
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (
-            f"if [ -e {p} ]; then {{ sha1sum {p} 2>/dev/null || echo unreadable; }}"
-            " | cut -d' ' -f1; else echo missing; fi"
-        )
-
-    def process(self, output):
-        return output[-1].strip() if output else None
-
-
-class GpuMemory(FactBase):
-    """Memory used/total per NVIDIA GPU (nvidia-smi); [] on hosts without one."""
-
-    def command(self) -> str:
-        return (
-            "command -v nvidia-smi >/dev/null && nvidia-smi "
-            "--query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits "
-            "2>/dev/null || true"
-        )
-
-    def process(self, output):
-        gpus = []
-        for line in output:
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 4 and parts[2].replace(".", "").isdigit():
-                gpus.append(
-                    {
-                        "index": int(parts[0]),
-                        "name": parts[1],
-                        "used_bytes": int(float(parts[2])) * 1024 * 1024,
-                        "total_bytes": int(float(parts[3])) * 1024 * 1024,
-                    }
-                )
-        return gpus
-
 
 # --------------------------------------------------------------------------------------------------
 # Drift
@@ -262,7 +169,7 @@ class HostProbe:
             return out
 
         self.step = "reading the install and unit"
-        installed = self.fact(VllmVersionFact, venv=cfg.venv, package=cfg.vllm_package)
+        installed = self.fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
         out["vllm"] = {
             "package": cfg.vllm_package,
             "pinned": cfg.vllm_version,
@@ -273,15 +180,13 @@ class HostProbe:
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
             )
 
-        record = self.fact(JsonFileFact, path=cfg.record_path)
+        record = self.fact(JsonFile, path=cfg.record_path)
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
         expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
         path = cfg.unit_path(expected.name)
-        drift = unit_drift(
-            self.fact(FileTextFact, path=path), self.fact(Sha1File, path=path), expected
-        )
+        drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         env_sha = self.fact(FileSha1, path=cfg.env_file)
         drift["env_file"] = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
         if env_sha in ("missing", "unreadable"):

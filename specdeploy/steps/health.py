@@ -1,4 +1,4 @@
-"""Step 5: prove the server is up and speculating: /health, /v1/models, one completion, and the
+"""Step 6: prove the server is up and speculating: /health, /v1/models, one completion, and the
 `vllm:spec_decode_*` counters on /metrics."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step 7: the deployment record on the host: every decision, and what the smoke benchmark saw."""
+"""Step 8: the deployment record on the host: every decision, and what the smoke benchmark saw."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Step 6: a short `vllm bench serve` from the host's own install against its local server.
+"""Step 7: a short `vllm bench serve` from the host's own install against its local server.
 
 `bench` is the one way any benchmark runs on a host (smoke, compare, tune, gate)."""
 

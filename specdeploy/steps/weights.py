@@ -1,4 +1,4 @@
-"""Step 2: target and draft weights at their pinned revisions, into the host's HF cache."""
+"""Step 3: target and draft weights at their pinned revisions, into the host's HF cache."""
 
 from __future__ import annotations
 

@@ -122,6 +122,10 @@ def sandbox_ssh(sandbox_fleet):
     by_name = {h["name"]: h for h in sandbox_fleet["hosts"]}
 
     def run(host, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        if isinstance(host, str) and host not in by_name:  # a host added later in the session
+            from specdeploy.sandbox import load_state
+
+            by_name.update({h["name"]: h for h in (load_state() or {}).get("hosts", [])})
         h = by_name[host] if isinstance(host, str) else host
         return subprocess.run(
             sb_hosts.ssh_command(sandbox_fleet, h["address"], command),

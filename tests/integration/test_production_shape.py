@@ -125,6 +125,17 @@ class ProcessSampler:
         self._thread.join(timeout=60)
 
 
+def host_bytes(host: str, command: str) -> bytes:
+    """A command's raw output over the fixtures' root SSH (binary files included)."""
+    from specdeploy.sandbox import hosts as sb_hosts
+    from specdeploy.sandbox import load_state
+
+    state = load_state()
+    address = next(h["address"] for h in state["hosts"] if h["name"] == host)
+    command = sb_hosts.ssh_command(state, address, command)
+    return subprocess.run(command, capture_output=True, timeout=120).stdout
+
+
 def record_of(ssh, host):
     return json.loads(ssh(host, "cat /var/lib/specdeploy/records/deployment.json"))
 
@@ -200,9 +211,9 @@ def test_no_secret_anywhere_it_could_leak(first, ssh, secrets_in_play):
         "journal": ssh(host, "journalctl --no-pager -o cat"),
         "unit": ssh(host, f"cat /etc/systemd/system/{UNIT}"),
         "record": ssh(host, "cat /var/lib/specdeploy/records/deployment.json"),
-        "world-readable files under /tmp and /var/tmp": ssh(
-            host, "find /tmp /var/tmp -type f -perm -o=r -exec cat {} + 2>/dev/null", check=False
-        ),
+        "world-readable files under /tmp and /var/tmp": host_bytes(
+            host, "find /tmp /var/tmp -type f -perm -o=r -exec cat {} + 2>/dev/null"
+        ).decode(errors="replace"),
         "reports": "\n".join(p.read_text() for p in (REPO / "reports" / host).glob("*.json")),
     }
     assert len(first["ps"]) > 20, "the process sampler saw too little"
@@ -270,7 +281,7 @@ def test_rotating_the_hf_token_restarts_nothing(first, upgraded, ssh, sandbox_se
     rotated = prod_shape(sandbox_services, "0.32.0", hf_token=ROTATED_TOKEN)
     result = deploy(inventory(first["tmp"], host, **rotated), timeout=600)
     assert result.returncode == 0, tail(result)
-    assert "HF token file" in result.stdout
+    assert re.search(r"HF token file \S+ \(root, 0600\)", result.stdout + result.stderr)
     assert main_pid(ssh, host) == before, "a token rotation restarted the server"
     assert ssh(host, "cat /etc/specdeploy/specdeploy-vllm.hf-token").strip() == ROTATED_TOKEN
     assert ROTATED_TOKEN not in result.stdout + result.stderr

