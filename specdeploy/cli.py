@@ -44,6 +44,7 @@ def cmd_render(args) -> int:
     hosts = _load_hosts(args)
     out = Path(args.out)
     failed = False
+    configs = {}
     for name, data in hosts.items():
         try:
             cfg = checks.check_config(name, data)
@@ -64,7 +65,31 @@ def cmd_render(args) -> int:
         os.chmod(env_path, 0o600)
         env_path.write_text(render.render_env_file(cfg))
         print(f"{name}: wrote {host_dir}")
+        configs[name] = cfg
+    write_monitoring(args, out, configs)
     return 1 if failed else 0
+
+
+def write_monitoring(args, out: Path, configs: dict) -> None:
+    """Prometheus file_sd targets, scrape config, rules, Grafana dashboard (monitoring.py)."""
+    from .monitoring import inventory_hosts_with_data, write_prometheus
+
+    hosts = [
+        (name, groups, data, configs[name])
+        for name, groups, data in inventory_hosts_with_data(args.inventory, args.group_data)
+        if name in configs
+    ]
+    summary = write_prometheus(
+        out / "prometheus",
+        hosts,
+        reports=Path(args.reports),
+        warn=lambda line: print(line, file=sys.stderr),
+    )
+    print(
+        f"prometheus: wrote {out / 'prometheus'}: {summary['targets']} target(s) in job(s) "
+        f"{', '.join(summary['jobs']) or '-'}; TPOT/acceptance baselines for "
+        f"{', '.join(summary['baselines']) or 'no host'} (from {args.reports})"
+    )
 
 
 def cmd_migrate(args) -> int:
@@ -138,6 +163,24 @@ def cmd_rollout(args) -> int:
         return 2
 
 
+def cmd_status(args) -> int:
+    from .status import run_status
+
+    try:
+        return run_status(
+            args.inventory,
+            limit=args.limit,
+            group_data=args.group_data,
+            as_json=args.json,
+            watch=args.watch,
+            timeout=args.timeout,
+            interval=args.interval,
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"specdeploy status: {error}", file=sys.stderr)
+        return 2
+
+
 def cmd_unlock(args) -> int:
     """Remove a deploy lock left behind by a deploy that died (check that it really is gone first)."""
     import shlex
@@ -183,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("render", help="write each host's speculative and baseline units")
     )
     p.add_argument("--out", required=True, help="output directory (one folder per host)")
+    p.add_argument(
+        "--reports",
+        default=os.environ.get("SPECDEPLOY_REPORTS", "reports"),
+        help="smoke benchmark JSONs (reports/<host>/) for the alerts' baselines",
+    )
     p.set_defaults(func=cmd_render)
     p = sub.add_parser(
         "migrate", help="convert old --speculative-model style flags to --speculative-config"
@@ -219,6 +267,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--pyinfra-args", default="", help='extra pyinfra arguments, one string, e.g. "--debug"'
     )
     p.set_defaults(func=cmd_rollout)
+    p = with_inventory(
+        sub.add_parser(
+            "status",
+            help="each host now: reachable, version, unit drift, service, live speculation figures",
+        )
+    )
+    p.add_argument("--limit", action="append", help="only these hosts or groups (repeatable)")
+    p.add_argument("--json", action="store_true", help="a JSON list, one object per host")
+    p.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until interrupted"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds per host for connecting and every read (default 30)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        help="seconds between the two /metrics scrapes (default 5)",
+    )
+    p.set_defaults(func=cmd_status)
     p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.set_defaults(func=cmd_unlock)

