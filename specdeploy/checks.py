@@ -118,25 +118,32 @@ def host_config() -> ServeConfig:
     return host_config_and_pins()[0]
 
 
+def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:
+    """Revisions that are branches or tags: not refused, but the operator should know the deploy
+    pins them to the commit the control node resolves at rollout time (revisions.py)."""
+    if check_host(host, data):
+        return []
+    return [
+        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
+                f"{revision!r} of {repo} is a moving ref",
+                "the deploy pins it to the commit the control node resolves at rollout time "
+                "(recorded per host); pin a commit sha to choose the weights yourself")
+        for role, repo, revision in revisions.moving_refs(config_from_data(data))
+    ]  # fmt: skip
+
+
 def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     """Settings the pinned release makes pointless: reported by `specdeploy check`, not refused.
     Empty when the data has problems (those come first)."""
     if check_host(host, data):
         return []
     cfg = config_from_data(data)
-    moving = [
-        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
-                f"{revision!r} of {repo} is a moving ref",
-                "the deploy pins it to the commit the control node resolves at rollout time "
-                "(recorded per host); pin a commit sha to choose the weights yourself")
-        for role, repo, revision in revisions.moving_refs(cfg)
-    ]  # fmt: skip
     if cfg.speculative_config.get("method") != "draft_model":
-        return moving
+        return []
     runtime = _draft_runtime(cfg)
     args = cfg.vllm_extra_args
     release = f"vLLM {cfg.vllm_version}"
-    warnings = moving + _check_draft_parallelism(host, cfg)[1]
+    warnings = _check_draft_parallelism(host, cfg)[1]
     if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):
         warnings.append(
             Problem(

@@ -29,6 +29,8 @@ def cmd_check(args) -> int:
         print(problem)
     for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
         print(f"warning: {warning}")
+    for note in (n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)):
+        print(f"note: {note}", file=sys.stderr)
     if problems:
         bad = len({p.host for p in problems})
         print(

@@ -41,6 +41,18 @@ class ModelSnapshot(FactBase):
         return _json_or_none(output)
 
 
+MIB = 1 << 20
+_QUERY = "index,name,memory.total,memory.used,driver_version,compute_cap,mig.mode.current"
+# Always exits 0 and tags each part, so a missing or failing nvidia-smi becomes a fact value that
+# preflight can explain, not a failed fact at planning time.
+ACCELERATOR_COMMAND = (
+    "if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@@missing'; exit 0; fi; "
+    f"echo '@@query'; nvidia-smi --query-gpu={_QUERY} --format=csv,noheader,nounits 2>&1; "
+    "echo \"@@rc $?\"; echo '@@list'; nvidia-smi -L 2>&1; "
+    "echo '@@header'; nvidia-smi 2>&1 | grep -m1 'CUDA Version' || true"
+)
+
+
 class MigDevice(BaseModel):
     profile: str  # e.g. "3g.71gb"
     memory_bytes: int  # from the profile name (decimal GB, as NVIDIA names them)

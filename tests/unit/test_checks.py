@@ -212,15 +212,15 @@ def test_check_config_raises_with_every_problem(valid_data):
 
 
 def test_moving_refs_are_named_by_check_not_refused(valid_data):
-    from specdeploy.checks import check_warnings
+    from specdeploy.checks import moving_ref_notes
 
     assert check_host("gpu-1", valid_data) == []
-    warned = {w.field: w for w in check_warnings("gpu-1", valid_data)}
+    warned = {w.field: w for w in moving_ref_notes("gpu-1", valid_data)}
     assert "moving ref" in warned["target_revision"].what
     assert "speculative_config.revision" in warned  # the draft's revision defaults to "main"
     valid_data["target_revision"] = "0" * 40
     valid_data["speculative_config"]["revision"] = "1" * 40
-    assert not [w for w in check_warnings("gpu-1", valid_data) if "moving ref" in w.what]
+    assert moving_ref_notes("gpu-1", valid_data) == []
 
 
 def test_names_that_reach_shell_and_units_are_validated(valid_data):
