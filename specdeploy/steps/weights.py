@@ -29,7 +29,7 @@ def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
     }
 
 
-@deploy("Download token")
+@deploy("Token for model downloads")
 def download_token(cfg: ServeConfig):
     """The HF token in its own root-only file; rotating it changes this file only (no restart)."""
     secret = Secret(cfg.hf_token) if cfg.hf_token else None
