@@ -86,7 +86,7 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
             entry["after"] = _after_restore(cfg, unit, unit_exec_argv(previous) or [])
             raise RolledBack(
                 f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
-                f"unit and env file were restored; {entry['after']}.\ncause: {cause}"
+                f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
             ) from error
         finally:
             _report(entry)
@@ -99,6 +99,6 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
     try:
         old = config_for_argv(cfg, argv)
         checked = health.wait_healthy(old, unit, speculative="--speculative-config" in argv)
-        return f"{runs} and is healthy again after {checked['seconds_to_healthy']}s"
+        return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
     except Exception as again:  # noqa: BLE001
-        return f"{runs} but is NOT healthy after rollback either ({service_state(unit)}): {again}"
+        return f"NOT healthy after rollback either ({service_state(unit)}); {runs}: {again}"
