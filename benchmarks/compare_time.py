@@ -1,11 +1,15 @@
-"""How long does deploys/compare.py (3 repeats per arm) take on the sandbox fleet? Target: <= 10 min.
+"""How long does deploys/compare.py (3 repeats per arm) take on the sandbox fleet? \
+Target: <= 10 min.
 
     SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy sandbox up --hosts 2
-    python benchmarks/compare_time.py [--repeats 3] [--warmup-runs 1] [--no-apc] [--limit HOST] [--deploy]
+    python benchmarks/compare_time.py [--repeats 3] [--warmup-runs 1] [--no-apc] \
+[--limit HOST] [--deploy]
 
 Runs the real pyinfra deploy against inventories/sandbox.py (the fleet must be up; --deploy runs
-deploys/serve.py first), then prints the wall time and where it went (server starts, benchmarks), from
-the run's raw files. Host load matters: the sandbox shares the control node's CPUs, so the load average
+deploys/serve.py first), then prints the wall time and where it went \
+(server starts, benchmarks), from
+the run's raw files. Host load matters: \
+the sandbox shares the control node's CPUs, so the load average
 at start and end is printed with the figure.
 """
 
@@ -74,11 +78,13 @@ def main() -> int:
     run_dir = REPO / "reports" / run
     print(
         f"deploys/compare.py, {args.repeats} repeats per arm, {args.warmup_runs} warm-up run(s), "
-        f"APC profile {'off' if args.no_apc else 'on'}: {wall:.0f} s wall ({wall / 60:.1f} min; target <= "
+        f"APC profile {'off' if args.no_apc else 'on'}: {wall:.0f} s wall "
+        f"({wall / 60:.1f} min; target <= "
         f"{TARGET_S // 60} min: {'met' if wall <= TARGET_S else 'NOT met'})"
     )
     print(
-        f"load average at start {load_before[0]:.1f}, at end {load_after[0]:.1f} (control node: {os.cpu_count()} CPUs)"
+        f"load average at start {load_before[0]:.1f}, at end {load_after[0]:.1f} "
+        f"(control node: {os.cpu_count()} CPUs)"
     )
     for host_dir in sorted((run_dir / "raw").glob("*")):
         cond = json.loads((host_dir / "conditions.json").read_text())
@@ -91,8 +97,9 @@ def main() -> int:
         ]
         bench = [s["bench_seconds"] for s in samples]
         print(
-            f"  {host_dir.name}: {cond['seconds']:.0f} s for {len(samples)} samples + restore; per sample: server "
-            f"start median {statistics.median(start):.0f} s, benchmark median {statistics.median(bench):.0f} s"
+            f"  {host_dir.name}: {cond['seconds']:.0f} s for {len(samples)} samples + restore; "
+            f"per sample: server start median {statistics.median(start):.0f} s, "
+            f"benchmark median {statistics.median(bench):.0f} s"
         )
     print(f"report: {run_dir}/summary.md")
     return 0

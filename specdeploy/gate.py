@@ -27,7 +27,8 @@ def speculation_gate(
     `--save-detailed` benchmark each; per-request TPOT decides (tuning.gate_decision).
 
     Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
-    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit disabled."""
+    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
+    disabled."""
     gate_cfg = cfg.speculation_gate
     baseline = render_unit(cfg, "baseline")
     out = Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host.name
@@ -68,14 +69,16 @@ def speculation_gate(
                 arm: r.get("median_tpot_ms") for arm, r in results.items()
             },
             "acceptance": results["speculative"]["specdeploy"]["server_counters"],
-            "method": "one fresh server and one benchmark per arm (baseline first), per-request TPOT, "
+            "method": "one fresh server and one benchmark per arm (baseline first), "
+            "per-request TPOT, "
             "production units (prefix caching as deployed)",
         }
     )
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if decision["passed"] or gate_cfg.on_fail != "baseline":
         return rendered, checked, decision
-    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit unchanged
+    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit
+    # unchanged
     installed, staged = cfg.unit_path(baseline.name), cfg.staged_unit_path(baseline.name)
     sh(
         f"cp -p {shlex.quote(installed)} {shlex.quote(staged)} && "

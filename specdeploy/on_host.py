@@ -51,8 +51,8 @@ def sh_status(command: str, *, stdin: str | None = None, timeout: int | None = N
 
 
 def sh(command: str, *, check: bool = True, stdin: str | None = None, timeout: int | None = None):
-    """Run `command` on the host (as root under `_sudo`); its stdout. Raises HostCommandError when it
-    fails and `check` is true."""
+    """Run `command` on the host (as root under `_sudo`); its stdout. Raises HostCommandError when
+    it fails and `check` is true."""
     ok, stdout, output = sh_status(command, stdin=stdin, timeout=timeout)
     if check and not ok:
         shown = command if len(command) < 300 else command[:300] + " ..."

@@ -148,7 +148,8 @@ def check_vocab(cfg: ServeConfig, target: dict, draft: dict, result: Preflight) 
         "decision": "shared vocabulary"
         if same
         else (
-            "heterogeneous vocabulary accepted (use_heterogeneous_vocab recorded in speculative_config)"
+            "heterogeneous vocabulary accepted "
+            "(use_heterogeneous_vocab recorded in speculative_config)"
             if heterogeneous
             else "refused: vocabularies differ"
         ),
@@ -156,9 +157,12 @@ def check_vocab(cfg: ServeConfig, target: dict, draft: dict, result: Preflight) 
     if not same and not heterogeneous:
         result.problems.append(
             f"draft {cfg.draft_model} has vocab_size {draft['vocab_size']} (tokenizer "
-            f"{draft.get('tokenizer_vocab_size')}) but target {cfg.target_model} has {target['vocab_size']} "
-            f"(tokenizer {target.get('tokenizer_vocab_size')}). Either pick a draft that shares the target's "
-            'tokenizer, or record the decision with speculative_config "use_heterogeneous_vocab": true '
+            f"{draft.get('tokenizer_vocab_size')}) but target {cfg.target_model} "
+            f"has {target['vocab_size']} "
+            f"(tokenizer {target.get('tokenizer_vocab_size')}). "
+            "Either pick a draft that shares the target's "
+            "tokenizer, or record the decision with speculative_config "
+            '"use_heterogeneous_vocab": true '
             "(vLLM >= 0.25, method draft_model, greedy drafting only)."
         )
 
@@ -169,7 +173,8 @@ def check_context(cfg: ServeConfig, target: dict, draft: dict, result: Preflight
         limit = model.get("max_position_embeddings")
         if limit and wanted > limit:
             result.problems.append(
-                f"max_model_len {wanted} exceeds the {role} {model['repo']}'s max_position_embeddings {limit}; "
+                f"max_model_len {wanted} exceeds the {role} {model['repo']}'s "
+                f"max_position_embeddings {limit}; "
                 f"lower max_model_len (>= prompt_len + output_len) or choose another {role}"
             )
 

@@ -1,7 +1,7 @@
 """One rollout, one set of weights: moving refs are resolved once, on the control node.
 
-Host data may name a branch or tag (`target_revision = "main"`). Left to each host, hosts deployed an
-hour apart could serve different weights while their records each look right. So every deploy
+Host data may name a branch or tag (`target_revision = "main"`). Left to each host, hosts deployed
+an hour apart could serve different weights while their records each look right. So every deploy
 resolves a moving ref on the control node with huggingface_hub (once per pyinfra process, shared by
 all hosts of the run) and renders, downloads and records the commit sha; `specdeploy rollout`
 resolves them once before its first batch and hands the pins to every batch through
@@ -86,8 +86,11 @@ def _ask_hub(cfg: ServeConfig, repo: str, revision: str) -> str:
 def pin(cfg: ServeConfig) -> tuple[ServeConfig, dict[str, dict]]:
     """`cfg` with every moving ref replaced by its commit sha, and {role: {requested, resolved}}."""
     pins = {
-        role: {"requested": revision, "resolved": _resolve(cfg, repo, revision),
-               "resolved_on": "control node"}  # fmt: skip
+        role: {
+            "requested": revision,
+            "resolved": _resolve(cfg, repo, revision),
+            "resolved_on": "control node",
+        }
         for role, repo, revision in moving_refs(cfg)
     }
     return apply_pins(cfg, pins), pins
@@ -99,7 +102,10 @@ def apply_pins(cfg: ServeConfig, pins: dict[str, dict]) -> ServeConfig:
     if "target" in pins:
         update["target_revision"] = pins["target"]["resolved"]
     if "draft" in pins:
-        update["speculative_config"] = {**cfg.speculative_config, "revision": pins["draft"]["resolved"]}
+        update["speculative_config"] = {
+            **cfg.speculative_config,
+            "revision": pins["draft"]["resolved"],
+        }
     return cfg.model_copy(update=update) if update else cfg
 
 

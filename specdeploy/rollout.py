@@ -25,7 +25,7 @@ from .inventory import host_data
 from .revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from .steps.rollback import ROLLOUT_REPORT_ENV
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The controller: `specdeploy rollout`
 
 
@@ -121,7 +121,8 @@ def run_rollout(
         shutil.rmtree(with_report, ignore_errors=True)
         if result.returncode != 0:
             say(
-                f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s (pyinfra exit {result.returncode})"
+                f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s "
+                f"(pyinfra exit {result.returncode})"
             )
             for entry in notes:
                 action = (
@@ -143,6 +144,7 @@ def run_rollout(
             f"{'planned (dry run, nothing changed)' if dry else 'healthy'}: {', '.join(batch)}"
         )
     say(
-        f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) in {time.monotonic() - started:.0f}s"
+        f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) "
+        f"in {time.monotonic() - started:.0f}s"
     )
     return 0

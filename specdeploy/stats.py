@@ -21,9 +21,9 @@ def median(xs: Sequence[float]) -> float:
 def mad(xs: Sequence[float]) -> float:
     """Median absolute deviation from the median, UNSCALED: median(|x - median(xs)|).
 
-    Multiply by 1.4826 for a consistent estimate of the standard deviation of normal data; unscaled, it
-    is the half-width of the interval around the median that holds half of the samples (for symmetric
-    data), which is the spread the noise band below uses."""
+    Multiply by 1.4826 for a consistent estimate of the standard deviation of normal data;
+    unscaled, it is the half-width of the interval around the median that holds half of the samples
+    (for symmetric data), which is the spread the noise band below uses."""
     m = median(xs)
     return median([abs(x - m) for x in xs])
 
@@ -31,15 +31,16 @@ def mad(xs: Sequence[float]) -> float:
 def ratio_with_band(spec: Sequence[float], base: Sequence[float]) -> dict:
     """Ratio of medians spec/base with a noise band from both arms' spread.
 
-    ratio = median(spec) / median(base)            (< 1: the speculative arm is faster, for latencies)
+    ratio = median(spec) / median(base)   (< 1: the speculative arm is faster, for latencies)
     low   = (median(spec) - mad(spec)) / (median(base) + mad(base))
-    high  = (median(spec) + mad(spec)) / (median(base) - mad(base))   (inf if the denominator is <= 0)
+    high  = (median(spec) + mad(spec)) / (median(base) - mad(base))
+            (inf if the denominator is <= 0)
 
     The band is interval arithmetic on "median +/- one MAD" of each arm: the most and the least
     favourable ratio if each median moved by its own typical request-to-request deviation. It is a
-    conservative noise band, not a confidence interval (the medians themselves are known more tightly
-    than one MAD). `significant` is True when the whole band lies on one side of 1, i.e. the two arms
-    differ by more than their spread: faster when high < 1, slower when low > 1.
+    conservative noise band, not a confidence interval (the medians themselves are known more
+    tightly than one MAD). `significant` is True when the whole band lies on one side of 1, i.e. the
+    two arms differ by more than their spread: faster when high < 1, slower when low > 1.
     """
     return band_from_spread(median(spec), mad(spec), median(base), mad(base))
 
@@ -47,7 +48,8 @@ def ratio_with_band(spec: Sequence[float], base: Sequence[float]) -> dict:
 def band_from_spread(
     spec_median: float, spec_spread: float, base_median: float, base_spread: float
 ) -> dict:
-    """`ratio_with_band` when only each arm's median and spread (MAD, or an estimate of it) are known."""
+    """`ratio_with_band` when only each arm's median and spread (MAD, or an estimate of it) are
+    known."""
     ms, ds, mb, db = spec_median, spec_spread, base_median, base_spread
     if mb <= 0:
         raise ValueError("baseline median must be positive")

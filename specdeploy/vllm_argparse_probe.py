@@ -4,7 +4,8 @@ Run it with the Python of the venv that holds vLLM (this module imports only vLL
 the standard library, so ``PYTHONPATH=<repo>`` is enough)::
 
     python -m specdeploy.vllm_argparse_probe -- /models/target --dtype float32 \\
-        --speculative-config '{"method":"draft_model","model":"/models/draft","num_speculative_tokens":3}'
+        --speculative-config \\
+        '{"method":"draft_model","model":"/models/draft","num_speculative_tokens":3}'
     python -m specdeploy.vllm_argparse_probe --argv-file argv.json   # JSON list of strings
 
 The argv is everything that would follow ``vllm serve``. It goes through the real

@@ -1,7 +1,9 @@
 """Collect the device runs into results.json, then derive the payoff tables and payoff.png.
 
-  python benchmarks/gpu_payoff/analyze.py collect OUT.json DEVICE_DIR...   (summary.json + logs.tar.gz each)
-  python benchmarks/gpu_payoff/analyze.py report results.json payoff.png   (prints the REPORT tables)
+  python benchmarks/gpu_payoff/analyze.py collect OUT.json DEVICE_DIR...
+      (summary.json + logs.tar.gz each)
+  python benchmarks/gpu_payoff/analyze.py report results.json payoff.png
+      (prints the REPORT tables)
 
 Step time. At concurrency 1 a speculative engine step emits on average AL tokens (AL = measured
 acceptance length incl. the bonus token), so step = TPOT x AL; for the baseline step = TPOT.
@@ -120,8 +122,10 @@ def report(path: str, png: str) -> None:
     )
     rows = []
     print(
-        "| arm | k | L set | sched | c | TPOT med ms | TPOT P90 ms | ITL med ms | AL meas | step = TPOT x AL ms | "
-        "TPOT ratio spec/base [band] | significant | speedup | c_eff | alpha | Leviathan at c_alone |"
+        "| arm | k | L set | sched | c | TPOT med ms | TPOT P90 ms | ITL med ms | AL meas | "
+        "step = TPOT x AL ms | "
+        "TPOT ratio spec/base [band] | significant | speedup | c_eff | alpha | "
+        "Leviathan at c_alone |"
     )
     print("|" + "---|" * 16)
     for r in recs:
@@ -163,16 +167,19 @@ def report(path: str, png: str) -> None:
             )
             print(
                 f"| {name} | {k} | {length} | {m['sched']} | {conc} | {b['median_tpot_ms']:.2f} | "
-                f"{b.get('p90_tpot_ms', float('nan')):.2f} | {b['median_itl_ms']:.2f} | {al:.2f} | {step:.1f} | "
+                f"{b.get('p90_tpot_ms', float('nan')):.2f} | {b['median_itl_ms']:.2f} | "
+                f"{al:.2f} | {step:.1f} | "
                 f"{band['ratio']:.3f} [{band['low']:.3f}, {band['high']:.3f}] | "
-                f"{'yes' if band['significant'] else 'no'} | {1 / band['ratio']:.2f}x | {c_eff:.2f} | "
+                f"{'yes' if band['significant'] else 'no'} | {1 / band['ratio']:.2f}x | "
+                f"{c_eff:.2f} | "
                 f"{a:.2f} | {lev_alone:.2f}x |"
             )
     for name in ("base", "base_v1", "draft_alone"):
         r = _arm(recs, name)
         if r:
             cells = ", ".join(
-                f"c={c}: TPOT {b['median_tpot_ms']:.2f} ms (P90 {b.get('p90_tpot_ms', float('nan')):.2f})"
+                f"c={c}: TPOT {b['median_tpot_ms']:.2f} ms "
+                f"(P90 {b.get('p90_tpot_ms', float('nan')):.2f})"
                 for c, b in r["bench"].items()
                 if "median_tpot_ms" in b
             )
@@ -230,7 +237,8 @@ def _plot(rows, t_target, c_alone, png):
     ax.set_xlabel("acceptance length L (tokens per step, synthetic)")
     ax.set_ylabel("speedup = baseline TPOT / speculative TPOT")
     ax.set_title(
-        "H200, Qwen3-8B target + Qwen3-0.6B draft, c=1\npoints: measured (o async, x sync, v draft eager)\n"
+        "H200, Qwen3-8B target + Qwen3-0.6B draft, c=1\n"
+        "points: measured (o async, x sync, v draft eager)\n"
         "solid: 5.24 ms x L / measured step(k); dotted: Leviathan with c_alone=0.34",
         fontsize=9,
     )
@@ -262,7 +270,8 @@ def _plot(rows, t_target, c_alone, png):
     ax.set_xlabel("L")
     ax.set_ylabel("k (num_speculative_tokens)")
     ax.set_title(
-        "payoff map, c=1, --async-scheduling\nblack: measured; grey (x): 5.24 ms x L / step(k), not measured",
+        "payoff map, c=1, --async-scheduling\n"
+        "black: measured; grey (x): 5.24 ms x L / step(k), not measured",
         fontsize=9,
     )
     fig.colorbar(im, ax=ax, label="speedup")

@@ -1,5 +1,5 @@
-"""On-device runner: start each planned server once, warm it, run `vllm bench serve` at every planned
-concurrency, stop it, and write a compact summary to $OUT after every arm.
+"""On-device runner: start each planned server once, warm it, run `vllm bench serve` at every
+planned concurrency, stop it, and write a compact summary to $OUT after every arm.
 
 Runs on the H200 machine under its python3 (vLLM unpacked in /tmp/site on PYTHONPATH); needs nothing
 from specdeploy: every argv comes from plan.json, which plan.py builds with specdeploy's own code.
@@ -79,7 +79,8 @@ def complete(port: int, model: str, max_tokens: int) -> None:
 
 
 def warm(port: int, model: str) -> None:
-    """Triton kernels and graph shapes of the first batch sizes compile/load here, not in the run."""
+    """Triton kernels and graph shapes of the first batch sizes compile/load here, not in the
+    run."""
     complete(port, model, 32)
     threads = [threading.Thread(target=complete, args=(port, model, 16)) for _ in range(8)]
     for t in threads:
@@ -128,7 +129,7 @@ def summarize(path: str) -> dict:
     with open(path) as f:
         r = json.load(f)
     tpot, itl_med, chunks = [], [], []
-    for itls, n in zip(r.get("itls", []), r.get("output_lens", [])):
+    for itls, n in zip(r.get("itls", []), r.get("output_lens", []), strict=False):
         if n and n > 1 and itls:
             tpot.append(1000.0 * sum(itls) / (n - 1))
             itl_med.append(1000.0 * statistics.median(itls))
@@ -228,8 +229,10 @@ def run_arm(name: str, arm: dict, deadline: float, py: str) -> dict:
                 rec["bench"][conc] = summarize(result) | {"wall_s": round(time.time() - tb, 1)}
                 b = rec["bench"][conc]
                 log(
-                    f"{name} c={conc}: TPOT {b['median_tpot_ms']:.2f} ms  ITL {b['median_itl_ms']:.2f} ms  "
-                    f"AL {b.get('spec_decode_acceptance_length')}  ({rec['bench'][conc]['wall_s']} s)"
+                    f"{name} c={conc}: TPOT {b['median_tpot_ms']:.2f} ms  "
+                    f"ITL {b['median_itl_ms']:.2f} ms  "
+                    f"AL {b.get('spec_decode_acceptance_length')}  "
+                    f"({rec['bench'][conc]['wall_s']} s)"
                 )
             else:
                 rec["bench"][conc] = {
@@ -340,12 +343,14 @@ def main() -> None:
     for r in records:
         b = r.get("bench", {})
         cells = "  ".join(
-            f"c{c}: TPOT {v.get('median_tpot_ms', float('nan')):.2f} ITL {v.get('median_itl_ms', float('nan')):.2f}"
+            f"c{c}: TPOT {v.get('median_tpot_ms', float('nan')):.2f} "
+            f"ITL {v.get('median_itl_ms', float('nan')):.2f}"
             for c, v in b.items()
             if isinstance(v, dict) and "median_tpot_ms" in v
         )
         print(
-            f"{r['arm']:<22} ready {r.get('ready_s', '-')}s  {cells}  {r.get('error', r.get('skipped', ''))}"
+            f"{r['arm']:<22} ready {r.get('ready_s', '-')}s  {cells}  "
+            f"{r.get('error', r.get('skipped', ''))}"
         )
 
 

@@ -1,7 +1,8 @@
 """Read a vLLM release's SpeculativeConfig fields and methods from its wheel source.
 
 Usage: python extract_spec_keys.py path/to/vllm/config/speculative.py VERSION SOURCE_TEXT
-Prints the JSON entry for specdeploy/data/speculative_keys.json (same shape as the existing entries).
+Prints the JSON entry for specdeploy/data/speculative_keys.json (same shape as the existing
+entries).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import sys
 
 # Fields SpeculativeConfig fills from the engine config itself (post-init, or EngineArgs'
 # create_speculative_config overwriting them); setting them in the JSON is meaningless at best.
-# draft_load_config is not among them: it is an optional user setting ("If not specified, will use the
-# load config from the target model"), read by the draft proposer.
+# draft_load_config is not among them: it is an optional user setting ("If not specified, will use
+# the load config from the target model"), read by the draft proposer.
 DERIVED = (
     "draft_model_config",
     "draft_parallel_config",

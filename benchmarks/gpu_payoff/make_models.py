@@ -1,9 +1,9 @@
 """Write the two architecture-only model folders the device loads with `--load-format dummy`.
 
 No weights can reach the device, so each folder holds the real Hugging Face `config.json` of the
-architecture (Qwen3-8B target, Qwen3-0.6B draft) and one small byte-level BPE tokenizer trained here.
-Both configs keep vocab_size 151936 (the real one) so the draft and target vocabularies match, as vLLM
-requires for draft_model; the tokenizer only ever emits ids < its own size, which is all the
+architecture (Qwen3-8B target, Qwen3-0.6B draft) and one small byte-level BPE tokenizer trained
+here. Both configs keep vocab_size 151936 (the real one) so the draft and target vocabularies match,
+as vLLM requires for draft_model; the tokenizer only ever emits ids < its own size, which is all the
 random-prompt benchmark needs.
 
 Usage: python make_models.py OUTDIR      (writes OUTDIR/target and OUTDIR/draft)

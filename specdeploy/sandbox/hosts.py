@@ -115,7 +115,8 @@ def new_prefix() -> str:
     if env:
         if not PREFIX_RE.match(env):
             raise SandboxError(
-                f"SPECDEPLOY_SANDBOX_PREFIX={env!r}: need 2-10 chars [a-z0-9], starting with a letter"
+                f"SPECDEPLOY_SANDBOX_PREFIX={env!r}: need 2-10 chars [a-z0-9], "
+                "starting with a letter"
             )
         return env
     taken = set(list_links()) | set(list_netns())
@@ -423,7 +424,8 @@ def prepare_root(st: dict, name: str, address: str) -> tuple[Path, str]:
     os.chmod(home / ".ssh/authorized_keys", 0o600)
     for path in (home / ".ssh", home / ".ssh/authorized_keys"):
         os.chown(path, uid, gid)
-    # Packages come from the sandbox's Debian repository (the organisation's mirror of a real fleet).
+    # Packages come from the sandbox's Debian repository (the organisation's mirror of a real
+    # fleet).
     apt_url = st.get("debian_repo_url")
     (etc / "apt/sources.list").write_text(debian_repo.sources_line(apt_url) if apt_url else "")
     return root, f"{pub[0]} {pub[1]}"
@@ -556,7 +558,8 @@ def system_state(st: dict, h: dict, timeout: int = 10) -> str:
     init = container_init_pid(pid) if pid and host_alive(h) else None
     if init:
         p = subprocess.run(
-            ["nsenter", "-t", str(init), "-m", "-u", "-i", "-n", "-p", "systemctl", "is-system-running"],
+            ["nsenter", "-t", str(init), "-m", "-u", "-i", "-n", "-p",
+             "systemctl", "is-system-running"],
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if p.stdout.strip():

@@ -66,7 +66,9 @@ def cache_dir() -> Path:
 
 def recipe_id() -> str:
     h = hashlib.sha256(
-        "|".join([RECIPE_VERSION, SUITE, ",".join(PACKAGES), ",".join(MASKED_UNITS), DEPLOY_USER]).encode()
+        "|".join(
+            [RECIPE_VERSION, SUITE, ",".join(PACKAGES), ",".join(MASKED_UNITS), DEPLOY_USER]
+        ).encode()
     ).hexdigest()[:10]
     return f"{SUITE}-{h}"
 

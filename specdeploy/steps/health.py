@@ -47,7 +47,9 @@ def request(
     cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30
 ) -> str:
     """GET (or POST `data` as JSON) `path` on the host's server, from the host; the body."""
-    command = f"curl -sS --fail-with-body -m {int(timeout)} -K - {shlex.quote(base_url(cfg) + path)}"
+    command = (
+        f"curl -sS --fail-with-body -m {int(timeout)} -K - {shlex.quote(base_url(cfg) + path)}"
+    )
     return sh(command, check=check, stdin=curl_config(cfg, data))
 
 
@@ -77,7 +79,8 @@ def wait_healthy(
             )
         if elapsed >= next_report:
             logger.info(
-                f"{host.print_prefix}waiting for {unit} /health ({elapsed:.0f}s of {timeout_s}s, {state})"
+                f"{host.print_prefix}waiting for {unit} /health "
+                f"({elapsed:.0f}s of {timeout_s}s, {state})"
             )
             next_report = elapsed + 15
         time.sleep(2)

@@ -1,5 +1,5 @@
-"""A per-host deploy lock, so two deploys (two operators, two terminals, two control hosts) can never
-interleave their changes on one host.
+"""A per-host deploy lock, so two deploys (two operators, two terminals, two control hosts) can
+never interleave their changes on one host.
 
 The lock is a file on the host, `/run/lock/<service_name>.deploy.lock`, created atomically
 (`set -C`: O_EXCL) by the first operation of a deploy and removed by its last. It names its holder:
@@ -10,10 +10,11 @@ Both lock operations report "No changes" (they change no configuration), so a no
 run of zero changes. They only act while pyinfra executes; during planning (`--dry`, or a run
 without `-y`) the acquire operation only reads the lock and warns when someone else holds it.
 
-Stale locks: the lock lives in /run (tmpfs), so a reboot clears it. A deploy that dies mid-way leaves
-it behind; the next deploy from the *same* control host takes it over when the holder's pid is no
-longer running there. A lock left by another control host is removed by hand after checking that
-deploy is really gone: `specdeploy unlock INVENTORY --limit HOST` (or `rm` the file on the host).
+Stale locks: the lock lives in /run (tmpfs), so a reboot clears it. A deploy that dies mid-way
+leaves it behind; the next deploy from the *same* control host takes it over when the holder's pid
+is no longer running there. A lock left by another control host is removed by hand after checking
+that deploy is really gone: `specdeploy unlock INVENTORY --limit HOST` (or `rm` the file on the
+host).
 A deploy whose health check fails rolls the host back and releases the lock itself.
 """
 
@@ -97,7 +98,8 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
         ]
     )
     command = (
-        f"mkdir -p {LOCK_DIR} && if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
+        f"mkdir -p {LOCK_DIR} && "
+        f"if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
         f"then echo ACQUIRED; else cat {path}; fi"
     )
     for _ in range(2):

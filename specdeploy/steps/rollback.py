@@ -59,7 +59,7 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
     run changed, release the deploy lock and raise with a true account of the host's state."""
     try:
         return verify(cfg, rendered, **kwargs)
-    except Exception as error:  # noqa: BLE001 - any failure of the new config
+    except Exception as error:  # any failure of the new config
         cause = str(error)
         unit = rendered.name
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
@@ -67,7 +67,8 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
             if not changed():
                 state = service_state(unit)
                 entry["after"] = (
-                    f"not rolled back: this run changed neither unit nor env file; {unit} is {state}"
+                    "not rolled back: this run changed neither unit nor env file; "
+                    f"{unit} is {state}"
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
@@ -76,7 +77,8 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
                 sh(f"systemctl stop {shlex.quote(unit)} || true", check=False)
                 entry["after"] = (
                     f"no previous unit was kept (first deploy of {unit} here), so nothing was "
-                    f"restored; {unit} is stopped ({service_state(unit)}) and the host serves nothing"
+                    f"restored; {unit} is stopped ({service_state(unit)}) "
+                    "and the host serves nothing"
                 )
                 raise RolledBack(
                     f"{host.name}: the new config failed its health check; {entry['after']}.\n"
@@ -100,5 +102,5 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
         old = config_for_argv(cfg, argv)
         checked = health.wait_healthy(old, unit, speculative="--speculative-config" in argv)
         return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
-    except Exception as again:  # noqa: BLE001
+    except Exception as again:
         return f"NOT healthy after rollback either ({service_state(unit)}); {runs}: {again}"

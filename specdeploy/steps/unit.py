@@ -81,7 +81,8 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, en
 
 
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:
-    """Copy the installed unit and env file to state_dir/rollback (only when a unit is installed)."""
+    """Copy the installed unit and env file to state_dir/rollback (only when a unit is
+    installed)."""
     target, env_file = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.env_file)
     kept = shlex.quote(cfg.kept_unit_path(name))
     return (
@@ -98,7 +99,8 @@ def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
 
 def restore_previous(cfg: ServeConfig, name: str) -> str | None:
     """Execution time (inside python.call): put the kept unit + env file back, daemon-reload and
-    restart. Returns the restored unit's text, or None when no unit was kept (nothing is changed)."""
+    restart. Returns the restored unit's text, or None when no unit was kept (nothing is
+    changed)."""
     text = kept_unit_text(cfg, name)
     if text is None:
         return None

@@ -48,8 +48,10 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     needed = int(cfg.min_free_disk_gb * (1 << 30))
     if free < needed:
         raise RuntimeError(
-            f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, min_free_disk_gb is "
-            f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching {', '.join(r for _, r, _ in missing)}"
+            f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, "
+            "min_free_disk_gb is "
+            f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching "
+            f"{', '.join(r for _, r, _ in missing)}"
         )
     # The token file is written first, so a gated repo downloads on a fresh host too; it is the
     # download's alone (HF_TOKEN_PATH), never the server's environment.

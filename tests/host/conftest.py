@@ -1,7 +1,8 @@
-"""Host tests for a deployed fleet: `pytest tests/host --inventory inventories/prod.py [--limit HOST]`.
+"""Host tests for a deployed fleet:
+`pytest tests/host --inventory inventories/prod.py [--limit HOST]`.
 
-The pyinfra inventory (with its group_data, exactly as `pyinfra INVENTORY ...` sees it) is turned into
-testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_port, ssh_key,
+The pyinfra inventory (with its group_data, exactly as `pyinfra INVENTORY ...` sees it) is turned
+into testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_port, ssh_key,
 ssh_known_hosts_file, ssh_strict_host_key_checking, _sudo) become one `Host` entry of a generated
 ssh_config, used by testinfra's `ssh://` backend (the system ssh client, with connection sharing).
 Every expectation is derived from the same config the deploy used: `specdeploy.checks.check_config`
@@ -90,7 +91,8 @@ def ssh_config_text(hosts: dict[str, dict]) -> str:
         strict = data.get("ssh_strict_host_key_checking")
         if strict is not None:
             lines.append(
-                f"    StrictHostKeyChecking {strict if isinstance(strict, str) else ('yes' if strict else 'no')}"
+                "    StrictHostKeyChecking "
+                f"{strict if isinstance(strict, str) else ('yes' if strict else 'no')}"
             )
         if data.get("ssh_allow_agent") is False:
             lines.append("    ForwardAgent no")

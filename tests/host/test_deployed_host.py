@@ -42,14 +42,15 @@ def record(th, host_cfg):
 
 @pytest.fixture(scope="session")
 def cfg(host_cfg, record):
-    """The host's config with the moving refs pinned as the deployment record says (revisions.py)."""
+    """The host's config with the moving refs pinned as the deployment record says
+    (revisions.py)."""
     return apply_pins(host_cfg, (record or {}).get("revisions") or {})
 
 
 @pytest.fixture(scope="session")
 def rendered(cfg, record):
-    """The unit this config renders, for the role the deploy chose (the speculation gate may pick the
-    baseline; the record says which)."""
+    """The unit this config renders, for the role the deploy chose (the speculation gate may pick
+    the baseline; the record says which)."""
     role = (record or {}).get("role") or "speculative"
     return render_unit(cfg, role)
 
@@ -76,7 +77,7 @@ def curl(th, cfg, path: str) -> str:
     header = 'header = "Authorization: Bearer %s"\\n'
     script = (
         f"set -a; [ -f {env} ] && . {env}; set +a; "
-        f"{{ [ -n \"$VLLM_API_KEY\" ] && printf '{header}' \"$VLLM_API_KEY\"; true; }} | "
+        f'{{ [ -n "$VLLM_API_KEY" ] && printf \'{header}\' "$VLLM_API_KEY"; true; }} | '
         f"curl -sS --fail-with-body -m 30 -K - {shlex.quote(base_url(cfg) + path)}"
     )
     return run(th, f"sh -c {shlex.quote(script)}")
@@ -107,7 +108,8 @@ def test_speculative_config_json(installed_argv, rendered, cfg):
     text = flag_value(installed_argv, "--speculative-config")
     assert text is not None, "ExecStart has no --speculative-config"
     assert json.loads(text) == cfg.speculative_config, (
-        f"--speculative-config is {text}, host data says {json.dumps(cfg.speculative_config, sort_keys=True)}"
+        f"--speculative-config is {text}, "
+        f"host data says {json.dumps(cfg.speculative_config, sort_keys=True)}"
     )
 
 
@@ -167,7 +169,8 @@ def test_what_root_later_uses_is_root_owned(th, cfg):
     for path in (cfg.state_dir, cfg.records_dir, cfg.rollback_dir, cfg.bench_dir, cfg.venv):
         f = th.file(path)
         assert f.exists and f.user == "root" and not f.mode & 0o022, (
-            f"{path} is {f.user}:{f.group} {oct(f.mode)}; it must be root's, not group/world-writable"
+            f"{path} is {f.user}:{f.group} {oct(f.mode)}; "
+            "it must be root's, not group/world-writable"
         )
 
 
@@ -229,7 +232,8 @@ def test_secrets_only_in_the_env_file(th, cfg, unit_file, installed_argv, render
         assert all(value not in word for word in installed_argv), f"{name} appears in argv"
         cmdline = run(
             th,
-            f"cat /proc/$(systemctl show -p MainPID --value {rendered.name})/cmdline | tr '\\0' ' '",
+            f"cat /proc/$(systemctl show -p MainPID --value {rendered.name})/cmdline "
+            "| tr '\\0' ' '",
         )
         assert value not in cmdline, f"{name} appears in the running process's command line"
         # searched here, not with grep on the host: a grep argument would put it in sudo's log

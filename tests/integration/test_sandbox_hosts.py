@@ -64,7 +64,8 @@ def test_systemd_is_pid1_and_running(sandbox_fleet, sandbox_ssh):
     for h in sandbox_fleet["hosts"]:
         p = sandbox_ssh(
             h,
-            "cat /proc/1/comm; systemctl is-system-running; systemctl is-active ssh dbus systemd-journald; "
+            "cat /proc/1/comm; systemctl is-system-running; "
+            "systemctl is-active ssh dbus systemd-journald; "
             "findmnt -n -o FSTYPE /; hostname",
         )
         lines = p.stdout.split()
@@ -95,7 +96,8 @@ def test_tmp_usable_and_writable_root(sandbox_fleet, sandbox_ssh):
         h,
         "set -e; f=$(mktemp); dd if=/dev/zero of=$f bs=1M count=64 status=none; "
         "stat -c %s $f; rm $f; touch /opt/specdeploy-write-test && rm /opt/specdeploy-write-test; "
-        "df -B1G --output=avail / | tail -1; python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(42)'; rm -rf /tmp/v",
+        "df -B1G --output=avail / | tail -1; "
+        "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(42)'; rm -rf /tmp/v",
     )
     assert p.returncode == 0, p.stdout + p.stderr
     size, avail_gb, answer = p.stdout.split()
@@ -138,7 +140,8 @@ def test_network_only_bridge(sandbox_fleet, sandbox_ssh):
                 "ip -4 route show default | wc -l; ip -6 route show default | wc -l; "
                 "ip route get 192.0.2.1 >/dev/null 2>&1 && echo routable || echo unreachable; "
                 "ip route get 1.1.1.1 >/dev/null 2>&1 && echo routable || echo unreachable; "
-                f"python3 -c \"import socket; s=socket.create_connection(('{bridge_ip}', {port}), 5); "
+                'python3 -c "import socket; '
+                f"s=socket.create_connection(('{bridge_ip}', {port}), 5); "
                 f"s.sendall(b'{h['name']}'); s.close(); print('bridge-ok')\"",
             )
             assert p.stdout.split() == ["0", "0", "unreachable", "unreachable", "bridge-ok"], (
@@ -158,7 +161,8 @@ def test_hosts_reach_each_other(sandbox_fleet, sandbox_ssh):
     a, b = sandbox_fleet["hosts"][:2]
     p = sandbox_ssh(
         a,
-        f"python3 -c \"import socket; socket.create_connection(('{b['address']}', 22), 5); print('ok')\"",
+        'python3 -c "import socket; '
+        f"socket.create_connection(('{b['address']}', 22), 5); print('ok')\"",
     )
     assert p.stdout.strip() == "ok", p.stderr
 

@@ -259,7 +259,9 @@ def test_stop_leaves_no_process(svc):
         assert not _alive(rec["pid"]), f"{name} pid {rec['pid']} still running"
         # Bind, don't connect: a connect to a closed port in the ephemeral range can pick that very
         # port as its source and connect to itself (TCP simultaneous open) — the earlier flake.
-        assert services._port_free(rec["host"], rec["port"]), f"{name} port {rec['port']} still open"
+        assert services._port_free(rec["host"], rec["port"]), (
+            f"{name} port {rec['port']} still open"
+        )
         # nothing else of ours runs with that config/log either
         leftovers = [
             p

@@ -141,7 +141,8 @@ def _override_inventory(tmp_path, host, speculative_config):
     path.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"sandbox = [(n, {{**d, 'speculative_config': {speculative_config!r}}}) if n == {host!r} else (n, d)\n"
+        f"sandbox = [(n, {{**d, 'speculative_config': {speculative_config!r}}}) "
+        f"if n == {host!r} else (n, d)\n"
         "           for n, d in _base['sandbox'] if n == " + repr(host) + "]\n"
     )
     return path

@@ -38,7 +38,8 @@ def test_exec_start_survives_systemd_quoting_and_specifiers(sandbox_fleet, sandb
     )
     script = (
         f"cat > /etc/systemd/system/argv-probe.service <<'EOF'\n{unit}EOF\n"
-        "systemctl daemon-reload && systemctl start argv-probe.service && cat /run/argv-probe.json; "
+        "systemctl daemon-reload && systemctl start argv-probe.service "
+        "&& cat /run/argv-probe.json; "
         "rm -f /etc/systemd/system/argv-probe.service /run/argv-probe.json; systemctl daemon-reload"
     )
     result = sandbox_ssh(host, f"bash -c {shlex.quote(script)}")

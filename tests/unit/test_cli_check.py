@@ -26,7 +26,8 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(
         'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
-        'speculative_config = {"method": "draft_model", "model": "d/d", "num_speculative_tokens": 3}\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 3}\n'
     )
     (tmp_path / "inv.py").write_text(
         'good = ["h-good"]\n'
@@ -37,8 +38,10 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
     assert result.returncode == 1
     lines = result.stdout.strip().splitlines()
     assert lines == [
-        "h-bad: vllm_extra_args[0]: --num-speculative-tokens was removed from vLLM — put it in speculative_config "
-        'instead: {"num_speculative_tokens": 4} (`specdeploy migrate -- vllm serve ...` converts a whole command line)',
+        "h-bad: vllm_extra_args[0]: --num-speculative-tokens was removed from vLLM — "
+        "put it in speculative_config "
+        'instead: {"num_speculative_tokens": 4} '
+        "(`specdeploy migrate -- vllm serve ...` converts a whole command line)",
         lines[1],
     ]
     assert lines[1].startswith(

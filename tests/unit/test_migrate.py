@@ -57,7 +57,8 @@ def test_mixing_styles_is_an_error():
     with pytest.raises(MigrationError, match="mixes --speculative-config with the old flags"):
         migrate(
             shlex.split(
-                'vllm serve m --speculative-config \'{"method":"ngram"}\' --num-speculative-tokens 3'
+                'vllm serve m --speculative-config \'{"method":"ngram"}\' '
+                "--num-speculative-tokens 3"
             )
         )
 
@@ -79,8 +80,8 @@ def test_cli_migrate_prints_command_and_host_data(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert (
-        '--speculative-config \'{"method":"draft_model","model":"Qwen/Qwen3-0.6B","num_speculative_tokens":5}\''
-        in out
+        "--speculative-config "
+        '\'{"method":"draft_model","model":"Qwen/Qwen3-0.6B","num_speculative_tokens":5}\'' in out
     )
     assert "speculative_config = {" in out and "target_model = 'Qwen/Qwen3-8B'" in out
 

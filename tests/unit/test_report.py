@@ -1,5 +1,5 @@
-"""report.py on fixed raw files: the numbers in summary.json/summary.md equal values computed by hand
-from the raw bench JSONs, warm-ups are left out, and the charts are written."""
+"""report.py on fixed raw files: the numbers in summary.json/summary.md equal values computed by
+hand from the raw bench JSONs, warm-ups are left out, and the charts are written."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""tuning.py on fixed inputs: arm summaries, ratios with a noise band, k choice, the speculation gate."""
+"""tuning.py on fixed inputs: arm summaries, ratios with a noise band, k choice, the speculation
+gate."""
 
 import pytest
 
