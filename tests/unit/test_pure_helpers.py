@@ -21,7 +21,7 @@ AWKWARD_ARGV = [
     "org/model with space",
     "--speculative-config",
     json.dumps({"method": "draft_model", "model": "a/b", "revision": "50%$x"}),
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "back\\slash",
     "%h %% $HOME ${X} $$",
     "tab\there",
@@ -83,8 +83,12 @@ def cfg():
             "vllm_version": "0.32.0",
             "target_model": "org/target",
             "target_revision": "main",
-            "speculative_config": {"method": "draft_model", "model": "org/draft",
-                                   "revision": "a" * 40, "num_speculative_tokens": 3},
+            "speculative_config": {
+                "method": "draft_model",
+                "model": "org/draft",
+                "revision": "a" * 40,
+                "num_speculative_tokens": 3,
+            },
         }  # fmt: skip
     )
 
