@@ -61,9 +61,7 @@ def run_id(kind: str) -> str:
     """One id per pyinfra process and kind (every host of the run writes under it); SPECDEPLOY_RUN
     overrides it."""
     if kind not in _RUN_IDS:
-        _RUN_IDS[kind] = (
-            os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
-        )
+        _RUN_IDS[kind] = os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
     return _RUN_IDS[kind]
 
 
@@ -87,6 +85,13 @@ class Arm:
         if self.speculative_config is None:
             return cfg
         return cfg.model_copy(update={"speculative_config": self.speculative_config})
+
+
+def k_arm(cfg: ServeConfig, k: int) -> Arm:
+    """The speculative arm with num_speculative_tokens = k (tune)."""
+    return Arm(
+        f"k{k}", True, speculative_config={**cfg.speculative_config, "num_speculative_tokens": k}
+    )
 
 
 def production_units(cfg: ServeConfig) -> list[str]:
@@ -315,14 +320,7 @@ def compare_plan(
 def tune_plan(
     cfg: ServeConfig, *, ks: list[int], repeats: int, warmup_runs: int
 ) -> list[tuple[Arm, bool]]:
-    arms = [
-        Arm(
-            f"k{k}",
-            True,
-            speculative_config={**cfg.speculative_config, "num_speculative_tokens": k},
-        )
-        for k in ks
-    ]
+    arms = [k_arm(cfg, k) for k in ks]
     plan: list[tuple[Arm, bool]] = [(arms[i % len(arms)], True) for i in range(warmup_runs)]
     for r in range(repeats):  # rotate the order each round so no k always runs first
         shift = r % len(arms)
@@ -412,6 +410,10 @@ def _compare_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
 
 
 def _tune_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
+    if setting(cfg, "tune_method") == "predict":  # the adaptive default lives in tune_flow.py
+        from .tune_flow import predict_measurement
+
+        return predict_measurement(cfg)
     ks = setting(cfg, "tune_k")
     repeats = setting(cfg, "tune_repeats")
     warmup_runs = setting(cfg, "tune_warmup_runs")
@@ -421,6 +423,7 @@ def _tune_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
         ks=ks,
         repeats=repeats,
         warmup_runs=warmup_runs,
+        tune_method="sweep",
         order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
     )
     return plan, cond, f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"

@@ -301,6 +301,10 @@ def tune_summary(run_dir: Path) -> dict:
         by_k = {k: measured(h["runs"], f"k{k}") for k in ks}
         tpot = {k: run_values(runs, "tpot") for k, runs in by_k.items()}
         choice = choose_k(tpot)
+        # tune_method = predict (tune_flow.py): predicted vs measured, choice over confirmed k only
+        flow = _predict_flow(run_dir / "raw" / name, h)
+        if flow:
+            choice = flow["decision"]
         spec = h["conditions"]["speculative_config"]
         out["hosts"][name] = {
             "conditions": h["conditions"],
@@ -321,11 +325,23 @@ def tune_summary(run_dir: Path) -> dict:
                 else host_data_change(name, spec, choice["recommended_k"])
             ),
             "runs": [_run_row(r) for r in h["runs"]],
+            "predict_flow": flow,
         }
     return out
 
 
+def _predict_flow(host_dir: Path, h: dict) -> dict | None:
+    record = host_dir / "prediction.json"
+    if h["conditions"].get("tune_method") != "predict" or not record.is_file():
+        return None
+    from .tune_flow import flow_summary
+
+    return flow_summary(h["runs"], json.loads(record.read_text()), h["conditions"])
+
+
 def tune_markdown(s: dict) -> str:
+    from .tune_flow import flow_markdown
+
     lines = [
         f"# num_speculative_tokens sweep: {s['run']}",
         "",
@@ -375,6 +391,8 @@ def tune_markdown(s: dict) -> str:
                 f"{_f(acc['acceptance_rate'] * 100 if acc['acceptance_rate'] is not None else None, 1)} | "
                 f"{_f(acc['mean_acceptance_length'])} |"
             )
+        if h.get("predict_flow"):
+            lines += [""] + flow_markdown(name, h["predict_flow"])
         lines += ["", "Conditions:", ""] + _conditions_lines(h["conditions"]) + [""]
     return "\n".join(lines)
 
