@@ -157,13 +157,18 @@ def sample(
     out_dir: Path,
     warmup: bool = False,
     extra: tuple[str, ...] = (),
+    same_server: bool = False,
 ) -> dict:
-    """A fresh server for `arm`, a discarded warm-up completion, one benchmark."""
+    """A fresh server for `arm`, a discarded warm-up completion, one benchmark. same_server: one
+    more benchmark on the server the previous sample started for this same arm (tune_flow.py's
+    shared visits, which check the prefix-cache counters)."""
     unit = measure_unit(cfg, arm)
     t0 = time.monotonic()
-    checked = start_fresh(cfg, unit, speculative=arm.speculative)
     workload = arm.workload or cfg.workload
-    warm_up(cfg, workload)
+    checked = {}
+    if not same_server:
+        checked = start_fresh(cfg, unit, speculative=arm.speculative)
+        warm_up(cfg, workload)
     logger.info(
         f"{host.print_prefix}sample {index:02d} {arm.label}{' (warm-up, discarded)' if warmup else ''}"
     )
@@ -176,6 +181,8 @@ def sample(
         "unit_argv": unit.argv,
         "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
         "seconds_to_healthy": checked.get("seconds_to_healthy"),
+        "fresh_server": not same_server,
+        "seed": workload.seed,
     }
     result = bench(
         cfg,
@@ -248,9 +255,17 @@ def run_plan(
     )
     results = []
     try:
-        for i, (arm, warm) in enumerate(plan):
+        for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
             results.append(
-                sample(cfg, arm, index=i, tokenizer=tokenizer, out_dir=out_dir, warmup=warm)
+                sample(
+                    cfg,
+                    arm,
+                    index=i,
+                    tokenizer=tokenizer,
+                    out_dir=out_dir,
+                    warmup=warm,
+                    same_server=bool(same_server and same_server[0]),
+                )
             )
     finally:
         restored = restore(cfg, prod_unit, prod_role)

@@ -28,8 +28,8 @@ any fixed plan and the report is rebuilt from the same files.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .compare import Arm, k_arm
@@ -42,7 +42,7 @@ PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
 BASELINE = Arm("baseline", False)
 
-Step = tuple[Arm, bool]  # (arm, is_warmup), as compare.run_plan takes them
+Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as compare.run_plan takes them
 
 
 # --- which k to measure ---------------------------------------------------------------------------
@@ -119,16 +119,29 @@ def predict_plan(
     warmup_runs: int,
     read: Callable[[], list[dict]],
     record: Callable[[dict], None] = lambda _: None,
+    share_server: bool = False,
 ) -> Iterator[Step]:
     """The adaptive plan (module docstring). `read()` returns the results so far; `record(obj)`
-    keeps the prediction and the decisions (raw/<host>/prediction.json)."""
+    keeps the prediction and the decisions (raw/<host>/prediction.json). share_server: the runs of
+    one arm in a phase share one fresh server (SHARED_SERVER_NOTE)."""
     ks = sorted(set(ks))
     pinned = pin_ks(ks)
     pin_arms = [BASELINE, *(k_arm(cfg, k) for k in pinned)]
-    for i in range(warmup_runs):
-        yield pin_arms[i % len(pin_arms)], True
-    for arm in pin_arms:
-        yield arm, False
+    if share_server:  # the warm-up runs share the first baseline server
+        yield from _guarded(
+            [
+                (_seeded(cfg, BASELINE, WARMUP_SEED_OFFSET + i), True, i > 0)
+                for i in range(warmup_runs)
+            ]
+            + [(_seeded(cfg, BASELINE, 0), False, warmup_runs > 0)],
+            read,
+        )
+        yield from ((_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
+    else:
+        for i in range(warmup_runs):
+            yield pin_arms[i % len(pin_arms)], True, False
+        for arm in pin_arms:
+            yield arm, False, False
 
     pin_results = counted(read())
     runs = [r for r in (run_from_bench(x) for x in pin_results) if r is not None]
@@ -136,6 +149,7 @@ def predict_plan(
     predicted_best = best_k([r for r in prediction["rows"] if r["k"] in ks])
     state = {
         "method": "predict",
+        "share_server": share_server,
         "tune_k": ks,
         "pinned_k": pinned,
         "pin_samples": len(pin_results),
@@ -155,10 +169,9 @@ def predict_plan(
         state.update(confirm_k=window, extensions=extensions)
         record(state)
         arms = [BASELINE, *(k_arm(cfg, k) for k in window)]
-        have = runs_by_label(read())
-        need = {a.label: repeats - len(have.get(a.label, [])) for a in arms}
-        for arm in rounds(arms, need):
-            yield arm, False
+        have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
+        need = {a.label: repeats - have.get(a.label, 0) for a in arms}
+        yield from _guarded(_runs(cfg, arms, need, have, share_server), read)
         nxt = next_k(window, ks, _tpot_by_k(read()))
         if nxt is None or extensions >= MAX_EXTENSIONS:
             break
@@ -166,11 +179,82 @@ def predict_plan(
         extensions += 1
         best = min(window, key=lambda k: median(_tpot_by_k(read())[k]))
         extra_arms = [k_arm(cfg, nxt), k_arm(cfg, best)]
-        for arm in rounds(extra_arms, {a.label: repeats for a in extra_arms}):
-            yield arm, False
+        have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
+        need = {a.label: repeats for a in extra_arms}
+        yield from _guarded(_runs(cfg, extra_arms, need, have, share_server), read)
         window = sorted({*window, nxt})
-    state.update(confirm_k=window, extensions=extensions)
+    state.update(confirm_k=window, extensions=extensions, prefix_cache=_prefix_cache(read()))
     record(state)
+
+
+SHARED_SERVER_NOTE = (
+    "share_server: the counted runs of one arm in one phase run back to back on one freshly "
+    "started server (arms still alternate, each visit on a fresh server), each with its own "
+    "request seed (seed + the arm's run number, the same for every arm); prefix caching is off "
+    "in every measurement instance, and every run on a reused server must show zero prefix-cache "
+    "hits on the server's own counters, else the tune stops. Runs of one visit share that "
+    "server's start, so their spread does not include start-to-start variation."
+)
+WARMUP_SEED_OFFSET = 1000  # warm-up runs use request sets no counted run uses
+
+
+class PrefixCacheReuse(RuntimeError):
+    pass
+
+
+def _seeded(cfg: ServeConfig, arm: Arm, j: int) -> Arm:
+    return replace(arm, workload=cfg.workload.model_copy(update={"seed": cfg.workload.seed + j}))
+
+
+def _runs(
+    cfg: ServeConfig,
+    arms: Sequence[Arm],
+    need: Mapping[str, int],
+    have: Mapping[str, int],
+    share_server: bool,
+) -> list[Step]:
+    """The counted runs `need` asks for: fresh servers in rotating rounds, or (share_server) one
+    visit per arm, its first run on a fresh server and the rest on the same one."""
+    if not share_server:
+        return [(a, False, False) for a in rounds(arms, need)]
+    return [
+        (_seeded(cfg, a, have.get(a.label, 0) + j), False, j > 0)
+        for a in arms
+        for j in range(max(need.get(a.label, 0), 0))
+    ]
+
+
+def _guarded(steps: Iterable[Step], read: Callable[[], list[dict]]) -> Iterator[Step]:
+    """Yield the steps; after every run on a reused server, its prefix-cache counters must show
+    no hit."""
+    for step in steps:
+        yield step
+        if step[2]:
+            check_no_prefix_reuse(read()[-1])
+
+
+def check_no_prefix_reuse(result: Mapping) -> None:
+    pc = (result.get("specdeploy") or {}).get("prefix_cache") or {}
+    if pc.get("hits"):
+        raise PrefixCacheReuse(
+            f"run {result['specdeploy'].get('index')} ({result['specdeploy'].get('arm')}) on a "
+            f"reused server hit the prefix cache ({pc}): runs on one server are not independent "
+            "here; set tune_share_server = false"
+        )
+
+
+def _prefix_cache(results: Sequence[Mapping]) -> dict:
+    """The evidence: prefix-cache queries and hits summed over runs on fresh / reused servers."""
+    out = {}
+    for r in results:
+        sd = r.get("specdeploy") or {}
+        key = "fresh_server" if sd.get("fresh_server", True) else "reused_server"
+        pc = sd.get("prefix_cache") or {}
+        agg = out.setdefault(key, {"runs": 0, "queries": 0.0, "hits": 0.0})
+        agg["runs"] += 1
+        agg["queries"] += pc.get("queries") or 0.0
+        agg["hits"] += pc.get("hits") or 0.0
+    return out
 
 
 def _tpot_by_k(results: Sequence[Mapping]) -> dict[int, list[float]]:
@@ -278,6 +362,13 @@ def flow_markdown(name: str, s: Mapping) -> list[str]:
             f"{_f(row['predicted_high'])} | {_f(row['measured_tpot_ms'])} ({row['measured_runs']}) "
             f"| {error} |"
         )
+    if r.get("share_server"):
+        pc = r.get("prefix_cache") or {}
+        lines += [
+            "",
+            SHARED_SERVER_NOTE,
+            f"Prefix-cache counters (server /metrics, benchmark requests only): {pc}.",
+        ]
     lines += [
         "",
         f"Time: {t['seconds']} s for {t['samples']} samples ({t['server_starts']} server starts): "
@@ -301,6 +392,7 @@ class PredictPlan:
     ks: tuple[int, ...]
     repeats: int
     warmup_runs: int
+    share_server: bool
 
     def __iter__(self) -> Iterator[Step]:
         from pyinfra import host
@@ -319,6 +411,7 @@ class PredictPlan:
             warmup_runs=self.warmup_runs,
             read=read_raw(out_dir),
             record=record,
+            share_server=self.share_server,
         )
 
 
@@ -329,14 +422,24 @@ def predict_measurement(cfg: ServeConfig) -> tuple[PredictPlan, dict, str]:
     ks = setting(cfg, "tune_k")
     repeats = setting(cfg, "tune_repeats")
     warmup_runs = setting(cfg, "tune_warmup_runs")
+    share = setting(cfg, "tune_share_server")
     pinned = pin_ks(ks)
+    confirm = "one visit each" if share else "in rotating rounds"
     order = (
         f"warm-up, then baseline {' '.join(f'k{k}' for k in pinned)} (pin), then the predicted "
-        "best k, its neighbours and the baseline in rotating rounds (confirm); the exact order is "
-        "the sample index"
+        f"best k, its neighbours and the baseline {confirm} (confirm); the exact order is the "
+        "sample index"
     )
+    extra = {"restart_between_samples": "per arm visit: " + SHARED_SERVER_NOTE} if share else {}
     cond = conditions(
-        cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs, tune_method="predict", order=order
+        cfg,
+        ks=ks,
+        repeats=repeats,
+        warmup_runs=warmup_runs,
+        tune_method="predict",
+        order=order,
+        **extra,
     )
-    plan = PredictPlan(cfg, tuple(ks), repeats, warmup_runs)
-    return plan, cond, f"Predict k over {ks} from k={pinned}, confirm ({repeats} runs each)"
+    plan = PredictPlan(cfg, tuple(ks), repeats, warmup_runs, share)
+    what = f"Predict k over {ks} from k={pinned}, confirm ({repeats} runs each, shared {share})"
+    return plan, cond, what

@@ -8,6 +8,7 @@ import pytest
 from specdeploy import report
 from specdeploy.config import ServeConfig, config_from_data
 from specdeploy.tune_flow import (
+    PrefixCacheReuse,
     flow_summary,
     neighbours,
     next_k,
@@ -36,7 +37,7 @@ class FakeHost:
     def read(self):
         return list(self.results)
 
-    def sample(self, arm, warm):
+    def sample(self, arm, warm, same_server=False, hits=0.0):
         k = arm.speculative_config["num_speculative_tokens"] if arm.speculative else 0
         n = sum(1 for r in self.results if r["specdeploy"]["arm"] == arm.label)
         result = {"median_tpot_ms": self.tpot(k) * (1 + self.jitter[n % len(self.jitter)])}
@@ -56,13 +57,15 @@ class FakeHost:
             "seconds_to_healthy": 5.0,
             "sample_seconds": 10.0,
             "server_counters": {},
-            "prefix_cache": {},
+            "prefix_cache": {"queries": 0.0, "hits": hits},
+            "fresh_server": not same_server,
+            "seed": (arm.workload.seed if arm.workload else None),
         }
         self.results.append(result)
 
     def run(self, plan):
-        for arm, warm in plan:
-            self.sample(arm, warm)
+        for arm, warm, same_server in plan:
+            self.sample(arm, warm, same_server)
         return [(r["specdeploy"]["arm"], r["specdeploy"]["warmup"]) for r in self.results]
 
 
@@ -149,8 +152,8 @@ def test_next_k_only_past_an_edge_that_tune_k_extends():
 def test_no_prediction_means_every_k_is_measured(cfg):
     host, records = FakeHost(), []
 
-    def no_acceptance(arm, warm, sample=host.sample):
-        sample(arm, warm)
+    def no_acceptance(arm, warm, same_server, sample=host.sample):
+        sample(arm, warm, same_server)
         for key in ("spec_decode_per_position_acceptance_rates", "spec_decode_acceptance_length"):
             host.results[-1].pop(key, None)
 
@@ -194,3 +197,54 @@ def test_tune_method_defaults_to_predict_and_is_validated(valid_data):
     assert config_from_data({**valid_data, "tune_method": "sweep"}).tune_method == "sweep"
     with pytest.raises(ValueError):
         config_from_data({**valid_data, "tune_method": "guess"})
+
+
+def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_guard(cfg):
+    host, records = FakeHost(), []
+    plan = []
+    gen = predict_plan(
+        cfg,
+        ks=range(1, 8),
+        repeats=3,
+        warmup_runs=1,
+        read=host.read,
+        record=records.append,
+        share_server=True,
+    )
+    for arm, warm, same in gen:
+        plan.append((arm.label, warm, same, arm.workload.seed))
+        host.sample(arm, warm, same)
+    assert plan[:5] == [
+        ("baseline", True, False, 1000),
+        ("baseline", False, True, 0),
+        ("k1", False, False, 0),
+        ("k4", False, False, 0),
+        ("k7", False, False, 0),
+    ]
+    confirm = plan[5:]
+    assert confirm == [
+        ("baseline", False, False, 1),
+        ("baseline", False, True, 2),
+        ("k2", False, False, 0),
+        ("k2", False, True, 1),
+        ("k2", False, True, 2),
+        ("k3", False, False, 0),
+        ("k3", False, True, 1),
+        ("k3", False, True, 2),
+        ("k4", False, False, 1),
+        ("k4", False, True, 2),
+    ]
+    starts = sum(1 for _, _, same, _ in plan if not same)
+    assert starts == 8  # the sweep of 7 k x 3 runs + 1 warm-up starts 22 servers
+    assert records[-1]["prefix_cache"]["reused_server"] == {"runs": 7, "queries": 0.0, "hits": 0.0}
+
+    # a reused server that hits the prefix cache stops the tune
+    host = FakeHost()
+    gen = predict_plan(cfg, ks=[1, 2], repeats=2, warmup_runs=1, read=host.read, share_server=True)
+    arm, warm, same = next(gen)
+    host.sample(arm, warm, same)
+    arm, warm, same = next(gen)
+    assert same
+    host.sample(arm, warm, same, hits=16.0)
+    with pytest.raises(PrefixCacheReuse):
+        next(gen)
