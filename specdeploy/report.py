@@ -199,7 +199,9 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"{w.get('num_prompts')} prompts, request rate {w.get('request_rate')}/s, max concurrency "
         f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature 0, --ignore-eos",
         f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded {cond.get('warmup_runs')}, order "
-        f"{cond.get('order')}, server restarted for every sample; prefix caching: {cond.get('prefix_caching')}",
+        f"{cond.get('order')}, server restarted "
+        f"{_restarts(cond.get('restart_between_samples', True))}; "
+        f"prefix caching: {cond.get('prefix_caching')}",
         f"- speculative_config: `{json.dumps(cond.get('speculative_config'), sort_keys=True)}`",
         f"- baseline argv: `{' '.join(cond.get('baseline_argv', []))}`",
         f"- speculative argv: `{' '.join(cond.get('speculative_argv', []))}`",
@@ -208,6 +210,11 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"`{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
     ]
     return lines
+
+
+def _restarts(value) -> str:
+    """conditions' restart_between_samples: True (every sample), or how it was done instead."""
+    return "for every sample" if value is True else str(value)
 
 
 def compare_markdown(s: dict) -> str:

@@ -356,11 +356,15 @@ def flow_markdown(name: str, s: Mapping) -> list[str]:
     ]
     for row in s["rows"]:
         error = "–" if row["error"] is None else f"{row['error']:+.1%}"
+        band = (
+            "–"
+            if row["predicted_tpot_ms"] is None
+            else f"{_f(row['predicted_low'])} – {_f(row['predicted_high'])}"
+        )
         lines.append(
             f"| {row['k']} | {row['role']} | {_f(row['acceptance_length'], 3)} | "
-            f"{_f(row['predicted_tpot_ms'])} | {_f(row['predicted_low'])} – "
-            f"{_f(row['predicted_high'])} | {_f(row['measured_tpot_ms'])} ({row['measured_runs']}) "
-            f"| {error} |"
+            f"{_f(row['predicted_tpot_ms'])} | {band} | {_f(row['measured_tpot_ms'])} "
+            f"({row['measured_runs']}) | {error} |"
         )
     if r.get("share_server"):
         pc = r.get("prefix_cache") or {}
