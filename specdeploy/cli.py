@@ -163,6 +163,9 @@ def cmd_unlock(args) -> int:
     return 1 if failed else 0
 
 
+NOT_BENCH_JSON = {"conditions.json", "prediction.json", "summary.json"}  # in report folders
+
+
 def cmd_predict_k(args) -> int:
     """TPOT for every k from saved `vllm bench serve` JSONs (files, or folders of them); offline."""
     from .predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
@@ -171,7 +174,7 @@ def cmd_predict_k(args) -> int:
     for name in args.bench_json:
         path = Path(name)
         files += (
-            sorted(f for f in path.glob("*.json") if f.name != "conditions.json")
+            sorted(f for f in path.glob("*.json") if f.name not in NOT_BENCH_JSON)
             if path.is_dir()
             else [path]
         )
