@@ -140,8 +140,9 @@ class ServeConfig(BaseModel):
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
     tune_method: Literal["predict", "sweep"] = "predict"
-    # predict only: an arm's runs in one phase share one fresh server (tune_flow.SHARED_SERVER_NOTE)
-    tune_share_server: bool = False
+    # predict only: an arm's runs in one phase share one fresh server, guarded by the server's
+    # prefix-cache counters (tune_flow.SHARED_SERVER_NOTE; benchmarks/predict_k/REPORT.md)
+    tune_share_server: bool = True
 
     @field_validator("vllm_env")
     @classmethod
