@@ -40,6 +40,7 @@ from .steps import health, lock, weights
 from .steps.health import base_url, request
 from .steps.smoke import bench
 from .timestamps import utc_iso, utc_stamp
+from .tune_flow import PredictPlan
 
 # --- settings: host data, overridden by the environment ---------------------------------------------
 
@@ -425,13 +426,21 @@ def _compare_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
 
 
 def _tune_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
-    if setting(cfg, "tune_method") == "predict":  # the adaptive default lives in tune_flow.py
-        from .tune_flow import predict_measurement
-
-        return predict_measurement(cfg)
     ks = setting(cfg, "tune_k")
     repeats = setting(cfg, "tune_repeats")
     warmup_runs = setting(cfg, "tune_warmup_runs")
+    if setting(cfg, "tune_method") == "predict":  # the adaptive default: tune_flow.py
+        plan = PredictPlan(
+            cfg,
+            tuple(ks),
+            repeats,
+            warmup_runs,
+            setting(cfg, "tune_share_server"),
+            out_dir=run_dir("tune") / "raw" / host.name,
+            arm_for=lambda k: k_arm(cfg, k) if k else Arm("baseline", False),
+        )
+        cond = conditions(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs, **plan.conditions())
+        return plan, cond, plan.describe()
     plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
     cond = conditions(
         cfg,

@@ -31,8 +31,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from .compare import Arm, k_arm
 from .config import ServeConfig
 from .predict import best_k, json_rows, predict, run_from_bench
 from .stats import median
@@ -40,8 +40,10 @@ from .tuning import choose_k, compare_values, run_values
 
 PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
-BASELINE = Arm("baseline", False)
 
+# compare.Arm, passed in (arm_for) rather than imported: compare imports this module
+Arm = Any
+ArmFor = Callable[[int], Arm]  # k -> the arm measuring it; 0 -> the baseline arm
 Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as compare.run_plan takes them
 
 
@@ -118,6 +120,7 @@ def predict_plan(
     repeats: int,
     warmup_runs: int,
     read: Callable[[], list[dict]],
+    arm_for: ArmFor,
     record: Callable[[dict], None] = lambda _: None,
     share_server: bool = False,
 ) -> Iterator[Step]:
@@ -126,14 +129,15 @@ def predict_plan(
     one arm in a phase share one fresh server (SHARED_SERVER_NOTE)."""
     ks = sorted(set(ks))
     pinned = pin_ks(ks)
-    pin_arms = [BASELINE, *(k_arm(cfg, k) for k in pinned)]
+    baseline = arm_for(0)
+    pin_arms = [baseline, *(arm_for(k) for k in pinned)]
     if share_server:  # the warm-up runs share the first baseline server
         yield from _guarded(
             [
-                (_seeded(cfg, BASELINE, WARMUP_SEED_OFFSET + i), True, i > 0)
+                (_seeded(cfg, baseline, WARMUP_SEED_OFFSET + i), True, i > 0)
                 for i in range(warmup_runs)
             ]
-            + [(_seeded(cfg, BASELINE, 0), False, warmup_runs > 0)],
+            + [(_seeded(cfg, baseline, 0), False, warmup_runs > 0)],
             read,
         )
         yield from ((_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
@@ -168,7 +172,7 @@ def predict_plan(
     while True:
         state.update(confirm_k=window, extensions=extensions)
         record(state)
-        arms = [BASELINE, *(k_arm(cfg, k) for k in window)]
+        arms = [baseline, *(arm_for(k) for k in window)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
         need = {a.label: repeats - have.get(a.label, 0) for a in arms}
         yield from _guarded(_runs(cfg, arms, need, have, share_server), read)
@@ -178,7 +182,7 @@ def predict_plan(
         # the measured best sits at an edge of the window: measure one k further, with the best
         extensions += 1
         best = min(window, key=lambda k: median(_tpot_by_k(read())[k]))
-        extra_arms = [k_arm(cfg, nxt), k_arm(cfg, best)]
+        extra_arms = [arm_for(nxt), arm_for(best)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
         need = {a.label: repeats for a in extra_arms}
         yield from _guarded(_runs(cfg, extra_arms, need, have, share_server), read)
@@ -389,61 +393,47 @@ def flow_markdown(name: str, s: Mapping) -> list[str]:
 
 @dataclass(frozen=True)
 class PredictPlan:
-    """predict_plan as compare.run_plan iterates it: built when the measurement starts on the host
-    (it reads that host's raw files and writes its prediction.json beside them)."""
+    """predict_plan as compare.run_plan iterates it: the generator starts when the measurement
+    starts on the host; it reads the raw files in out_dir and writes prediction.json beside them."""
 
     cfg: ServeConfig
     ks: tuple[int, ...]
     repeats: int
     warmup_runs: int
     share_server: bool
+    out_dir: Path
+    arm_for: ArmFor
 
     def __iter__(self) -> Iterator[Step]:
-        from pyinfra import host
-
-        from .compare import run_dir
-
-        out_dir = run_dir("tune") / "raw" / host.name
-
         def record(state: dict) -> None:
-            (out_dir / "prediction.json").write_text(json.dumps(state, indent=1))
+            (self.out_dir / "prediction.json").write_text(json.dumps(state, indent=1))
 
         return predict_plan(
             self.cfg,
             ks=self.ks,
             repeats=self.repeats,
             warmup_runs=self.warmup_runs,
-            read=read_raw(out_dir),
+            read=read_raw(self.out_dir),
+            arm_for=self.arm_for,
             record=record,
             share_server=self.share_server,
         )
 
+    def conditions(self) -> dict:
+        """What conditions.json says about this plan (compare.conditions adds the rest)."""
+        confirm = "one visit each" if self.share_server else "in rotating rounds"
+        out = {
+            "tune_method": "predict",
+            "order": f"warm-up, then baseline {' '.join(f'k{k}' for k in pin_ks(self.ks))} (pin), "
+            f"then the predicted best k, its neighbours and the baseline {confirm} (confirm); the "
+            "exact order is the sample index",
+        }
+        if self.share_server:
+            out["restart_between_samples"] = "per arm visit: " + SHARED_SERVER_NOTE
+        return out
 
-def predict_measurement(cfg: ServeConfig) -> tuple[PredictPlan, dict, str]:
-    """compare.MEASUREMENTS["tune"] for tune_method = predict: (plan, conditions, op name)."""
-    from .compare import conditions, setting
-
-    ks = setting(cfg, "tune_k")
-    repeats = setting(cfg, "tune_repeats")
-    warmup_runs = setting(cfg, "tune_warmup_runs")
-    share = setting(cfg, "tune_share_server")
-    pinned = pin_ks(ks)
-    confirm = "one visit each" if share else "in rotating rounds"
-    order = (
-        f"warm-up, then baseline {' '.join(f'k{k}' for k in pinned)} (pin), then the predicted "
-        f"best k, its neighbours and the baseline {confirm} (confirm); the exact order is the "
-        "sample index"
-    )
-    extra = {"restart_between_samples": "per arm visit: " + SHARED_SERVER_NOTE} if share else {}
-    cond = conditions(
-        cfg,
-        ks=ks,
-        repeats=repeats,
-        warmup_runs=warmup_runs,
-        tune_method="predict",
-        order=order,
-        **extra,
-    )
-    plan = PredictPlan(cfg, tuple(ks), repeats, warmup_runs, share)
-    what = f"Predict k over {ks} from k={pinned}, confirm ({repeats} runs each, shared {share})"
-    return plan, cond, what
+    def describe(self) -> str:
+        return (
+            f"Predict k over {list(self.ks)} from k={pin_ks(self.ks)}, confirm "
+            f"({self.repeats} runs each, shared servers {self.share_server})"
+        )

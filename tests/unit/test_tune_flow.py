@@ -6,6 +6,7 @@ import json
 import pytest
 
 from specdeploy import report
+from specdeploy.compare import Arm, k_arm
 from specdeploy.config import ServeConfig, config_from_data
 from specdeploy.tune_flow import (
     PrefixCacheReuse,
@@ -69,6 +70,11 @@ class FakeHost:
         return [(r["specdeploy"]["arm"], r["specdeploy"]["warmup"]) for r in self.results]
 
 
+def arms_of(cfg):
+    """The arms deploys/tune.py measures (compare._tune_plan hands the same to PredictPlan)."""
+    return lambda k: k_arm(cfg, k) if k else Arm("baseline", False)
+
+
 @pytest.fixture
 def cfg(valid_data) -> ServeConfig:
     return config_from_data(valid_data)
@@ -82,10 +88,7 @@ def test_pinned_k_are_the_ends_and_the_middle_of_long_lists():
 
 
 def test_rounds_rotate_and_stop_per_arm(cfg):
-    from specdeploy.compare import k_arm
-    from specdeploy.tune_flow import BASELINE
-
-    arms = [BASELINE, k_arm(cfg, 2), k_arm(cfg, 3)]
+    arms = [Arm("baseline", False), k_arm(cfg, 2), k_arm(cfg, 3)]
     order = [a.label for a in rounds(arms, {"baseline": 2, "k2": 3, "k3": 1})]
     assert order == ["baseline", "k2", "k3", "k2", "baseline", "k2"]
 
@@ -94,7 +97,13 @@ def test_the_plan_pins_predicts_and_confirms_the_best_with_its_neighbours(cfg):
     host, records = FakeHost(), []
     assert min(range(1, 8), key=true_tpot) == 3
     plan = predict_plan(
-        cfg, ks=range(1, 8), repeats=3, warmup_runs=1, read=host.read, record=records.append
+        cfg,
+        ks=range(1, 8),
+        repeats=3,
+        warmup_runs=1,
+        read=host.read,
+        arm_for=arms_of(cfg),
+        record=records.append,
     )
     order = host.run(plan)
     assert order[:5] == [
@@ -133,8 +142,17 @@ def test_the_window_moves_when_the_measured_best_sits_at_its_edge(cfg):
         return true_tpot(k) * (0.7 if k == 2 else 1.0)
 
     host, records = FakeHost(tpot), []
-    host.run(predict_plan(cfg, ks=range(1, 8), repeats=3, warmup_runs=1, read=host.read,
-                          record=records.append))  # fmt: skip
+    host.run(
+        predict_plan(
+            cfg,
+            ks=range(1, 8),
+            repeats=3,
+            warmup_runs=1,
+            read=host.read,
+            arm_for=arms_of(cfg),
+            record=records.append,
+        )
+    )
     rec = records[-1]
     assert rec["confirm_k"] == [1, 2, 3, 4] and rec["extensions"] == 1
     counted = [r["specdeploy"]["arm"] for r in host.results if not r["specdeploy"]["warmup"]]
@@ -158,15 +176,33 @@ def test_no_prediction_means_every_k_is_measured(cfg):
             host.results[-1].pop(key, None)
 
     host.sample = no_acceptance
-    host.run(predict_plan(cfg, ks=[1, 2, 3], repeats=2, warmup_runs=0, read=host.read,
-                          record=records.append))  # fmt: skip
+    host.run(
+        predict_plan(
+            cfg,
+            ks=[1, 2, 3],
+            repeats=2,
+            warmup_runs=0,
+            read=host.read,
+            arm_for=arms_of(cfg),
+            record=records.append,
+        )
+    )
     assert records[-1]["predicted_best_k"] is None and records[-1]["confirm_k"] == [1, 2, 3]
 
 
 def test_report_shows_predicted_vs_measured(cfg, tmp_path):
     host, records = FakeHost(), []
-    host.run(predict_plan(cfg, ks=range(1, 8), repeats=3, warmup_runs=1, read=host.read,
-                          record=records.append))  # fmt: skip
+    host.run(
+        predict_plan(
+            cfg,
+            ks=range(1, 8),
+            repeats=3,
+            warmup_runs=1,
+            read=host.read,
+            arm_for=arms_of(cfg),
+            record=records.append,
+        )
+    )
     d = tmp_path / "raw" / "h1"
     d.mkdir(parents=True)
     for r in host.results:
@@ -208,6 +244,7 @@ def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_gu
         repeats=3,
         warmup_runs=1,
         read=host.read,
+        arm_for=arms_of(cfg),
         record=records.append,
         share_server=True,
     )
@@ -240,7 +277,15 @@ def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_gu
 
     # a reused server that hits the prefix cache stops the tune
     host = FakeHost()
-    gen = predict_plan(cfg, ks=[1, 2], repeats=2, warmup_runs=1, read=host.read, share_server=True)
+    gen = predict_plan(
+        cfg,
+        ks=[1, 2],
+        repeats=2,
+        warmup_runs=1,
+        read=host.read,
+        arm_for=arms_of(cfg),
+        share_server=True,
+    )
     arm, warm, same = next(gen)
     host.sample(arm, warm, same)
     arm, warm, same = next(gen)
