@@ -2,7 +2,7 @@
 
     SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy sandbox up --hosts 1
     pyinfra -y inventories/sandbox.py deploys/serve.py
-    python benchmarks/tune_time.py [--k 1-7] [--repeats 3] [--warmup-runs 1] [--share-server]
+    python benchmarks/tune_time.py [--k 1-7] [--repeats 3] [--warmup-runs 1] [--[no-]share-server]
                                    [--only predict|sweep] [--limit HOST]
 
 Runs the real pyinfra deploy twice against inventories/sandbox.py (tune_method sweep, then predict,
@@ -35,8 +35,9 @@ def tune(method: str, args, stamp: str) -> dict:
         "SPECDEPLOY_TUNE_K": args.k,
         "SPECDEPLOY_TUNE_REPEATS": str(args.repeats),
         "SPECDEPLOY_TUNE_WARMUP_RUNS": str(args.warmup_runs),
-        "SPECDEPLOY_TUNE_SHARE_SERVER": "1" if args.share_server else "0",
     }
+    if args.share_server is not None:  # else the host data's tune_share_server (default on)
+        env["SPECDEPLOY_TUNE_SHARE_SERVER"] = "1" if args.share_server else "0"
     cmd = ["pyinfra", "-y", str(REPO / "inventories/sandbox.py")]
     cmd += (["--limit", args.limit] if args.limit else []) + ["deploys/tune.py"]
     load = os.getloadavg()[0]
@@ -96,7 +97,11 @@ def main() -> int:
     p.add_argument("--k", default="1-7", help="tune_k (default 1-7)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup-runs", type=int, default=1)
-    p.add_argument("--share-server", action="store_true", help="tune_share_server for predict")
+    p.add_argument(
+        "--share-server",
+        action=argparse.BooleanOptionalAction,
+        help="override tune_share_server for predict (default: the host data's, on)",
+    )
     p.add_argument("--only", choices=["predict", "sweep"])
     p.add_argument("--limit", help="only this host")
     args = p.parse_args()
