@@ -62,7 +62,9 @@ def run_id(kind: str) -> str:
     """One id per pyinfra process and kind (every host of the run writes under it); SPECDEPLOY_RUN
     overrides it."""
     if kind not in _RUN_IDS:
-        _RUN_IDS[kind] = os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
+        _RUN_IDS[kind] = (
+            os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
+        )
     return _RUN_IDS[kind]
 
 
