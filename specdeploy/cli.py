@@ -210,6 +210,38 @@ def cmd_unlock(args) -> int:
     return 1 if failed else 0
 
 
+NOT_BENCH_JSON = {"conditions.json", "prediction.json", "summary.json"}  # in report folders
+
+
+def cmd_predict_k(args) -> int:
+    """TPOT for every k from saved `vllm bench serve` JSONs (files, or folders of them); offline."""
+    from .predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
+
+    files = []
+    for name in args.bench_json:
+        path = Path(name)
+        files += (
+            sorted(f for f in path.glob("*.json") if f.name not in NOT_BENCH_JSON)
+            if path.is_dir()
+            else [path]
+        )
+    runs = []
+    for f in files:
+        try:
+            run = run_from_bench(json.loads(f.read_text()), source=str(f))
+        except (OSError, ValueError, NotABenchRun) as error:
+            print(f"specdeploy predict-k: {f}: skipped ({error})", file=sys.stderr)
+            continue
+        if run is not None:  # warm-ups and the prefix-caching profile do not count
+            runs.append(run)
+    if not runs:
+        print("specdeploy predict-k: no usable benchmark run", file=sys.stderr)
+        return 1
+    prediction = predict(runs)
+    print(json.dumps(json_rows(prediction), indent=1) if args.json else format_table(prediction))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -296,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.set_defaults(func=cmd_unlock)
+    p = sub.add_parser(
+        "predict-k", help="predict TPOT for every k from saved benchmark JSONs (offline)"
+    )
+    p.add_argument(
+        "bench_json", nargs="+", help="vllm bench serve result JSONs, or folders of them"
+    )
+    p.add_argument("--json", action="store_true", help="a JSON list, one object per k")
+    p.set_defaults(func=cmd_predict_k)
     p = sub.add_parser(
         "demo", help="sandbox up + deploys/serve.py on it (the README's first command)"
     )

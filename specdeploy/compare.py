@@ -40,6 +40,7 @@ from .steps import health, lock, weights
 from .steps.health import base_url, request
 from .steps.smoke import bench
 from .timestamps import utc_iso, utc_stamp
+from .tune_flow import PredictPlan
 
 # --- settings: host data, overridden by the environment ---------------------------------------------
 
@@ -87,6 +88,13 @@ class Arm:
         if self.speculative_config is None:
             return cfg
         return cfg.model_copy(update={"speculative_config": self.speculative_config})
+
+
+def k_arm(cfg: ServeConfig, k: int) -> Arm:
+    """The speculative arm with num_speculative_tokens = k (tune)."""
+    return Arm(
+        f"k{k}", True, speculative_config={**cfg.speculative_config, "num_speculative_tokens": k}
+    )
 
 
 def production_units(cfg: ServeConfig) -> list[str]:
@@ -152,13 +160,18 @@ def sample(
     out_dir: Path,
     warmup: bool = False,
     extra: tuple[str, ...] = (),
+    same_server: bool = False,
 ) -> dict:
-    """A fresh server for `arm`, a discarded warm-up completion, one benchmark."""
+    """A fresh server for `arm`, a discarded warm-up completion, one benchmark. same_server: one
+    more benchmark on the server the previous sample started for this same arm (tune_flow.py's
+    shared visits, which check the prefix-cache counters)."""
     unit = measure_unit(cfg, arm)
     t0 = time.monotonic()
-    checked = start_fresh(cfg, unit, speculative=arm.speculative)
     workload = arm.workload or cfg.workload
-    warm_up(cfg, workload)
+    checked = {}
+    if not same_server:
+        checked = start_fresh(cfg, unit, speculative=arm.speculative)
+        warm_up(cfg, workload)
     logger.info(
         f"{host.print_prefix}sample {index:02d} {arm.label}{' (warm-up, discarded)' if warmup else ''}"
     )
@@ -171,6 +184,8 @@ def sample(
         "unit_argv": unit.argv,
         "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
         "seconds_to_healthy": checked.get("seconds_to_healthy"),
+        "fresh_server": not same_server,
+        "seed": workload.seed,
     }
     result = bench(
         cfg,
@@ -243,9 +258,17 @@ def run_plan(
     )
     results = []
     try:
-        for i, (arm, warm) in enumerate(plan):
+        for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
             results.append(
-                sample(cfg, arm, index=i, tokenizer=tokenizer, out_dir=out_dir, warmup=warm)
+                sample(
+                    cfg,
+                    arm,
+                    index=i,
+                    tokenizer=tokenizer,
+                    out_dir=out_dir,
+                    warmup=warm,
+                    same_server=bool(same_server and same_server[0]),
+                )
             )
     finally:
         restored = restore(cfg, prod_unit, prod_role)
@@ -315,14 +338,7 @@ def compare_plan(
 def tune_plan(
     cfg: ServeConfig, *, ks: list[int], repeats: int, warmup_runs: int
 ) -> list[tuple[Arm, bool]]:
-    arms = [
-        Arm(
-            f"k{k}",
-            True,
-            speculative_config={**cfg.speculative_config, "num_speculative_tokens": k},
-        )
-        for k in ks
-    ]
+    arms = [k_arm(cfg, k) for k in ks]
     plan: list[tuple[Arm, bool]] = [(arms[i % len(arms)], True) for i in range(warmup_runs)]
     for r in range(repeats):  # rotate the order each round so no k always runs first
         shift = r % len(arms)
@@ -415,12 +431,25 @@ def _tune_plan(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
     ks = setting(cfg, "tune_k")
     repeats = setting(cfg, "tune_repeats")
     warmup_runs = setting(cfg, "tune_warmup_runs")
+    if setting(cfg, "tune_method") == "predict":  # the adaptive default: tune_flow.py
+        plan = PredictPlan(
+            cfg,
+            tuple(ks),
+            repeats,
+            warmup_runs,
+            setting(cfg, "tune_share_server"),
+            out_dir=run_dir("tune") / "raw" / host.name,
+            arm_for=lambda k: k_arm(cfg, k) if k else Arm("baseline", False),
+        )
+        cond = conditions(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs, **plan.conditions())
+        return plan, cond, plan.describe()
     plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
     cond = conditions(
         cfg,
         ks=ks,
         repeats=repeats,
         warmup_runs=warmup_runs,
+        tune_method="sweep",
         order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
     )
     return plan, cond, f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"

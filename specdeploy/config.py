@@ -137,6 +137,12 @@ class ServeConfig(BaseModel):
     tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
     tune_repeats: PositiveInt = 3
     tune_warmup_runs: NonNegativeInt = 1
+    # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
+    # "sweep": measure every k in tune_k
+    tune_method: Literal["predict", "sweep"] = "predict"
+    # predict only: an arm's runs in one phase share one fresh server, guarded by the server's
+    # prefix-cache counters (tune_flow.SHARED_SERVER_NOTE; benchmarks/predict_k/REPORT.md)
+    tune_share_server: bool = True
 
     @field_validator("vllm_env")
     @classmethod

@@ -199,7 +199,9 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"{w.get('num_prompts')} prompts, request rate {w.get('request_rate')}/s, max concurrency "
         f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature 0, --ignore-eos",
         f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded {cond.get('warmup_runs')}, order "
-        f"{cond.get('order')}, server restarted for every sample; prefix caching: {cond.get('prefix_caching')}",
+        f"{cond.get('order')}, server restarted "
+        f"{_restarts(cond.get('restart_between_samples', True))}; "
+        f"prefix caching: {cond.get('prefix_caching')}",
         f"- speculative_config: `{json.dumps(cond.get('speculative_config'), sort_keys=True)}`",
         f"- baseline argv: `{' '.join(cond.get('baseline_argv', []))}`",
         f"- speculative argv: `{' '.join(cond.get('speculative_argv', []))}`",
@@ -208,6 +210,11 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"`{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
     ]
     return lines
+
+
+def _restarts(value) -> str:
+    """conditions' restart_between_samples: True (every sample), or how it was done instead."""
+    return "for every sample" if value is True else str(value)
 
 
 def compare_markdown(s: dict) -> str:
@@ -301,6 +308,10 @@ def tune_summary(run_dir: Path) -> dict:
         by_k = {k: measured(h["runs"], f"k{k}") for k in ks}
         tpot = {k: run_values(runs, "tpot") for k, runs in by_k.items()}
         choice = choose_k(tpot)
+        # tune_method = predict (tune_flow.py): predicted vs measured, choice over confirmed k only
+        flow = _predict_flow(run_dir / "raw" / name, h)
+        if flow:
+            choice = flow["decision"]
         spec = h["conditions"]["speculative_config"]
         out["hosts"][name] = {
             "conditions": h["conditions"],
@@ -321,11 +332,23 @@ def tune_summary(run_dir: Path) -> dict:
                 else host_data_change(name, spec, choice["recommended_k"])
             ),
             "runs": [_run_row(r) for r in h["runs"]],
+            "predict_flow": flow,
         }
     return out
 
 
+def _predict_flow(host_dir: Path, h: dict) -> dict | None:
+    record = host_dir / "prediction.json"
+    if h["conditions"].get("tune_method") != "predict" or not record.is_file():
+        return None
+    from .tune_flow import flow_summary
+
+    return flow_summary(h["runs"], json.loads(record.read_text()), h["conditions"])
+
+
 def tune_markdown(s: dict) -> str:
+    from .tune_flow import flow_markdown
+
     lines = [
         f"# num_speculative_tokens sweep: {s['run']}",
         "",
@@ -375,6 +398,8 @@ def tune_markdown(s: dict) -> str:
                 f"{_f(acc['acceptance_rate'] * 100 if acc['acceptance_rate'] is not None else None, 1)} | "
                 f"{_f(acc['mean_acceptance_length'])} |"
             )
+        if h.get("predict_flow"):
+            lines += [""] + flow_markdown(name, h["predict_flow"])
         lines += ["", "Conditions:", ""] + _conditions_lines(h["conditions"]) + [""]
     return "\n".join(lines)
 
