@@ -36,7 +36,7 @@ def tune(method: str, args, stamp: str) -> dict:
         "SPECDEPLOY_TUNE_REPEATS": str(args.repeats),
         "SPECDEPLOY_TUNE_WARMUP_RUNS": str(args.warmup_runs),
     }
-    if args.share_server is not None:  # else the host data's tune_share_server (default on)
+    if args.share_server is not None:  # else the host data's tune_share_server (default off)
         env["SPECDEPLOY_TUNE_SHARE_SERVER"] = "1" if args.share_server else "0"
     cmd = ["pyinfra", "-y", str(REPO / "inventories/sandbox.py")]
     cmd += (["--limit", args.limit] if args.limit else []) + ["deploys/tune.py"]

@@ -140,9 +140,11 @@ class ServeConfig(BaseModel):
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
     tune_method: Literal["predict", "sweep"] = "predict"
-    # predict only: an arm's runs in one phase share one fresh server, guarded by the server's
-    # prefix-cache counters (tune_flow.SHARED_SERVER_NOTE; benchmarks/predict_k/REPORT.md)
-    tune_share_server: bool = True
+    # predict only, opt-in: an arm's runs in one phase share one fresh server, guarded by the
+    # server's prefix-cache counters (tune_flow.SHARED_SERVER_NOTE). Off by default: runs on one
+    # server are not independent samples — the band would miss start-to-start variation, which the
+    # H200 runs show is real (benchmarks/predict_k/REPORT.md).
+    tune_share_server: bool = False
 
     @field_validator("vllm_env")
     @classmethod
