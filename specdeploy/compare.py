@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
+from . import datasets
 from .bench import bench_args
 from .config import ServeConfig, Workload
 from .render import RenderedUnit, render_unit, unit_name
@@ -354,6 +355,7 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
     w = cfg.workload
     return {
         "workload": w.model_dump(),
+        "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
         "bench_args": bench_args(
             cfg,
             base_url=base_url(cfg),
@@ -544,7 +546,7 @@ def compare_deploy():
 
     from .config import DATA_DEFAULTS
     from .serve import host_config
-    from .steps import lock
+    from .steps import dataset, lock
 
     @deploy("specdeploy: baseline vs speculative A/B", data_defaults=DATA_DEFAULTS)
     def _compare():
@@ -564,6 +566,7 @@ def compare_deploy():
             apc_profile=apc_workload(cfg)[2] if apc else None,
         )
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
+        dataset.ship_request_set(cfg)  # the request set both arms replay
         python.call(
             name=f"A/B measurement ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})",
             function=_measure,
@@ -585,7 +588,7 @@ def tune_deploy():
 
     from .config import DATA_DEFAULTS
     from .serve import host_config
-    from .steps import lock
+    from .steps import dataset, lock
 
     @deploy("specdeploy: num_speculative_tokens sweep", data_defaults=DATA_DEFAULTS)
     def _tune():
@@ -602,6 +605,7 @@ def tune_deploy():
             order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
         )
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy while measuring
+        dataset.ship_request_set(cfg)  # the request set both arms replay
         python.call(
             name=f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)",
             function=_measure,

@@ -49,7 +49,9 @@ class Workload(BaseModel):
     request_rate: PositiveFloat = 4.0  # requests/s, finite: an infinite rate measures a burst
     max_concurrency: PositiveInt = 8
     num_prompts: PositiveInt = 64
-    dataset: Literal["random", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    # custom (vLLM JSONL), sharegpt, sonnet: a file on the CONTROL node, shipped to every host
+    # (datasets.py, steps/dataset.py)
     dataset_path: str | None = None
     seed: int = 0
 

@@ -19,7 +19,7 @@ from .facts import AcceleratorMemory, JsonFile, MemoryBytes, ServiceActive, Vllm
 from .preflight import evaluate
 from .render import RenderedUnit, render_unit
 from .rollout import show_unit_diff, verify_or_rollback
-from .steps import health, install, lock, record, smoke, unit, weights
+from .steps import dataset, health, install, lock, record, smoke, unit, weights
 
 
 def host_config() -> ServeConfig:
@@ -102,6 +102,7 @@ def serve(role: str = "speculative"):
 
     install.prepare_host(cfg)
     install.install_vllm(cfg)
+    dataset.ship_request_set(cfg)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)
     else:

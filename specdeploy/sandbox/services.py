@@ -341,7 +341,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
     sdir = services_dir(state)
     log = sdir / "hf_mirror.log"
     conf = sdir / "olah.toml"
-    hub = models_mod.hub_dir(cache)
+    hubs = _mirrors_path(cache)
     conf.write_text(
         "[basic]\n"
         f"host = {_toml_str(host)}\n"
@@ -350,7 +350,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         f'mirror-scheme = "http"\n'
         f"mirror-netloc = {_toml_str(f'{host}:{port}')}\n"
         f"mirror-lfs-netloc = {_toml_str(f'{host}:{port}')}\n"
-        f"mirrors-path = [{_toml_str(str(hub))}]\n"
+        f"mirrors-path = [{', '.join(_toml_str(h) for h in hubs)}]\n"
         "\n[accessibility]\n"
         "offline = true\n"
     )
@@ -371,8 +371,13 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         host=host,
         port=port,
         health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
-        extra={"url": base, "mirrors_path": str(hub)},
+        extra={"url": base, "mirrors_path": hubs},
     )
+
+
+def _mirrors_path(cache: Path) -> list[str]:
+    """Every model set's hub (the tiny random set, the trained set), served by one mirror."""
+    return [str(models_mod.hub_dir(cache, model_set)) for model_set in models_mod.MODEL_SETS]
 
 
 # ---------------------------------------------------------------------------
@@ -425,15 +430,20 @@ def start(
     sdir = services_dir(state)
     sdir.mkdir(parents=True, exist_ok=True)
 
+    repos: dict[str, dict] = {}
     if ensure_assets:
         wheelhouse_mod.ensure(cache, source_args)
-        manifest = models_mod.ensure(cache)
-    else:
-        manifest = models_mod.load_manifest(cache)
+    for model_set in models_mod.MODEL_SETS:
+        if ensure_assets:
+            manifest = models_mod.ensure(cache, model_set=model_set)
+        else:
+            manifest = models_mod.load_manifest(cache, model_set)
         if manifest is None:
             raise RuntimeError(
-                f"no model manifest at {models_mod.manifest_path(cache)}; run models.ensure()"
+                f"no model manifest at {models_mod.manifest_path(cache, model_set)}; "
+                f"run models.ensure(model_set={model_set!r})"
             )
+        repos.update(manifest["repos"])
     venv = ensure_mirror_venv(cache)
 
     old = _load_records(state)
@@ -446,6 +456,7 @@ def start(
                 rec
                 and _is_ours(rec)
                 and rec.get("host") == host
+                and rec.get("mirrors_path", _mirrors_path(cache)) == _mirrors_path(cache)
                 and _http_ok(rec.get("health_url", ""))
             ):
                 want = (
@@ -481,9 +492,9 @@ def start(
         "hf_endpoint": hf["url"],
         "models": {
             repo_id: {k: info[k] for k in ("role", "revisions", "main", "vocab_size", "tokenizer")}
-            for repo_id, info in manifest["repos"].items()
+            for repo_id, info in repos.items()
         },
-        "model_repos": {info["role"]: repo_id for repo_id, info in manifest["repos"].items()},
+        "model_repos": {info["role"]: repo_id for repo_id, info in repos.items()},
     }
 
 

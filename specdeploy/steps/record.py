@@ -8,6 +8,7 @@ from io import StringIO
 
 from pyinfra import host
 
+from .. import datasets
 from ..bench import summarize
 from ..config import ServeConfig
 from ..render import RenderedUnit
@@ -58,6 +59,7 @@ def build_record(
             "seed": w.seed,
             "request_rate": w.request_rate,
             "max_concurrency": w.max_concurrency,
+            "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
         },
         "limits": {
             "max_model_len": cfg.effective_max_model_len,
