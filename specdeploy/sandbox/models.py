@@ -209,13 +209,21 @@ TRAINED_SPEC: dict[str, Any] = {
             "seed": 12,
             "arch": {
                 "num_hidden_layers": 1,
-                "hidden_size": 64,
-                "num_attention_heads": 2,
+                "hidden_size": 96,
+                "num_attention_heads": 3,
                 "num_key_value_heads": 1,
-                "intermediate_size": 192,
+                "intermediate_size": 256,
                 "max_position_embeddings": 2048,
             },
-            "train": {**_TRAIN_RECIPE, "corpus": _CODE_CORPUS, "steps": 400, "lr": 5e-3},
+            # Distilled from the target (KL to its next-token distribution): a draft learns to
+            # agree with its target, which is what acceptance measures.
+            "train": {
+                **_TRAIN_RECIPE,
+                "corpus": _CODE_CORPUS,
+                "steps": 400,
+                "lr": 5e-3,
+                "distill_from": TRAINED_TARGET,
+            },
             "revisions": [{"name": "v1", "config": {}}],
         },
         TRAINED_DRAFT_POOR: {
@@ -553,9 +561,10 @@ def _trained_readme(repo_id: str, rspec: dict, vocab: int, info: dict) -> str:
         "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n"
         "tags:\n- specdeploy-sandbox\n- trained\n---\n",
         f"# {repo_id}\n",
-        f"A small LlamaForCausalLM ({rspec['role']}) trained by specdeploy at sandbox setup so that "
-        "speculative decoding on the sandbox behaves like a real target/draft pair: acceptance comes "
-        "from learned agreement, not from degenerate output. Not useful for anything else.\n",
+        f"A small LlamaForCausalLM ({rspec['role']}) trained by specdeploy at sandbox setup so "
+        "that speculative decoding on the sandbox behaves like a real target/draft pair: "
+        "acceptance comes from learned agreement, not from degenerate output. Not useful for "
+        "anything else.\n",
         "## How it was made\n",
         f"- text: {corpus['files']} files ({corpus['tokens']} tokens, sha256 {corpus['sha256']}): "
         f"{json.dumps(recipe['corpus'])}",
@@ -565,11 +574,22 @@ def _trained_readme(repo_id: str, rspec: dict, vocab: int, info: dict) -> str:
         f"- trained layers {arch['num_hidden_layers']}, hidden {arch['hidden_size']}, heads "
         f"{arch['num_attention_heads']} (kv {arch['num_key_value_heads']}), intermediate "
         f"{arch['intermediate_size']}, tied embeddings, float32",
-        f"- training: seed {rspec['seed']}, {recipe['steps']} AdamW steps of {recipe['batch']} random "
-        f"windows x {recipe['seq_len']} tokens, lr {recipe['lr']} (warm-up {recipe['warmup_steps']} "
-        f"steps, cosine to 10 %), {info['torch_threads']} torch threads, deterministic algorithms",
+        f"- training: seed {rspec['seed']}, {recipe['steps']} AdamW steps of {recipe['batch']} "
+        f"random windows x {recipe['seq_len']} tokens, lr {recipe['lr']} (warm-up "
+        f"{recipe['warmup_steps']} steps, cosine to 10 %), {info['torch_threads']} torch "
+        "threads, deterministic algorithms",
         f"- final training loss {info['final_loss']}, held-out loss {info['heldout_loss']}",
     ]
+    if recipe.get("distill_from"):
+        lines.append(
+            f"- loss: KL divergence from {recipe['distill_from']}'s next-token distribution on the "
+            "same text (distillation), so this draft learns to agree with that target"
+        )
+    if rspec["role"] == "trained-draft-poor":
+        lines.append(
+            "- **deliberately poor**: trained briefly on license prose, not code, yet sharing the "
+            "target's tokenizer; speculation with it should be slower than no speculation"
+        )
     if rspec["role"] != "trained-target":
         lines.append(
             "- greedy next-token agreement with the target on held-out text (teacher-forced): "
@@ -578,24 +598,31 @@ def _trained_readme(repo_id: str, rspec: dict, vocab: int, info: dict) -> str:
     if rspec.get("identity_layers"):
         total = arch["num_hidden_layers"] + rspec["identity_layers"]
         lines.append(
-            f"- **{rspec['identity_layers']} extra decoder layers** after the {arch['num_hidden_layers']}"
-            f" trained ones ({total} in the config): their attention o_proj and MLP down_proj weights "
-            "are zero, so each adds exactly 0 to the residual stream and the model computes the same "
-            "function (logits checked bit-identical at build time), while every forward pass does "
-            "the work of all layers. They make this target several times as expensive per step as "
-            "its draft on a CPU, as real target/draft pairs are on a GPU."
+            f"- **{rspec['identity_layers']} extra decoder layers** after the "
+            f"{arch['num_hidden_layers']} trained ones ({total} in the config): their attention "
+            "o_proj and MLP down_proj weights are zero, so each adds exactly 0 to the residual "
+            "stream and the model computes the same function (logits checked bit-identical at "
+            "build time), while every forward pass does the work of all layers. They make this "
+            "target several times as expensive per step as its draft on a CPU, as real "
+            "target/draft pairs are on a GPU."
         )
     return "\n".join(lines) + "\n"
 
 
-def _train_set(spec: dict, raw_toks: dict, hf_toks: dict) -> tuple[dict, dict]:
-    """Train every repo with a "train" recipe (the target first); returns ({repo_id: model},
-    {repo_id: card facts})."""
+def _train_set(spec: dict, raw_toks: dict, hf_toks: dict, cache: Path) -> tuple[dict, dict]:
+    """Train every repo with a "train" recipe, in spec order (a draft distilled from the target
+    comes after it); returns ({repo_id: model}, {repo_id: card facts}).
+
+    Trained weights are kept in `cache` under a hash of everything that determines them
+    (recipe, architecture, seed, tokenizer, corpus, teacher, torch version and threads), so
+    changing one model's recipe, a model card or the padding does not retrain the others."""
+    import safetensors.torch
     import torch
     import training  # sibling file: this worker runs as a script, not as a package module
     from transformers import LlamaForCausalLM
 
     torch.set_num_threads(spec["torch_threads"])
+    cache.mkdir(parents=True, exist_ok=True)
     streams: dict[str, Any] = {}
     corpus_info: dict[str, dict] = {}
 
@@ -610,22 +637,42 @@ def _train_set(spec: dict, raw_toks: dict, hf_toks: dict) -> tuple[dict, dict]:
             corpus_info[key] = {"files": len(files), "tokens": len(streams[key]), "sha256": digest}
         return streams[key], corpus_info[key]
 
-    models, facts = {}, {}
+    models, facts, keys = {}, {}, {}
     for repo_id, rspec in spec["repos"].items():
         if "train" not in rspec:
             continue
+        recipe = rspec["train"]
         tokenizer = hf_toks[rspec["tokenizer"]]
         tspec = spec["tokenizers"][rspec["tokenizer"]]
+        vocab = raw_toks[rspec["tokenizer"]].get_vocab_size()
         torch.manual_seed(rspec["seed"])
-        config = _llama_config(
-            rspec["arch"], raw_toks[rspec["tokenizer"]].get_vocab_size(), tokenizer, tspec
-        )
+        config = _llama_config(rspec["arch"], vocab, tokenizer, tspec)
         model = LlamaForCausalLM(config).to(torch.float32).eval()
-        data, corpus = stream(rspec["train"]["corpus"], rspec["tokenizer"])
-        print(f"training {repo_id} on {corpus}", flush=True)
-        result = training.train(model, data, {**rspec["train"], "seed": rspec["seed"]})
-        models[repo_id] = model
+        data, corpus = stream(recipe["corpus"], rspec["tokenizer"])
+        teacher = recipe.get("distill_from")
+        keys[repo_id] = hashlib.sha256(
+            json.dumps(
+                [rspec["arch"], recipe, rspec["seed"], tspec, corpus, keys.get(teacher)]
+                + [torch.__version__, spec["torch_threads"]],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:24]
+        weights, meta = cache / f"{keys[repo_id]}.safetensors", cache / f"{keys[repo_id]}.json"
+        if weights.exists() and meta.exists():
+            safetensors.torch.load_model(model, weights)
+            result = json.loads(meta.read_text())
+            print(f"{repo_id}: trained weights from {weights}", flush=True)
+        else:
+            print(f"training {repo_id} on {corpus}", flush=True)
+            result = training.train(
+                model, data, {**recipe, "seed": rspec["seed"]}, teacher=models.get(teacher)
+            )
+            safetensors.torch.save_model(model, str(weights))
+            meta.write_text(json.dumps(result))
+        models[repo_id] = model.eval()
         facts[repo_id] = {**result, "corpus": corpus, "torch_threads": spec["torch_threads"]}
+        if teacher:
+            facts[repo_id]["distilled_from"] = teacher
         print(f"{repo_id}: {result}", flush=True)
 
     first = next(iter(models))  # the target: agreement is measured against it
@@ -685,7 +732,12 @@ def _build(out: Path, spec: dict) -> None:
         tok_info[name] = info
         print(f"tokenizer {name}: {info} in {time.monotonic() - t0:.1f}s", flush=True)
 
-    trained, facts = _train_set(spec, raw_toks, toks) if "torch_threads" in spec else ({}, {})
+    # trained weights outlive a build: models/train-cache (out is models/gen-*/snapshots)
+    trained, facts = (
+        _train_set(spec, raw_toks, toks, out.parent.parent / "train-cache")
+        if "torch_threads" in spec
+        else ({}, {})
+    )
 
     for repo_id, rspec in spec["repos"].items():
         hf_tok = toks[rspec["tokenizer"]]

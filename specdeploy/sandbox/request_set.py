@@ -5,7 +5,7 @@ vLLM's custom JSONL format (`{"prompt": ..., "output_tokens": ...}`), used by th
 the trained models never saw (models.HELD_OUT_MODULES): its signature and first body lines, so the
 continuation is code the models have to predict, not text they memorised.
 
-    python -m specdeploy.sandbox.request_set      # rewrite the shipped file from this machine's stdlib
+    python -m specdeploy.sandbox.request_set   # rewrite the shipped file from this stdlib
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ def rows(stdlib: Path | None = None) -> list[dict]:
         functions = [
             node
             for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 2 * PROMPT_LINES
+            if isinstance(node, ast.FunctionDef)
+            and node.end_lineno - node.lineno >= 2 * PROMPT_LINES
         ]
         for node in sorted(functions, key=lambda n: n.lineno)[:PER_MODULE]:
-            prompt = "".join(lines[node.lineno - 1 : node.lineno - 1 + PROMPT_LINES])
+            # No trailing newline: byte-level BPE merges "\n" with the next line's indentation, so a
+            # prompt cut after "\n" would start the model at a token boundary it never saw.
+            prompt = "".join(lines[node.lineno - 1 : node.lineno - 1 + PROMPT_LINES]).rstrip("\n")
             out.append(
                 {"prompt": prompt, "output_tokens": OUTPUT_TOKENS[len(out) % len(OUTPUT_TOKENS)]}
             )

@@ -1,8 +1,8 @@
 """Worker side of the trained sandbox models: runs under the control venv's torch, imported only by
 ``models.py _build`` (never by the torch-free control code).
 
-A model is trained from its seed on windows of one tokenized corpus (AdamW, warm-up then cosine decay,
-a fixed number of steps and torch threads), so the same machine always produces the same weights.
+A model is trained from its seed on windows of one tokenized corpus (AdamW, warm-up then cosine
+decay, a fixed number of steps and torch threads), so one machine always produces the same weights.
 ``add_identity_layers`` makes a trained target more expensive without changing what it computes:
 extra decoder layers whose attention and MLP output projections are zero add exactly 0 to the
 residual stream, yet cost a full layer of compute in every forward pass.
@@ -30,8 +30,16 @@ def _windows(stream: torch.Tensor, batch: int, seq_len: int, generator) -> torch
     return torch.stack([stream[int(s) : int(s) + seq_len] for s in starts])
 
 
-def train(model: LlamaForCausalLM, stream: torch.Tensor, recipe: dict, log=print) -> dict:
-    """Train in place; returns {"steps", "tokens", "final_loss", "seconds"}."""
+def train(
+    model: LlamaForCausalLM,
+    stream: torch.Tensor,
+    recipe: dict,
+    teacher: LlamaForCausalLM | None = None,
+    log=print,
+) -> dict:
+    """Train in place; returns {"steps", "tokens", "final_loss", "seconds"}. With a `teacher`, the
+    loss is the KL divergence from the teacher's next-token distribution (distillation: a draft
+    learns to agree with its target) instead of cross-entropy against the text."""
     generator = torch.Generator().manual_seed(recipe["seed"])
     steps, warmup = recipe["steps"], recipe["warmup_steps"]
     optimizer = torch.optim.AdamW(
@@ -50,7 +58,15 @@ def train(model: LlamaForCausalLM, stream: torch.Tensor, recipe: dict, log=print
     recent: list[float] = []
     for step in range(steps):
         batch = _windows(stream, recipe["batch"], recipe["seq_len"], generator)
-        loss = model(input_ids=batch, labels=batch).loss
+        if teacher is None:
+            loss = model(input_ids=batch, labels=batch).loss
+        else:
+            with torch.no_grad():
+                target = teacher(input_ids=batch).logits.log_softmax(-1).flatten(0, 1)
+            student = model(input_ids=batch).logits.log_softmax(-1).flatten(0, 1)
+            loss = torch.nn.functional.kl_div(
+                student, target, log_target=True, reduction="batchmean"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -87,9 +103,9 @@ def heldout(models: dict[str, LlamaForCausalLM], stream: torch.Tensor, seq_len: 
 
 
 def add_identity_layers(model: LlamaForCausalLM, extra: int, seed: int) -> LlamaForCausalLM:
-    """The same function with `extra` more decoder layers after the trained ones: their q/k/v and
-    gate/up weights are random (real work), their o_proj and down_proj are zero, so each adds exactly
-    0 to the residual stream. Checked: the logits are bit-identical."""
+    """The same function with `extra` more decoder layers after the trained ones: their q/k/v
+    and gate/up weights are random (real work), their o_proj and down_proj are zero, so each adds
+    exactly 0 to the residual stream. Checked: the logits are bit-identical."""
     config = LlamaConfig.from_dict(model.config.to_dict())
     trained = config.num_hidden_layers
     config.num_hidden_layers = trained + extra
