@@ -9,6 +9,7 @@ import shlex
 
 from . import datasets
 from .config import ServeConfig, Workload
+from .stats import median
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,90,99"
@@ -102,12 +103,6 @@ MIN_DRAFTS = 32  # acceptance figures are ratios over verified drafts
 MIN_REQUESTS_FOR_P99 = 20  # below this the "p99" is just the slowest request
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def drafts_of(result: dict) -> float | None:
     """Drafts the target verified during the run (the benchmark's own count, else the server's
     counters as specdeploy read them); None when the server was not speculating."""
@@ -142,12 +137,10 @@ def not_enough_data(result: dict) -> dict[str, str]:
         )
     output_lens = [n for n in result.get("output_lens") or [] if n]
     tokens = (
-        _median(output_lens)
-        if output_lens
-        else (result.get("total_output_tokens") or 0) / completed
+        median(output_lens) if output_lens else (result.get("total_output_tokens") or 0) / completed
     )
     itls = [gaps for gaps in result.get("itls") or [] if gaps is not None]
-    chunks = _median([len(gaps) + 1 for gaps in itls]) if itls else None
+    chunks = median([len(gaps) + 1 for gaps in itls]) if itls else None
     if tokens < MIN_OUTPUT_TOKENS_PER_REQUEST:
         why["median_tpot_ms"] = (
             f"{tokens:.0f} output tokens per request; needs >= {MIN_OUTPUT_TOKENS_PER_REQUEST}"
