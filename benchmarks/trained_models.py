@@ -6,8 +6,8 @@ Uses its own one-host fleet (SPECDEPLOY_STATE_DIR, default /run/specdeploy/sandb
 the trained pair with the shipped request set (group_data/sandbox.py; SPECDEPLOY_SANDBOX_MODELS):
 
 1. training: wall and CPU seconds of the cold build, losses, teacher-forced agreement (manifest);
-2. decode step cost on the host's CPU: `vllm bench latency` (batch 1, 128 output tokens, the
-   deployed flags) for the target, the draft and the poor draft, each served alone;
+2. decode step cost on the sandbox CPU (benchmarks/decode_step.py: vLLM, batch 1, the sandbox's
+   CPU flags) for the target, the draft and the poor draft, each served alone;
 3. the smoke benchmark of a deploy: TPOT, ITL, acceptance and acceptance by draft position;
 4. deploys/compare.py: baseline vs speculative TPOT (repeats per arm, prefix-caching profile off);
 5. the speculation gate with the poor draft: the unit the host ends on, and why.
@@ -40,23 +40,17 @@ def on_host(state: dict, command: str) -> str:
     return run(hosts.ssh_command(state, address, command))
 
 
-def step_ms(state: dict, repo: str, sha: str) -> float:
-    """Mean decode step of one model served alone (batch 1): the latency of a 128-token request
-    minus that of a 1-token request, over 127 steps."""
-    snapshot = f"/var/lib/specdeploy/hf/hub/models--{repo.replace('/', '--')}/snapshots/{sha}"
-    latency = {}
-    for output_len in (1, 128):
-        out = f"/tmp/latency-{output_len}.json"
-        on_host(
-            state,
-            "cd /tmp && HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 "
-            "/opt/specdeploy/venv/bin/vllm bench "
-            f"latency --model {snapshot} --dtype float32 --enforce-eager --max-model-len 1024 "
-            f"--kv-cache-memory-bytes 268435456 --input-len 64 --output-len {output_len} "
-            f"--batch-size 1 --num-iters-warmup 2 --num-iters 5 --output-json {out}",
-        )
-        latency[output_len] = json.loads(on_host(state, f"cat {out}"))["avg_latency"]
-    return (latency[128] - latency[1]) / 127 * 1000
+def step_ms(repo: str) -> float:
+    """Mean decode step of one model served alone by vLLM, batch 1 (benchmarks/decode_step.py, in
+    the control venv: the CPU the sandbox hosts share)."""
+    from specdeploy.sandbox import models
+    from specdeploy.sandbox.request_set import PATH
+
+    model_dir = models.hub_dir(model_set="trained") / "models" / repo
+    python = models._python(models.cache_dir_default())
+    out = run([python, str(REPO / "benchmarks/decode_step.py"), str(model_dir), str(PATH)])
+    line = next(ln for ln in out.splitlines() if ln.startswith('{"model"'))
+    return json.loads(line)["step_ms"]
 
 
 def main() -> None:
@@ -104,8 +98,7 @@ def main() -> None:
 
         services = state["services"]["models"]
         steps = {
-            repo: step_ms(state, repo, services[repo]["main"])
-            for repo in (models.TRAINED_TARGET, models.TRAINED_DRAFT, POOR)
+            repo: step_ms(repo) for repo in (models.TRAINED_TARGET, models.TRAINED_DRAFT, POOR)
         }
         target = steps[models.TRAINED_TARGET]
         for repo, ms in steps.items():
