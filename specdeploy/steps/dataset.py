@@ -1,4 +1,5 @@
-"""Ship the workload's request set (a file on the control node, see datasets.py) to the host.
+"""Ship the workload's request set (a file on the control node, see datasets.py) to the host, and
+the packages vLLM's loader for it needs in the venv (datasets.BENCH_PACKAGES).
 
 It lands under a root-owned directory, named by its sha256 (datasets.host_path), and its sha256 is
 checked on the host after every upload; an unchanged file is neither re-sent nor re-checked (pyinfra
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import shlex
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from .. import datasets
 from ..config import ServeConfig
+from ..facts import VllmVersion
 
 
 @deploy("Request set")
@@ -39,3 +42,17 @@ def ship_request_set(cfg: ServeConfig):
         ],
         _if=put.did_change,
     )
+    missing = [
+        package
+        for package in datasets.BENCH_PACKAGES.get(w.dataset, ())
+        if host.get_fact(VllmVersion, venv=cfg.venv, package=package) is None
+    ]
+    if missing:
+        server.shell(
+            name=f"Benchmark loader for {w.dataset}: pip install {' '.join(missing)}",
+            commands=[
+                f"{cfg.venv}/bin/python -m pip install --disable-pip-version-check -q "
+                f"{shlex.join(cfg.pip_install_args)} {shlex.join(missing)}",
+                f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.venv}",
+            ],
+        )
