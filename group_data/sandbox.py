@@ -19,7 +19,7 @@ pip_install_args = _services.get("pip_install_args", [])  # the sandbox's own wh
 hf_endpoint = _services.get("hf_endpoint")  # the sandbox's HF mirror (Olah)
 
 # Which generated pair is served: "trained" (default; trained at sandbox setup, real acceptance:
-# what the demo shows) or "tiny" (random weights, fast: for tests that check plumbing, not behaviour).
+# what the demo shows) or "tiny" (random weights, fast: tests that check plumbing, not behaviour).
 _model_pair = os.environ.get("SPECDEPLOY_SANDBOX_MODELS", "trained")
 
 if _model_pair == "tiny":

@@ -210,7 +210,11 @@ def _request_set_line(cond: dict) -> list[str]:
     return [
         f"- request set: `{rs['control_path']}` ({rs['dataset']}, {rs['rows']} rows, "
         f"{rs['distinct_prompts']} distinct prompts, sha256 `{rs['sha256']}`; "
-        f"{'per-request output_tokens' if rs['per_request_output_tokens'] else 'output_len for every request'})"
+        + (
+            "per-request output_tokens)"
+            if rs["per_request_output_tokens"]
+            else "output_len for every request)"
+        )
     ]
 
 

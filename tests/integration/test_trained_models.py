@@ -1,5 +1,5 @@
-"""The trained sandbox pair (pycode-target, pycode-draft, pycode-draft-poor) on the sandbox, with the
-shipped request set: figures that mean something.
+"""The trained sandbox pair (pycode-target, pycode-draft, pycode-draft-poor) on the sandbox, with
+the shipped request set: figures that mean something.
 
 - the smoke summary has real TPOT and ITL (enough tokens and chunks) and an acceptance curve that
   falls with draft position, with the acceptance rate at k=3 between 30 % and 85 %;
