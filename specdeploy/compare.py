@@ -30,13 +30,13 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from . import report
+from . import datasets, report
 from .bench import bench_args
 from .checks import host_config
 from .config import DATA_DEFAULTS, ServeConfig, Workload
 from .on_host import read_text, sh, write_text
 from .render import RenderedUnit, measure_unit_name, render_unit, unit_name
-from .steps import health, lock, weights
+from .steps import dataset, health, lock, weights
 from .steps.health import base_url, request
 from .steps.smoke import bench
 from .timestamps import utc_iso, utc_stamp
@@ -62,9 +62,7 @@ def run_id(kind: str) -> str:
     """One id per pyinfra process and kind (every host of the run writes under it); SPECDEPLOY_RUN
     overrides it."""
     if kind not in _RUN_IDS:
-        _RUN_IDS[kind] = (
-            os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
-        )
+        _RUN_IDS[kind] = os.environ.get("SPECDEPLOY_RUN") or f"{kind}-{utc_stamp()}"
     return _RUN_IDS[kind]
 
 
@@ -350,6 +348,7 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
     w = cfg.workload
     return {
         "workload": w.model_dump(),
+        "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
         "bench_args": bench_args(
             cfg,
             base_url=base_url(cfg),
@@ -471,6 +470,7 @@ def measurement_deploy(kind: str):
         cfg = host_config()
         plan, cond, what = make_plan(cfg)
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
+        dataset.ship_request_set(cfg)  # the request set every arm replays
         python.call(name=what, function=_measure, cfg=cfg, kind=kind, plan=plan, cond=cond)
         lock.release(name="Release the host's deploy lock", cfg=cfg)
         python.call(name=f"Report {run_dir(kind)}", function=_write_report, kind=kind)

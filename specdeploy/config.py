@@ -63,7 +63,9 @@ class Workload(BaseModel):
     request_rate: PositiveFloat = 4.0  # requests/s, finite: an infinite rate measures a burst
     max_concurrency: PositiveInt = 8
     num_prompts: PositiveInt = 64
-    dataset: Literal["random", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    # custom (vLLM JSONL), sharegpt, sonnet: a file on the CONTROL node, shipped to every host
+    # (datasets.py, steps/dataset.py)
     dataset_path: str | None = None
     seed: int = 0
 
@@ -122,7 +124,9 @@ class ServeConfig(BaseModel):
     install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
     state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
     hf_endpoint: str | None = None  # a mirror; None means huggingface.co
-    hf_token: str | None = Field(default=None, pattern=SECRET)  # its own root-only file, downloads only
+    hf_token: str | None = Field(
+        default=None, pattern=SECRET
+    )  # its own root-only file, downloads only
     vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
     health_timeout_s: PositiveInt = 900

@@ -37,6 +37,7 @@ def acceptance(before: dict[str, float], after: dict[str, float]) -> dict[str, f
         "accepted_tokens": accepted,
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "per_position": per_position_acceptance(before, after),
     }
 
 
@@ -200,3 +201,38 @@ def live_figures(before_text: str | None, after_text: str, seconds: float | None
         "requests_waiting": sample_sum(after, "vllm:num_requests_waiting"),
         "kv_cache_usage": sample_mean(after, KV_CACHE_USAGE),
     }
+
+
+def per_position_acceptance(
+    before: dict[str, float], after: dict[str, float]
+) -> list[float] | None:
+    """Per draft position i (0-based), the share of drafts whose i-th token was accepted, between
+    two counter snapshots: Δ num_accepted_tokens_per_pos{position=i} / Δ num_drafts (the same
+    definition as `vllm bench serve`'s spec_decode_per_position_acceptance_rates). A token is
+    accepted only after every earlier one, so the curve can only fall; None without drafts."""
+    drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
+    key = "num_accepted_tokens_per_pos"
+    positions = sorted(
+        int(name[len(key) + 1 : -1])
+        for name in set(before) | set(after)
+        if name.startswith(f"{key}[")
+    )
+    if not drafts or not positions:
+        return None
+    return [
+        (after.get(f"{key}[{i}]", 0) - before.get(f"{key}[{i}]", 0)) / drafts for i in positions
+    ]
+
+
+def pooled_per_position_acceptance(counter_deltas: list[dict]) -> list[float] | None:
+    """Per-position acceptance pooled over several runs' counter deltas (each as returned by
+    `acceptance()` with a "per_position" list): Σ accepted at i / Σ drafts."""
+    runs = [c for c in counter_deltas if c.get("per_position") and c.get("drafts")]
+    if not runs:
+        return None
+    drafts = sum(c["drafts"] for c in runs)
+    k = max(len(c["per_position"]) for c in runs)
+    return [
+        sum(c["per_position"][i] * c["drafts"] for c in runs if i < len(c["per_position"])) / drafts
+        for i in range(k)
+    ]

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from .bench import format_curve
 from .timestamps import utc_iso
 from .tuning import (
     ITL_NOTE,
@@ -187,6 +188,33 @@ def _acceptance_lines(acc: dict) -> list[str]:
         f"**{_f(rate * 100 if rate is not None else None, 1)} %** ({acc['accepted_tokens']:.0f} accepted of "
         f"{acc['draft_tokens']:.0f} draft tokens in {acc['drafts']:.0f} drafts), mean acceptance length "
         f"**{_f(acc['mean_acceptance_length'])}** tokens per target step, over {acc['runs']} runs."
+    ] + _per_position_lines(acc)
+
+
+def _per_position_lines(acc: dict) -> list[str]:
+    """The acceptance curve (share of drafts whose i-th token was accepted; `acceptance.png`)."""
+    if not acc.get("per_position"):
+        return []
+    return [
+        "",
+        "Acceptance by draft position (share of drafts whose i-th token was accepted): "
+        + format_curve(acc["per_position"])
+        + ".",
+    ]
+
+
+def _request_set_line(cond: dict) -> list[str]:
+    rs = cond.get("request_set")
+    if not rs:
+        return []
+    return [
+        f"- request set: `{rs['control_path']}` ({rs['dataset']}, {rs['rows']} rows, "
+        f"{rs['distinct_prompts']} distinct prompts, sha256 `{rs['sha256']}`; "
+        + (
+            "per-request output_tokens)"
+            if rs["per_request_output_tokens"]
+            else "output_len for every request)"
+        )
     ]
 
 
@@ -198,6 +226,7 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"- workload: dataset {w.get('dataset')}, prompt {w.get('prompt_len')} / output {w.get('output_len')} tokens, "
         f"{w.get('num_prompts')} prompts, request rate {w.get('request_rate')}/s, max concurrency "
         f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature 0, --ignore-eos",
+        *_request_set_line(cond),
         f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded {cond.get('warmup_runs')}, order "
         f"{cond.get('order')}, server restarted "
         f"{_restarts(cond.get('restart_between_samples', True))}; "
@@ -230,7 +259,8 @@ def compare_markdown(s: dict) -> str:
         s["notes"]["generated_text"],
         "",
         "Charts: `latency.png` (medians, MAD bars, every run as a dot), "
-        "`ratios.png` (speculative/baseline with noise band), `apc.png` (APC profile).",
+        "`ratios.png` (speculative/baseline with noise band), `apc.png` (APC profile), "
+        "`acceptance.png` (acceptance by draft position).",
         "",
     ]
     if s["fleet"]:
@@ -357,7 +387,8 @@ def tune_markdown(s: dict) -> str:
         f"Prefix caching was OFF in every measurement instance. **ITL ≠ TPOT.** {s['notes']['itl_vs_tpot']}",
         "",
         "Rule: the smallest k whose TPOT is within the noise band of the best k "
-        "(median(k) − MAD(k) ≤ median(best) + MAD(best)). Chart: `tune_tpot.png`.",
+        "(median(k) − MAD(k) ≤ median(best) + MAD(best)). Charts: `tune_tpot.png`, "
+        "`acceptance.png` (acceptance by draft position, per k).",
         "",
         "Nothing was edited: apply the printed host-data change yourself (group_data is never touched).",
         "",
@@ -398,6 +429,12 @@ def tune_markdown(s: dict) -> str:
                 f"{_f(acc['acceptance_rate'] * 100 if acc['acceptance_rate'] is not None else None, 1)} | "
                 f"{_f(acc['mean_acceptance_length'])} |"
             )
+        lines += [""] + [
+            f"- k={k}: acceptance by draft position "
+            + format_curve(pk["acceptance"]["per_position"])
+            for k, pk in h["per_k"].items()
+            if pk["acceptance"].get("per_position")
+        ]
         if h.get("predict_flow"):
             lines += [""] + flow_markdown(name, h["predict_flow"])
         lines += ["", "Conditions:", ""] + _conditions_lines(h["conditions"]) + [""]
@@ -563,6 +600,39 @@ def tune_charts(s: dict, run_dir: Path) -> list[str]:
     return ["tune_tpot.png"]
 
 
+def acceptance_chart(curves: dict[str, list[float]], run_dir: Path, title: str) -> list[str]:
+    """acceptance.png: one line per host (compare) or per k (tune), share of drafts whose i-th
+    token was accepted, by draft position."""
+    curves = {label: rates for label, rates in curves.items() if rates}
+    if not curves:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rates in curves.items():
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("share of drafts accepted at this position")
+    ax.set_ylim(0, 1)
+    ax.set_xticks(range(1, max(len(r) for r in curves.values()) + 1))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "acceptance.png", dpi=110)
+    plt.close(fig)
+    return ["acceptance.png"]
+
+
+def _acceptance_curves(s: dict, kind: str) -> dict[str, list[float]]:
+    if kind == "compare":
+        return {name: h["acceptance"].get("per_position") for name, h in s["hosts"].items()}
+    return {
+        f"{name} k={k}": pk["acceptance"].get("per_position")
+        for name, h in s["hosts"].items()
+        for k, pk in h["per_k"].items()
+    }
+
+
 # --- writing ----------------------------------------------------------------------------------------
 
 
@@ -574,6 +644,11 @@ def write(run_dir: Path, kind: str | None = None) -> dict:
         kind = conds[0].get("kind", "compare") if conds else "compare"
     s = compare_summary(run_dir) if kind == "compare" else tune_summary(run_dir)
     s["charts"] = compare_charts(s, run_dir) if kind == "compare" else tune_charts(s, run_dir)
+    s["charts"] += acceptance_chart(
+        _acceptance_curves(s, kind),
+        run_dir,
+        "Acceptance by draft position (server /metrics, benchmark requests, runs pooled)",
+    )
     (run_dir / "summary.json").write_text(
         json.dumps(s, indent=1, sort_keys=True, default=str) + "\n"
     )

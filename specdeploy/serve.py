@@ -19,7 +19,7 @@ from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersi
 from .on_host import read_text
 from .preflight import evaluate
 from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
-from .steps import health, install, lock, record, smoke, unit, weights
+from .steps import dataset, health, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
 
@@ -116,6 +116,7 @@ def serve(role: str = "speculative"):
     install.prepare_host(cfg)
     install.install_vllm(cfg)
     weights.download_token(cfg)
+    dataset.ship_request_set(cfg)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from .metrics import pooled_per_position_acceptance
 from .stats import mad, median, ratio_with_band
 
 # name -> (key in the `vllm bench serve` result JSON, label, unit, lower_is_better)
@@ -150,6 +151,7 @@ def acceptance_summary(counters: Sequence[Mapping]) -> dict:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "per_run_acceptance_rate": summarize_values(rates),
         "per_run_mean_acceptance_length": summarize_values(lengths),
+        "per_position": pooled_per_position_acceptance(list(counters)),
     }
 
 

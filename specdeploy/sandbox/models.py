@@ -151,6 +151,107 @@ SPEC: dict[str, Any] = {
     },
 }
 
+# The trained set: a target and two drafts that share one tokenizer, trained at sandbox setup on the
+# Python standard library (present on every machine), so acceptance comes from learned agreement.
+TRAINED_TARGET = f"{ORG}/pycode-target"
+TRAINED_DRAFT = f"{ORG}/pycode-draft"
+TRAINED_DRAFT_POOR = f"{ORG}/pycode-draft-poor"
+# Kept out of the tokenizer and the training text: the sandbox request set
+# (specdeploy/data/sandbox-requests.jsonl, sandbox/request_set.py) is cut from these modules.
+HELD_OUT_MODULES = [
+    "calendar.py",
+    "csv.py",
+    "difflib.py",
+    "gzip.py",
+    "locale.py",
+    "posixpath.py",
+    "shlex.py",
+    "string.py",
+    "textwrap.py",
+    "wave.py",
+]
+_CODE_CORPUS = {"stdlib_globs": ["*.py"], "extra_globs": [], "exclude": HELD_OUT_MODULES}
+_TRAIN_RECIPE = {"batch": 16, "seq_len": 128, "warmup_steps": 20}
+
+TRAINED_SPEC: dict[str, Any] = {
+    "generator_version": GENERATOR_VERSION,
+    "torch_threads": 2,  # fixed, so the float reductions (and the weights) do not vary with cores
+    "heldout_corpus": {"stdlib_globs": HELD_OUT_MODULES, "extra_globs": []},
+    "tokenizers": {
+        "code": {
+            **SPEC["tokenizers"]["main"],
+            "vocab_size": 1024,  # small: cheap output layer, and each token is seen often
+            "corpus": _CODE_CORPUS,
+        },
+    },
+    "repos": {
+        TRAINED_TARGET: {
+            "role": "trained-target",
+            "tokenizer": "code",
+            "seed": 11,
+            "arch": {
+                "num_hidden_layers": 2,
+                "hidden_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 384,
+                "max_position_embeddings": 2048,
+            },
+            "train": {**_TRAIN_RECIPE, "corpus": _CODE_CORPUS, "steps": 400, "lr": 3e-3},
+            # Function-preserving extra layers (training.add_identity_layers): the target costs
+            # several draft steps per step on a CPU, as real target/draft pairs do on a GPU.
+            "identity_layers": 40,
+            "revisions": [{"name": "v1", "config": {}}],
+        },
+        TRAINED_DRAFT: {
+            "role": "trained-draft",
+            "tokenizer": "code",
+            "seed": 12,
+            "arch": {
+                "num_hidden_layers": 1,
+                "hidden_size": 96,
+                "num_attention_heads": 3,
+                "num_key_value_heads": 1,
+                "intermediate_size": 256,
+                "max_position_embeddings": 2048,
+            },
+            # Distilled from the target (KL to its next-token distribution): a draft learns to
+            # agree with its target, which is what acceptance measures.
+            "train": {
+                **_TRAIN_RECIPE,
+                "corpus": _CODE_CORPUS,
+                "steps": 400,
+                "lr": 5e-3,
+                "distill_from": TRAINED_TARGET,
+            },
+            "revisions": [{"name": "v1", "config": {}}],
+        },
+        TRAINED_DRAFT_POOR: {
+            "role": "trained-draft-poor",
+            "tokenizer": "code",
+            "seed": 13,
+            "arch": {
+                "num_hidden_layers": 1,
+                "hidden_size": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "intermediate_size": 192,
+                "max_position_embeddings": 2048,
+            },
+            # Deliberately poor: license prose instead of code, briefly.
+            "train": {
+                **_TRAIN_RECIPE,
+                "corpus": {"stdlib_globs": [], "extra_globs": ["/usr/share/common-licenses/*"]},
+                "steps": 150,
+                "lr": 5e-3,
+            },
+            "revisions": [{"name": "v1", "config": {}}],
+        },
+    },
+}
+
+MODEL_SETS = {"tiny": SPEC, "trained": TRAINED_SPEC}
+
 # Fixed identity and clock for commits => reproducible commit shas.
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "specdeploy sandbox",
@@ -171,17 +272,17 @@ def models_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or cache_dir_default()) / "models"
 
 
-def hub_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Root to hand to Olah as ``mirrors-path`` (contains ``models/<org>/<name>``)."""
-    return models_dir(cache_dir) / "hub"
+def hub_dir(cache_dir: str | os.PathLike | None = None, model_set: str = "tiny") -> Path:
+    """Root to hand to Olah as one of its ``mirrors-path`` (contains ``models/<org>/<name>``)."""
+    return models_dir(cache_dir) / ("hub" if model_set == "tiny" else f"hub-{model_set}")
 
 
-def manifest_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    return models_dir(cache_dir) / "models.json"
+def manifest_path(cache_dir: str | os.PathLike | None = None, model_set: str = "tiny") -> Path:
+    return models_dir(cache_dir) / ("models.json" if model_set == "tiny" else f"{model_set}.json")
 
 
-def spec_hash() -> str:
-    return hashlib.sha256(json.dumps(SPEC, sort_keys=True).encode()).hexdigest()
+def spec_hash(model_set: str = "tiny") -> str:
+    return hashlib.sha256(json.dumps(MODEL_SETS[model_set], sort_keys=True).encode()).hexdigest()
 
 
 def _python(cache_dir: Path) -> str:
@@ -203,21 +304,23 @@ def _git(repo: Path, *args: str, env: dict | None = None) -> str:
     return out.stdout.strip()
 
 
-def load_manifest(cache_dir: str | os.PathLike | None = None) -> dict | None:
-    path = manifest_path(cache_dir)
+def load_manifest(
+    cache_dir: str | os.PathLike | None = None, model_set: str = "tiny"
+) -> dict | None:
+    path = manifest_path(cache_dir, model_set)
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def _manifest_ok(manifest: dict | None, cache_dir: Path) -> bool:
-    if not manifest or manifest.get("spec_hash") != spec_hash():
+def _manifest_ok(manifest: dict | None, cache_dir: Path, model_set: str = "tiny") -> bool:
+    if not manifest or manifest.get("spec_hash") != spec_hash(model_set):
         return False
-    if set(manifest.get("repos", {})) != set(SPEC["repos"]):
+    if set(manifest.get("repos", {})) != set(MODEL_SETS[model_set]["repos"]):
         return False
     for repo_id, info in manifest["repos"].items():
-        path = hub_dir(cache_dir) / "models" / repo_id
+        path = hub_dir(cache_dir, model_set) / "models" / repo_id
         if not (path / ".git").is_dir():
             return False
         try:
@@ -233,9 +336,14 @@ def _manifest_ok(manifest: dict | None, cache_dir: Path) -> bool:
 
 
 def ensure(
-    cache_dir: str | os.PathLike | None = None, *, force: bool = False, python: str | None = None
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    force: bool = False,
+    python: str | None = None,
+    model_set: str = "tiny",
 ) -> dict:
-    """Generate the tiny model repositories unless an intact, current set exists.
+    """Generate one model set's repositories (``MODEL_SETS``: "tiny" random, "trained") unless an
+    intact, current set exists.
 
     Returns the manifest::
 
@@ -247,8 +355,9 @@ def ensure(
          "tokenizers": {name: {"vocab_size": int, "corpus_files": int, "corpus_sha256": ...}}}
     """
     cache = Path(cache_dir or cache_dir_default())
-    existing = load_manifest(cache)
-    if not force and _manifest_ok(existing, cache):
+    spec = MODEL_SETS[model_set]
+    existing = load_manifest(cache, model_set)
+    if not force and _manifest_ok(existing, cache, model_set):
         return existing  # type: ignore[return-value]
 
     mdir = models_dir(cache)
@@ -263,7 +372,9 @@ def ensure(
 
     work = Path(tempfile.mkdtemp(prefix="gen-", dir=mdir))
     try:
-        log = mdir / "logs" / "generate.log"
+        log = (
+            mdir / "logs" / ("generate.log" if model_set == "tiny" else f"generate-{model_set}.log")
+        )
         t0 = time.monotonic()
         with open(log, "w") as fh:
             proc = subprocess.run(
@@ -272,7 +383,7 @@ def ensure(
                     os.path.abspath(__file__),
                     "_build",
                     str(work / "snapshots"),
-                    json.dumps(SPEC),
+                    json.dumps(spec),
                 ],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -293,7 +404,7 @@ def ensure(
 
         new_hub = work / "hub"
         repos: dict[str, Any] = {}
-        for repo_id, rspec in SPEC["repos"].items():
+        for repo_id, rspec in spec["repos"].items():
             repo = new_hub / "models" / repo_id
             repo.mkdir(parents=True)
             _git(repo, "init", "-q", "-b", "main")
@@ -325,7 +436,7 @@ def ensure(
                 _git(repo, "tag", rev["name"])
                 revisions[rev["name"]] = _git(repo, "rev-parse", "HEAD")
             repos[repo_id] = {
-                "path": str(hub_dir(cache) / "models" / repo_id),
+                "path": str(hub_dir(cache, model_set) / "models" / repo_id),
                 "role": rspec["role"],
                 "tokenizer": rspec["tokenizer"],
                 "vocab_size": build_info["tokenizers"][rspec["tokenizer"]]["vocab_size"],
@@ -335,22 +446,25 @@ def ensure(
             }
 
         # Swap the new hub into place (only our own generated directory).
-        final_hub = hub_dir(cache)
+        final_hub = hub_dir(cache, model_set)
         if final_hub.exists():
             shutil.rmtree(final_hub)
         os.replace(new_hub, final_hub)
         manifest = {
-            "spec_hash": spec_hash(),
+            "spec_hash": spec_hash(model_set),
+            "model_set": model_set,
             "generator_version": GENERATOR_VERSION,
             "hub_dir": str(final_hub),
             "repos": repos,
             "tokenizers": build_info["tokenizers"],
             "versions": build_info["versions"],
+            "training": build_info.get("training"),
             "generate_seconds": round(time.monotonic() - t0, 1),
+            "generate_cpu_seconds": round(build_info.get("cpu_seconds", 0), 1),
         }
-        tmp = manifest_path(cache).with_suffix(".json.tmp")
+        tmp = manifest_path(cache, model_set).with_suffix(".json.tmp")
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, manifest_path(cache))
+        os.replace(tmp, manifest_path(cache, model_set))
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -371,7 +485,10 @@ def _corpus_files(corpus: dict) -> list[Path]:
         files += [Path(p) for p in glob.glob(str(stdlib / pattern), recursive=True)]
     for pattern in corpus["extra_globs"]:
         files += [Path(p) for p in glob.glob(pattern, recursive=True)]
-    files = sorted({f for f in files if f.is_file() and not f.is_symlink()})
+    excluded = set(corpus.get("exclude", []))
+    files = sorted(
+        {f for f in files if f.is_file() and not f.is_symlink() and f.name not in excluded}
+    )
     if not files:
         raise RuntimeError(f"empty tokenizer corpus for {corpus}")
     return files
@@ -437,50 +554,205 @@ def _readme(repo_id: str, rspec: dict, rev: dict, vocab: int, arch: dict) -> str
     )
 
 
+def _trained_readme(repo_id: str, rspec: dict, vocab: int, info: dict) -> str:
+    arch, recipe = rspec["arch"], rspec["train"]
+    corpus = info["corpus"]
+    lines = [
+        "---\nlicense: mit\nlibrary_name: transformers\npipeline_tag: text-generation\n"
+        "tags:\n- specdeploy-sandbox\n- trained\n---\n",
+        f"# {repo_id}\n",
+        f"A small LlamaForCausalLM ({rspec['role']}) trained by specdeploy at sandbox setup so "
+        "that speculative decoding on the sandbox behaves like a real target/draft pair: "
+        "acceptance comes from learned agreement, not from degenerate output. Not useful for "
+        "anything else.\n",
+        "## How it was made\n",
+        f"- text: {corpus['files']} files ({corpus['tokens']} tokens, sha256 {corpus['sha256']}): "
+        f"{json.dumps(recipe['corpus'])}",
+        f"- tokenizer: byte-level BPE, vocab {vocab}, trained on the same Python standard library "
+        f"files except the held-out modules {', '.join(HELD_OUT_MODULES)} (the sandbox request set "
+        "is cut from those, so measurements use unseen code)",
+        f"- trained layers {arch['num_hidden_layers']}, hidden {arch['hidden_size']}, heads "
+        f"{arch['num_attention_heads']} (kv {arch['num_key_value_heads']}), intermediate "
+        f"{arch['intermediate_size']}, tied embeddings, float32",
+        f"- training: seed {rspec['seed']}, {recipe['steps']} AdamW steps of {recipe['batch']} "
+        f"random windows x {recipe['seq_len']} tokens, lr {recipe['lr']} (warm-up "
+        f"{recipe['warmup_steps']} steps, cosine to 10 %), {info['torch_threads']} torch "
+        "threads, deterministic algorithms",
+        f"- final training loss {info['final_loss']}, held-out loss {info['heldout_loss']}",
+    ]
+    if recipe.get("distill_from"):
+        lines.append(
+            f"- loss: KL divergence from {recipe['distill_from']}'s next-token distribution on the "
+            "same text (distillation), so this draft learns to agree with that target"
+        )
+    if rspec["role"] == "trained-draft-poor":
+        lines.append(
+            "- **deliberately poor**: trained briefly on license prose, not code, yet sharing the "
+            "target's tokenizer; speculation with it should be slower than no speculation"
+        )
+    if rspec["role"] != "trained-target":
+        lines.append(
+            "- greedy next-token agreement with the target on held-out text (teacher-forced): "
+            f"{info['greedy_agreement_with_target']}"
+        )
+    if rspec.get("identity_layers"):
+        total = arch["num_hidden_layers"] + rspec["identity_layers"]
+        lines.append(
+            f"- **{rspec['identity_layers']} extra decoder layers** after the "
+            f"{arch['num_hidden_layers']} trained ones ({total} in the config): their attention "
+            "o_proj and MLP down_proj weights are zero, so each adds exactly 0 to the residual "
+            "stream and the model computes the same function (logits checked bit-identical at "
+            "build time), while every forward pass does the work of all layers. They make this "
+            "target several times as expensive per step as its draft on a CPU, as real "
+            "target/draft pairs are on a GPU."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _train_set(spec: dict, raw_toks: dict, hf_toks: dict, cache: Path) -> tuple[dict, dict]:
+    """Train every repo with a "train" recipe, in spec order (a draft distilled from the target
+    comes after it); returns ({repo_id: model}, {repo_id: card facts}).
+
+    Trained weights are kept in `cache` under a hash of everything that determines them
+    (recipe, architecture, seed, tokenizer, corpus, teacher, torch version and threads), so
+    changing one model's recipe, a model card or the padding does not retrain the others."""
+    import safetensors.torch
+    import torch
+    import training  # sibling file: this worker runs as a script, not as a package module
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(spec["torch_threads"])
+    cache.mkdir(parents=True, exist_ok=True)
+    streams: dict[str, Any] = {}
+    corpus_info: dict[str, dict] = {}
+
+    def stream(corpus: dict, tokenizer: str):
+        key = json.dumps([corpus, tokenizer], sort_keys=True)
+        if key not in streams:
+            files = _corpus_files(corpus)
+            digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+            texts = [f.read_text(errors="replace") for f in files]
+            eos = hf_toks[tokenizer].eos_token_id
+            streams[key] = training.token_stream(texts, raw_toks[tokenizer], eos)
+            corpus_info[key] = {"files": len(files), "tokens": len(streams[key]), "sha256": digest}
+        return streams[key], corpus_info[key]
+
+    models, facts, keys = {}, {}, {}
+    for repo_id, rspec in spec["repos"].items():
+        if "train" not in rspec:
+            continue
+        recipe = rspec["train"]
+        tokenizer = hf_toks[rspec["tokenizer"]]
+        tspec = spec["tokenizers"][rspec["tokenizer"]]
+        vocab = raw_toks[rspec["tokenizer"]].get_vocab_size()
+        torch.manual_seed(rspec["seed"])
+        config = _llama_config(rspec["arch"], vocab, tokenizer, tspec)
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        data, corpus = stream(recipe["corpus"], rspec["tokenizer"])
+        teacher = recipe.get("distill_from")
+        keys[repo_id] = hashlib.sha256(
+            json.dumps(
+                [rspec["arch"], recipe, rspec["seed"], tspec, corpus, keys.get(teacher)]
+                + [torch.__version__, spec["torch_threads"]],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:24]
+        weights, meta = cache / f"{keys[repo_id]}.safetensors", cache / f"{keys[repo_id]}.json"
+        if weights.exists() and meta.exists():
+            safetensors.torch.load_model(model, weights)
+            result = json.loads(meta.read_text())
+            print(f"{repo_id}: trained weights from {weights}", flush=True)
+        else:
+            print(f"training {repo_id} on {corpus}", flush=True)
+            result = training.train(
+                model, data, {**recipe, "seed": rspec["seed"]}, teacher=models.get(teacher)
+            )
+            safetensors.torch.save_model(model, str(weights))
+            meta.write_text(json.dumps(result))
+        models[repo_id] = model.eval()
+        facts[repo_id] = {**result, "corpus": corpus, "torch_threads": spec["torch_threads"]}
+        if teacher:
+            facts[repo_id]["distilled_from"] = teacher
+        print(f"{repo_id}: {result}", flush=True)
+
+    first = next(iter(models))  # the target: agreement is measured against it
+    heldout_stream, _ = stream(spec["heldout_corpus"], spec["repos"][first]["tokenizer"])
+    seq_len = spec["repos"][first]["train"]["seq_len"]
+    for repo_id, stats in training.heldout(models, heldout_stream, seq_len, seed=0).items():
+        facts[repo_id].update(stats)
+    for repo_id, rspec in spec["repos"].items():
+        if rspec.get("identity_layers"):
+            models[repo_id] = training.add_identity_layers(
+                models[repo_id], rspec["identity_layers"], seed=rspec["seed"] + 1
+            )
+    print(f"held-out: {facts}", flush=True)
+    return models, facts
+
+
+def _llama_config(arch: dict, vocab: int, hf_tok, tspec: dict):
+    import torch
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=arch["hidden_size"],
+        intermediate_size=arch["intermediate_size"],
+        num_hidden_layers=arch["num_hidden_layers"],
+        num_attention_heads=arch["num_attention_heads"],
+        num_key_value_heads=arch["num_key_value_heads"],
+        max_position_embeddings=arch["max_position_embeddings"],
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=hf_tok.convert_tokens_to_ids(tspec["bos"]),
+        eos_token_id=hf_tok.convert_tokens_to_ids(tspec["eos"]),
+        pad_token_id=hf_tok.convert_tokens_to_ids(tspec["pad"]),
+        initializer_range=0.02,
+    )
+    cfg.dtype = torch.float32
+    return cfg
+
+
 def _build(out: Path, spec: dict) -> None:
     import safetensors
     import tokenizers
     import torch
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.use_deterministic_algorithms(True)
     out.mkdir(parents=True, exist_ok=True)
-    toks = {}
+    toks, raw_toks = {}, {}
     tok_info = {}
     for name, tspec in spec["tokenizers"].items():
         t0 = time.monotonic()
         tok, info = _train_tokenizer(tspec)
+        raw_toks[name] = tok
         toks[name] = _hf_tokenizer(tok, tspec)
         tok_info[name] = info
         print(f"tokenizer {name}: {info} in {time.monotonic() - t0:.1f}s", flush=True)
 
+    # trained weights outlive a build: models/train-cache (out is models/gen-*/snapshots)
+    trained, facts = (
+        _train_set(spec, raw_toks, toks, out.parent.parent / "train-cache")
+        if "torch_threads" in spec
+        else ({}, {})
+    )
+
     for repo_id, rspec in spec["repos"].items():
-        tspec = spec["tokenizers"][rspec["tokenizer"]]
         hf_tok = toks[rspec["tokenizer"]]
         vocab = tok_info[rspec["tokenizer"]]["vocab_size"]
         for rev in rspec["revisions"]:
             arch = {**rspec["arch"], **rev["config"]}
-            cfg = LlamaConfig(
-                vocab_size=vocab,
-                hidden_size=arch["hidden_size"],
-                intermediate_size=arch["intermediate_size"],
-                num_hidden_layers=arch["num_hidden_layers"],
-                num_attention_heads=arch["num_attention_heads"],
-                num_key_value_heads=arch["num_key_value_heads"],
-                max_position_embeddings=arch["max_position_embeddings"],
-                rms_norm_eps=1e-5,
-                rope_theta=10000.0,
-                tie_word_embeddings=True,
-                bos_token_id=hf_tok.convert_tokens_to_ids(tspec["bos"]),
-                eos_token_id=hf_tok.convert_tokens_to_ids(tspec["eos"]),
-                pad_token_id=hf_tok.convert_tokens_to_ids(tspec["pad"]),
-                initializer_range=0.02,
-            )
-            cfg.dtype = torch.float32
-            # Same seed for every revision: revisions differ in config/README only.
-            torch.manual_seed(rspec["seed"])
-            model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+            if repo_id in trained:
+                model = trained[repo_id]
+                readme = _trained_readme(repo_id, rspec, vocab, facts[repo_id])
+            else:
+                # Same seed for every revision: revisions differ in config/README only.
+                torch.manual_seed(rspec["seed"])
+                cfg = _llama_config(arch, vocab, hf_tok, spec["tokenizers"][rspec["tokenizer"]])
+                model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+                readme = _readme(repo_id, rspec, rev, vocab, arch)
             dest = out / repo_id / rev["name"]
             dest.mkdir(parents=True)
             model.save_pretrained(dest, safe_serialization=True)
@@ -491,7 +763,7 @@ def _build(out: Path, spec: dict) -> None:
             tcfg = json.loads(tcfg_path.read_text())
             tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
             tcfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
-            (dest / "README.md").write_text(_readme(repo_id, rspec, rev, vocab, arch))
+            (dest / "README.md").write_text(readme)
             (dest / ".gitattributes").write_text("*.safetensors binary\n")
             sizes = {p.name: p.stat().st_size for p in sorted(dest.iterdir())}
             print(f"{repo_id}@{rev['name']}: {sizes}", flush=True)
@@ -500,6 +772,8 @@ def _build(out: Path, spec: dict) -> None:
         json.dumps(
             {
                 "tokenizers": tok_info,
+                "training": facts or None,
+                "cpu_seconds": time.process_time(),
                 "versions": {
                     "python": sys.version.split()[0],
                     "torch": torch.__version__,

@@ -352,7 +352,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
     sdir = services_dir(state)
     log = sdir / "hf_mirror.log"
     conf = sdir / "olah.toml"
-    hub = models_mod.hub_dir(cache)
+    hubs = _mirrors_path(cache)
     public = f"{state.get('bridge_ip') or '127.0.0.1'}:{gateway_port(state)}"
     conf.write_text(
         "[basic]\n"
@@ -362,7 +362,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         f'mirror-scheme = "http"\n'
         f"mirror-netloc = {_toml_str(public)}\n"
         f"mirror-lfs-netloc = {_toml_str(public)}\n"
-        f"mirrors-path = [{_toml_str(str(hub))}, {_toml_str(str(gated_hub(cache)))}]\n"
+        f"mirrors-path = [{', '.join(_toml_str(h) for h in [*hubs, str(gated_hub(cache))])}]\n"
         "\n[accessibility]\n"
         "offline = true\n"
     )
@@ -383,7 +383,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         host=host,
         port=port,
         health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
-        extra={"url": base, "mirrors_path": str(hub)},
+        extra={"url": base, "mirrors_path": hubs},
     )
 
 
@@ -481,6 +481,11 @@ http {{
     )
 
 
+def _mirrors_path(cache: Path) -> list[str]:
+    """Every model set's hub (the tiny random set, the trained set), served by one mirror."""
+    return [str(models_mod.hub_dir(cache, model_set)) for model_set in models_mod.MODEL_SETS]
+
+
 # ---------------------------------------------------------------------------
 # public API
 
@@ -531,16 +536,21 @@ def start(
     sdir = services_dir(state)
     sdir.mkdir(parents=True, exist_ok=True)
 
+    repos: dict[str, dict] = {}
     if ensure_assets:
         wheelhouse_mod.ensure(cache, source_args)
         wheelhouse_mod.ensure_broken_release(cache)
-        manifest = models_mod.ensure(cache)
-    else:
-        manifest = models_mod.load_manifest(cache)
+    for model_set in models_mod.MODEL_SETS:
+        if ensure_assets:
+            manifest = models_mod.ensure(cache, model_set=model_set)
+        else:
+            manifest = models_mod.load_manifest(cache, model_set)
         if manifest is None:
             raise RuntimeError(
-                f"no model manifest at {models_mod.manifest_path(cache)}; run models.ensure()"
+                f"no model manifest at {models_mod.manifest_path(cache, model_set)}; "
+                f"run models.ensure(model_set={model_set!r})"
             )
+        repos.update(manifest["repos"])
     venv = ensure_mirror_venv(cache)
     _ensure_gated_repo(cache)
     state.setdefault("hf_gated_token", "hf_sandbox_" + secrets.token_hex(16))
@@ -564,6 +574,7 @@ def start(
                 rec
                 and _is_ours(rec)
                 and rec.get("host") == listen
+                and rec.get("mirrors_path", _mirrors_path(cache)) == _mirrors_path(cache)
                 and _http_ok(rec.get("health_url", ""))
             ):
                 if want is None and ports and name in ports:
@@ -599,9 +610,9 @@ def start(
         "hf_gated": {"repo": gated_repo(), "token": state["hf_gated_token"]},
         "models": {
             repo_id: {k: info[k] for k in ("role", "revisions", "main", "vocab_size", "tokenizer")}
-            for repo_id, info in manifest["repos"].items()
+            for repo_id, info in repos.items()
         },
-        "model_repos": {info["role"]: repo_id for repo_id, info in manifest["repos"].items()},
+        "model_repos": {info["role"]: repo_id for repo_id, info in repos.items()},
     }
 
 

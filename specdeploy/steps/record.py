@@ -7,6 +7,7 @@ import time
 
 from pyinfra import host
 
+from .. import datasets
 from ..bench import summarize
 from ..config import ServeConfig
 from ..on_host import write_text
@@ -57,6 +58,7 @@ def build_record(
             "seed": w.seed,
             "request_rate": w.request_rate,
             "max_concurrency": w.max_concurrency,
+            "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
         },
         "limits": {
             "max_model_len": cfg.effective_max_model_len,
@@ -64,8 +66,12 @@ def build_record(
             "max_num_batched_tokens": cfg.effective_max_num_batched_tokens,
             "memory": dict([cfg.memory_mechanism]),
         },
-        "vllm": {"package": cfg.vllm_package, "version": vllm_version, "venv": cfg.venv,
-                 "pruned_venvs": pruned_venvs or []},  # fmt: skip
+        "vllm": {
+            "package": cfg.vllm_package,
+            "version": vllm_version,
+            "venv": cfg.venv,
+            "pruned_venvs": pruned_venvs or [],
+        },  # fmt: skip
         # moving refs (branch/tag) the control node resolved once for the whole rollout
         "revisions": revisions or {},
         "unit": {"name": unit.name, "sha256": unit.sha256, "argv": unit.argv},

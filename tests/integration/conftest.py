@@ -28,6 +28,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_STATE_DIR = "/run/specdeploy/sandbox-test"
 
+# These tests check plumbing, not model behaviour: the fast random pair unless a test (or the
+# caller) asks for the trained one (group_data/sandbox.py, integration/test_trained_models.py).
+os.environ.setdefault("SPECDEPLOY_SANDBOX_MODELS", "tiny")
+
 
 def _sandbox_unavailable() -> str | None:
     if os.geteuid() != 0:

@@ -99,3 +99,35 @@ def test_ensure_repairs_a_damaged_repo(generated):
         repaired["repos"][models.TARGET]["revisions"]
         == manifest["repos"][models.TARGET]["revisions"]
     )
+
+
+def test_trained_set_recipe_runs_and_pads_without_changing_the_function(tmp_path, monkeypatch):
+    """The trained set's whole recipe with 2 steps per model (the real one trains for minutes):
+    three repos sharing one vocabulary, the target padded with zero-output layers (the build
+    asserts bit-identical logits), model cards that say how each was made."""
+    import copy
+
+    spec = copy.deepcopy(models.TRAINED_SPEC)
+    for rspec in spec["repos"].values():
+        rspec["train"].update(steps=2, warmup_steps=1)
+    monkeypatch.setitem(models.MODEL_SETS, "trained", spec)
+    manifest = models.ensure(tmp_path, python=str(PY), model_set="trained")
+    repos = manifest["repos"]
+    assert {r["role"] for r in repos.values()} == {
+        "trained-target",
+        "trained-draft",
+        "trained-draft-poor",
+    }
+    assert len({r["vocab_size"] for r in repos.values()}) == 1
+    hub = models.hub_dir(tmp_path, "trained") / "models"
+    target = spec["repos"][models.TRAINED_TARGET]
+    config = json.loads((hub / models.TRAINED_TARGET / "config.json").read_text())
+    assert config["num_hidden_layers"] == (
+        target["arch"]["num_hidden_layers"] + target["identity_layers"]
+    )
+    card = (hub / models.TRAINED_TARGET / "README.md").read_text()
+    assert "extra decoder layers" in card and "o_proj and MLP down_proj weights are zero" in card
+    poor = (hub / models.TRAINED_DRAFT_POOR / "README.md").read_text()
+    assert "common-licenses" in poor and "agreement with the target" in poor
+    assert manifest["training"][models.TRAINED_DRAFT]["steps"] == 2
+    assert models.hub_dir(tmp_path) != models.hub_dir(tmp_path, "trained")  # sets live apart
