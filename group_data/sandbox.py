@@ -56,8 +56,8 @@ speculative_config = {
     "revision": _main(_draft),
     "num_speculative_tokens": 3,
 }
-# The mirror's token (it opens the gated copy of the draft, `<draft>-gated`; the production-shape test
-# deploys that one, with an API key). Written only to the host's root-only token file.
+# The mirror's token (it opens the gated copy of the draft, `<draft>-gated`; the production-shape
+# test deploys that one, with an API key). Written only to the host's root-only token file.
 hf_token = _gated.get("token")
 
 # CPU: a fixed KV cache budget (vLLM's default utilisation fails on CPU), float32, no graph capture.

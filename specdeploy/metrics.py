@@ -8,8 +8,8 @@ PREFIX = "vllm:spec_decode_"
 
 
 def spec_decode_counters(text: str) -> dict[str, float]:
-    """{'num_drafts': ..., 'num_draft_tokens': ..., 'num_accepted_tokens': ...} summed over label sets
-    (per-position counters are kept as 'num_accepted_tokens_per_pos[i]')."""
+    """{'num_drafts': ..., 'num_draft_tokens': ..., 'num_accepted_tokens': ...} summed over label
+    sets (per-position counters are kept as 'num_accepted_tokens_per_pos[i]')."""
     counters: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(PREFIX):

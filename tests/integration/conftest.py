@@ -85,7 +85,8 @@ def sandbox_fleet(request, sandbox_state_dir):
         if _keep():
             warnings.warn(
                 f"SPECDEPLOY_KEEP_SANDBOX=1: leaving the sandbox fleet up "
-                f"(state {sandbox.state_path()}); `specdeploy sandbox down` removes it"
+                f"(state {sandbox.state_path()}); `specdeploy sandbox down` removes it",
+                stacklevel=2,
             )
             return
         st = sandbox.load_state()
@@ -105,7 +106,7 @@ def sandbox_fleet(request, sandbox_state_dir):
             if st:
                 prefixes.add(st["prefix"])
             raise
-        warnings.warn(f"sandbox services failed, hosts are up: {e}")
+        warnings.warn(f"sandbox services failed, hosts are up: {e}", stacklevel=2)
     prefixes.add(st["prefix"])
     return st
 

@@ -34,14 +34,15 @@ def test_layout_and_revisions(generated):
     target = manifest["repos"][models.TARGET]
     assert list(target["revisions"]) == ["v1", "v2"] and target["main"] == target["revisions"]["v2"]
     repo = models.hub_dir(cache) / "models" / models.TARGET
-    show = lambda rev, f: (
-        subprocess.run(
+
+    def show(rev, f):
+        return subprocess.run(
             ["git", "-C", str(repo), "show", f"{rev}:{f}"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-    )
+
     assert json.loads(show("v1", "config.json"))["max_position_embeddings"] == 1024
     assert json.loads(show("v2", "config.json"))["max_position_embeddings"] == 2048
     assert "revision: v1" in show("v1", "README.md") and "revision: v2" in show("v2", "README.md")
