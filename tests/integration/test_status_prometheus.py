@@ -41,16 +41,17 @@ def tail(result, n=60):
 def monitored(sandbox_services, sandbox_fleet, sandbox_state_dir, tmp_path_factory):
     """(inventory path, host, host address, reports dir) after deploying the first host."""
     work = tmp_path_factory.mktemp("status")
+    host = sandbox_fleet["hosts"][0]
+    # only the monitored host: the other hosts of a larger fleet are not bound for Prometheus
     inventory = work / "monitored.py"
     inventory.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         "sandbox = [\n"
         f'    (n, {{**d, "vllm_host": "0.0.0.0", "vllm_api_key": {API_KEY!r}}})\n'
-        '    for n, d in _base["sandbox"]\n'
+        f'    for n, d in _base["sandbox"] if n == {host["name"]!r}\n'
         "]\n"
     )
-    host = sandbox_fleet["hosts"][0]
     # smoke JSONs (the alerts' baselines) outlive this pytest run as long as the fleet does
     reports = Path(sandbox_state_dir) / "status-test-reports"
     env = {**os.environ, "SPECDEPLOY_REPORTS": str(reports)}
