@@ -111,3 +111,30 @@ def test_paths_named_by_the_config(cfg):
     assert all(p.startswith(cfg.state_dir + "/") for p in owned_by_root | {cfg.hf_home})
     assert cfg.server_home not in owned_by_root and cfg.hf_token_file != cfg.env_file
     assert cfg.kept_unit_path("x.service").startswith(cfg.rollback_dir)
+
+
+@pytest.mark.parametrize(
+    ("bind", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8000"),
+        ("0.0.0.0", "http://127.0.0.1:8000"),
+        ("::", "http://[::1]:8000"),
+        ("::1", "http://[::1]:8000"),
+        ("fd00::5", "http://[fd00::5]:8000"),
+        ("gpu-01.internal", "http://gpu-01.internal:8000"),
+    ],
+)
+def test_base_url_brackets_ipv6(cfg, bind, url):
+    from specdeploy.steps.health import base_url
+
+    assert base_url(cfg.model_copy(update={"vllm_host": bind})) == url
+
+
+def test_curl_config_carries_key_and_body_on_stdin(cfg):
+    from specdeploy.steps.health import curl_config
+
+    keyed = cfg.model_copy(update={"vllm_api_key": "sk-1"})
+    text = curl_config(keyed, {"prompt": 'say "hi"\\n'})
+    assert 'header = "Authorization: Bearer sk-1"' in text
+    assert 'data = "{\\"prompt\\": \\"say \\\\\\"hi\\\\\\"\\\\\\\\n\\"}"' in text
+    assert curl_config(cfg) == "\n"  # no key, no body: an empty config

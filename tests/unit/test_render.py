@@ -143,3 +143,20 @@ def test_rendered_units_pass_systemd_analyze_verify(valid_data, tmp_path):
         )
         assert result.returncode == 0, result.stderr
         assert result.stderr.strip() == "", result.stderr
+
+
+def test_only_what_the_server_needs_is_in_the_unit(valid_data):
+    """health_timeout_s is the deploy's business: changing it must not change (restart) the unit."""
+    cfg = config_from_data(valid_data)
+    slower = config_from_data({**valid_data, "health_timeout_s": 3600})
+    assert render_unit(cfg).text == render_unit(slower).text
+    rotated = config_from_data({**valid_data, "hf_token": "hf_new"})
+    assert render_unit(cfg).text == render_unit(rotated).text  # the token is not the server's
+    assert render_env_file(cfg) == render_env_file(rotated)
+
+
+def test_release_venv_is_in_exec_start(valid_data):
+    cfg = config_from_data(valid_data)
+    newer = config_from_data({**valid_data, "vllm_version": "0.32.1"})
+    assert render_unit(cfg).argv[0] == f"{cfg.install_dir}/venvs/vllm-0.32.0/bin/python"
+    assert render_unit(cfg).text != render_unit(newer).text  # a version change is a unit change
