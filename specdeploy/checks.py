@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from pyinfra import host as current_host
 
 from . import capabilities, datasets, revisions
+from .argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 from .config import ServeConfig, config_from_data
-from .flags import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 from .preflight import has_flag, parallelism
 
 EXACT_PIN = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+|\.dev\d+)?$")

@@ -149,11 +149,11 @@ def cmd_demo(args) -> int:
 def cmd_rollout(args) -> int:
     import shlex
 
-    from .rollout import run_rollout
+    from .rollout import roll_out
 
     extra = shlex.split(args.pyinfra_args)
     try:
-        return run_rollout(
+        return roll_out(
             args.inventory,
             args.deploy,
             canary_group=args.canary_group or None,

@@ -227,7 +227,7 @@ def restore(cfg: ServeConfig, unit: str, role: str) -> dict:
     return checked
 
 
-def run_plan(
+def measure_plan(
     cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, conditions: dict
 ) -> list[dict]:
     """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit
@@ -385,9 +385,9 @@ _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the re
 def _measure(cfg: ServeConfig, *, kind: str, plan: list[tuple[Arm, bool]], cond: dict) -> None:
     out = run_dir(kind) / "raw" / host.name
     try:
-        run_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
+        measure_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
     except Exception:
-        lock.release_now(cfg)  # the host is back on its deployed unit (run_plan's finally)
+        lock.release_now(cfg)  # the host is back on its deployed unit (measure_plan's finally)
         raise
 
 

@@ -13,18 +13,18 @@ from pyinfra import host, logger
 
 from .compare import start_fresh, warm_up
 from .config import ServeConfig
+from .decisions import gate_decision, per_request_tpot_ms
 from .on_host import sh
 from .render import RenderedUnit, render_unit, unit_name
 from .steps.smoke import bench
 from .timestamps import utc_stamp
-from .tuning import gate_decision, per_request_tpot_ms
 
 
 def speculation_gate(
     cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
 ) -> tuple[RenderedUnit, dict | None, dict]:
     """Smoke A/B on the production units: baseline, then speculative, one fresh server and one
-    `--save-detailed` benchmark each; per-request TPOT decides (tuning.gate_decision).
+    `--save-detailed` benchmark each; per-request TPOT decides (decisions.gate_decision).
 
     Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit

@@ -8,14 +8,14 @@ import pprint
 import shlex
 from dataclasses import dataclass
 
-from .config import ServeConfig
-from .flags import (
+from .argv import (
     LEGACY_BOOLEAN_FLAGS,
     LEGACY_SPECULATIVE_FLAGS,
     MANAGED_FLAGS,
     SHORT_SPECULATIVE_FLAGS,
     speculative_json,
 )
+from .config import ServeConfig
 
 
 class MigrationError(ValueError):

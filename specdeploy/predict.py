@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .decisions import per_request_tpot_ms
 from .stats import mad, median
-from .tuning import per_request_tpot_ms
 
 STEP_MODELS = {
     "full": "step(k) = s0 + s1·[k≥1] + s2·(k−1): baseline and two or more speculative k measured",
@@ -239,7 +239,7 @@ def fit_step_model(points: Mapping[int, tuple[float, float]]) -> StepModel:
 
 @dataclass(frozen=True)
 class Measured:
-    """The runs of one k, reduced the way tuning.py reduces them: one value per run."""
+    """The runs of one k, reduced the way decisions.py reduces them: one value per run."""
 
     k: int
     runs: int

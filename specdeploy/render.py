@@ -9,8 +9,8 @@ from pathlib import Path
 
 import jinja2
 
+from .argv import serve_argv
 from .config import ServeConfig
-from .flags import serve_argv
 
 ROLES = ("speculative", "baseline")
 

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from .bench import format_curve
-from .timestamps import utc_iso
-from .tuning import (
+from .decisions import (
     ITL_NOTE,
     METRICS,
     TEXT_NOTE,
@@ -24,6 +23,7 @@ from .tuning import (
     host_data_change,
     run_values,
 )
+from .timestamps import utc_iso
 
 CHART_METRICS = ["ttft", "tpot", "itl", "e2el", "output_throughput"]
 APC_NOTE = (

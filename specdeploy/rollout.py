@@ -71,7 +71,7 @@ def fleet_pins(inventory: str, names: list[str]) -> dict[str, str]:
         raise ValueError(f"nothing was touched:\n{error}") from None
 
 
-def run_rollout(
+def roll_out(
     inventory: str,
     deploy: str,
     *,

@@ -58,7 +58,7 @@ def changed_keys(diff: str) -> list[str]:
 def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
     """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
     renders now."""
-    from .flags import argv_diff
+    from .argv import argv_diff
     from .render import unit_exec_argv
 
     if installed_sha1 is None:

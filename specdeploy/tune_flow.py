@@ -17,12 +17,13 @@ discarded warm-up runs, the deployed unit restored at the end):
    When the measured best is at an edge of that window and tune_k goes further, the next k is added
    (with more runs of the current best beside it), at most MAX_EXTENSIONS times.
 
-The recommendation comes only from measured runs: tuning.choose_k over the confirmed k (smallest k
-within the noise band of the best), and the best's TPOT ratio to the baseline with its band. The
-prediction only decides what to measure. tune_method = "sweep" measures every k (compare.tune_plan).
+The recommendation comes only from measured runs: decisions.choose_k over the confirmed k
+(smallest k within the noise band of the best), and the best's TPOT ratio to the baseline with its
+band. The prediction only decides what to measure. tune_method = "sweep" measures every k
+(compare.tune_plan).
 
-The plan is a generator that reads the raw files the samples wrote, so compare.run_plan runs it like
-any fixed plan and the report is rebuilt from the same files.
+The plan is a generator that reads the raw files the samples wrote, so compare.measure_plan runs it
+like any fixed plan and the report is rebuilt from the same files.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServeConfig
+from .decisions import choose_k, compare_values, run_values
 from .predict import best_k, json_rows, predict, run_from_bench
 from .stats import median
-from .tuning import choose_k, compare_values, run_values
 
 PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
@@ -44,7 +45,7 @@ MAX_EXTENSIONS = 2
 # compare.Arm, passed in (arm_for) rather than imported: compare imports this module
 Arm = Any
 ArmFor = Callable[[int], Arm]  # k -> the arm measuring it; 0 -> the baseline arm
-Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as compare.run_plan takes them
+Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as compare.measure_plan takes them
 
 
 # --- which k to measure ---------------------------------------------------------------------------
@@ -393,7 +394,7 @@ def flow_markdown(name: str, s: Mapping) -> list[str]:
 
 @dataclass(frozen=True)
 class PredictPlan:
-    """predict_plan as compare.run_plan iterates it: the generator starts when the measurement
+    """predict_plan as compare.measure_plan iterates it: the generator starts when the measurement
     starts on the host; it reads the raw files in out_dir and writes prediction.json beside them."""
 
     cfg: ServeConfig

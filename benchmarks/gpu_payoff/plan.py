@@ -2,7 +2,7 @@
 code.
 
 Each arm is one ServeConfig validated by `specdeploy.checks.check_config`; argv comes only from
-`specdeploy.flags.serve_args` and `specdeploy.bench.bench_args`. Extra (unmanaged) server flags go
+`specdeploy.argv.serve_args` and `specdeploy.bench.bench_args`. Extra (unmanaged) server flags go
 in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by device_run.py on the H200.
 
 Usage: python -m benchmarks.gpu_payoff.plan OUT.json     (from the repo root)
@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import sys
 
+from specdeploy.argv import serve_args
 from specdeploy.bench import bench_args
 from specdeploy.checks import check_config
 from specdeploy.config import Workload
-from specdeploy.flags import serve_args
 
 MODELS = "/tmp/models"  # device_run.py copies the architecture-only model folders here
 RESULTS = "/tmp/results"

@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from specdeploy.decisions import choose_k  # noqa: E402
 from specdeploy.predict import best_k, predict, run_from_bench  # noqa: E402
 from specdeploy.tune_flow import pin_ks  # noqa: E402
-from specdeploy.tuning import choose_k  # noqa: E402
 
 
 def main() -> int:

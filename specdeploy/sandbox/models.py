@@ -265,7 +265,10 @@ _EPOCH = 1767225600  # 2026-01-01T00:00:00Z; revision i is committed at +i hours
 
 
 def cache_dir_default() -> Path:
-    return Path(os.environ.get("SPECDEPLOY_CACHE", "/var/cache/specdeploy"))
+    # imported here: this file also runs as a script under the model venv (`_build`)
+    from specdeploy.sandbox.rootfs import cache_dir
+
+    return cache_dir()
 
 
 def models_dir(cache_dir: str | os.PathLike | None = None) -> Path:

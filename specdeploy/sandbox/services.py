@@ -69,6 +69,7 @@ from typing import Any
 
 from . import debian_repo as debian_repo_mod
 from . import models as models_mod
+from . import rootfs
 from . import wheelhouse as wheelhouse_mod
 
 MIRROR_VENV_REQUIREMENTS = ("olah==0.5.4", "pypiserver==2.4.2", "waitress==3.0.2")
@@ -90,7 +91,7 @@ START_TIMEOUT_S = 60.0
 
 
 def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    return Path(cache_dir or os.environ.get("SPECDEPLOY_CACHE", "/var/cache/specdeploy"))
+    return Path(cache_dir) if cache_dir else rootfs.cache_dir()
 
 
 def _state_dir(state: dict) -> Path:

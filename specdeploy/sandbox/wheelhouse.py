@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..timestamps import utc_iso
+from . import rootfs
 
 # Two real releases (both pin torch 2.13.0+cpu), so a version upgrade can be tested for real.
 DEFAULT_REQUIREMENTS: tuple[str, ...] = (
@@ -59,7 +60,7 @@ MARKER_NAME = "wheelhouse.complete"
 
 
 def cache_dir_default() -> Path:
-    return Path(os.environ.get("SPECDEPLOY_CACHE", "/var/cache/specdeploy"))
+    return rootfs.cache_dir()  # the sandbox's one cache root
 
 
 def wheelhouse_dir(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
+from ..argv import flag_value
 from ..config import ServeConfig
-from ..flags import flag_value
 from ..on_host import sh
 from ..render import RenderedUnit, unit_exec_argv
 from . import health, lock

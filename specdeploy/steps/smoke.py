@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
+from ..argv import launcher
 from ..bench import bench_args, format_summary
 from ..config import ServeConfig, Workload
-from ..flags import launcher
 from ..metrics import acceptance, prefix_cache_counters, spec_decode_counters
 from ..on_host import read_text, sh
 from ..timestamps import utc_iso, utc_stamp

@@ -15,9 +15,9 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
+from ..argv import argv_diff, argv_lines
 from ..config import ServeConfig
 from ..facts import FileText
-from ..flags import argv_diff, argv_lines
 from ..on_host import read_text, sh
 from ..render import RenderedUnit, render_env_file, unit_exec_argv
 from .secrets import Secret, secret_file

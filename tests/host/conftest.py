@@ -6,7 +6,7 @@ into testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_por
 ssh_known_hosts_file, ssh_strict_host_key_checking, _sudo) become one `Host` entry of a generated
 ssh_config, used by testinfra's `ssh://` backend (the system ssh client, with connection sharing).
 Every expectation is derived from the same config the deploy used: `specdeploy.checks.check_config`
-on the host's data, and `specdeploy.render` / `specdeploy.flags.serve_argv` for the unit and argv.
+on the host's data, and `specdeploy.render` / `specdeploy.argv.serve_argv` for the unit and argv.
 
 Without --inventory this directory is not collected, so a plain `pytest tests` skips it.
 """

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from specdeploy.flags import (
+from specdeploy.argv import (
     LEGACY_SPECULATIVE_FLAGS,
     SHORT_SPECULATIVE_FLAGS,
     argv_diff,

