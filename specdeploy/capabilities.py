@@ -15,7 +15,7 @@ Sources (re-check when adding a release):
 - `draft_model` silently turns async scheduling off in 0.26.0 (`vllm/config/vllm.py`); see
   benchmarks/gpu_payoff/REPORT.md for what that costs per step.
 - `rejection_sample_method: "synthetic"` (synthetic acceptance, for benchmarks with dummy weights):
-  0.26.0 (see ../shared/gpu/first-measurements.md) and 0.32.0.
+  0.26.0 (used for every H200 run in benchmarks/gpu_payoff and benchmarks/gpu_truth) and 0.32.0.
 - CUDA build per release (`CUDA_BUILD`): the 0.26.0 wheel's `vllm/_C_stable_libtorch.abi3.so` needs
   `libcudart.so.13` (torch 2.11.0+cu130); 0.28.0 and 0.32.0 require torch==2.13.0, whose Linux wheel
   requires cuda-toolkit==13.0.3 (pip metadata of those wheels, read 2026-11-30).
