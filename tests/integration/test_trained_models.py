@@ -23,7 +23,11 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 2400
-ENV = {**os.environ, "SPECDEPLOY_SANDBOX_MODELS": "trained"}
+
+
+def trained_env() -> dict:
+    """Read at call time: the fixtures set SPECDEPLOY_STATE_DIR after this module is imported."""
+    return {**os.environ, "SPECDEPLOY_SANDBOX_MODELS": "trained"}
 
 
 def pyinfra(inventory, *args):
@@ -33,7 +37,7 @@ def pyinfra(inventory, *args):
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        env=ENV,
+        env=trained_env(),
     )
 
 
