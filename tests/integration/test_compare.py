@@ -247,6 +247,7 @@ def test_tune_and_gate(deployed, sandbox_ssh, tmp_path):
         popen=True,
         env={
             "SPECDEPLOY_RUN": run,
+            "SPECDEPLOY_TUNE_METHOD": "sweep",  # this test checks the sweep; predict: unit tests
             "SPECDEPLOY_TUNE_K": "1,2",
             "SPECDEPLOY_TUNE_REPEATS": "1",
             "SPECDEPLOY_TUNE_WARMUP_RUNS": "0",
