@@ -5,11 +5,22 @@ lengths, request rate, concurrency and prompt count are identical by constructio
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from . import datasets
 from .config import ServeConfig, Workload
 from .stats import median
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+
+
+def reports_root() -> Path:
+    """Where benchmark JSONs and reports land on the control node: `reports/`, or
+    $SPECDEPLOY_REPORTS (smoke: <root>/<host>/, compare/tune: <root>/<run>/)."""
+    return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports"))
+
+
 METRIC_PERCENTILES = "50,90,99"
 
 

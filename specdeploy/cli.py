@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import checks, render
+from .bench import reports_root
 from .inventory import host_data
 
 
@@ -266,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (one folder per host)")
     p.add_argument(
         "--reports",
-        default=os.environ.get("SPECDEPLOY_REPORTS", "reports"),
+        default=str(reports_root()),
         help="smoke benchmark JSONs (reports/<host>/) for the alerts' baselines",
     )
     p.set_defaults(func=cmd_render)

@@ -32,7 +32,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from . import datasets, report
-from .bench import bench_args
+from .bench import bench_args, reports_root
 from .checks import host_config
 from .config import DATA_DEFAULTS, ServeConfig, Workload
 from .on_host import read_text, sh, write_text
@@ -68,7 +68,7 @@ def run_id(kind: str) -> str:
 
 
 def run_dir(kind: str) -> Path:
-    return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / run_id(kind)
+    return reports_root() / run_id(kind)
 
 
 # --- arms and the measurement unit ----------------------------------------------------------------

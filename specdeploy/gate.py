@@ -5,9 +5,7 @@ deployment record says why, with the numbers."""
 
 from __future__ import annotations
 
-import os
 import shlex
-from pathlib import Path
 
 from pyinfra import host, logger
 
@@ -16,7 +14,7 @@ from .config import ServeConfig
 from .decisions import gate_decision, per_request_tpot_ms
 from .on_host import sh
 from .render import RenderedUnit, render_unit, unit_name
-from .steps.smoke import bench
+from .steps.smoke import bench, reports_dir
 from .timestamps import utc_stamp
 
 
@@ -31,7 +29,7 @@ def speculation_gate(
     disabled."""
     gate_cfg = cfg.speculation_gate
     baseline = render_unit(cfg, "baseline")
-    out = Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host.name
+    out = reports_dir(host.name)
     stamp = utc_stamp()
     results = {}
     start_fresh(cfg, baseline, speculative=False)

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from pyinfra import host, logger
 
 from ..argv import launcher
-from ..bench import bench_args, format_summary
+from ..bench import bench_args, format_summary, reports_root
 from ..config import ServeConfig, Workload
 from ..metrics import acceptance, prefix_cache_counters, spec_decode_counters
 from ..on_host import read_text, sh
@@ -22,7 +21,7 @@ from .health import base_url, request
 
 
 def reports_dir(host_name: str) -> Path:
-    return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports")) / host_name
+    return reports_root() / host_name
 
 
 def bench(
