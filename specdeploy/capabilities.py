@@ -51,7 +51,6 @@ from packaging.version import Version
 
 JSON_SPECULATIVE_CONFIG_SINCE = Version("0.8.3")
 HETEROGENEOUS_VOCAB_SINCE = Version("0.25.0")
-SYNTHETIC_ACCEPTANCE_SINCE = Version("0.26.0")
 
 # CUDA version each release's PyPI `vllm` wheel is built for; releases in between use the nearest
 # older entry. Older releases than the first entry are not checked.
