@@ -1,13 +1,13 @@
-"""pyinfra inventory for the local sandbox fleet (``specdeploy sandbox up``).
+"""pyinfra inventory for the local sandbox fleet (`specdeploy sandbox up`).
 
-The hosts are reached the way inventories/prod.py reaches production: as the non-root ``deploy``
-user with password-less sudo (``_sudo=True``), over SSH with the sandbox key and a pinned
-known_hosts file. The sandbox state comes from ``specdeploy.sandbox.load_state()``
-(``$SPECDEPLOY_STATE_DIR``, default ``/run/specdeploy/sandbox``).
+The hosts are reached the way inventories/prod.py reaches production: as the non-root `deploy`
+user with password-less sudo (`_sudo=True`), over SSH with the sandbox key and a pinned
+known_hosts file. The sandbox state comes from `specdeploy.sandbox.load_state()`
+(`$SPECDEPLOY_STATE_DIR`, default `/run/specdeploy/sandbox`).
 
-Host data also carries ``sandbox_services`` (what the sandbox's services recorded: wheelhouse and
-pip index URLs, ``hf_endpoint``, the gated repo and its token), ``sandbox_bridge_ip``,
-``sandbox_prefix`` and ``sandbox_index``.
+Host data also carries `sandbox_services` (what the sandbox's services recorded: wheelhouse and
+pip index URLs, `hf_endpoint`, the gated repo and its token), `sandbox_bridge_ip`,
+`sandbox_prefix` and `sandbox_index`.
 
 Usage::
 

@@ -1,20 +1,20 @@
 """Sandbox fleet: local test hosts running real systemd + sshd in systemd-nspawn.
 
-Public API (wired to ``specdeploy sandbox up|status|down``):
+Public API (wired to `specdeploy sandbox up|status|down`):
 
 * :func:`up` -- idempotently bring N hosts up, start the sandbox services
-  (``specdeploy.sandbox.services.start`` when available) and write the state.
-* :func:`status` -- per-host liveness and ``systemctl is-system-running``.
+  (`specdeploy.sandbox.services.start` when available) and write the state.
+* :func:`status` -- per-host liveness and `systemctl is-system-running`.
 * :func:`down` -- tear everything down; safe after a crash.
 * :func:`state_path` -- where the state JSON lives.
 
-State file (``$SPECDEPLOY_STATE_DIR``, default ``/run/specdeploy/sandbox``,
-``/state.json``) keys: ``prefix``, ``bridge``, ``bridge_ip``, ``subnet``,
-``ssh_key``, ``ssh_pubkey``, ``known_hosts``, ``hosts`` (list of ``name``,
-``address``, ``netns``, ``root``, ``nspawn_pid``, ``veth``, ``dir``,
-``host_pubkey``, ``system_state``, ``failed_units``), ``services`` (what
-``services.start`` returned, also merged at top level), ``state_dir``,
-``cache_dir``, ``base_rootfs``, ``created``, ``updated``.
+State file (`$SPECDEPLOY_STATE_DIR`, default `/run/specdeploy/sandbox`,
+`/state.json`) keys: `prefix`, `bridge`, `bridge_ip`, `subnet`,
+`ssh_key`, `ssh_pubkey`, `known_hosts`, `hosts` (list of `name`,
+`address`, `netns`, `root`, `nspawn_pid`, `veth`, `dir`,
+`host_pubkey`, `system_state`, `failed_units`), `services` (what
+`services.start` returned, also merged at top level), `state_dir`,
+`cache_dir`, `base_rootfs`, `created`, `updated`.
 """
 
 from __future__ import annotations
@@ -111,15 +111,15 @@ def _services_enabled(services: bool | None) -> bool:
 
 
 def up(hosts: int = 3, services: bool | None = None) -> dict:
-    """Bring ``hosts`` sandbox hosts up (idempotent) and return the state dict.
+    """Bring `hosts` sandbox hosts up (idempotent) and return the state dict.
 
     Hosts already running are kept; missing or dead ones are (re)created in
-    parallel; hosts beyond ``hosts`` are removed. Then, unless ``services`` is
-    False (default: env ``SPECDEPLOY_SANDBOX_SERVICES``, on), calls
-    ``specdeploy.sandbox.services.start(state)`` when that exists and merges
-    the dict it returns into the state (top level and under ``services``).
+    parallel; hosts beyond `hosts` are removed. Then, unless `services` is
+    False (default: env `SPECDEPLOY_SANDBOX_SERVICES`, on), calls
+    `specdeploy.sandbox.services.start(state)` when that exists and merges
+    the dict it returns into the state (top level and under `services`).
     If services fail, the hosts stay up, the state file is written with
-    ``services_error`` and :class:`SandboxError` is raised.
+    `services_error` and :class:`SandboxError` is raised.
     """
     if hosts < 1:
         raise ValueError("hosts must be >= 1")

@@ -4,8 +4,8 @@ Sandbox hosts are plain images with no route to deb.debian.org, like many produc
 only reach an internal mirror. The deploy installs what it needs with apt (python3-venv, curl, the
 CPU build's libnuma1), so the sandbox serves exactly those packages and their dependencies: the
 control node's apt computes what is missing *relative to the base image's dpkg status* and downloads
-it into ``$SPECDEPLOY_CACHE/debian-repo/<recipe>``; ``apt-ftparchive`` writes the index. The gateway
-(services.py) serves the directory at ``/debian/``; hosts get ``deb [trusted=yes] URL ./``.
+it into `$SPECDEPLOY_CACHE/debian-repo/<recipe>`; `apt-ftparchive` writes the index. The gateway
+(services.py) serves the directory at `/debian/`; hosts get `deb [trusted=yes] URL ./`.
 """
 
 from __future__ import annotations

@@ -3,18 +3,18 @@
 Each host gets
 
 * an overlayfs root (lower = the shared extracted base rootfs, upper/work per
-  host, under ``$SPECDEPLOY_CACHE/hosts/<prefix>/<name>``) plus a disk-backed
-  ``/tmp`` bind mount,
-* a network namespace ``<name>`` holding ``eth0`` (a veth whose peer is
-  enslaved to the bridge ``<prefix>br`` in the root namespace). There is no
+  host, under `$SPECDEPLOY_CACHE/hosts/<prefix>/<name>`) plus a disk-backed
+  `/tmp` bind mount,
+* a network namespace `<name>` holding `eth0` (a veth whose peer is
+  enslaved to the bridge `<prefix>br` in the root namespace). There is no
   default route inside: the only reachable network is the bridge subnet,
-* a fresh ssh host key and root's ``authorized_keys`` from the sandbox key,
-* its own cgroup ``<prefix>/<name>`` in the ``name=systemd`` (v1) and the
-  unified (v2) hierarchies, entered before ``exec systemd-nspawn``.
+* a fresh ssh host key and root's `authorized_keys` from the sandbox key,
+* its own cgroup `<prefix>/<name>` in the `name=systemd` (v1) and the
+  unified (v2) hierarchies, entered before `exec systemd-nspawn`.
 
 Everything created is named with the run's prefix, so teardown can also find
 leftovers after a crash. Only processes inside our own cgroups, or
-``systemd-nspawn --machine=<prefix>-...`` processes, are ever signalled.
+`systemd-nspawn --machine=<prefix>-...` processes, are ever signalled.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def cgroup_dirs(prefix: str, name: str | None = None) -> list[Path]:
 
 
 def cgroup_pids(d: Path) -> set[int]:
-    """All PIDs in cgroup ``d`` and its descendants."""
+    """All PIDs in cgroup `d` and its descendants."""
     pids: set[int] = set()
     if not d.is_dir():
         return pids
@@ -331,7 +331,7 @@ def is_our_nspawn(pid: int, name: str) -> bool:
 
 
 def find_nspawn_pids(prefix: str) -> dict[int, str]:
-    """systemd-nspawn processes with ``--machine=<prefix>-...`` (ours by name)."""
+    """systemd-nspawn processes with `--machine=<prefix>-...` (ours by name)."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -640,7 +640,7 @@ def teardown_host(prefix: str, name: str, pid: int | None = None, grace: float =
 
 
 def leftover_host_names(prefix: str) -> set[str]:
-    """Hosts of ``prefix`` that left any trace: netns, cgroup, dir, process."""
+    """Hosts of `prefix` that left any trace: netns, cgroup, dir, process."""
     pat = re.compile(re.escape(prefix) + r"-h\d+$")
     names = {n for n in list_netns() if pat.match(n)}
     for d in cgroup_dirs(prefix):
@@ -654,7 +654,7 @@ def leftover_host_names(prefix: str) -> set[str]:
 
 
 def teardown_prefix(prefix: str, known_hosts: list[dict] | None = None) -> None:
-    """Remove every host, link, cgroup and directory of ``prefix``."""
+    """Remove every host, link, cgroup and directory of `prefix`."""
     from concurrent.futures import ThreadPoolExecutor
 
     pids = {h["name"]: h.get("nspawn_pid") for h in (known_hosts or [])}
@@ -696,7 +696,7 @@ def mark_owner(prefix: str) -> None:
 
 
 def leftovers(prefix: str) -> dict[str, list]:
-    """What of ``prefix`` still exists on this machine (empty lists = clean)."""
+    """What of `prefix` still exists on this machine (empty lists = clean)."""
     return {
         "netns": [n for n in list_netns() if n.startswith(prefix + "-")],
         "links": [ln for ln in list_links() if ln.startswith(prefix)],

@@ -11,31 +11,31 @@ repository** laid out the way Olah's local-mirror mode expects::
         hub/models/<org>/<name>/.git     one git repository per model repo
         logs/                            generator logs
 
-Each git commit is a Hub revision.  ``specdeploy-sandbox/tiny-llama-target`` has
-two commits (tags ``v1`` and ``v2``; ``main`` == ``v2``) so revision pins can be
-tested: v1 has ``max_position_embeddings`` 1024 and a README saying "revision
+Each git commit is a Hub revision.  `specdeploy-sandbox/tiny-llama-target` has
+two commits (tags `v1` and `v2`; `main` == `v2`) so revision pins can be
+tested: v1 has `max_position_embeddings` 1024 and a README saying "revision
 v1", v2 has 2048 and "revision v2" (the weights are identical, so a vLLM server
-started from a pinned revision exposes the pin through ``max_model_len``).
+started from a pinned revision exposes the pin through `max_model_len`).
 
 Repositories:
 
-``specdeploy-sandbox/tiny-llama-target``
+`specdeploy-sandbox/tiny-llama-target`
     LlamaForCausalLM, 4 layers, hidden 256, 4 heads / 2 kv heads,
     intermediate 512, max_position_embeddings 2048, float32, tokenizer "main".
-``specdeploy-sandbox/tiny-llama-draft``
+`specdeploy-sandbox/tiny-llama-draft`
     1 layer, hidden 128, same tokenizer/vocab as the target.
-``specdeploy-sandbox/tiny-llama-draft-othervocab``
+`specdeploy-sandbox/tiny-llama-draft-othervocab`
     1 layer, hidden 128, a *different* tokenizer (different corpus, special
     tokens and vocab size) for the heterogeneous-vocabulary case.
 
 Generation needs torch/transformers/tokenizers/safetensors, which live in the
-vLLM control venv (``$SPECDEPLOY_CACHE/venv-vllm``; override with
-``SPECDEPLOY_MODELS_PYTHON``).  This module is imported by the (torch-free)
+vLLM control venv (`$SPECDEPLOY_CACHE/venv-vllm`; override with
+`SPECDEPLOY_MODELS_PYTHON`).  This module is imported by the (torch-free)
 control code and re-executes *itself* under that interpreter for the heavy part
-(``python models.py _build OUT SPEC_JSON``); git commits are made by the
+(`python models.py _build OUT SPEC_JSON`); git commits are made by the
 control side with fixed author/committer dates so commit shas are reproducible.
 
-Everything is seeded; ``ensure()`` is idempotent and skips work when the
+Everything is seeded; `ensure()` is idempotent and skips work when the
 manifest matches the current spec and the repositories are intact.
 """
 
@@ -127,7 +127,7 @@ SPEC: dict[str, Any] = {
                 "intermediate_size": 512,
                 "max_position_embeddings": 2048,
             },
-            # Oldest first; the last one is ``main``.  Each entry overrides
+            # Oldest first; the last one is `main`.  Each entry overrides
             # config fields and sets the README text of that commit.
             "revisions": [
                 {"name": "v1", "config": {"max_position_embeddings": 1024}},
@@ -276,7 +276,7 @@ def models_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def hub_dir(cache_dir: str | os.PathLike | None = None, model_set: str = "tiny") -> Path:
-    """Root to hand to Olah as one of its ``mirrors-path`` (contains ``models/<org>/<name>``)."""
+    """Root to hand to Olah as one of its `mirrors-path` (contains `models/<org>/<name>`)."""
     return models_dir(cache_dir) / ("hub" if model_set == "tiny" else f"hub-{model_set}")
 
 
@@ -345,7 +345,7 @@ def ensure(
     python: str | None = None,
     model_set: str = "tiny",
 ) -> dict:
-    """Generate one model set's repositories (``MODEL_SETS``: "tiny" random, "trained") unless an
+    """Generate one model set's repositories (`MODEL_SETS`: "tiny" random, "trained") unless an
     intact, current set exists.
 
     Returns the manifest::

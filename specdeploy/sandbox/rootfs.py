@@ -1,11 +1,11 @@
 """Base root filesystem for sandbox hosts.
 
-A plain ``debootstrap --variant=minbase`` Debian bookworm with systemd, sshd, sudo and python3 —
+A plain `debootstrap --variant=minbase` Debian bookworm with systemd, sshd, sudo and python3 —
 nothing the deploy should install itself (no python3-venv, curl or libnuma1: the deploy apt-installs
-them from the sandbox's Debian repository) — and a non-root ``deploy`` user with password-less sudo,
+them from the sandbox's Debian repository) — and a non-root `deploy` user with password-less sudo,
 the shape of a production fleet's login (inventories/prod.py). It is
-cached as a zstd tarball under ``$SPECDEPLOY_CACHE`` (default
-``/var/cache/specdeploy``) and extracted once into a shared, read-only *lower*
+cached as a zstd tarball under `$SPECDEPLOY_CACHE` (default
+`/var/cache/specdeploy`) and extracted once into a shared, read-only *lower*
 directory that every host overlays.
 """
 

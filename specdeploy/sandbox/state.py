@@ -1,7 +1,7 @@
-"""The sandbox state file (JSON), kept under ``$SPECDEPLOY_STATE_DIR``.
+"""The sandbox state file (JSON), kept under `$SPECDEPLOY_STATE_DIR`.
 
-Default location: ``/run/specdeploy/sandbox/state.json``. Writes are atomic
-(temp file + rename) and serialized with an flock on ``state.lock``.
+Default location: `/run/specdeploy/sandbox/state.json`. Writes are atomic
+(temp file + rename) and serialized with an flock on `state.lock`.
 """
 
 from __future__ import annotations

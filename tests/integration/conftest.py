@@ -1,18 +1,18 @@
 """Fixtures for integration tests against the local sandbox fleet.
 
-``sandbox_fleet`` (session scope) brings ``$SPECDEPLOY_TEST_HOSTS`` (default 2)
+`sandbox_fleet` (session scope) brings `$SPECDEPLOY_TEST_HOSTS` (default 2)
 systemd-nspawn hosts up in parallel and always tears them down afterwards --
-unless ``SPECDEPLOY_KEEP_SANDBOX=1``, in which case the fleet is left running
-and reused by the next session (``up`` is idempotent).
+unless `SPECDEPLOY_KEEP_SANDBOX=1`, in which case the fleet is left running
+and reused by the next session (`up` is idempotent).
 
-Unless ``SPECDEPLOY_STATE_DIR`` is set, the tests use their own state dir
-(``/run/specdeploy/sandbox-test``), so a developer's ``specdeploy sandbox up``
-fleet is never touched. The fixture exports ``SPECDEPLOY_STATE_DIR`` so that
-subprocesses (``pyinfra inventories/sandbox.py ...``) see the same fleet.
+Unless `SPECDEPLOY_STATE_DIR` is set, the tests use their own state dir
+(`/run/specdeploy/sandbox-test`), so a developer's `specdeploy sandbox up`
+fleet is never touched. The fixture exports `SPECDEPLOY_STATE_DIR` so that
+subprocesses (`pyinfra inventories/sandbox.py ...`) see the same fleet.
 
-If ``services.start`` fails, the hosts are still usable: ``sandbox_fleet``
-records the error in ``state["services_error"]`` and only the
-``sandbox_services`` fixture fails.
+If `services.start` fails, the hosts are still usable: `sandbox_fleet`
+records the error in `state["services_error"]` and only the
+`sandbox_services` fixture fails.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def sandbox_state_dir() -> str:
 
 @pytest.fixture(scope="session")
 def sandbox_fleet(request, sandbox_state_dir):
-    """The running fleet's state dict (see ``specdeploy.sandbox``)."""
+    """The running fleet's state dict (see `specdeploy.sandbox`)."""
     from specdeploy import sandbox
     from specdeploy.sandbox import hosts as sb_hosts
 
@@ -121,7 +121,7 @@ def sandbox_services(sandbox_fleet) -> dict:
 
 @pytest.fixture(scope="session")
 def sandbox_ssh(sandbox_fleet):
-    """``sandbox_ssh(host_or_name, command) -> CompletedProcess`` (text, no check)."""
+    """`sandbox_ssh(host_or_name, command) -> CompletedProcess` (text, no check)."""
     from specdeploy.sandbox import hosts as sb_hosts
 
     by_name = {h["name"]: h for h in sandbox_fleet["hosts"]}
