@@ -143,6 +143,20 @@ def sandbox_ssh(sandbox_fleet):
 
 
 @pytest.fixture(scope="session")
+def ssh(sandbox_ssh):
+    """`ssh(host, command, check=True, timeout=120) -> stdout` as root (fixtures only); a failing
+    command fails the test with its stderr unless `check=False`."""
+
+    def call(host, command, check=True, timeout=120):
+        result = sandbox_ssh(host, command, timeout=timeout)
+        if check:
+            assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+        return result.stdout
+
+    return call
+
+
+@pytest.fixture(scope="session")
 def pyinfra_sandbox(sandbox_fleet):
     """Run the real pyinfra CLI against inventories/sandbox.py."""
 

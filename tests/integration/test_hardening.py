@@ -43,17 +43,6 @@ def hosts(sandbox_services, sandbox_fleet):
 
 
 @pytest.fixture(scope="module")
-def ssh(sandbox_ssh):
-    def call(host, command, check=True, timeout=120):
-        result = sandbox_ssh(host, command, timeout=timeout)
-        if check:
-            assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-        return result.stdout
-
-    return call
-
-
-@pytest.fixture(scope="module")
 def deployed(hosts):
     result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py")
     assert result.returncode == 0, tail(result)

@@ -46,17 +46,6 @@ def fresh_host(sandbox_services, sandbox_fleet):
 
 
 @pytest.fixture(scope="module")
-def ssh(sandbox_ssh):
-    def call(host, command, check=True, timeout=120):
-        result = sandbox_ssh(host, command, timeout=timeout)
-        if check:
-            assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-        return result.stdout
-
-    return call
-
-
-@pytest.fixture(scope="module")
 def secrets_in_play(sandbox_services):
     return [API_KEY, sandbox_services["hf_gated"]["token"], ROTATED_TOKEN]
 

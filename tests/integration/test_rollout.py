@@ -55,28 +55,6 @@ def hosts(sandbox_services, sandbox_fleet):
 
 
 @pytest.fixture(scope="module")
-def ssh(sandbox_fleet, hosts):
-    from specdeploy.sandbox import hosts as sb_hosts
-    from specdeploy.sandbox import load_state
-
-    state = load_state()
-    by_name = {h["name"]: h for h in state["hosts"]}
-
-    def call(host, command, check=True, timeout=120):
-        result = subprocess.run(
-            sb_hosts.ssh_command(state, by_name[host]["address"], command),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check:
-            assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-        return result.stdout
-
-    return call
-
-
-@pytest.fixture(scope="module")
 def deployed(hosts):
     result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py")
     assert result.returncode == 0, tail(result)
