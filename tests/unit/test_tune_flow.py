@@ -75,6 +75,20 @@ def arms_of(cfg):
     return lambda k: k_arm(cfg, k) if k else Arm("baseline", False)
 
 
+def plan_for(cfg, host, records, *, ks=range(1, 8), repeats=3, warmup_runs=1, **kw):
+    """predict_plan over a FakeHost, as compare._tune_plan builds it."""
+    return predict_plan(
+        cfg,
+        ks=ks,
+        repeats=repeats,
+        warmup_runs=warmup_runs,
+        read=host.read,
+        arm_for=arms_of(cfg),
+        record=records.append,
+        **kw,
+    )
+
+
 @pytest.fixture
 def cfg(valid_data) -> ServeConfig:
     return config_from_data(valid_data)
@@ -96,15 +110,7 @@ def test_rounds_rotate_and_stop_per_arm(cfg):
 def test_the_plan_pins_predicts_and_confirms_the_best_with_its_neighbours(cfg):
     host, records = FakeHost(), []
     assert min(range(1, 8), key=true_tpot) == 3
-    plan = predict_plan(
-        cfg,
-        ks=range(1, 8),
-        repeats=3,
-        warmup_runs=1,
-        read=host.read,
-        arm_for=arms_of(cfg),
-        record=records.append,
-    )
+    plan = plan_for(cfg, host, records)
     order = host.run(plan)
     assert order[:5] == [
         ("baseline", True),
@@ -142,17 +148,7 @@ def test_the_window_moves_when_the_measured_best_sits_at_its_edge(cfg):
         return true_tpot(k) * (0.7 if k == 2 else 1.0)
 
     host, records = FakeHost(tpot), []
-    host.run(
-        predict_plan(
-            cfg,
-            ks=range(1, 8),
-            repeats=3,
-            warmup_runs=1,
-            read=host.read,
-            arm_for=arms_of(cfg),
-            record=records.append,
-        )
-    )
+    host.run(plan_for(cfg, host, records))
     rec = records[-1]
     assert rec["confirm_k"] == [1, 2, 3, 4] and rec["extensions"] == 1
     counted = [r["specdeploy"]["arm"] for r in host.results if not r["specdeploy"]["warmup"]]
@@ -176,33 +172,13 @@ def test_no_prediction_means_every_k_is_measured(cfg):
             host.results[-1].pop(key, None)
 
     host.sample = no_acceptance
-    host.run(
-        predict_plan(
-            cfg,
-            ks=[1, 2, 3],
-            repeats=2,
-            warmup_runs=0,
-            read=host.read,
-            arm_for=arms_of(cfg),
-            record=records.append,
-        )
-    )
+    host.run(plan_for(cfg, host, records, ks=[1, 2, 3], repeats=2, warmup_runs=0))
     assert records[-1]["predicted_best_k"] is None and records[-1]["confirm_k"] == [1, 2, 3]
 
 
 def test_report_shows_predicted_vs_measured(cfg, tmp_path):
     host, records = FakeHost(), []
-    host.run(
-        predict_plan(
-            cfg,
-            ks=range(1, 8),
-            repeats=3,
-            warmup_runs=1,
-            read=host.read,
-            arm_for=arms_of(cfg),
-            record=records.append,
-        )
-    )
+    host.run(plan_for(cfg, host, records))
     d = tmp_path / "raw" / "h1"
     d.mkdir(parents=True)
     for r in host.results:
@@ -238,16 +214,7 @@ def test_tune_method_defaults_to_predict_and_is_validated(valid_data):
 def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_guard(cfg):
     host, records = FakeHost(), []
     plan = []
-    gen = predict_plan(
-        cfg,
-        ks=range(1, 8),
-        repeats=3,
-        warmup_runs=1,
-        read=host.read,
-        arm_for=arms_of(cfg),
-        record=records.append,
-        share_server=True,
-    )
+    gen = plan_for(cfg, host, records, share_server=True)
     for arm, warm, same in gen:
         plan.append((arm.label, warm, same, arm.workload.seed))
         host.sample(arm, warm, same)
@@ -277,15 +244,7 @@ def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_gu
 
     # a reused server that hits the prefix cache stops the tune
     host = FakeHost()
-    gen = predict_plan(
-        cfg,
-        ks=[1, 2],
-        repeats=2,
-        warmup_runs=1,
-        read=host.read,
-        arm_for=arms_of(cfg),
-        share_server=True,
-    )
+    gen = plan_for(cfg, host, [], ks=[1, 2], repeats=2, share_server=True)
     arm, warm, same = next(gen)
     host.sample(arm, warm, same)
     arm, warm, same = next(gen)
