@@ -116,6 +116,7 @@ def test_compare_finds_speculation_faster_with_the_good_draft(deployed, host, sa
     assert tpot["verdict"] == "better" and tpot["high"] < 1, tpot
 
     described = datasets.describe(str(SAMPLE), "custom")
+    wanted = {json.loads(row)["output_tokens"] for row in SAMPLE.read_text().splitlines() if row}
     medians: dict[str, list[float]] = {"baseline": [], "speculative": []}
     for f in sorted((out / "raw" / host).glob("[0-9][0-9]-*.json")):
         r = json.loads(f.read_text())
@@ -123,6 +124,8 @@ def test_compare_finds_speculation_faster_with_the_good_draft(deployed, host, sa
         # the shipped request set, at its checksum-verified path on the host
         assert command[command.index("--dataset-name") + 1] == "custom", command
         assert command[command.index("--dataset-path") + 1] == described["host_path"], command
+        # per-request output lengths are the rows' own output_tokens (--custom-output-len -1)
+        assert set(r["output_lens"]) <= wanted and len(set(r["output_lens"])) > 1, r["output_lens"]
         medians[r["specdeploy"]["arm"]].append(r["median_tpot_ms"])
     assert [len(v) for v in medians.values()] == [2, 2], medians
     ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
@@ -155,8 +158,11 @@ def test_tune_predicts_then_confirms(deployed, host, sandbox_ssh):
     assert prediction["pinned_k"] == [1, 3]
     assert prediction["per_position_acceptance"] == pytest.approx(rates)
     rows = {row["k"]: row for row in prediction["rows"]}
-    for k in (1, 2, 3):
-        assert rows[k]["acceptance_length"] == pytest.approx(1 + sum(rates[:k]))
+    # measured k keep their own run's L; k=2 gets L(2) = 1 + a_1 + a_2 from the pooled rates
+    for k, r in ((1, raw[1]), (3, raw[2])):
+        assert rows[k]["acceptance_length"] == pytest.approx(r["spec_decode_acceptance_length"])
+    assert rows[2]["acceptance_length_source"] == "per-position rates"
+    assert rows[2]["acceptance_length"] == pytest.approx(1 + rates[0] + rates[1])
     assert rows[2]["tpot_ms"] > 0 and prediction["predicted_best_k"] in (1, 2, 3)
 
     flow = json.loads((out / "summary.json").read_text())["hosts"][host]["predict_flow"]
