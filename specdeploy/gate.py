@@ -31,27 +31,21 @@ def speculation_gate(
     baseline = render_unit(cfg, "baseline")
     out = reports_dir(host.name)
     stamp = utc_stamp()
-    results = {}
-    start_fresh(cfg, baseline, speculative=False)
-    warm_up(cfg, cfg.workload)
-    results["baseline"] = bench(
-        cfg,
-        tokenizer=tokenizer,
-        name=f"gate-{stamp}-baseline",
-        local=out / f"gate-{stamp}-baseline.json",
-        extra=["--save-detailed"],
-        meta={"arm": "baseline", "gate": True},
-    )
-    checked = start_fresh(cfg, rendered, speculative=True, install=False)
-    warm_up(cfg, cfg.workload)
-    results["speculative"] = bench(
-        cfg,
-        tokenizer=tokenizer,
-        name=f"gate-{stamp}-speculative",
-        local=out / f"gate-{stamp}-speculative.json",
-        extra=["--save-detailed"],
-        meta={"arm": "speculative", "gate": True},
-    )
+    results, checked = {}, {}
+    # the baseline unit is written for its run; the speculative one is already installed
+    for arm, unit in (("baseline", baseline), ("speculative", rendered)):
+        speculative = arm == "speculative"
+        checked = start_fresh(cfg, unit, speculative=speculative, install=not speculative)
+        warm_up(cfg, cfg.workload)
+        name = f"gate-{stamp}-{arm}"
+        results[arm] = bench(
+            cfg,
+            tokenizer=tokenizer,
+            name=name,
+            local=out / f"{name}.json",
+            extra=["--save-detailed"],
+            meta={"arm": arm, "gate": True},
+        )
     decision = gate_decision(
         per_request_tpot_ms(results["speculative"]),
         per_request_tpot_ms(results["baseline"]),
