@@ -8,7 +8,8 @@ Rows run in the order listed, each lane skipping what its budget no longer allow
 priority order. Rows with `bench` are payoff samples too: a fresh server per sample, the first of
 each arm discarded (it compiles cold).
 
-Usage: python -m benchmarks.gpu_truth.plan OUT.json      (from the repo root)
+Usage: python -m benchmarks.gpu_truth.plan OUT.json [--second]     (from the repo root;
+--second: the swing experiment and the TP=2 repeats of `swing_run.py`)
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def row(
     hog_gib: int = 0,
     arm: str | None = None,
     note: str = "",
+    extra_args: tuple[str, ...] = (),
 ) -> dict:
-    extra = ["--load-format", "dummy"]
+    extra = ["--load-format", "dummy", *extra_args]
     extra += (
         ["--enforce-eager"]
         if eager
@@ -109,8 +111,8 @@ def row(
         },
         "vllm_extra_args": extra,
         # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
-        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1"}.get(lane, "0,1")},
-        "vllm_port": 8000 if lane in ("A", "P2") else 8001,
+        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1", "S": "0"}.get(lane, "0,1")},
+        "vllm_port": 8000 if lane in ("A", "P2", "S") else 8001,
     }
     if util is not None:
         data["gpu_memory_utilization"] = util
@@ -168,14 +170,49 @@ def rows() -> list[dict]:
     return out
 
 
-def build() -> list[dict]:
+PROFILER = {
+    "profiler": "torch",
+    "torch_profiler_dir": "/tmp/gt_prof",
+    "torch_profiler_with_stack": False,
+    "torch_profiler_dump_cuda_time_total": False,
+    "ignore_frontend": True,
+    "max_iterations": 150,
+}
+REPEATS = 4  # per arm: the first start is discarded, 3 kept
+
+
+def second_rows() -> list[dict]:
+    """The second H200 x2 session: the swing experiment (one TP=1 k=1 server, `swing_run.py`),
+    then base and k=1 L=2.0 at TP=2 on fresh servers, interleaved, REPEATS starts each."""
+    out = [
+        row(
+            "S_k1_tp1",
+            lane="S",
+            eager=False,
+            util=0.85,
+            note="swing experiment",
+            extra_args=("--profiler-config", json.dumps(PROFILER)),
+        )
+    ]
+    for n in range(REPEATS):
+        out.append(
+            row(f"R2_base_{n}", lane="P2", k=None, tp=2, eager=False, util=0.85, arm="tp2_base")
+        )
+        out.append(row(f"R2_k1_{n}", lane="P2", tp=2, eager=False, util=0.85, arm="tp2_k1_L2.0"))
+    for r in out:
+        if r["arm"]:
+            r["load"] = {str(c): n for c, n in CONCURRENCY.items()}  # for client.py
+    return out
+
+
+def build(second: bool = False) -> list[dict]:
     plan = []
-    for r in rows():
+    for r in second_rows() if second else rows():
         cfg = check_config(r["id"], r["data"])  # raises ConfigError with every problem
         r["serve"] = serve_args(cfg, speculative=r["speculative"], prefix_caching=False)
         r["env"] = cfg.vllm_env
         r["port"] = cfg.vllm_port
-        if r["arm"]:
+        if r["arm"] and not second:
             r["bench"] = {
                 str(conc): bench_args(
                     cfg,
@@ -201,7 +238,7 @@ def build() -> list[dict]:
 
 
 if __name__ == "__main__":
-    plan = build()
+    plan = build(second="--second" in sys.argv)
     with open(sys.argv[1], "w") as f:
         json.dump(plan, f, indent=1)
     print(f"{len(plan)} rows -> {sys.argv[1]}")
