@@ -17,32 +17,22 @@ from __future__ import annotations
 import json
 import sys
 
+from benchmarks.gpu_payoff.plan import (
+    CAPTURE_SIZES,
+    workload,
+    workload_data,
+)
+from benchmarks.gpu_payoff.plan import ENV as PAYOFF_ENV
 from specdeploy.argv import serve_args
 from specdeploy.bench import bench_args
 from specdeploy.checks import check_config
-from specdeploy.config import Workload
 
 HF_HOME = "/tmp/hf"
 SHA = "0" * 39 + "1"  # make_weights.REVISION_SHA
 T8, T32, D06 = "specdeploy/qwen3-8b-arch", "specdeploy/qwen3-32b-arch", "specdeploy/qwen3-0.6b-arch"
 GIB = 1 << 30
-CAPTURE_SIZES = [
-    1,
-    2,
-    4,
-    8,
-    16,
-    24,
-    32,
-    48,
-]  # as benchmarks/gpu_payoff: a FULL graph for k<=5, c<=8
-PROMPT_LEN, OUTPUT_LEN = 256, 128
 CONCURRENCY = {1: 16, 8: 24}  # concurrency -> prompts
-ENV = {
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
+ENV = PAYOFF_ENV | {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
@@ -92,28 +82,12 @@ def row(
         extra.append("--async-scheduling")  # as the payoff map's headline arms
     if tp > 1:
         extra += ["--tensor-parallel-size", str(tp)]
-    data = {
-        "vllm_version": "0.26.0",
-        "target_model": path(target),
-        "served_model_name": "m",
-        "speculative_config": spec(k or 1, length),
-        "max_model_len": 1024,
-        "max_num_seqs": 8,
-        "enable_prefix_caching": False,
-        "workload": {
-            "prompt_len": PROMPT_LEN,
-            "output_len": OUTPUT_LEN,
-            "request_rate": 1000.0,
-            "max_concurrency": 8,
-            "num_prompts": 24,
-            "dataset": "random",
-            "seed": 0,
-        },
-        "vllm_extra_args": extra,
-        # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
-        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1", "S": "0"}.get(lane, "0,1")},
-        "vllm_port": 8000 if lane in ("A", "P2", "S") else 8001,
-    }
+    # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
+    gpus = {"A": "0", "B": "1", "S": "0"}.get(lane, "0,1")
+    port = 8000 if lane in ("A", "P2", "S") else 8001
+    data = workload_data(
+        path(target), spec(k or 1, length), extra, ENV | {"CUDA_VISIBLE_DEVICES": gpus}, port
+    )
     if util is not None:
         data["gpu_memory_utilization"] = util
     if kv_bytes is not None:
@@ -220,15 +194,7 @@ def build(second: bool = False) -> list[dict]:
                     tokenizer=cfg.target_model,
                     result_dir="/tmp/gt_results",
                     result_filename=f"{r['id']}_c{conc}.json",
-                    workload=Workload(
-                        prompt_len=PROMPT_LEN,
-                        output_len=OUTPUT_LEN,
-                        request_rate=1000.0,
-                        max_concurrency=conc,
-                        num_prompts=n,
-                        dataset="random",
-                        seed=0,
-                    ),
+                    workload=workload(conc, n),
                     label=r["id"],
                 )
                 for conc, n in CONCURRENCY.items()

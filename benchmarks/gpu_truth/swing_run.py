@@ -31,17 +31,16 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
 import client
+import device_common as dc
 import device_run as dr
+from device_common import log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LANES = {"S": ("0", "0-15", "16-31"), "P2": ("0,1", "0-27", "28-31")}
 PROF_DIR = "/tmp/gt_prof"
 LOGS = dr.LOGS
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def post(port: int, path: str, timeout: float = 300) -> int:
@@ -55,42 +54,17 @@ def start_server(row: dict, deadline: float) -> tuple[subprocess.Popen, dict]:
     env = os.environ | row["env"] | {"CUDA_VISIBLE_DEVICES": gpus}
     rec = {k: row.get(k) for k in ("id", "lane", "tp", "arm", "note", "speculative")}
     rec["serve"] = row["serve"]
-    t0 = time.time()
-    lf = open(f"{LOGS}/{row['id']}.serve.log", "w")
-    proc = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            cpus,
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.cli.main",
-            "serve",
-            *row["serve"],
-        ],
-        env=env,
-        stdout=lf,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    argv = ["taskset", "-c", cpus, sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    log_path = f"{LOGS}/{row['id']}.serve.log"
+    proc, rec["vllm"], rec["ready_s"] = dc.start_server(
+        [*argv, *row["serve"]], env, log_path, row["port"], deadline
     )
-    while True:
-        if dr.http_ok(f"http://127.0.0.1:{row['port']}/health"):
-            rec["vllm"] = "started"
-            break
-        if proc.poll() is not None:
-            rec["vllm"] = "refused"
-            break
-        if time.time() > deadline:
-            rec["vllm"] = "timeout"
-            break
-        time.sleep(1)
-    rec["ready_s"] = round(time.time() - t0, 1)
     log(f"{row['id']}: {rec['vllm']} after {rec['ready_s']} s")
     return proc, rec
 
 
 def stop_server(row: dict, proc: subprocess.Popen, rec: dict) -> None:
-    dr.kill_group(proc)
+    dc.kill_group(proc)
     text = open(f"{LOGS}/{row['id']}.serve.log", errors="replace").read()
     for key, pattern in dr.PATTERNS.items():
         found = re.findall(pattern, text)
@@ -98,7 +72,7 @@ def stop_server(row: dict, proc: subprocess.Popen, rec: dict) -> None:
             rec[key] = found[-1].replace(",", "")
     if rec.get("vllm") != "started":
         rec["log_tail"] = text[-2500:]
-    dr.gpu_free(LANES[row["lane"]][0])
+    dc.wait_gpu_free(LANES[row["lane"]][0])
 
 
 def samplers(row: dict, proc: subprocess.Popen, tag: str) -> list[subprocess.Popen]:
@@ -264,7 +238,7 @@ def swing(row: dict, cap: float, out: str) -> dict:
         return rec
     smp = samplers(row, proc, row["id"])
     try:
-        dr.warm(port)
+        dc.warm(port)
         phases["as_before_c1"] = run_client(port, 64, 1, cpus, f"{LOGS}/swing_a_c1.json", 1)
         phases["as_before_c8"] = run_client(port, 48, 8, cpus, f"{LOGS}/swing_a_c8.json", 2)
         rec["pin"] = pin(proc.pid, 15, "0-14")
@@ -295,7 +269,7 @@ def repeat_row(row: dict, deadline: float) -> dict:
     rec["bench"] = {}
     try:
         t = time.time()
-        dr.warm(row["port"])
+        dc.warm(row["port"])
         rec["warm_s"] = round(time.time() - t, 1)
         for conc, n in row["load"].items():
             res = run_client(row["port"], n, int(conc), cpus, f"{LOGS}/{row['id']}_c{conc}.json")
