@@ -1,7 +1,8 @@
 """What moves when the speculative path is slow: the swing experiment's data, lined up in time.
 
 Input: the device directory of `swing_run.py` (summary.json, logs.tar.gz with the samplers' files,
-profile/prof_N.json: `prof_summary.py` over the Nth profiler window's trace).
+profile/prof_N.json: `prof_summary.py` over the Nth profiler window's trace, cpu_probe.json.gz:
+`cpu_probe.py`'s output from a later call on a fresh machine of the same kind).
 Every engine output the client saw is a step (ms per token = time since the previous output / tokens
 it carried). Steps are smoothed (median of 7 inside a request) and split at the midpoint between the
 10th and 90th percentile into fast and slow. Then, per mode: the GPU's clocks, power, pstate and
@@ -15,6 +16,7 @@ Usage: python -m benchmarks.gpu_truth.swing DEVICE_DIR   (prints a summary, retu
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import os
@@ -211,6 +213,46 @@ def phase_summary(result: dict, cut: float | None = None) -> tuple[list[dict], d
     } | switches(ss)
 
 
+PROBE_CUT_US = {"compute": 1350, "memory": 950}  # between the two levels both units show
+
+
+def cpu_probe(path: str) -> dict:
+    """`cpu_probe.py`'s units per vCPU: the two speed levels, how often and how long the slow one
+    lasts, whether the unit was descheduled (wall vs CPU time), and the slow share per second."""
+    d = json.load(gzip.open(path, "rt"))
+    t0 = min(v["compute"][0][0] for v in d.values())
+    out = {}
+    for cpu, v in sorted(d.items(), key=lambda kv: int(kv[0])):
+        e = {}
+        for kind, cut in PROBE_CUT_US.items():
+            xs = v[kind]
+            fast = [x[1] for x in xs if x[1] <= cut]
+            slow = [x[1] for x in xs if x[1] > cut]
+            e[kind] = {
+                "units": len(xs),
+                "fast_us": med(fast),
+                "slow_us": med(slow),
+                "slow_share": round(len(slow) / len(xs), 3),
+                "wall_over_cpu_p99": round(
+                    sorted(x[1] / max(x[2], 1) for x in xs)[int(0.99 * len(xs))], 4
+                ),
+            }
+        flags = [x[1] > PROBE_CUT_US["compute"] for x in v["compute"]]
+        runs, start = [], v["compute"][0][0]
+        for x, a, b in zip(v["compute"][1:], flags, flags[1:], strict=False):
+            if a != b:
+                runs.append((a, x[0] - start))
+                start = x[0]
+        e["slow_streak_s_median"] = med([r for s, r in runs if s])
+        e["slow_streak_s_max"] = round(max((r for s, r in runs if s), default=0), 3)
+        per_s: dict[int, list[bool]] = {}
+        for x, f in zip(v["compute"], flags, strict=False):
+            per_s.setdefault(int(x[0] - t0), []).append(f)
+        e["slow_share_per_second"] = [round(sum(f) / len(f), 2) for _, f in sorted(per_s.items())]
+        out[cpu] = e
+    return out
+
+
 def analyze(device_dir: str) -> dict:
     summary = json.load(open(os.path.join(device_dir, "summary.json")))
     files = logs(device_dir)
@@ -241,6 +283,9 @@ def analyze(device_dir: str) -> dict:
             if "requests_during" in w:
                 out["profile_requests_tpot_ms"] = w["requests_during"]
         out["profile"] = prof
+    probe = os.path.join(device_dir, "cpu_probe.json.gz")
+    if os.path.exists(probe):
+        out["cpu_probe"] = cpu_probe(probe)
     for rec in summary:  # the TP=2 repeats: per-request streaks and the GPU by mode
         if rec.get("arm") == "tp2_k1_L2.0" and rec.get("bench"):
             b = rec["bench"].get("1")
