@@ -25,7 +25,7 @@ case "$1" in
     for f in .gpu/pack/vllm026.tar.xz.part-*; do cp -n "$f" /tmp/parts/; done
     (cd /tmp/parts && sha256sum -c "$OLDPWD/.gpu/pack/SHA256SUMS") || exit 2
     if [ ! -d /tmp/site/vllm ]; then mkdir -p /tmp/site; t=$SECONDS; cat /tmp/parts/vllm026.tar.xz.part-* | unxz | tar -C /tmp/site -x || exit 3; echo "unpacked in $((SECONDS - t)) s"; fi
-    rm -rf /tmp/models && cp -r .gpu/models /tmp/models && cp .gpu/plan.json $here/device_run.py /tmp/ && cp $here/queue.txt /tmp/queue.txt
+    rm -rf /tmp/models && cp -r .gpu/models /tmp/models && cp .gpu/plan.json $here/device_run.py $here/device_common.py /tmp/ && cp $here/queue.txt /tmp/queue.txt
     export PYTHONPATH=/tmp/site
     python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 4
     mkdir -p $po

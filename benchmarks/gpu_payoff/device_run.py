@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tarfile
-import threading
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import kill_group, log, start_server, wait_gpu_free, warm
 
 LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"
@@ -47,82 +47,9 @@ HIGHLIGHTS = (
 )
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except Exception:
-        return False
-
-
-def complete(port: int, model: str, max_tokens: int) -> None:
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": "def fibonacci(n): return",
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        r.read()
-
-
-def warm(port: int, model: str) -> None:
-    """Triton kernels and graph shapes of the first batch sizes compile/load here, not in the
-    run."""
-    complete(port, model, 32)
-    threads = [threading.Thread(target=complete, args=(port, model, 16)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def gpu_used_mib() -> int:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-        return int(out.split()[0])
-    except Exception:
-        return -1
-
-
-def stop(proc: subprocess.Popen, port: int) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    try:  # engine-core children share the process group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for _ in range(40):
-        used = gpu_used_mib()
-        if used < 2000 and not http_ok(f"http://127.0.0.1:{port}/health", 0.5):
-            return
-        time.sleep(0.5)
-    log(f"warning: GPU memory still {gpu_used_mib()} MiB after stopping")
+def stop(proc: subprocess.Popen) -> None:
+    kill_group(proc)  # the engine-core children share the process group
+    wait_gpu_free(below_mib=2000, tries=40)
 
 
 def summarize(path: str) -> dict:
@@ -179,28 +106,18 @@ def run_arm(name: str, arm: dict, deadline: float, py: str) -> dict:
     rec: dict = {"arm": name, "meta": arm["meta"], "serve": arm["serve"], "env": arm["env"]}
     env = os.environ | arm["env"]
     serve_log = f"{LOGS}/{name}.serve.log"
-    t0 = time.time()
-    with open(serve_log, "w") as lf:
-        proc = subprocess.Popen(
-            [py, "-m", "vllm.entrypoints.cli.main", "serve", *arm["serve"]],
-            env=env,
-            stdout=lf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     port = arm["port"]
+    t0 = time.time()
+    argv = [py, "-m", "vllm.entrypoints.cli.main", "serve", *arm["serve"]]
+    proc, state, ready_s = start_server(argv, env, serve_log, port, deadline - 30)
     try:
-        while True:
-            if http_ok(f"http://127.0.0.1:{port}/health"):
-                break
-            if proc.poll() is not None:
-                rec["error"] = f"server exited with {proc.returncode} before it was ready"
-                return rec
-            if time.time() > deadline - 30:
-                rec["error"] = "server not ready before the budget ran out"
-                return rec
-            time.sleep(1)
-        rec["ready_s"] = round(time.time() - t0, 1)
+        if state == "refused":
+            rec["error"] = f"server exited with {proc.returncode} before it was ready"
+            return rec
+        if state == "timeout":
+            rec["error"] = "server not ready before the budget ran out"
+            return rec
+        rec["ready_s"] = ready_s
         log(f"{name}: ready in {rec['ready_s']} s")
         t1 = time.time()
         warm(port, arm["served_name"])
@@ -246,7 +163,7 @@ def run_arm(name: str, arm: dict, deadline: float, py: str) -> dict:
         if "error" in rec:
             rec["log_tail"] = open(serve_log, errors="replace").read()[-3000:]
             log(f"{name}: {rec['error']}")
-        stop(proc, port)
+        stop(proc)
         rec["total_s"] = round(time.time() - t0, 1)
 
 

@@ -78,25 +78,30 @@ def train_tokenizer():
     return tok
 
 
+def write_model_files(folder: str, cfg: dict, tok) -> None:
+    """config.json and the tokenizer files of one model folder (also used by gpu_truth's
+    make_weights.py for its Hugging Face cache snapshots)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1, sort_keys=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|endoftext|>",
+                "model_max_length": 40960,
+            },
+            f,
+            indent=1,
+        )
+
+
 def main() -> None:
     out = sys.argv[1]
     tok = train_tokenizer()
     for name, cfg in (("target", TARGET), ("draft", DRAFT)):
-        d = os.path.join(out, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1, sort_keys=True)
-        tok.save(os.path.join(d, "tokenizer.json"))
-        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-            json.dump(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "eos_token": "<|endoftext|>",
-                    "model_max_length": 40960,
-                },
-                f,
-                indent=1,
-            )
+        write_model_files(os.path.join(out, name), cfg, tok)
     print(f"wrote {out}/target and {out}/draft (tokenizer vocab {tok.get_vocab_size()})")
 
 

@@ -50,19 +50,29 @@ def spec(k: int, length: float, **more) -> dict:
     }
 
 
-def host_data(
-    *,
-    target: str = "target",
-    speculative_config: dict,
-    extra: list[str] = (),
-    env: dict | None = None,
+def workload(conc: int, prompts: int) -> Workload:
+    """The benchmark request set at one concurrency: random prompts, every request sent at once."""
+    return Workload(
+        prompt_len=PROMPT_LEN,
+        output_len=OUTPUT_LEN,
+        request_rate=1000.0,
+        max_concurrency=conc,
+        num_prompts=prompts,
+        dataset="random",
+        seed=0,
+    )
+
+
+def workload_data(
+    target_model: str, speculative_config: dict, extra_args: list[str], env: dict, port: int
 ) -> dict:
+    """Host data (a ServeConfig before `check_config`) shared by the H200 plans of gpu_payoff and
+    gpu_truth: 1024-token context, 8 sequences, no prefix caching, the plan's workload."""
     return {
         "vllm_version": "0.26.0",
-        "target_model": f"{MODELS}/{target}",
+        "target_model": target_model,
         "served_model_name": "m",
         "speculative_config": speculative_config,
-        "gpu_memory_utilization": 0.85,
         "max_model_len": 1024,
         "max_num_seqs": 8,
         "enable_prefix_caching": False,
@@ -75,10 +85,27 @@ def host_data(
             "dataset": "random",
             "seed": 0,
         },
-        "vllm_extra_args": COMMON_EXTRA + list(extra),
-        "vllm_env": ENV | (env or {}),
-        "vllm_port": PORT,
+        "vllm_extra_args": extra_args,
+        "vllm_env": env,
+        "vllm_port": port,
     }
+
+
+def host_data(
+    *,
+    target: str = "target",
+    speculative_config: dict,
+    extra: list[str] = (),
+    env: dict | None = None,
+) -> dict:
+    data = workload_data(
+        f"{MODELS}/{target}",
+        speculative_config,
+        COMMON_EXTRA + list(extra),
+        ENV | (env or {}),
+        PORT,
+    )
+    return data | {"gpu_memory_utilization": 0.85}
 
 
 def arms() -> dict[str, dict]:
@@ -142,15 +169,7 @@ def build() -> dict:
         tokenizer = cfg.target_model
         benches = {}
         for conc, n in CONCURRENCY.items():
-            w = Workload(
-                prompt_len=PROMPT_LEN,
-                output_len=OUTPUT_LEN,
-                request_rate=1000.0,
-                max_concurrency=conc,
-                num_prompts=n,
-                dataset="random",
-                seed=0,
-            )
+            w = workload(conc, n)
             benches[str(conc)] = bench_args(
                 cfg,
                 base_url=f"http://127.0.0.1:{PORT}",

@@ -4,8 +4,10 @@ The preflight runs here, with specdeploy's own code, on the facts the device rec
 the `Accelerators` fact command's output (read with the row's memory hog in place) and the
 `ModelSnapshot` fact script's output over the generated checkpoints.
 
-Usage: python -m benchmarks.gpu_truth.analyze DEVICE_DIR [OUT_DIR]   (DEVICE_DIR: summary.json and
-model_facts.json from the device; writes OUT_DIR/results.json, prints the tables)
+Usage: python -m benchmarks.gpu_truth.analyze DEVICE_DIR [DEVICE_DIR2] [--out OUT_DIR]
+(DEVICE_DIR: summary.json and model_facts.json of the first session; DEVICE_DIR2: `swing_run.py`'s
+output of the second: its TP=2 starts join `repeated_runs`, its swing experiment becomes `swing`;
+writes OUT_DIR/results.json, prints the tables)
        python -m benchmarks.gpu_truth.analyze --predict PLAN.json    (verdicts on an idle H200 x2)
 """
 
@@ -87,17 +89,21 @@ def truth_rows(summary: list[dict], facts: dict) -> list[dict]:
     return rows
 
 
-def payoff(summary: list[dict]) -> dict:
-    """Per arm: every sample (fresh server), the first of each arm marked discarded, medians + MAD
-    of the kept samples' median TPOT, and the ratio to the same-TP baseline with its noise band."""
-    arms: dict[str, list[dict]] = {}
-    for rec in summary:
-        if rec.get("arm") and rec.get("bench"):
-            arms.setdefault(rec["arm"], []).append(rec)
+def payoff(*sessions: list[dict]) -> dict:
+    """Per arm: every sample (fresh server), the first start of each arm in each session (machine)
+    marked discarded, medians + MAD of the kept samples' median TPOT, and the ratio to the same-TP
+    baseline with its noise band."""
+    arms: dict[str, list[tuple[int, bool, dict]]] = {}
+    for session, summary in enumerate(sessions, 1):
+        seen: set[str] = set()
+        for rec in summary:
+            if rec.get("arm") and rec.get("bench"):
+                arms.setdefault(rec["arm"], []).append((session, rec["arm"] not in seen, rec))
+                seen.add(rec["arm"])
     out = {}
     for arm, recs in arms.items():
         samples = []
-        for n, rec in enumerate(recs):
+        for session, first, rec in recs:
             for conc, b in rec["bench"].items():
                 if "median_tpot_ms" not in b:
                     continue
@@ -106,8 +112,9 @@ def payoff(summary: list[dict]) -> dict:
                 samples.append(
                     {
                         "id": rec["id"],
+                        "session": session,
                         "c": int(conc),
-                        "discarded": n == 0,
+                        "discarded": first,
                         "median_tpot_ms": round(b["median_tpot_ms"], 3),
                         "first_half_tpot_ms": round(statistics.median(tpots[:half]), 3)
                         if half
@@ -126,7 +133,7 @@ def payoff(summary: list[dict]) -> dict:
         for conc in sorted({s["c"] for s in samples}):
             kept = [s["median_tpot_ms"] for s in samples if s["c"] == conc and not s["discarded"]]
             if not kept:  # one start only (first = discarded by the method): a lead, no band
-                (first,) = [s["median_tpot_ms"] for s in samples if s["c"] == conc]
+                first = [s["median_tpot_ms"] for s in samples if s["c"] == conc][0]
                 out[arm][f"c{conc}"] = {"n": 0, "single_start_tpot_ms": first}
             else:
                 out[arm][f"c{conc}"] = {
@@ -197,12 +204,21 @@ def main() -> None:
                 f"{(pre['preflight_problems'] + pre['preflight_warnings'])[:1]}"
             )
         return
-    src = sys.argv[1]
-    out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(__file__)
+    args = sys.argv[1:]
+    out_dir = os.path.dirname(__file__)
+    if "--out" in args:
+        out_dir = args.pop(args.index("--out") + 1)
+        args.remove("--out")
+    src, second = args[0], args[1:]
     summary = json.load(open(os.path.join(src, "summary.json")))
     facts = json.load(open(os.path.join(src, "model_facts.json")))
     rows = truth_rows(summary, facts)
-    result = {"rows": rows, "payoff": payoff(summary), "model_facts": facts}
+    sessions = [summary] + [json.load(open(os.path.join(d, "summary.json"))) for d in second]
+    result = {"rows": rows, "repeated_runs": payoff(*sessions), "model_facts": facts}
+    if second:
+        from benchmarks.gpu_truth.swing import analyze as swing
+
+        result["swing"] = swing(second[0])
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     for r in rows:
@@ -214,7 +230,7 @@ def main() -> None:
         json.dumps(
             {
                 a: {k: v for k, v in e.items() if k != "samples"}
-                for a, e in result["payoff"].items()
+                for a, e in result["repeated_runs"].items()
             },
             indent=1,
         )

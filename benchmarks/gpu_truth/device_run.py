@@ -18,13 +18,14 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
+from device_common import kill_group, log, start_server, wait_gpu_free, warm
 
 LOGS = "/tmp/gt_logs"
 RESULTS = "/tmp/gt_results"
@@ -50,46 +51,6 @@ ERRORS = (
 )
 lock = threading.Lock()
 records: list[dict] = []
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except Exception:
-        return False
-
-
-def complete(port: int, max_tokens: int) -> None:
-    body = json.dumps(
-        {
-            "model": "m",
-            "prompt": "def f(n): return",
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        r.read()
-
-
-def warm(port: int) -> None:
-    complete(port, 32)
-    threads = [threading.Thread(target=complete, args=(port, 16)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 def accelerator_fact(command: str, gpus: str) -> list[str]:
@@ -280,31 +241,6 @@ def hog(gib: int, gpu: str) -> subprocess.Popen:
     return p
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def gpu_free(gpus: str) -> None:
-    for _ in range(60):
-        out = subprocess.run(
-            ["nvidia-smi", "-i", gpus, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        if all(int(x) < 1500 for x in out if x.isdigit()):
-            return
-        time.sleep(0.5)
-    log(f"warning: GPU {gpus} still holds memory: {out}")
-
-
 def run_row(row: dict, command: str, deadline: float) -> dict:
     gpus, cpus = LANES[row["lane"]]
     taskset = ["taskset", "-c", cpus]
@@ -331,36 +267,13 @@ def run_row(row: dict, command: str, deadline: float) -> dict:
         if not row["arm"]:
             env["VLLM_LOGGING_LEVEL"] = "DEBUG"  # the memory profile breakdown
         serve_log = f"{LOGS}/{row['id']}.serve.log"
-        t0 = time.time()
-        with open(serve_log, "w") as lf:
-            proc = subprocess.Popen(
-                [
-                    *taskset,
-                    sys.executable,
-                    "-m",
-                    "vllm.entrypoints.cli.main",
-                    "serve",
-                    *row["serve"],
-                ],
-                env=env,
-                stdout=lf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        argv = [*taskset, sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *row["serve"]]
+        proc, rec["vllm"], rec["ready_s"] = start_server(
+            argv, env, serve_log, row["port"], deadline
+        )
         try:
-            while True:
-                if http_ok(f"http://127.0.0.1:{row['port']}/health"):
-                    rec["vllm"] = "started"
-                    break
-                if proc.poll() is not None:
-                    rec["vllm"] = "refused"
-                    rec["exit_code"] = proc.returncode
-                    break
-                if time.time() > deadline:
-                    rec["vllm"] = "timeout"
-                    break
-                time.sleep(1)
-            rec["ready_s"] = round(time.time() - t0, 1)
+            if rec["vllm"] == "refused":
+                rec["exit_code"] = proc.returncode
             log(f"{row['id']}: {rec['vllm']} after {rec['ready_s']} s")
             if rec["vllm"] == "started" and row.get("bench"):
                 try:
@@ -392,7 +305,7 @@ def run_row(row: dict, command: str, deadline: float) -> dict:
     finally:
         if held:
             kill_group(held)
-        gpu_free(gpus)
+        wait_gpu_free(gpus)
     return rec
 
 

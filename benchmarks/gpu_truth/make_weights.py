@@ -18,7 +18,7 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-from make_models import DRAFT, TARGET, train_tokenizer
+from make_models import DRAFT, TARGET, train_tokenizer, write_model_files
 
 REVISION_SHA = "0" * 39 + "1"
 SHARD_BYTES = 5 * 10**9  # like the Hub's ~5 GB shards
@@ -86,18 +86,7 @@ def write_model(hf_home: str, repo: str, cfg: dict, tokenizer) -> int:
     os.makedirs(os.path.join(base, "refs"), exist_ok=True)
     with open(os.path.join(base, "refs", "main"), "w") as f:
         f.write(REVISION_SHA)
-    with open(os.path.join(snap, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1, sort_keys=True)
-    tokenizer.save(os.path.join(snap, "tokenizer.json"))
-    with open(os.path.join(snap, "tokenizer_config.json"), "w") as f:
-        json.dump(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": "<|endoftext|>",
-                "model_max_length": 40960,
-            },
-            f,
-        )
+    write_model_files(snap, cfg, tokenizer)
     shards, current, size = [], [], 0
     for name, shape in tensors(cfg):
         nbytes = 2 * math.prod(shape)

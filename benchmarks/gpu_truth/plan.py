@@ -8,7 +8,8 @@ Rows run in the order listed, each lane skipping what its budget no longer allow
 priority order. Rows with `bench` are payoff samples too: a fresh server per sample, the first of
 each arm discarded (it compiles cold).
 
-Usage: python -m benchmarks.gpu_truth.plan OUT.json      (from the repo root)
+Usage: python -m benchmarks.gpu_truth.plan OUT.json [--second]     (from the repo root;
+--second: the swing experiment and the TP=2 repeats of `swing_run.py`)
 """
 
 from __future__ import annotations
@@ -16,32 +17,22 @@ from __future__ import annotations
 import json
 import sys
 
+from benchmarks.gpu_payoff.plan import (
+    CAPTURE_SIZES,
+    workload,
+    workload_data,
+)
+from benchmarks.gpu_payoff.plan import ENV as PAYOFF_ENV
 from specdeploy.argv import serve_args
 from specdeploy.bench import bench_args
 from specdeploy.checks import check_config
-from specdeploy.config import Workload
 
 HF_HOME = "/tmp/hf"
 SHA = "0" * 39 + "1"  # make_weights.REVISION_SHA
 T8, T32, D06 = "specdeploy/qwen3-8b-arch", "specdeploy/qwen3-32b-arch", "specdeploy/qwen3-0.6b-arch"
 GIB = 1 << 30
-CAPTURE_SIZES = [
-    1,
-    2,
-    4,
-    8,
-    16,
-    24,
-    32,
-    48,
-]  # as benchmarks/gpu_payoff: a FULL graph for k<=5, c<=8
-PROMPT_LEN, OUTPUT_LEN = 256, 128
 CONCURRENCY = {1: 16, 8: 24}  # concurrency -> prompts
-ENV = {
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
+ENV = PAYOFF_ENV | {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
@@ -76,8 +67,9 @@ def row(
     hog_gib: int = 0,
     arm: str | None = None,
     note: str = "",
+    extra_args: tuple[str, ...] = (),
 ) -> dict:
-    extra = ["--load-format", "dummy"]
+    extra = ["--load-format", "dummy", *extra_args]
     extra += (
         ["--enforce-eager"]
         if eager
@@ -90,28 +82,12 @@ def row(
         extra.append("--async-scheduling")  # as the payoff map's headline arms
     if tp > 1:
         extra += ["--tensor-parallel-size", str(tp)]
-    data = {
-        "vllm_version": "0.26.0",
-        "target_model": path(target),
-        "served_model_name": "m",
-        "speculative_config": spec(k or 1, length),
-        "max_model_len": 1024,
-        "max_num_seqs": 8,
-        "enable_prefix_caching": False,
-        "workload": {
-            "prompt_len": PROMPT_LEN,
-            "output_len": OUTPUT_LEN,
-            "request_rate": 1000.0,
-            "max_concurrency": 8,
-            "num_prompts": 24,
-            "dataset": "random",
-            "seed": 0,
-        },
-        "vllm_extra_args": extra,
-        # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
-        "vllm_env": ENV | {"CUDA_VISIBLE_DEVICES": {"A": "0", "B": "1"}.get(lane, "0,1")},
-        "vllm_port": 8000 if lane in ("A", "P2") else 8001,
-    }
+    # a server per GPU, as on a shared host: the preflight reads the GPUs this selects
+    gpus = {"A": "0", "B": "1", "S": "0"}.get(lane, "0,1")
+    port = 8000 if lane in ("A", "P2", "S") else 8001
+    data = workload_data(
+        path(target), spec(k or 1, length), extra, ENV | {"CUDA_VISIBLE_DEVICES": gpus}, port
+    )
     if util is not None:
         data["gpu_memory_utilization"] = util
     if kv_bytes is not None:
@@ -168,14 +144,49 @@ def rows() -> list[dict]:
     return out
 
 
-def build() -> list[dict]:
+PROFILER = {
+    "profiler": "torch",
+    "torch_profiler_dir": "/tmp/gt_prof",
+    "torch_profiler_with_stack": False,
+    "torch_profiler_dump_cuda_time_total": False,
+    "ignore_frontend": True,
+    "max_iterations": 150,
+}
+REPEATS = 4  # per arm: the first start is discarded, 3 kept
+
+
+def second_rows() -> list[dict]:
+    """The second H200 x2 session: the swing experiment (one TP=1 k=1 server, `swing_run.py`),
+    then base and k=1 L=2.0 at TP=2 on fresh servers, interleaved, REPEATS starts each."""
+    out = [
+        row(
+            "S_k1_tp1",
+            lane="S",
+            eager=False,
+            util=0.85,
+            note="swing experiment",
+            extra_args=("--profiler-config", json.dumps(PROFILER)),
+        )
+    ]
+    for n in range(REPEATS):
+        out.append(
+            row(f"R2_base_{n}", lane="P2", k=None, tp=2, eager=False, util=0.85, arm="tp2_base")
+        )
+        out.append(row(f"R2_k1_{n}", lane="P2", tp=2, eager=False, util=0.85, arm="tp2_k1_L2.0"))
+    for r in out:
+        if r["arm"]:
+            r["load"] = {str(c): n for c, n in CONCURRENCY.items()}  # for client.py
+    return out
+
+
+def build(second: bool = False) -> list[dict]:
     plan = []
-    for r in rows():
+    for r in second_rows() if second else rows():
         cfg = check_config(r["id"], r["data"])  # raises ConfigError with every problem
         r["serve"] = serve_args(cfg, speculative=r["speculative"], prefix_caching=False)
         r["env"] = cfg.vllm_env
         r["port"] = cfg.vllm_port
-        if r["arm"]:
+        if r["arm"] and not second:
             r["bench"] = {
                 str(conc): bench_args(
                     cfg,
@@ -183,15 +194,7 @@ def build() -> list[dict]:
                     tokenizer=cfg.target_model,
                     result_dir="/tmp/gt_results",
                     result_filename=f"{r['id']}_c{conc}.json",
-                    workload=Workload(
-                        prompt_len=PROMPT_LEN,
-                        output_len=OUTPUT_LEN,
-                        request_rate=1000.0,
-                        max_concurrency=conc,
-                        num_prompts=n,
-                        dataset="random",
-                        seed=0,
-                    ),
+                    workload=workload(conc, n),
                     label=r["id"],
                 )
                 for conc, n in CONCURRENCY.items()
@@ -201,7 +204,7 @@ def build() -> list[dict]:
 
 
 if __name__ == "__main__":
-    plan = build()
+    plan = build(second="--second" in sys.argv)
     with open(sys.argv[1], "w") as f:
         json.dump(plan, f, indent=1)
     print(f"{len(plan)} rows -> {sys.argv[1]}")
