@@ -90,23 +90,19 @@ def compare_values(
     """ratio = median(spec)/median(base) with stats.ratio_with_band's noise band, plus a verdict.
     A baseline median of 0 (e.g. ITL when the baseline streams coalesced chunks) is not
     comparable."""
+    why = None
     if not spec or not base:
+        why = "no samples"
+    elif median(base) <= 0:
+        why = f"baseline median is {median(base)}"
+    if why:
         return {
             "ratio": None,
             "low": None,
             "high": None,
             "significant": False,
             "verdict": "not comparable",
-            "why": "no samples",
-        }
-    if median(base) <= 0:
-        return {
-            "ratio": None,
-            "low": None,
-            "high": None,
-            "significant": False,
-            "verdict": "not comparable",
-            "why": f"baseline median is {median(base)}",
+            "why": why,
         }
     band = ratio_with_band(spec, base)
     out = {
