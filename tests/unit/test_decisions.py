@@ -60,7 +60,11 @@ def test_throughput_higher_is_better():
 
 
 def test_zero_baseline_is_not_comparable_and_inf_is_not_written():
-    assert compare_values([1.0], [0.0])["verdict"] == "not comparable"
+    zero = compare_values([1.0], [0.0])
+    assert zero["verdict"] == "not comparable" and zero["why"] == "baseline median is 0.0"
+    empty = compare_values([], [1.0])
+    assert empty["verdict"] == "not comparable" and empty["why"] == "no samples"
+    assert empty["ratio"] is None and empty["significant"] is False
     r = compare_values([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])  # baseline MAD == median: band edge is inf
     assert r["high"] is None  # inf band edge is JSON-safe None
 
