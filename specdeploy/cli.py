@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from . import checks, render
-from .bench import reports_root
 from .inventory import host_data
+from .reports import reports_root
 
 
 def _load_hosts(args) -> dict[str, dict]:
@@ -220,7 +220,7 @@ NOT_BENCH_JSON = {"conditions.json", "prediction.json", "summary.json"}  # in re
 
 def cmd_predict_k(args) -> int:
     """TPOT for every k from saved `vllm bench serve` JSONs (files, or folders of them); offline."""
-    from .predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
+    from .measure.predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
 
     files = []
     for name in args.bench_json:

@@ -13,14 +13,17 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from . import gate
+from . import server
+from .argv import unit_exec_argv
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .measure import gate
 from .on_host import read_text
 from .preflight import evaluate
-from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
-from .steps import dataset, health, install, lock, record, smoke, unit, weights
+from .record import DeploymentRecord, read_record
+from .render import ROLES, RenderedUnit, render_unit, unit_name
+from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
 
@@ -60,11 +63,11 @@ def verify_and_record(
     *,
     pins: dict | None = None,
     run_smoke: bool = True,
-) -> dict:
+) -> DeploymentRecord:
     """Health check, smoke benchmark and deployment record (runs at execution time)."""
     snaps, pre = run_preflight(cfg)
     verify_started = time.monotonic()
-    checked = health.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
+    checked = server.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
     result = smoke.smoke(cfg, snaps["target"]["path"]) if run_smoke else None
     timings = {
         "server_start_seconds": checked["seconds_to_healthy"],
@@ -75,7 +78,7 @@ def verify_and_record(
     if result is not None and rendered.role == "speculative":
         counters = result["specdeploy"]["server_counters"]
         if not counters["drafts"]:
-            raise health.HealthError(
+            raise server.HealthError(
                 f"{host.name}: spec-decode counters did not grow during the smoke benchmark"
             )
     decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
@@ -92,7 +95,6 @@ def verify_and_record(
         health=checked,
         smoke=result,
         started=started,
-        role=rendered.role,
         gate=decision,
         timings=timings,
         revisions=pins or {},
@@ -109,7 +111,9 @@ def serve(role: str = "speculative"):
     started = time.time()
     cfg, pins = host_config_and_pins()
     rendered = render_unit(cfg, role)
-    previous = host.get_fact(JsonFile, path=cfg.record_path)
+    previous = read_record(
+        host.get_fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
+    )
     rendered = gate.gate_settled_unit(cfg, rendered, previous)
     lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
     unit.show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
@@ -127,7 +131,7 @@ def serve(role: str = "speculative"):
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (
         previous is not None
-        and previous.get("unit", {}).get("sha256") == rendered.sha256
+        and previous.unit.sha256 == rendered.sha256
         and not gate.gate_pending(cfg, previous)
     )
 

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from .argv import argv_diff, unit_exec_argv
+from .checks import ConfigError, check_config
 from .facts import (
     FileSha1,
     FileText,
@@ -31,7 +33,11 @@ from .facts import (
     ServiceShow,
     VllmVersion,
 )
+from .measure.gate import gate_settled_unit
 from .metrics import live_figures
+from .record import DeploymentRecord, read_record
+from .render import render_env_file, render_unit
+from .server import curl_config
 
 DEFAULT_TIMEOUT = 30.0  # seconds per host, connect + every read + the scrape interval
 DEFAULT_INTERVAL = 5.0  # seconds between the two /metrics scrapes
@@ -58,9 +64,6 @@ def changed_keys(diff: str) -> list[str]:
 def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
     """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
     renders now."""
-    from .argv import argv_diff
-    from .render import unit_exec_argv
-
     if installed_sha1 is None:
         return {"installed": False, "drift": True, "keys": [], "argv_diff": "", "other": False}
     same = installed_sha1 == hashlib.sha1(expected.text.encode()).hexdigest()
@@ -97,20 +100,20 @@ def _age(show: dict) -> float | None:
     return round(uptime - entered, 1) if entered else None
 
 
-def _record_summary(record: dict | None) -> dict | None:
-    if not record:
+def _record_summary(record: DeploymentRecord | None) -> dict | None:
+    if record is None:
         return None
-    smoke = record.get("smoke") or {}
-    gate = record.get("gate") or {}
+    smoke = record.smoke or {}
+    gate = record.gate or {}
     return {
-        "finished_at": record.get("finished_at"),
-        "role": record.get("role"),
-        "k": (record.get("speculative_config") or {}).get("num_speculative_tokens"),
+        "finished_at": record.finished_at,
+        "role": record.role,
+        "k": record.k,
         "smoke_tpot_ms": smoke.get("median_tpot_ms"),
         "smoke_itl_ms": smoke.get("median_itl_ms"),
         "smoke_acceptance_rate": smoke.get("spec_decode_acceptance_rate"),
-        "vllm_version": (record.get("vllm") or {}).get("version"),
-        "unit_sha256": (record.get("unit") or {}).get("sha256"),
+        "vllm_version": record.vllm.version,
+        "unit_sha256": record.unit.sha256,
         "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
     }
 
@@ -137,11 +140,6 @@ class HostProbe:
     def read(self) -> dict:
         from pyinfra.api.exceptions import ConnectError
         from pyinfra.facts.files import Sha1File
-
-        from .checks import ConfigError, check_config
-        from .gate import gate_settled_unit
-        from .render import render_env_file, render_unit
-        from .steps.health import base_url, curl_config
 
         host = self.host
         out: dict[str, Any] = {
@@ -180,7 +178,9 @@ class HostProbe:
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
             )
 
-        record = self.fact(JsonFile, path=cfg.record_path)
+        record = read_record(
+            self.fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
+        )
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
@@ -225,7 +225,7 @@ class HostProbe:
             problems.append(f"{path} changed on disk; systemd still runs the old one")
 
         self.step = "checking /health and scraping /metrics"
-        url = base_url(cfg)
+        url = cfg.base_url
         auth = curl_config(cfg)  # the API key header, on curl's stdin
         health = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
         out["health"] = {

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specdeploy import report
+from specdeploy.measure import report
 from specdeploy.bench import format_summary, not_enough_data, summarize
 from specdeploy.metrics import (
     acceptance,

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from .bench import format_curve
+from ..bench import format_curve
+from ..timestamps import utc_iso
 from .decisions import (
     ITL_NOTE,
     METRICS,
@@ -23,7 +24,7 @@ from .decisions import (
     host_data_change,
     run_values,
 )
-from .timestamps import utc_iso
+from .tune_flow import flow_markdown, flow_summary
 
 CHART_METRICS = ["ttft", "tpot", "itl", "e2el", "output_throughput"]
 APC_NOTE = (
@@ -382,13 +383,11 @@ def _predict_flow(host_dir: Path, h: dict) -> dict | None:
     record = host_dir / "prediction.json"
     if h["conditions"].get("tune_method") != "predict" or not record.is_file():
         return None
-    from .tune_flow import flow_summary
 
     return flow_summary(h["runs"], json.loads(record.read_text()), h["conditions"])
 
 
 def tune_markdown(s: dict) -> str:
-    from .tune_flow import flow_markdown
 
     lines = [
         f"# num_speculative_tokens sweep: {s['run']}",

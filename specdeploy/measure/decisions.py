@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .metrics import pooled_per_position_acceptance
+from ..metrics import pooled_per_position_acceptance
 from .stats import mad, median, ratio_with_band
 
 # name -> (key in the `vllm bench serve` result JSON, label, unit, lower_is_better)
