@@ -41,7 +41,7 @@ def run(*command, timeout=1800, env=None):
 
 @pytest.fixture(scope="module")
 def hosts(sandbox_services, sandbox_fleet):
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     names = [h["name"] for h in sandbox_fleet["hosts"]]
     if len(names) >= 3:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specdeploy.measure import report
 from specdeploy.config import ServeConfig, parse_int_list
+from specdeploy.measure import report
 from specdeploy.measure.plans import compare_plan, tune_plan
 
 

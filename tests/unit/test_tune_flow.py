@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specdeploy.measure import report
 from specdeploy.config import ServeConfig, config_from_data
+from specdeploy.measure import report
 from specdeploy.measure.arms import Arm, k_arm
 from specdeploy.measure.tune_flow import (
     PrefixCacheReuse,
