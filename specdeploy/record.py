@@ -33,7 +33,7 @@ class RecordedWorkload(_Part):
     dataset_path: str | None = None
     num_prompts: int
     seed: int
-    request_rate: float
+    request_rate: int | float  # as the host data gave it (inf: all at once)
     max_concurrency: int
     request_set: dict[str, Any] | None = None  # sha256, rows, host path (datasets.describe)
 
@@ -42,7 +42,7 @@ class Limits(_Part):
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    memory: dict[str, float]  # the one memory mechanism: {flag name: value}
+    memory: dict[str, int | float]  # the one memory mechanism: {flag name: value}
 
 
 class VllmInstall(_Part):
