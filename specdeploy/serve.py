@@ -14,15 +14,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from . import server
-from .argv import unit_exec_argv
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .measure import gate
-from .on_host import read_text
 from .preflight import evaluate
 from .record import DeploymentRecord, read_record
-from .render import ROLES, RenderedUnit, render_unit, unit_name
+from .render import RenderedUnit, render_unit
 from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
@@ -45,15 +43,6 @@ def run_preflight(cfg: ServeConfig):
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
     return snaps, result
-
-
-def venvs_in_use(cfg: ServeConfig) -> set[str]:
-    """Release venvs named by this service's installed units and their rollback copies."""
-    names = [unit_name(cfg, role) for role in ROLES]
-    paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
-    texts = [read_text(path, missing_ok=True) for path in paths]
-    venvs = {install.venv_of(unit_exec_argv(text), cfg) for text in texts if text}
-    return {venv for venv in venvs if venv} | {cfg.venv}
 
 
 def verify_and_record(
@@ -84,9 +73,9 @@ def verify_and_record(
     decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     if result is not None and rendered.role == "speculative" and cfg.speculation_gate is not None:
         rendered, checked, decision = gate.speculation_gate(cfg, rendered, snaps["target"]["path"])
-    gate.disable_other_role(cfg, rendered)
-    removed = install.prune_venvs(cfg, keep=venvs_in_use(cfg))  # verified: older releases can go
-    entry = record.build_record(
+    server.enable_only(cfg, rendered.role)
+    removed = install.prune_venvs(cfg)  # verified: older releases can go
+    entry = record.write_record(
         cfg,
         rendered,
         vllm_version=host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package),
@@ -100,7 +89,6 @@ def verify_and_record(
         revisions=pins or {},
         pruned_venvs=removed,
     )
-    record.write_record(cfg, entry)
     if decision is not None and not decision["passed"] and decision["on_fail"] == "fail":
         raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision['reason']}")
     return entry

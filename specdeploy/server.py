@@ -44,8 +44,9 @@ def request(
     cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30
 ) -> str:
     """GET (or POST `data` as JSON) `path` on the host's server, from the host; the body."""
+    config = curl_config(cfg, data)
     command = f"curl -sS --fail-with-body -m {int(timeout)} -K - {shlex.quote(cfg.base_url + path)}"
-    return sh(command, check=check, stdin=curl_config(cfg, data))
+    return sh(command, check=check, stdin=config)
 
 
 # --- systemd's view of a unit ---------------------------------------------------------------------
@@ -127,7 +128,8 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     )
     if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
         raise HealthError(f"completion returned no tokens: {completion}")
-    counters = spec_decode_counters(request(cfg, "/metrics"))
+    metrics_text = request(cfg, "/metrics")
+    counters = spec_decode_counters(metrics_text)
     if speculative and not counters:
         raise HealthError("/metrics has no vllm:spec_decode_* counters: speculation is not on")
     if speculative and counters.get("num_drafts", 0) < 1:
@@ -212,9 +214,11 @@ def switch_enabled(cfg: ServeConfig, *, disable: str, enable: str) -> None:
     )
 
 
-def disable_if_enabled(unit: str) -> None:
-    quoted = shlex.quote(unit)
-    sh(f"systemctl is-enabled -q {quoted} 2>/dev/null && systemctl disable {quoted}; true")
+def enable_only(cfg: ServeConfig, role: str) -> None:
+    """Only the unit the host serves with stays enabled (an earlier gate decision may have left the
+    other one enabled)."""
+    other = shlex.quote(unit_name(cfg, "baseline" if role == "speculative" else "speculative"))
+    sh(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true")
 
 
 def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:

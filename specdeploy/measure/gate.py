@@ -10,9 +10,9 @@ from pyinfra import host, logger
 from ..bench import run_bench
 from ..config import ServeConfig
 from ..record import DeploymentRecord
-from ..render import RenderedUnit, render_unit, unit_name
+from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
-from ..server import disable_if_enabled, start_fresh, switch_enabled, warm_up
+from ..server import start_fresh, switch_enabled, warm_up
 from ..timestamps import utc_stamp
 from .decisions import gate_decision, per_request_tpot_ms
 
@@ -77,14 +77,6 @@ def speculation_gate(
 
 class GateFailed(RuntimeError):
     pass
-
-
-def disable_other_role(cfg: ServeConfig, rendered: RenderedUnit) -> None:
-    """Only the unit the host serves with is enabled (the other may be left enabled by an earlier
-    gate decision)."""
-    disable_if_enabled(
-        unit_name(cfg, "baseline" if rendered.role == "speculative" else "speculative")
-    )
 
 
 def gate_settled_unit(

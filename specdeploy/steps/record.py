@@ -86,6 +86,9 @@ def build_record(
     return DeploymentRecord.model_validate(record)
 
 
-def write_record(cfg: ServeConfig, record: DeploymentRecord) -> None:
-    """Atomically, root-owned and world-readable (the record holds no secret)."""
+def write_record(cfg: ServeConfig, unit: RenderedUnit, **decisions) -> DeploymentRecord:
+    """Build the record (build_record's arguments) and write it atomically, root-owned and
+    world-readable (the record holds no secret)."""
+    record = build_record(cfg, unit, **decisions)
     write_text(cfg.record_path, record.to_json(), mode="644")
+    return record
