@@ -1,6 +1,8 @@
 """What each vLLM release changes for draft_model: draft TP refused or ignored, pointless flags
 warned."""
 
+import pytest
+
 from specdeploy import capabilities
 from specdeploy.checks import check_host, check_warnings
 
@@ -17,8 +19,10 @@ def test_runtime_per_release():
     old = capabilities.draft_model_runtime("0.26.0")
     assert (old.async_scheduling_default, old.model_runner, old.draft_tp) == (False, "v1", "equal")
     assert old.exact
-    mid = capabilities.draft_model_runtime("0.29.0")
+    mid = capabilities.draft_model_runtime("0.28.1")  # a patch release borrows its minor's table
     assert (mid.release, mid.exact, mid.async_scheduling_default) == ("0.28.0", False, True)
+    with pytest.raises(capabilities.UnknownRelease, match="0.29.0 has no table"):
+        capabilities.draft_model_runtime("0.29.0")
     new = capabilities.draft_model_runtime("0.32.0")
     assert (new.model_runner, new.draft_tp) == ("v2", "ignored")
     fallback = capabilities.draft_model_runtime("0.32.0", heterogeneous_vocab=True)
@@ -27,7 +31,8 @@ def test_runtime_per_release():
 
 def test_cuda_build_per_release():
     assert capabilities.cuda_build("0.26.0") == "13.0"
-    assert capabilities.cuda_build("0.33.0") == "13.0"  # nearest older entry
+    assert capabilities.cuda_build("0.33.0") == "13.0"  # its own table
+    assert capabilities.cuda_build("0.99.0") is None  # no table: check refuses the pin
     assert capabilities.cuda_build("0.20.0") is None
     assert capabilities.driver_problem("0.32.0", "580.159.04", "13.0") is None
     assert "needs driver >= 580.65.06" in capabilities.driver_problem("0.32.0", "575.57.08", "12.9")
