@@ -199,9 +199,10 @@ def _check_keys(host: str, data: dict[str, Any]) -> list[Problem]:
             )
             if flag != key:
                 todo = f"did you mean vLLM's {option}? {todo}"
+            how = "is" if flag == key else "looks like"
             problems.append(
-                Problem(host, key, f"is vLLM's {option} written as host data; specdeploy "
-                        "ignores top-level keys it does not know", todo)
+                Problem(host, key, f"{how} vLLM's {option} written as host data, which the deploy "
+                        "ignores", todo)
             )  # fmt: skip
     return problems
 

@@ -15,7 +15,7 @@ spec = importlib.util.spec_from_file_location(
 extract = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(extract)
 
-SPECULATIVE = '''
+SPECULATIVE = """
 from typing import Literal
 MTPModelTypes = Literal["mtp", "deepseek_mtp"]
 SpeculativeMethod = Literal["ngram", "draft_model", MTPModelTypes]
@@ -29,8 +29,8 @@ class SpeculativeConfig:
             "'tensor_parallel_size' is not a valid argument in the "
             "speculative_config. Please pass 'draft_tensor_parallel_size' instead."
         )
-'''
-VLLM_CONFIG = '''
+"""
+VLLM_CONFIG = """
 class VllmConfig:
     def _get_v2_model_runner_unsupported_features(self):
         unsupported = []
@@ -50,11 +50,11 @@ class VllmConfig:
                 self.scheduler_config.async_scheduling = False
             else:
                 self.scheduler_config.async_scheduling = True
-'''
+"""
 FILES = {
     "vllm/config/speculative.py": SPECULATIVE,
     "vllm/config/vllm.py": VLLM_CONFIG,
-    "vllm/engine/arg_utils.py": "class EngineArgs:\n    model: str = 'm'\n    dtype: str = 'auto'\n",
+    "vllm/engine/arg_utils.py": "class EngineArgs:\n    model: str = 'm'\n    dtype: str = 'a'\n",
     "vllm/v1/spec_decode/draft_model.py": "def _raise_if_draft_tp_mismatch(self):\n    pass\n",
     "vllm/v1/worker/gpu/spec_decode/__init__.py": "if spec.uses_draft_model():\n    pass\n",
     "vllm/envs.py": '"VLLM_MAIN_CUDA_VERSION": lambda: (\n    os.getenv("X", "") or "13.0"\n),\n',
@@ -87,8 +87,9 @@ def test_table_read_from_the_wheel(tmp_path):
         "target_model_config",
         "tensor_parallel_size",
     }
-    assert "Please pass 'draft_tensor_parallel_size'" in (
-        table["speculative"]["rejected_keys"]["tensor_parallel_size"]
+    assert (
+        "Please pass 'draft_tensor_parallel_size'"
+        in (table["speculative"]["rejected_keys"]["tensor_parallel_size"])
     )
     assert table["flags"] == ["dtype", "model"]
     assert table["draft_model_runtime"] == {
