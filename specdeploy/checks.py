@@ -1,5 +1,6 @@
 """Checks on host data, run before any host is touched (by `specdeploy check` and by every
-deploy): the config and workload checks here, the release checks in release_checks.py."""
+deploy): the config, key and flag checks here; the pinned release's in release_checks.py, the
+request set's in request_set_checks.py. Every check reports `Problem`s (problems.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 from pyinfra import host as current_host
 
-from . import capabilities, datasets, release_checks, revisions
+from . import capabilities, release_checks, request_set_checks, revisions
 from .argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 from .config import FIELDS, ServeConfig, config_from_data
 from .problems import ConfigError, Problem
@@ -84,7 +85,10 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         problems += release_checks.check_speculative(host, cfg)
         problems += release_checks.check_draft_parallelism(host, cfg)[0]
     return (
-        problems + _check_memory(host, cfg) + _check_lengths(host, cfg) + _check_dataset(host, cfg)
+        problems
+        + _check_memory(host, cfg)
+        + _check_lengths(host, cfg)
+        + request_set_checks.check_request_set(host, cfg)
     )
 
 
@@ -139,7 +143,8 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     if check_host(host, data):
         return []
     cfg = config_from_data(data)
-    return _version(host, data)[1] + release_checks.release_warnings(host, cfg)
+    warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg)
+    return warnings + request_set_checks.length_warnings(host, cfg)
 
 
 def check_config(host: str, data: dict[str, Any]) -> ServeConfig:
@@ -342,114 +347,3 @@ def _check_lengths(host: str, cfg: ServeConfig) -> list[Problem]:
             )
         )
     return problems
-
-
-# --- the request set (workload.dataset_path, a control-node file; datasets.py) -----------------
-
-
-def _check_dataset(host: str, cfg: ServeConfig) -> list[Problem]:
-    w = cfg.workload
-    field = "workload.dataset_path"
-    if w.dataset not in datasets.SHIPPED:
-        if w.dataset_path:
-            return [
-                Problem(
-                    host,
-                    field,
-                    f"set, but dataset {w.dataset!r} generates its requests and ignores it",
-                    f"remove it, or set workload.dataset to one of {', '.join(datasets.SHIPPED)}",
-                )
-            ]
-        return []
-    if not w.dataset_path:
-        return [
-            Problem(
-                host,
-                field,
-                f"missing: dataset {w.dataset!r} replays a request file",
-                "set it to the file's path on this control node (the deploy ships it to each host)",
-            )
-        ]
-    path = w.dataset_path
-    try:
-        request_set = datasets.load(path, w.dataset)
-    except datasets.RequestSetError as error:
-        return [
-            Problem(
-                host,
-                field,
-                f"{path}: {error}",
-                "point it at a readable file on this control node (the deploy ships it to each "
-                "host)",
-            )
-        ]
-    problems = []
-    if request_set.bad_rows:
-        shown = "; ".join(f"line {line}: {what}" for line, what in request_set.bad_rows[:3])
-        more = f" (+{len(request_set.bad_rows) - 3} more)" if len(request_set.bad_rows) > 3 else ""
-        problems.append(
-            Problem(
-                host,
-                field,
-                f"{path}: {len(request_set.bad_rows)} unusable rows: {shown}{more}",
-                'fix or remove them: each row is a JSON object with a "prompt" string and an '
-                'optional positive integer "output_tokens"'
-                if w.dataset == "custom"
-                else "fix or remove them",
-            )
-        )
-    given = sum(row.output_tokens is not None for row in request_set.rows)
-    if w.dataset == "custom" and 0 < given < len(request_set.rows):
-        problems.append(
-            Problem(
-                host,
-                field,
-                f"{path}: {given} of {len(request_set.rows)} rows give output_tokens",
-                "give every row output_tokens (each request then produces its own length) or none "
-                "(every request produces workload.output_len tokens)",
-            )
-        )
-    usable = request_set.distinct_prompts
-    if w.dataset != "sonnet" and usable < w.num_prompts:
-        problems.append(
-            Problem(
-                host,
-                field,
-                f"{path}: {usable} usable distinct prompts, fewer than workload.num_prompts = "
-                f"{w.num_prompts} (repeated prompts would hit the prefix cache and flatter the "
-                "measurement)",
-                f"add rows, or lower workload.num_prompts to at most {usable}",
-            )
-        )
-    if w.dataset != "sonnet":
-        problems += _check_dataset_lengths(host, cfg, request_set)
-    return problems
-
-
-def _check_dataset_lengths(host: str, cfg: ServeConfig, request_set) -> list[Problem]:
-    def count_tokens(text: str) -> int:
-        tokenizer = datasets.target_tokenizer(
-            cfg.target_model, cfg.target_revision, cfg.hf_endpoint, cfg.hf_token
-        )
-        return len(tokenizer.encode(text).ids)
-
-    limit = cfg.effective_max_model_len
-    rows = datasets.too_long(
-        request_set,
-        max_model_len=limit,
-        default_output=cfg.workload.output_len,
-        count_tokens=count_tokens,
-    )
-    if not rows:
-        return []
-    shown = "; ".join(f"line {row.line}: {needed} {how}" for row, needed, how in rows[:3])
-    more = f" (+{len(rows) - 3} more)" if len(rows) > 3 else ""
-    return [
-        Problem(
-            host,
-            "workload.dataset_path",
-            f"{request_set.path}: {len(rows)} requests need more than max_model_len = {limit} "
-            f"(prompt + output): {shown}{more}",
-            "shorten or drop those prompts, lower their output_tokens, or raise max_model_len",
-        )
-    ]
