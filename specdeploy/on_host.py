@@ -91,18 +91,64 @@ def write_text(
     )
 
 
+def journal_command(unit: str, lines: int = 600, *, whole_unit: bool = False) -> str:
+    """The unit's journal of its last invocation only (earlier runs' errors would mislead), or of
+    the unit as a whole when systemd names no invocation (or `whole_unit`)."""
+    quoted = shlex.quote(unit)
+    options = f"-n {lines} --no-pager -o cat"
+    if whole_unit:
+        return f"journalctl -u {quoted} {options}"
+    return (
+        f"id=$(systemctl show -p InvocationID --value {quoted} 2>/dev/null); "
+        f'if [ -n "$id" ]; then journalctl _SYSTEMD_INVOCATION_ID="$id" {options}; '
+        f"else journalctl -u {quoted} {options}; fi"
+    )
+
+
 def journal_tail(unit: str, lines: int = 20, errors: int = 20) -> str:
-    """The unit's last `lines` journal lines, preceded by the last `errors` error lines from further
-    back: vLLM's root cause usually sits above a long traceback."""
-    _ok, stdout, _ = sh_status(f"journalctl -u {shlex.quote(unit)} -n 600 --no-pager -o cat")
+    """The unit's last invocation, summarised for a failure message (`summarize_journal`). Under
+    Restart=on-failure the last invocation may be a restart that has not failed yet: when it holds
+    no exception, the unit's whole recent journal is read instead."""
+    _ok, stdout, _ = sh_status(journal_command(unit))
     text = stdout.splitlines()
+    if root_cause(text) is None:
+        _ok, stdout, _ = sh_status(journal_command(unit, whole_unit=True))
+        text = stdout.splitlines() or text
+    return summarize_journal(text, lines, errors)
+
+
+def summarize_journal(text: list[str], lines: int = 20, errors: int = 20) -> str:
+    """vLLM's own refusal first (the first exception line that is not a wrapper such as "Engine core
+    initialization failed. See root cause above"), then the last `errors` error lines from further
+    back, then the last `lines` lines: the root cause usually sits above a long traceback."""
     last = text[-lines:]
     earlier = [line for line in text[:-lines] if ERROR_LINE.search(line) and "  File " not in line][
         -errors:
     ]
-    if not earlier:
-        return "\n".join(last)
-    return "\n".join(["[earlier errors]", *earlier, "[last lines]", *last])
+    cause = root_cause(text)
+    parts = [f"[root cause] {cause}"] if cause else []
+    if earlier:
+        parts += ["[earlier errors]", *earlier]
+    return "\n".join([*parts, "[last lines]", *last] if parts else last)
 
 
-ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception|error:)")
+def root_cause(text: list[str]) -> str | None:
+    """The exception vLLM raised first in these journal lines (`ValueError: ...`,
+    `torch.OutOfMemoryError: ...`), without its process and logger prefix; a wrapper exception only
+    when there is nothing else."""
+    found = [m.group(1) for m in map(EXCEPTION_LINE.match, text) if m]
+    specific = [line for line in found if not any(w in line for w in WRAPPER_EXCEPTIONS)]
+    return (specific or found or [None])[0]
+
+
+# Any line worth showing from further back: a logger's ERROR, an exception line (`ValueError:`,
+# `torch.OutOfMemoryError:`, no word boundary inside those names), or a tool's `error:`.
+ERROR_LINE = re.compile(r"\bERROR\b|\w*(Error|Exception):|\berror:")
+# A line that is an exception, after vLLM's "(EngineCore pid=N) " and "ERROR date time [file:line] "
+# prefixes; mentions inside a message (a WARNING naming `OSError: ...`) do not count.
+EXCEPTION_LINE = re.compile(
+    r"^(?:\(\S+ pid=\d+\)\s+)?(?:(?:ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s+)?"
+    r"((?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception): .+)$"
+)
+# Exceptions that point elsewhere for their cause.
+WRAPPER_EXCEPTIONS = ("See root cause above",)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 
+from packaging.version import InvalidVersion, Version
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
@@ -68,10 +69,10 @@ def prepare_host(cfg: ServeConfig):
 def install_vllm(cfg: ServeConfig):
     installed = host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
     alias = alias_for(cfg.vllm_package, cfg.vllm_version)
-    alias_ok = (
-        alias is None or host.get_fact(VllmVersion, venv=cfg.venv, package=alias[0]) == alias[1]
+    alias_ok = alias is None or is_pin(
+        host.get_fact(VllmVersion, venv=cfg.venv, package=alias[0]), alias[1]
     )
-    if installed == cfg.vllm_version and alias_ok:
+    if is_pin(installed, cfg.vllm_version) and alias_ok:
         return  # nothing to do: the pin is already there
     pin = f"{cfg.vllm_package}=={cfg.vllm_version}"
     commands = install_commands(
@@ -79,7 +80,7 @@ def install_vllm(cfg: ServeConfig):
         cfg.vllm_package,
         cfg.vllm_version,
         cfg.pip_install_args,
-        pip_install=installed != cfg.vllm_version,
+        pip_install=not is_pin(installed, cfg.vllm_version),
     )
     server.shell(name=f"pip install {pin} into {cfg.venv} (found {installed or 'nothing'})",
                  commands=commands)  # fmt: skip
@@ -112,9 +113,21 @@ def install_commands(
     return commands
 
 
+def is_pin(found: str | None, pinned: str) -> bool:
+    """Whether the installed version is exactly the pin, local part included (0.32.0+cu129 is not
+    0.32.0, and pip's `==0.32.0` would accept either); spelling is compared as PEP 440 normalises
+    it (0.32.0+CU129 is 0.32.0+cu129)."""
+    if found is None:
+        return False
+    try:
+        return Version(found) == Version(pinned)
+    except InvalidVersion:
+        return found == pinned
+
+
 def _verify_version(cfg: ServeConfig):
     found = host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
-    if found != cfg.vllm_version:
+    if not is_pin(found, cfg.vllm_version):
         raise RuntimeError(
             f"{host.name}: {cfg.vllm_package} in {cfg.venv} is {found!r}, pinned {cfg.vllm_version}"
         )

@@ -126,10 +126,10 @@ def test_version_required(valid_data):
 
 
 def test_heterogeneous_vocab_needs_recent_vllm(valid_data):
+    # 0.24.1 predates use_heterogeneous_vocab and has no release table: refused by name first.
     valid_data["vllm_version"] = "0.24.1"
     valid_data["speculative_config"]["use_heterogeneous_vocab"] = True
-    p = only(valid_data, "speculative_config.use_heterogeneous_vocab")
-    assert p.what == "needs vLLM >= 0.25.0, pinned 0.24.1"
+    assert "vLLM 0.24.1 has no release table" in only(valid_data, "vllm_version").what
 
 
 def test_heterogeneous_vocab_needs_draft_model_method(valid_data):
@@ -241,3 +241,42 @@ def test_names_that_reach_shell_and_units_are_validated(valid_data):
 def test_secret_values_are_never_printed(valid_data):
     found = problems({**valid_data, "vllm_api_key": 'sk-"quoted"'})
     assert "vllm_api_key" in found and "sk-" not in str(found["vllm_api_key"])
+
+
+# --- top-level keys ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("gpu_memory_utilisation", "gpu_memory_utilization"),
+        ("max_num_seq", "max_num_seqs"),
+        ("max_model_length", "max_model_len"),
+        ("speculative_configs", "speculative_config"),
+    ],
+)
+def test_misspelt_schema_key_refused_with_did_you_mean(valid_data, key, meant):
+    p = only({**valid_data, key: 1}, key)
+    assert p.what == "not a specdeploy key (the deploy would ignore it)"
+    assert p.todo == f"did you mean {meant!r}?"
+
+
+def test_vllm_flag_written_as_host_data_is_refused(valid_data):
+    found = problems({**valid_data, "tensor_parallel_size": 2, "dtyp": "float32", "model": "x"})
+    tp = found["tensor_parallel_size"]
+    assert (
+        tp.what == "is vLLM's --tensor-parallel-size written as host data, which the deploy ignores"
+    )
+    assert tp.todo == "pass it to vLLM in vllm_extra_args: ['--tensor-parallel-size', VALUE]"
+    assert found["dtyp"].what.startswith("looks like vLLM's --dtype")
+    assert found["dtyp"].todo.startswith("did you mean vLLM's --dtype?")
+    assert found["model"].todo == "set host data target_model instead"  # a managed flag
+
+
+def test_keys_that_match_nothing_stay_allowed(valid_data):
+    from specdeploy.checks import unknown_keys
+
+    data = {**valid_data, "_sudo": True, "ssh_user": "deploy", "ssh_port": 22, "team": "infra"}
+    data |= {"_sudo_password": "x", "owner_email": "a@b.c"}
+    assert check_host("gpu-1", data) == []
+    assert [p.field for p in unknown_keys("gpu-1", data)] == ["team", "owner_email"]

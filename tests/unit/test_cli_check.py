@@ -50,6 +50,35 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
     assert "2 problem(s) on 1 of 2 host(s)" in result.stderr
 
 
+def test_typos_refused_and_strict_lists_unknown_keys(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 3}\nteam = "infra"\n_sudo = True\n'
+    )
+    (tmp_path / "inv.py").write_text(
+        'hosts = [("h1", {"ssh_user": "deploy"}), '
+        '("h2", {"gpu_memory_utilisation": 0.5, "max_num_seq": 4})]\n'
+    )
+    result = run("check", "inv.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "h2: gpu_memory_utilisation: not a specdeploy key (the deploy would ignore it) — "
+        "did you mean 'gpu_memory_utilization'?",
+        "h2: max_num_seq: not a specdeploy key (the deploy would ignore it) — "
+        "did you mean 'max_num_seqs'?",
+    ]
+    (tmp_path / "inv.py").write_text('hosts = [("h1", {"ssh_user": "deploy"})]\n')
+    assert run("check", "inv.py", cwd=tmp_path).returncode == 0  # "team" is the user's own
+    strict = run("check", "--strict", "inv.py", cwd=tmp_path)
+    assert strict.returncode == 1
+    assert strict.stdout.splitlines() == [
+        "h1: team: not a specdeploy or pyinfra key: the deploy ignores it — remove it, or keep it "
+        "if it is your own data"
+    ]
+
+
 def test_render_writes_both_units_per_host(tmp_path):
     result = run("render", "inventories/prod.py", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -83,9 +83,12 @@ def test_no_import_cycle_inside_the_package():
 ROOMS = [
     [
         "config", "capabilities", "datasets", "on_host", "timestamps", "inventory", "metrics",
-        "record", "reports", "facts", "host_scripts",
+        "record", "reports", "facts", "host_scripts", "problems",
     ],
-    ["argv", "revisions", "render", "preflight", "checks", "migrate"],
+    [
+        "argv", "revisions", "render", "preflight", "checks", "release_checks",
+        "request_set_checks", "migrate",
+    ],
     ["server", "bench"],
     ["steps"],
     ["measure"],

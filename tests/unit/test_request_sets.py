@@ -10,7 +10,7 @@ from specdeploy_sandbox.request_set import PATH as SAMPLE
 
 from specdeploy import datasets
 from specdeploy.bench import bench_args
-from specdeploy.checks import check_host
+from specdeploy.checks import check_host, check_warnings
 from specdeploy.config import config_from_data
 
 
@@ -109,10 +109,46 @@ def test_prompts_too_long_for_max_model_len(valid_data, tmp_path, monkeypatch):
         raise OSError("no network")
 
     monkeypatch.setattr(datasets, "target_tokenizer", offline)
-    (p,) = problems(data)
-    assert "1 requests need more than max_model_len = 1024" in p.what
-    assert "line 20: 1266 bytes, an upper bound (tokenizer failed: no network)" in p.what
-    assert "raise max_model_len" in p.todo
+    assert problems(data) == []  # the byte bound alone refuses nothing ...
+    (w,) = check_warnings("h1", data)  # ... it warns
+    assert "1 requests may need more than max_model_len = 1024" in w.what
+    assert "line 20: 1266 bytes, an upper bound (tokenizer failed: no network)" in w.what
+    assert "tokenizer.json readable" in w.todo
+
+
+def test_a_long_prompt_that_fits_in_tokens_passes_with_a_real_tokenizer(
+    valid_data, tmp_path, monkeypatch
+):
+    """~1,000 bytes + 64 output tokens against max_model_len 1024: 143 tokens here, so it
+    fits; counted with `tokenizers` on a tokenizer.json read from the (mocked) Hub download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"tok{i:03d}" for i in range(250)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    prompt = " ".join(words[:143])  # 1,000 bytes, 143 tokens
+    assert len(prompt.encode()) == 1000
+    data = data_with(
+        valid_data, write_jsonl(tmp_path / "r.jsonl", rows(19) + [{"prompt": prompt}]),
+        output_len=64,
+    )  # fmt: skip
+    data["max_model_len"] = 1024
+    datasets.target_tokenizer.cache_clear()
+    monkeypatch.setattr(
+        "huggingface_hub.hf_hub_download", lambda *a, **k: str(tmp_path / "tokenizer.json")
+    )
+    assert problems(data) == [] and check_warnings("h1", data) == []
+    datasets.target_tokenizer.cache_clear()
+
+    def unreadable(*a, **k):
+        raise OSError("offline")
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", unreadable)
+    assert problems(data) == []
+    (w,) = check_warnings("h1", data)
+    assert "may need more than max_model_len = 1024" in w.what and "offline" in w.what
+    datasets.target_tokenizer.cache_clear()
 
 
 def test_sharegpt_from_a_control_node_file(valid_data, tmp_path):
