@@ -19,7 +19,14 @@ from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .on_host import read_text
 from .preflight import evaluate
-from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
+from .render import (
+    ROLES,
+    RenderedUnit,
+    measure_unit_name,
+    render_unit,
+    unit_exec_argv,
+    unit_name,
+)
 from .steps import dataset, health, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
@@ -35,7 +42,11 @@ def run_preflight(cfg: ServeConfig):
         cfg,
         snaps["target"],
         snaps.get("draft"),
-        host.get_fact(Accelerators),
+        # this service's units: memory their processes hold is freed by the restart (and after
+        # it, is the new server's), so the preflight does not count it as taken
+        host.get_fact(
+            Accelerators, units=[*(unit_name(cfg, r) for r in ROLES), measure_unit_name(cfg)]
+        ),
         host.get_fact(MemoryBytes),
     )
     for warning in result.warnings:
