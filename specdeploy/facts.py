@@ -213,7 +213,8 @@ def parse_accelerators(output: list[str]) -> AcceleratorInfo:
                 MigDevice(profile=profile, memory_bytes=int(mig.group(2)) * 10**9)
             )
     own_pids = {
-        unit: [int(p) for p in lines if p.strip().isdigit()] for unit, lines in units.items()
+        unit: sorted({int(p) for p in lines if p.strip().isdigit()})
+        for unit, lines in units.items()
     }
     unit_of = {pid: unit for unit, pids in own_pids.items() for pid in pids}
     processes_error = None

@@ -98,8 +98,10 @@ class Runner:
             "command": command,
             "output": output,
             "compute_apps_with_names": apps,
-            "ps": sh("ps -e -o pid=,ppid=,pgid=,rss=,args= | grep -iE 'vllm|python3 -c' | "
-                     "grep -v grep | cut -c1-160"),
+            "ps": sh(
+                "ps -e -o pid=,ppid=,pgid=,rss=,args= | grep -iE 'vllm|python3 -c' | "
+                "grep -v grep | cut -c1-160"
+            ),
             "fact": info.model_dump(),
             "evaluations": {},
         }
@@ -155,9 +157,10 @@ class Runner:
             argv, env, f"{LOGS}/{label}.serve.log", self.plan["port"], deadline
         )
         self.server_pgid = proc.pid
-        in_cg = os.path.exists(f"{unit_cg}/cgroup.procs") and str(proc.pid) in open(
-            f"{unit_cg}/cgroup.procs"
-        ).read().split()
+        in_cg = (
+            os.path.exists(f"{unit_cg}/cgroup.procs")
+            and str(proc.pid) in open(f"{unit_cg}/cgroup.procs").read().split()
+        )
         self.mode = "cgroup" if in_cg else "pids"
         ok = False
         if state == "started":
@@ -228,7 +231,13 @@ def main() -> None:
     except OSError as error:
         run.event(f"no cgroup of our own ({error!r}): the server's process group stands in")
     for role, command in plan["model_facts_commands"].items():
-        run.models[role] = json.loads("\n".join(sh(command)))
+        try:
+            run.models[role] = json.loads("\n".join(sh(command)))
+        except ValueError:
+            run.models[role] = None
+        if not run.models[role]:
+            run.models[role] = plan["model_facts_recorded"][role]
+            run.event(f"ModelSnapshot fact failed for the {role}: the recorded facts stand in")
     run.summary["model_facts"] = run.models
     run.state("idle")
     first, ok = run.start("first", deadline - 200)

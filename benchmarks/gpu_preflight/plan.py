@@ -2,7 +2,7 @@
 of the running server and of the re-deploys the preflight is asked about, the server's rendered
 `vllm serve` argv, this service's unit names and the `Accelerators` fact's command for them.
 
-The running server is the one recorded on 2026-12-01 (../../../shared/gpu/nvidia-smi-h200-2026-12-01/
+The running server is the one recorded on 2026-12-01 (tests/unit/data/nvidia-smi-h200/2026-12-01/
 server_argv.txt): Qwen3-8B + Qwen3-0.6B architecture, dummy weights, k=1, synthetic acceptance
 length 2.0, gpu_memory_utilization 0.55, eager, async scheduling (`benchmarks.gpu_truth.plan.row`).
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
 from specdeploy.argv import serve_args
@@ -27,6 +28,9 @@ CONFIGS = {
     "util060": row("util060", lane="S", util=0.60)["data"],
     "util092": row("util092", lane="S", util=0.92)["data"],
 }
+MODELS = json.loads(
+    (Path(__file__).parents[2] / "tests/unit/data/nvidia-smi-h200/model_facts.json").read_text()
+)
 HOG_GIB = 40  # the other process beside the running server (60 GiB: the unit tests)
 
 
@@ -49,6 +53,11 @@ def build() -> dict:
             for role, repo in (("target", T8), ("draft", D06))
         },
         "hog_gib": HOG_GIB,
+        # what the ModelSnapshot fact read from the same checkpoints on 2026-12-01: used only if
+        # the fact's own command fails on the device
+        "model_facts_recorded": {
+            role: MODELS[repo] for role, repo in (("target", T8), ("draft", D06))
+        },
     }
 
 
