@@ -166,11 +166,49 @@ def test_idle_and_after_stop(valid_data):
         assert result.problems == [] and result.memory["memory_in_use"] == "GPU 0: 0.00 GiB in use"
 
 
+# The current command's own output on the H200 (benchmarks/gpu_preflight/REPORT.md): the server
+# in the unit's cgroup (PIDs 645 `vllm serve`, 769, 770 `VLLM::EngineCore`), another process (1016)
+# holding 40 GiB beside it, the server restarted with that process still there.
+
+
+def test_device_redeploy_and_k_change_fit_beside_the_running_server(valid_data):
+    info = fact("device_own_server")
+    assert info.own_pids[UNIT] == [645, 769, 770]
+    assert [(p.pid, p.unit) for p in info.gpus[0].processes] == [(770, UNIT)]
+    for k in (1, 2):
+        result = evaluate(running(valid_data, k=k), TARGET, DRAFT, info, RAM)
+        assert result.problems == [] and result.memory["memory_in_use"] == (
+            "GPU 0: 0.01 GiB in use by other processes, 77.41 GiB by specdeploy-vllm.service, "
+            "which the restart frees"
+        )
+
+
+def test_device_other_process_still_refuses(valid_data):
+    info = fact("device_own_server_plus_other_40g")
+    assert [(p.pid, p.used_bytes // MIB, p.unit) for p in info.gpus[0].processes] == [
+        (770, 79264, UNIT),
+        (1016, 41570, None),
+    ]
+    assert evaluate(running(valid_data), TARGET, DRAFT, info, RAM).problems == []
+    (problem,) = evaluate(running(valid_data, util=0.92), TARGET, DRAFT, info, RAM).problems
+    assert "GPU 0 has 40.61 GiB in use by other processes (77.41 GiB by specdeploy-vllm" in problem
+    assert "so only 99.29 GiB of 140.40 GiB is free, less than the 129.17 GiB" in problem
+
+
 def test_post_restart_check_does_not_count_the_new_server(valid_data):
-    # after the restart the unit's cgroup holds the new server: its memory is the unit's again
-    name = "device_after_restart" if "device_after_restart" in FIXTURES else "own_server_running"
-    result = evaluate(running(valid_data), TARGET, DRAFT, fact(name), RAM)
-    assert result.problems == [] and UNIT in result.memory["device_memory_own_bytes"]
+    # after the restart the unit's cgroup holds the new server (PIDs 1090, 1157, 1158): its memory
+    # is the unit's, so verify_and_record's preflight passes where the new server itself runs
+    info = fact("device_after_restart")
+    assert info.own_pids[UNIT] == [1090, 1157, 1158]
+    result = evaluate(running(valid_data), TARGET, DRAFT, info, RAM)
+    assert result.problems == []
+    assert result.memory["device_memory_own_bytes"] == {UNIT: 79264 * MIB}
+    assert result.memory["device_memory_other_bytes"] == (120849 - 79264) * MIB
+    # the same GPU with the new server counted, as the committed fact had it: a refusal
+    unknown = [
+        ln for ln in fixture("device_after_restart")["output"] if not ln.startswith("@@unit")
+    ]
+    assert evaluate(running(valid_data), TARGET, DRAFT, parse_accelerators(unknown), RAM).problems
 
 
 # Edge cases: MIG, [N/A], a failing nvidia-smi or compute-apps query, several GPUs
