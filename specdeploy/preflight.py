@@ -181,11 +181,23 @@ def check_context(cfg: ServeConfig, target: dict, draft: dict, result: Preflight
 
 @dataclass(frozen=True)
 class Device:
-    """One accelerator vLLM will use: a GPU or a MIG instance."""
+    """One accelerator vLLM will use: a GPU or a MIG instance. `own`: the memory this service's
+    own units hold on it, per unit (nvidia-smi counts it in `used`; the restart frees it)."""
 
     label: str
     total: int
     used: int | None
+    own: dict[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def own_bytes(self) -> int:
+        return sum(self.own.values())
+
+    @property
+    def used_by_others(self) -> int:
+        """What stays taken when this service's units stop: all of nvidia-smi's used memory but
+        the units' own processes' (memory no process claims counts as taken)."""
+        return max((self.used or 0) - self.own_bytes, 0)
 
 
 def _visible(cfg: ServeConfig, gpus: list[Gpu]) -> list[Gpu]:
@@ -227,8 +239,19 @@ def check_accelerator(
             ]
         else:
             devices.append(
-                Device(f"GPU {gpu.index}", gpu.memory_total_bytes, gpu.memory_used_bytes)
+                Device(
+                    f"GPU {gpu.index}",
+                    gpu.memory_total_bytes,
+                    gpu.memory_used_bytes,
+                    gpu.own_bytes_by_unit,
+                )
             )
+            unknown = [p for p in gpu.processes if p.unit and p.used_bytes is None]
+            if unknown:
+                result.warnings.append(
+                    f"nvidia-smi does not say how much memory {unknown[0].unit}'s process "
+                    f"{unknown[0].pid} holds on GPU {gpu.index} ([N/A]): counted as in use"
+                )
     reason = capabilities.driver_problem(
         cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
     )
@@ -243,6 +266,11 @@ def check_accelerator(
             "lower --tensor-parallel-size or use a host with more GPUs"
         )
         return []
+    if accelerators.processes_error and any(accelerators.own_pids.values()):
+        result.warnings.append(
+            f"{accelerators.processes_error}: the memory this service's running server holds is "
+            "counted as in use"
+        )
     if any(d.used is None for d in devices[: par.gpus]):
         result.warnings.append(
             "MIG instance: memory in use is unknown to nvidia-smi's query, assumed 0; the size is "
@@ -297,7 +325,10 @@ def _check_gpu_memory(
         + (0 if eager else COMPILE_AND_GRAPH_BYTES)
     )
     total = min(d.total for d in devices)  # vLLM sizes every worker alike; the smallest GPU decides
-    used = max(d.used or 0 for d in devices)
+    # What this service's own units hold is not taken: the restart stops them before vLLM starts
+    # (and after the restart it is the new server's own). The busiest GPU by the rest decides.
+    busiest = max(devices, key=lambda d: d.used_by_others)
+    used = busiest.used_by_others
     free = total - used - CUDA_CONTEXT_BYTES - (TP_COMM_BYTES if tp * pp > 1 else 0)
     mechanism, amount = cfg.memory_mechanism
     util = float(amount) if mechanism == "gpu_memory_utilization" else None
@@ -309,13 +340,24 @@ def _check_gpu_memory(
     max_len, seqs = cfg.effective_max_model_len, cfg.effective_max_num_seqs
     blocks = max(kv_budget, 0) // (kv_per_token * KV_BLOCK_TOKENS) if kv_per_token else 0
     kv_tokens = blocks * KV_BLOCK_TOKENS
+    gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+    own_words = ", ".join(f"{gib(n)} by {unit}" for unit, n in busiest.own.items())
+    in_use = (
+        f"{busiest.label}: {gib(used)} in use by other processes, {own_words}, which the "
+        "restart frees"
+        if busiest.own
+        else f"{busiest.label}: {gib(used)} in use"
+    )
     numbers = {
         "device": "gpu",
         "gpus_used": [d.label for d in devices],
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "device_memory_bytes": total,
-        "device_memory_used_bytes": used,
+        "device_memory_used_bytes": busiest.used or 0,  # as nvidia-smi says, on that GPU
+        "device_memory_other_bytes": used,  # of which other processes' (what counts)
+        "device_memory_own_bytes": dict(busiest.own),  # and this service's units' (freed)
+        "memory_in_use": in_use,
         "mechanism": mechanism,
         "mechanism_value": amount,
         "requested_bytes": requested,
@@ -330,7 +372,6 @@ def _check_gpu_memory(
         "kv_tokens_for_max_num_seqs": seqs * max_len,
     }
     result.memory = numbers
-    gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
     per_gpu = f"per GPU (TP {tp})" if tp * pp > 1 else "on the GPU"
     if free < requested:
         why = (
@@ -342,8 +383,9 @@ def _check_gpu_memory(
                 "kv_cache_memory_bytes"
             )
         )
+        held = f" by other processes ({own_words}, which the restart frees)" if busiest.own else ""
         result.problems.append(
-            f"vLLM would refuse to start: {devices[0].label} has {gib(used)} in use, so only "
+            f"vLLM would refuse to start: {busiest.label} has {gib(used)} in use{held}, so only "
             f"{gib(free)} of {gib(total)} is free, less than the {gib(requested)} asked for by "
             f"{why}; "
             "free the GPU or lower gpu_memory_utilization"

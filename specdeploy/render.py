@@ -133,6 +133,11 @@ def measure_unit_name(cfg: ServeConfig) -> str:
     return f"{cfg.service_name}-measure.service"
 
 
+def service_units(cfg: ServeConfig) -> list[str]:
+    """Every unit this service runs a server as: speculative, baseline, measurement."""
+    return [*(unit_name(cfg, role) for role in ROLES), measure_unit_name(cfg)]
+
+
 def render_env_file(cfg: ServeConfig) -> str:
     return _env.get_template("vllm.env.j2").render(
         service=cfg.service_name,

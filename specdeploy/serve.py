@@ -20,7 +20,7 @@ from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersi
 from .measure import gate
 from .preflight import evaluate
 from .record import DeploymentRecord, read_record
-from .render import RenderedUnit, render_unit
+from .render import RenderedUnit, render_unit, service_units
 from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
@@ -36,7 +36,9 @@ def run_preflight(cfg: ServeConfig):
         cfg,
         snaps["target"],
         snaps.get("draft"),
-        host.get_fact(Accelerators),
+        # this service's units: memory their processes hold is freed by the restart (and after
+        # it, is the new server's), so the preflight does not count it as taken
+        host.get_fact(Accelerators, units=service_units(cfg)),
         host.get_fact(MemoryBytes),
     )
     for warning in result.warnings:

@@ -18,7 +18,7 @@ from .config import ServeConfig, Workload
 from .facts import ServiceActive
 from .metrics import spec_decode_counters
 from .on_host import journal_tail, read_text, sh, sh_status, write_text
-from .render import RenderedUnit, measure_unit_name, unit_name
+from .render import RenderedUnit, measure_unit_name, service_units, unit_name
 
 
 class HealthError(RuntimeError):
@@ -161,10 +161,6 @@ def warm_up(cfg: ServeConfig, workload: Workload) -> None:
 # --- starting, stopping, restoring ----------------------------------------------------------------
 
 
-def production_units(cfg: ServeConfig) -> list[str]:
-    return [unit_name(cfg, "speculative"), unit_name(cfg, "baseline")]
-
-
 def install_unit_file(cfg: ServeConfig, unit: RenderedUnit) -> None:
     write_text(cfg.unit_path(unit.name), unit.text, mode="644")
     sh("systemctl daemon-reload")
@@ -181,7 +177,7 @@ def start_fresh(
     cfg: ServeConfig, unit: RenderedUnit, *, speculative: bool, install: bool = True
 ) -> dict:
     """Stop every server on the port, (re)write the unit, start it, wait until healthy."""
-    stop([measure_unit_name(cfg), *production_units(cfg)])
+    stop(service_units(cfg))
     if install:
         install_unit_file(cfg, unit)
     name = shlex.quote(unit.name)

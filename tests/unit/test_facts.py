@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from specdeploy.facts import (
+    ACCELERATOR_COMMAND,
     FileSha1,
     FileText,
     FreeDiskBytes,
@@ -152,8 +153,18 @@ def test_file_sha1_missing_unreadable_and_value(tmp_path):
 
 
 def test_gpu_memory():
+    """`specdeploy status`'s GPU column: the Accelerators fact's command and parser, one row per
+    GPU whose used memory nvidia-smi knows (a MIG GPU's is [N/A])."""
     fact = GpuMemory()
-    assert fact.process(["0, NVIDIA H200, 120000, 143771", "1, NVIDIA H200, 5, 143771"]) == [
+    assert fact.command() == ACCELERATOR_COMMAND
+    output = [
+        "@@query",
+        "0, NVIDIA H200, 143771, 120000, 580.159.04, 9.0, Disabled, GPU-0000",
+        "1, NVIDIA H200, 143771, 5, 580.159.04, 9.0, Disabled, GPU-0001",
+        "2, NVIDIA H100 80GB HBM3, 81559, [N/A], 580.159.04, 9.0, Enabled, GPU-0002",
+        "@@rc 0",
+    ]
+    assert fact.process(output) == [
         {
             "index": 0,
             "name": "NVIDIA H200",
@@ -162,6 +173,7 @@ def test_gpu_memory():
         },
         {"index": 1, "name": "NVIDIA H200", "used_bytes": 5 * 2**20, "total_bytes": 143771 * 2**20},
     ]
-    assert fact.process(["[N/A]"]) == []
+    assert fact.process(["@@query", "Failed to initialize NVML", "@@rc 9"]) == []
+    assert fact.process([]) == []  # what status.py passes when the fact could not be read
     status, lines = sh(fact.command())  # no nvidia-smi here: nothing, no failure
     assert status == 0 and fact.process(lines) == []

@@ -1,0 +1,68 @@
+"""Build what benchmarks/gpu_preflight's device run needs, from specdeploy's own code: the host data
+of the running server and of the re-deploys the preflight is asked about, the server's rendered
+`vllm serve` argv, this service's unit names and the `Accelerators` fact's command for them.
+
+The running server is the one recorded on 2026-12-01 (tests/unit/data/nvidia-smi-h200/2026-12-01/
+server_argv.txt): Qwen3-8B + Qwen3-0.6B architecture, dummy weights, k=1, synthetic acceptance
+length 2.0, gpu_memory_utilization 0.55, eager, async scheduling (`benchmarks.gpu_truth.plan.row`).
+
+Usage: python -m benchmarks.gpu_preflight.plan OUT.json      (from the repo root)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
+from specdeploy.argv import serve_args
+from specdeploy.checks import check_config
+from specdeploy.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
+from specdeploy.render import ROLES, measure_unit_name, unit_name
+
+# name -> host data; "redeploy" is the running server's own data
+CONFIGS = {
+    "redeploy": row("redeploy", lane="S", util=0.55)["data"],
+    "k2": row("k2", lane="S", k=2, length=2.5, util=0.55)["data"],
+    "util060": row("util060", lane="S", util=0.60)["data"],
+    "util092": row("util092", lane="S", util=0.92)["data"],
+}
+MODELS = json.loads(
+    (Path(__file__).parents[2] / "tests/unit/data/nvidia-smi-h200/model_facts.json").read_text()
+)
+HOG_GIB = 40  # the other process beside the running server (60 GiB: the unit tests)
+
+
+def build() -> dict:
+    cfgs = {name: check_config(name, data) for name, data in CONFIGS.items()}
+    running = cfgs["redeploy"]
+    units = [*(unit_name(running, r) for r in ROLES), measure_unit_name(running)]
+    return {
+        "configs": CONFIGS,
+        "serve": serve_args(running, speculative=True, prefix_caching=False),
+        "env": running.vllm_env,
+        "port": running.vllm_port,
+        "served_model_name": "m",
+        "unit": unit_name(running, "speculative"),
+        "units": units,
+        "command": accelerator_command(units),
+        "base_command": ACCELERATOR_COMMAND,
+        "model_facts_commands": {
+            role: ModelSnapshot().command(hf_home=HF_HOME, repo=repo, revision="main")
+            for role, repo in (("target", T8), ("draft", D06))
+        },
+        "hog_gib": HOG_GIB,
+        # what the ModelSnapshot fact read from the same checkpoints on 2026-12-01: used only if
+        # the fact's own command fails on the device
+        "model_facts_recorded": {
+            role: MODELS[repo] for role, repo in (("target", T8), ("draft", D06))
+        },
+    }
+
+
+if __name__ == "__main__":
+    plan = build()
+    with open(sys.argv[1], "w") as f:
+        json.dump(plan, f, indent=1)
+    print(f"plan -> {sys.argv[1]}: units {plan['units']}")
