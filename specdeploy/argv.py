@@ -108,15 +108,19 @@ def serve_argv(cfg: ServeConfig, **kwargs) -> list[str]:
 # Reading argv back (rollback, diffs, host tests)
 
 
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value `flag` takes in `argv`: its LAST occurrence, as argparse (and so vLLM) reads it."""
+def flag_value(argv: list[str], *flags: str) -> str | None:
+    """The value the LAST occurrence of any of `flags` gives in `argv` (`--x V` or `--x=V`), as
+    argparse (and so vLLM) reads it; None when absent or when the last one has no value."""
     value = None
     for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith(flag + "="):
-            value = word.split("=", 1)[1]
+        flag, eq, inline = word.partition("=")
+        if flag in flags:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return value
+
+
+def has_flag(argv: list[str], *flags: str) -> bool:
+    return any(word.partition("=")[0] in flags for word in argv)
 
 
 def systemd_split(line: str) -> list[str]:

@@ -23,6 +23,8 @@ from pydantic import (
 
 # vLLM's own default (CacheConfig.gpu_memory_utilization); we write it out explicitly so the unit
 # and the deployment record show the mechanism that was chosen.
+MIB = 1 << 20
+GIB = 1 << 30
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 VLLM_MIN_BATCHED_TOKENS = 2048
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 from pyinfra.api import FactBase
 
+from .config import MIB
 from .host_scripts import source
 
 
@@ -43,7 +44,6 @@ class ModelSnapshot(FactBase):
         return _json_or_none(output)
 
 
-MIB = 1 << 20
 # uuid last, so the name (which may hold a comma) stays between the index and the fixed fields,
 # and a line recorded before the uuid was asked for still parses (its uuid: `nvidia-smi -L`'s).
 _QUERY = "index,name,memory.total,memory.used,driver_version,compute_cap,mig.mode.current,uuid"

