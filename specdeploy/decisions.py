@@ -114,7 +114,8 @@ def compare_values(
 
     Returns {verdict (one of VERDICTS), significant, p_value, min_p_value, alpha, runs
     {speculative, baseline}, ratio (median spec / median base), low, high, confidence,
-    interval_method (stats.ratio_interval at 1 - alpha; None where the runs cannot give a bound),
+    interval_method (stats.ratio_interval at 1 - alpha; where the runs are too few for that, the
+    widest interval they give with its own confidence, e.g. 90 % at 3 + 3),
     test (RULE), reason (one sentence with the numbers)}; "not comparable" adds `why` (no runs, or a
     baseline median <= 0). The verdict and the interval agree: "better"/"worse" exactly when the
     interval excludes 1 (ties aside)."""
@@ -173,12 +174,15 @@ def _interval(spec, base, *, alpha: float, side: str) -> dict:
             "confidence": None,
             "interval_method": RATIO_INTERVAL_METHOD + " (not computed: a value <= 0)",
         }
-    iv = ratio_interval(spec, base, alpha=alpha, side=side)
+    iv = ratio_interval(spec, base, alpha=alpha, side=side, widest_if_unreachable=True)
+    method = iv["method"]
+    if not iv["reached"]:
+        method += f" (too few runs for {1 - alpha:.1%}: the widest interval these runs give)"
     return {
         "low": _clean(iv["low"]),
         "high": _clean(iv["high"]),
         "confidence": iv["confidence"],
-        "interval_method": iv["method"],
+        "interval_method": method,
     }
 
 
@@ -208,23 +212,38 @@ def _reason(r: Mapping) -> str:
 # --- sequential: add runs until the rule can decide or the budget is spent ------------------------
 
 SEQUENTIAL_RULE = (
-    "sequential looks at 1..max_runs runs per arm (equal arms); the first look is the fewest runs"
-    " at which the exact test can go below alpha and spends only its most extreme split (2/70 = "
-    "0.029 at 4 + 4 for alpha = 0.05, two-sided); what is left of alpha is split evenly over the "
-    "later looks, each look's unspent share (the exact test's p-values are discrete) carried to "
-    "the next. The levels actually spent add up to <= alpha, so by the union bound the chance of "
-    "any false verdict over all looks is <= alpha whatever the dependence between looks "
-    "(Bonferroni over looks with carry-forward)"
+    "sequential looks at equal run counts per arm; the first look is at the fewest runs at which "
+    "the exact test can go below alpha and spends only its most extreme split (2/70 = 0.029 at 4 "
+    "+ 4 runs for alpha = 0.05, two-sided); the rest of alpha goes to the look at the run budget "
+    "(spending 'first-last', the default) or is split evenly over every run count after the first"
+    " ('even'), each look's unspent share (the exact test's p-values are discrete) carried to the"
+    " next. The levels actually spent add up to <= alpha, so by the union bound the chance of any"
+    " false verdict over all looks is <= alpha whatever the dependence between looks (Bonferroni "
+    "over looks with carry-forward)"
 )
 
 
+SPENDING = ("even", "first-last")
+
+
 def sequential_looks(
-    max_runs: int, *, alpha: float = DEFAULT_ALPHA, alternative: str = "two-sided"
+    max_runs: int,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    alternative: str = "two-sided",
+    spending: str = "first-last",
 ) -> list[dict]:
     """The looks of the sequential rule (SEQUENTIAL_RULE) for a budget of max_runs runs per arm:
     [{runs, level (the p-value threshold at that look), spent (the false-verdict probability it
     spends: the largest achievable p <= level)}]. Looks whose level no split can reach are left
-    out (their share carries on). Empty when the budget cannot reach alpha at all."""
+    out (their share carries on). Empty when the budget cannot reach alpha at all.
+
+    spending "first-last" (the default): two looks only, the first and the budget's end, which
+    gets all the rest of alpha; "even": the rest split evenly over every later run count (stops a
+    little earlier on medium effects, less power at the budget: at 8 runs per arm and a 10 %
+    effect with CV 5 %, 82 % against 93 %; benchmarks/decision_rule.py compares them)."""
+    if spending not in SPENDING:
+        raise ValueError(f"spending must be one of {SPENDING}")
     first = min_runs_per_arm(alpha, alternative=alternative)
     while first < max_runs and min_p_value(first, first, alternative=alternative) >= alpha:
         first += 1  # a first look at exactly alpha would leave nothing for the later ones
@@ -241,7 +260,7 @@ def sequential_looks(
     first_level = min_p_value(first, first, alternative=alternative)
     looks = [{"runs": first, "level": first_level, "spent": first_level}]
     left = alpha - first_level
-    later = list(range(first + 1, max_runs + 1))
+    later = list(range(first + 1, max_runs + 1)) if spending == "even" else [max_runs]
     for i, n in enumerate(later):
         level = left / (len(later) - i)
         spent = attained_level(n, n, level, alternative=alternative)
@@ -264,6 +283,7 @@ def next_step(
     max_runs: int,
     alpha: float = DEFAULT_ALPHA,
     lower_is_better: bool = True,
+    spending: str = "first-last",
 ) -> dict:
     """Sequential compare: given the run-level values so far (equal counts per arm) and a budget of
     max_runs runs per arm, "decide now" (with the verdict) or "add a run to each arm".
@@ -271,16 +291,17 @@ def next_step(
     Stops at the first look (4 + 4 runs at alpha 0.05) when every speculative run beats every
     baseline run (the trained sandbox pair, ratio 0.46), and spends the budget only on close calls;
     at the budget's end without significance the verdict is "no significant difference". Returns
-    {action, runs_per_arm, max_runs, alpha, looks, look (this look or None), result
+    {action, runs_per_arm, max_runs, alpha, looks, spending, look (this look or None), result
     (compare_values at this look's level, with the family alpha; None between looks), rule,
     reason}."""
-    looks = sequential_looks(max_runs, alpha=alpha)
+    looks = sequential_looks(max_runs, alpha=alpha, spending=spending)
     return _sequential(
         spec,
         base,
         max_runs=max_runs,
         alpha=alpha,
         looks=looks,
+        spending=spending,
         at_look=lambda level: _compare_at_look(spec, base, level, alpha, lower_is_better),
         final=NO_DIFFERENCE,
     )
@@ -300,13 +321,14 @@ def _compare_at_look(spec, base, level, alpha, lower_is_better) -> tuple[dict, b
     return r, r["significant"]
 
 
-def _sequential(spec, base, *, max_runs, alpha, looks, at_look, final) -> dict:
+def _sequential(spec, base, *, max_runs, alpha, looks, spending, at_look, final) -> dict:
     n, m = len(spec), len(base)
     out = {
         "runs_per_arm": {"speculative": n, "baseline": m},
         "max_runs": max_runs,
         "alpha": alpha,
         "looks": looks,
+        "spending": spending,
         "look": None,
         "result": None,
         "rule": SEQUENTIAL_RULE,
@@ -730,6 +752,7 @@ def gate_next_step(
     on_fail: str,
     max_runs: int,
     alpha: float = DEFAULT_ALPHA,
+    spending: str = "first-last",
 ) -> dict:
     """Sequential gate: "decide now" (result = gate_decision at this look's level, with the family
     alpha) or "add a run to each arm". One-sided looks (sequential_looks(alternative="less")): at
@@ -738,7 +761,7 @@ def gate_next_step(
     slower than the margin). At the budget's end without either, speculation is not kept (verdict
     "not shown faster than the margin", conclusive False). Each error (a false keep, a false
     conclusive fall-back) stays <= alpha over all looks."""
-    looks = sequential_looks(max_runs, alpha=alpha, alternative="less")
+    looks = sequential_looks(max_runs, alpha=alpha, alternative="less", spending=spending)
 
     def at_look(level: float) -> tuple[dict, bool]:
         g = gate_decision(
@@ -747,6 +770,10 @@ def gate_next_step(
         g.update(alpha=alpha, look_alpha=level, test=f"{GATE_RULE}; {SEQUENTIAL_RULE}")
         if g["verdict"] == TOO_FEW_RUNS:
             g["verdict"] = GATE_NOT_SHOWN
+        g["reason"] = g["reason"].replace(
+            f"alpha = {level:g}", f"this look's level {level:.3g} (family alpha {alpha:g})"
+        )
+        g["reason"] = g["reason"].replace(TOO_FEW_RUNS, GATE_NOT_SHOWN, 1)
         return g, g["conclusive"]
 
     step = _sequential(
@@ -755,6 +782,7 @@ def gate_next_step(
         max_runs=max_runs,
         alpha=alpha,
         looks=looks,
+        spending=spending,
         at_look=at_look,
         final=GATE_NOT_SHOWN,
     )

@@ -192,7 +192,12 @@ def attained_level(n: int, m: int, level: float, *, alternative: str = "two-side
 
 
 def ratio_interval(
-    a: Sequence[float], b: Sequence[float], *, alpha: float, side: str = "two-sided"
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    alpha: float,
+    side: str = "two-sided",
+    widest_if_unreachable: bool = False,
 ) -> dict:
     """Confidence interval for the ratio a/b (a = b x theta, a shift of log values) by inverting
     the exact rank test: the set of theta for which the test of a/theta against b does not reject at
@@ -201,8 +206,10 @@ def ratio_interval(
     distribution, and the test rejects "theta = 1" exactly when 1 lies outside it (no ties).
 
     side: "two-sided" ([low, high]), "upper" (low = None: theta <= high with confidence) or "lower".
-    Returns {low, high, confidence (the exact coverage, >= 1 - alpha), method}; a bound the runs
-    cannot give at this alpha (too few runs) is None. All values must be > 0."""
+    Returns {low, high, confidence (the exact coverage, >= 1 - alpha), reached (False: too few runs
+    for 1 - alpha), method}. A bound the runs cannot give at this alpha is None, unless
+    widest_if_unreachable: then the widest interval the runs give (the extreme pairwise ratios)
+    with its own, lower, confidence (3 + 3 runs: 90 %). All values must be > 0."""
     if side not in ("two-sided", "upper", "lower"):
         raise ValueError("side must be two-sided, upper or lower")
     n, m = len(a), len(b)
@@ -218,20 +225,24 @@ def ratio_interval(
         else:
             break
     nm = n * m
-    if k < 0:
+    reached = k >= 0
+    if not reached and not widest_if_unreachable:
         return {
             "low": None,
             "high": None,
             "confidence": None,
+            "reached": False,
             "method": RATIO_INTERVAL_METHOD,
         }
+    k = max(k, 0)
     miss = cdf[k]
     low = math.exp(d[k]) if side in ("two-sided", "lower") else None
     high = math.exp(d[nm - 1 - k]) if side in ("two-sided", "upper") else None
     return {
         "low": low,
         "high": high,
-        "confidence": 1 - (2 * miss if side == "two-sided" else miss),
+        "confidence": max(0.0, 1 - (2 * miss if side == "two-sided" else miss)),
+        "reached": reached,
         "method": RATIO_INTERVAL_METHOD,
     }
 
