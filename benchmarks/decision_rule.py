@@ -187,6 +187,20 @@ def choose_k_table(trials: int, rng: random.Random) -> None:
             )
             wrong = 1 - rec[("off" if with_base else 1)] / trials
             print(f"    {runs} runs, {label:27s} {dist}  (not the designed answer: {pct(wrong)})")
+    curve = {1: 0.62, 2: 0.52, 3: 0.48, 4: 0.50, 5: 0.54, 6: 0.58, 7: 0.63}
+    print(
+        "  choose_k on a real k curve (TPOT ratio to baseline by k: "
+        + ", ".join(f"{k}: {r}" for k, r in curve.items())
+        + "; CV 2 %), with the baseline arm:"
+    )
+    for runs in (3, 4, 5, 8):
+        rec = Counter()
+        for _ in range(trials):
+            tpot = {k: [rng.gauss(10 * r, 0.2 * r) for _ in range(runs)] for k, r in curve.items()}
+            c = choose_k(tpot, baseline=[rng.gauss(10, 0.2) for _ in range(runs)])
+            rec["off" if c["recommended_k"] is None else c["recommended_k"]] += 1
+        dist = ", ".join(f"{k}: {pct(v / trials).strip()}" for k, v in sorted(rec.items(), key=str))
+        print(f"    {runs} runs per arm: {dist}")
     print()
 
 
