@@ -1,13 +1,21 @@
 """Decisions over measured samples: per-arm summaries, speculative/baseline ratios, the choice of
 num_speculative_tokens and the speculation gate. Pure functions: no host, no I/O.
 
-The statistical unit for comparisons (deploys/compare.py, deploys/tune.py) is ONE benchmark run
-against a freshly restarted server: each run contributes one value per metric (that run's median
-TTFT/TPOT/ITL/E2E latency, its output throughput). Requests inside one run share a warm server and
-are not independent samples of the arm, so they are never pooled across runs here.
+The statistical unit everywhere (compare, tune, the gate) is ONE benchmark run against a freshly
+restarted server: each run contributes one value per metric (that run's median TTFT/TPOT/ITL/E2E
+latency, its output throughput). Requests inside one run share one server start and are not
+independent samples of the arm, so they are never pooled, and never decide (on the H200 the
+speculative TPOT swings up to 1.7x between starts while requests of one start agree).
 
-The speculation gate is the exception: it is a quick smoke A/B (one run per arm), so it compares the
-per-request TPOTs of the two runs; that band shows request-to-request spread, not run-to-run noise.
+One decision rule (issue 22): the exact permutation test on ranks of the run-level values
+(stats.rank_test) at alpha (DEFAULT_ALPHA, host data `decision_alpha`), with its false-verdict rate
+<= alpha: compare_values (fixed runs), next_step (sequential: add runs until it can decide or the
+budget is spent), choose_k (with a baseline arm: "leave speculation off" is an answer),
+gate_decision and gate_next_step (one-sided, against max_tpot_ratio). "no significant difference"
+and "too few runs to decide at alpha" are verdicts. The effect is the ratio of medians with the
+rank-test inversion interval (stats.ratio_interval). Run order: run_order / round_order. Fleet:
+fleet_ratio (median of per-host ratios). Calibration: benchmarks/decision_rule.py and
+tests/unit/test_decision_rule.py.
 """
 
 from __future__ import annotations
