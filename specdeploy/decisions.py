@@ -175,12 +175,12 @@ def compare_values(
 
 def _interval(spec, base, *, alpha: float, side: str) -> dict:
     """stats.ratio_interval as the fields decisions return (None bounds for non-positive values)."""
-    if min(spec) <= 0 or min(base) <= 0:
+    if min(spec) < 0 or min(base) <= 0:  # a baseline run at 0 (e.g. ITL): the ratio is unbounded
         return {
-            "low": None,
+            "low": 0.0,
             "high": None,
             "confidence": None,
-            "interval_method": RATIO_INTERVAL_METHOD + " (not computed: a value <= 0)",
+            "interval_method": RATIO_INTERVAL_METHOD + " (unbounded: a baseline run value <= 0)",
         }
     iv = ratio_interval(spec, base, alpha=alpha, side=side, widest_if_unreachable=True)
     method = iv["method"]

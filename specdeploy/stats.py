@@ -209,13 +209,13 @@ def ratio_interval(
     Returns {low, high, confidence (the exact coverage, >= 1 - alpha), reached (False: too few runs
     for 1 - alpha), method}. A bound the runs cannot give at this alpha is None, unless
     widest_if_unreachable: then the widest interval the runs give (the extreme pairwise ratios)
-    with its own, lower, confidence (3 + 3 runs: 90 %). All values must be > 0."""
+    with its own, lower, confidence (3 + 3 runs: 90 %). Values of `b` must be > 0, of `a` >= 0."""
     if side not in ("two-sided", "upper", "lower"):
         raise ValueError("side must be two-sided, upper or lower")
     n, m = len(a), len(b)
-    if n == 0 or m == 0 or min(a) <= 0 or min(b) <= 0:
-        raise ValueError("ratio_interval needs positive values in both arms")
-    d = sorted(math.log(x) - math.log(y) for x in a for y in b)
+    if n == 0 or m == 0 or min(a) < 0 or min(b) <= 0:
+        raise ValueError("ratio_interval needs values >= 0 in a and > 0 in b")
+    d = sorted(x / y for x in a for y in b)  # the pairwise ratios (log differences, exponentiated)
     cdf = _u_cdf(n, m)
     tail = alpha / 2 if side == "two-sided" else alpha
     k = -1  # the largest u with P(U <= u) <= tail
@@ -236,8 +236,8 @@ def ratio_interval(
         }
     k = max(k, 0)
     miss = cdf[k]
-    low = math.exp(d[k]) if side in ("two-sided", "lower") else None
-    high = math.exp(d[nm - 1 - k]) if side in ("two-sided", "upper") else None
+    low = d[k] if side in ("two-sided", "lower") else None
+    high = d[nm - 1 - k] if side in ("two-sided", "upper") else None
     return {
         "low": low,
         "high": high,

@@ -128,7 +128,7 @@ def test_interval_one_sided_and_too_few_runs():
     none = ratio_interval([5.0, 5.1, 4.9], [10.0, 10.2, 9.8], alpha=ALPHA)
     assert none["low"] is None and none["high"] is None and not none["reached"]
     with pytest.raises(ValueError):
-        ratio_interval([0.0, 1.0], [1.0, 2.0], alpha=ALPHA)
+        ratio_interval([1.0, 1.0], [0.0, 2.0], alpha=ALPHA)
 
 
 # --- calibration: false verdicts on identical arms, power on real effects -------------------------

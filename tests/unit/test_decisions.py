@@ -250,3 +250,11 @@ def test_gate_not_shown_faster_when_runs_straddle_the_threshold():
     assert not g["passed"] and not g["conclusive"]
     assert g["verdict"] == "not shown faster than the margin"
     assert g["action"] == "switch to baseline"
+
+
+def test_zero_run_values_keep_an_interval_callers_can_draw():
+    # a run whose ITL median is 0 (coalesced chunks): the ratio interval stays defined
+    r = compare_values([0.0, 0.1, 0.2, 0.1], [1.0, 1.1, 1.2, 1.05])
+    assert r["verdict"] == "better" and r["low"] == 0.0 and r["high"] == pytest.approx(0.2)
+    r = compare_values([1.0, 1.1, 1.2, 1.05], [0.0, 1.0, 1.1, 1.2])  # baseline run at 0
+    assert r["low"] == 0.0 and r["high"] is None and "unbounded" in r["interval_method"]
