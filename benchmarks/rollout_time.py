@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="leave the last fleet up")
     args = parser.parse_args()
     os.environ.setdefault("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox-bench")
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     rows = []
     for size in (1, args.hosts):

@@ -45,8 +45,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="leave the fleet up")
     args = parser.parse_args()
     os.environ.setdefault("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox-serve-bench")
-    from specdeploy import sandbox
-    from specdeploy.sandbox import hosts as sandbox_hosts
+    import specdeploy_sandbox as sandbox
+    from specdeploy_sandbox import hosts as sandbox_hosts
 
     state = sandbox.up(args.hosts)
     first = timed(DEPLOY)

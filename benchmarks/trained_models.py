@@ -34,7 +34,7 @@ def run(command: list[str], env: dict | None = None) -> str:
 
 
 def on_host(state: dict, command: str) -> str:
-    from specdeploy.sandbox import hosts
+    from specdeploy_sandbox import hosts
 
     address = state["hosts"][0]["address"]
     return run(hosts.ssh_command(state, address, command))
@@ -43,8 +43,8 @@ def on_host(state: dict, command: str) -> str:
 def step_ms(repo: str) -> float:
     """Mean decode step of one model served alone by vLLM, batch 1 (benchmarks/decode_step.py, in
     the control venv: the CPU the sandbox hosts share)."""
-    from specdeploy.sandbox import models
-    from specdeploy.sandbox.request_set import PATH
+    from specdeploy_sandbox import models
+    from specdeploy_sandbox.request_set import PATH
 
     model_dir = models.hub_dir(model_set="trained") / "models" / repo
     python = models._python(models.cache_dir_default())
@@ -64,9 +64,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("SPECDEPLOY_STATE_DIR", "/run/specdeploy/sandbox-models")
     os.environ["SPECDEPLOY_SANDBOX_MODELS"] = "trained"
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
+    from specdeploy_sandbox import models
+
     from specdeploy.bench import format_curve
-    from specdeploy.sandbox import models
 
     state = sandbox.up(1)
     try:

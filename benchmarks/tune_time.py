@@ -1,6 +1,6 @@
 """deploys/tune.py on the sandbox: the predict flow vs the exhaustive sweep, wall times and k.
 
-    SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy sandbox up --hosts 1
+    SPECDEPLOY_STATE_DIR=/run/specdeploy/sandbox-mine specdeploy-sandbox up --hosts 1
     pyinfra -y inventories/sandbox.py deploys/serve.py
     python benchmarks/tune_time.py [--k 1-7] [--repeats 3] [--warmup-runs 1] [--[no-]share-server]
                                    [--only predict|sweep] [--limit HOST]

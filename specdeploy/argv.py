@@ -109,12 +109,56 @@ def serve_argv(cfg: ServeConfig, **kwargs) -> list[str]:
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value `flag` takes in `argv`: its LAST occurrence, as argparse (and so vLLM) reads it."""
+    value = None
     for i, word in enumerate(argv):
         if word == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if word.startswith(flag + "="):
-            return word.split("=", 1)[1]
-    return None
+            value = argv[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def systemd_split(line: str) -> list[str]:
+    """Split an ExecStart= value the way systemd does for the words render.exec_start writes:
+    whitespace-separated words, double-quoted words with C escapes, `%%` -> `%`, `$$` -> `$`."""
+    words, i, n = [], 0, len(line)
+    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r"}
+    while i < n:
+        while i < n and line[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        word = []
+        if line[i] in "\"'":
+            quote = line[i]
+            i += 1
+            while i < n and line[i] != quote:
+                if line[i] == "\\" and i + 1 < n:
+                    word.append(escapes.get(line[i + 1], line[i + 1]))
+                    i += 2
+                else:
+                    word.append(line[i])
+                    i += 1
+            i += 1
+        else:
+            while i < n and line[i] not in " \t":
+                word.append(line[i])
+                i += 1
+        words.append("".join(word).replace("%%", "%").replace("$$", "$"))
+    return words
+
+
+def unit_exec_argv(unit_text: str | None) -> list[str] | None:
+    """The argv of the (last) ExecStart= line of a unit file's text; None without one."""
+    if not unit_text:
+        return None
+    argv = None
+    for line in unit_text.splitlines():
+        if line.startswith("ExecStart="):
+            value = line[len("ExecStart=") :].lstrip("-@:+!")
+            argv = systemd_split(value) if value.strip() else None
+    return argv
 
 
 def argv_lines(argv: list[str]) -> list[str]:

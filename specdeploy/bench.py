@@ -1,24 +1,26 @@
-"""`vllm bench serve` command lines and result summaries (the one place for both).
+"""`vllm bench serve`: its command lines, the one way it runs on a host, and its result summaries.
 
 Every arm of every comparison takes its request set from `bench_args`, so the dataset, seed,
 lengths, request rate, concurrency and prompt count are identical by construction."""
 
 from __future__ import annotations
 
-import os
+import json
+import shlex
+import statistics
+import time
 from pathlib import Path
 
-from . import datasets
+from pyinfra import host
+
+from . import datasets, server
+from .argv import launcher
 from .config import ServeConfig, Workload
-from .stats import median
+from .metrics import acceptance, prefix_cache_counters, spec_decode_counters
+from .on_host import read_text, sh
+from .timestamps import utc_iso
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
-
-
-def reports_root() -> Path:
-    """Where benchmark JSONs and reports land on the control node: `reports/`, or
-    $SPECDEPLOY_REPORTS (smoke: <root>/<host>/, compare/tune: <root>/<run>/)."""
-    return Path(os.environ.get("SPECDEPLOY_REPORTS", "reports"))
 
 
 METRIC_PERCENTILES = "50,90,99"
@@ -84,6 +86,63 @@ def bench_args(
     return args
 
 
+def run_bench(
+    cfg: ServeConfig,
+    *,
+    tokenizer: str,
+    name: str,
+    local: Path,
+    workload: Workload | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+    meta: dict | None = None,
+) -> dict:
+    """The one way any benchmark runs on a host (smoke, compare, tune, gate): one `vllm bench
+    serve` on the host against the running server; its JSON is fetched to `local` with
+    {"specdeploy": {server_counters, prefix_cache, command, ...meta}} added."""
+    result_path = f"{cfg.bench_dir}/{name}.json"
+    before = server.request(cfg, "/metrics")
+    args = bench_args(
+        cfg,
+        base_url=cfg.base_url,
+        tokenizer=tokenizer,
+        result_dir=cfg.bench_dir,
+        result_filename=f"{name}.json",
+        workload=workload,
+        label=name,
+    ) + list(extra)
+    env = {"HF_HOME": cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env |= cfg.vllm_env
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    started = time.monotonic()
+    # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
+    # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file).
+    sh(
+        f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; "
+        f"{assignments} {shlex.join(launcher(cfg) + args)}",
+        stdin=(cfg.vllm_api_key or "") + "\n",
+    )
+    seconds = time.monotonic() - started
+    after = server.request(cfg, "/metrics")
+    text = read_text(result_path)
+    sh(f"rm -f {shlex.quote(result_path)}", check=False)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    result = json.loads(text)
+    pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
+    prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
+    result["specdeploy"] = {
+        **(meta or {}),
+        "host": host.name,
+        "server_counters": acceptance(spec_decode_counters(before), spec_decode_counters(after)),
+        "prefix_cache": prefix
+        | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
+        "bench_seconds": round(seconds, 1),
+        "command": launcher(cfg) + args,
+        "finished_at": utc_iso(),
+    }
+    local.write_text(json.dumps(result, indent=1))
+    return result
+
+
 SUMMARY_FIELDS = [
     ("completed", "requests completed", "{:.0f}"),
     ("request_throughput", "request throughput (req/s)", "{:.2f}"),
@@ -140,10 +199,12 @@ def not_enough_data(result: dict) -> dict[str, str]:
         )
     output_lens = [n for n in result.get("output_lens") or [] if n]
     tokens = (
-        median(output_lens) if output_lens else (result.get("total_output_tokens") or 0) / completed
+        statistics.median(output_lens)
+        if output_lens
+        else (result.get("total_output_tokens") or 0) / completed
     )
     itls = [gaps for gaps in result.get("itls") or [] if gaps is not None]
-    chunks = median([len(gaps) + 1 for gaps in itls]) if itls else None
+    chunks = statistics.median([len(gaps) + 1 for gaps in itls]) if itls else None
     if tokens < MIN_OUTPUT_TOKENS_PER_REQUEST:
         why["median_tpot_ms"] = (
             f"{tokens:.0f} output tokens per request; needs >= {MIN_OUTPUT_TOKENS_PER_REQUEST}"

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from . import checks, render
-from .bench import reports_root
-from .inventory import host_data
+from .inventory import host_data, hosts_with_data
+from .reports import reports_root
 
 
 def _load_hosts(args) -> dict[str, dict]:
@@ -76,11 +76,11 @@ def cmd_render(args) -> int:
 
 def write_monitoring(args, out: Path, configs: dict) -> None:
     """Prometheus file_sd targets, scrape config, rules, Grafana dashboard (monitoring.py)."""
-    from .monitoring import inventory_hosts_with_data, write_prometheus
+    from .monitoring import write_prometheus
 
     hosts = [
-        (name, groups, data, configs[name])
-        for name, groups, data in inventory_hosts_with_data(args.inventory, args.group_data)
+        (name, sorted(groups), data, configs[name])
+        for name, groups, data in hosts_with_data(args.inventory, args.group_data)
         if name in configs
     ]
     summary = write_prometheus(
@@ -108,43 +108,6 @@ def cmd_migrate(args) -> int:
         print(f"specdeploy migrate: {error}", file=sys.stderr)
         return 2
     return 0
-
-
-def cmd_sandbox(args) -> int:
-    from . import sandbox
-
-    if args.action == "up":
-        state = sandbox.up(hosts=args.hosts)
-        print(json.dumps(state, indent=2))
-    elif args.action == "status":
-        print(json.dumps(sandbox.status(), indent=2))
-    else:
-        sandbox.down()
-        print("sandbox is down")
-    return 0
-
-
-def cmd_demo(args) -> int:
-    """The embedded default: a local sandbox fleet, then the real deploy onto it."""
-    import subprocess
-
-    from . import sandbox
-    from .render import templates_dir
-
-    repo = templates_dir().parent
-    state = sandbox.up(hosts=args.hosts)
-    print(
-        f"sandbox: {len(state['hosts'])} host(s) up: {', '.join(h['name'] for h in state['hosts'])}"
-    )
-    command = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
-    print("$ " + " ".join(command), flush=True)
-    result = subprocess.run(command, cwd=repo)
-    print(
-        f"benchmark JSONs: {repo / 'reports'}/<host>/; deployment records: "
-        "/var/lib/specdeploy/records/ "
-        "on each host; `specdeploy sandbox down` removes the fleet."
-    )
-    return result.returncode
 
 
 def cmd_rollout(args) -> int:
@@ -220,7 +183,7 @@ NOT_BENCH_JSON = {"conditions.json", "prediction.json", "summary.json"}  # in re
 
 def cmd_predict_k(args) -> int:
     """TPOT for every k from saved `vllm bench serve` JSONs (files, or folders of them); offline."""
-    from .predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
+    from .measure.predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
 
     files = []
     for name in args.bench_json:
@@ -276,12 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser(
-        "sandbox", help="local test fleet: systemd-nspawn hosts, wheelhouse, model mirror"
-    )
-    p.add_argument("action", choices=["up", "status", "down"])
-    p.add_argument("--hosts", type=int, default=3)
-    p.set_defaults(func=cmd_sandbox)
     p = sub.add_parser(
         "rollout", help="canary group first, then batches; stops at the first unhealthy batch"
     )
@@ -341,11 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per k")
     p.set_defaults(func=cmd_predict_k)
-    p = sub.add_parser(
-        "demo", help="sandbox up + deploys/serve.py on it (the README's first command)"
-    )
-    p.add_argument("--hosts", type=int, default=2)
-    p.set_defaults(func=cmd_demo)
     return parser
 
 

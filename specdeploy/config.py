@@ -181,6 +181,20 @@ class ServeConfig(BaseModel):
         return self.served_model_name or self.target_model
 
     @property
+    def base_url(self) -> str:
+        """The server's URL as seen from the host itself (a wildcard bind is reached on
+        loopback)."""
+        if self.vllm_host in ("0.0.0.0", ""):
+            address = "127.0.0.1"
+        elif self.vllm_host == "::":
+            address = "[::1]"
+        elif ":" in self.vllm_host:  # an IPv6 literal needs brackets in a URL
+            address = f"[{self.vllm_host}]"
+        else:
+            address = self.vllm_host
+        return f"http://{address}:{self.vllm_port}"
+
+    @property
     def effective_max_model_len(self) -> int:
         return self.max_model_len or self.workload.prompt_len + self.workload.output_len
 

@@ -197,18 +197,3 @@ def write_prometheus(
         "skipped_loopback": skipped,
         "baselines": sorted(baselines),
     }
-
-
-def inventory_hosts_with_data(
-    inventory_path: str, group_data: list[str] | None = None
-) -> list[tuple[str, list[str], dict[str, Any]]]:
-    """[(name, groups, host data)] in inventory order, read without connecting."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    with ctx_state.use(State()):
-        inventory = make_inventory(
-            inventory_path, cwd=os.getcwd(), group_data_directories=group_data or None
-        )
-    return [(h.name, sorted(h.groups), h.data.dict()) for h in inventory]

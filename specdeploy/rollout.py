@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from .checks import ConfigError, check_config
-from .inventory import host_data
+from .inventory import host_data, hosts_with_data
 from .revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from .steps.rollback import ROLLOUT_REPORT_ENV
 
@@ -31,13 +31,7 @@ from .steps.rollback import ROLLOUT_REPORT_ENV
 
 def inventory_hosts(inventory_path: str, cwd: str | None = None) -> list[tuple[str, list[str]]]:
     """[(host name, [groups])] in inventory order, read without connecting."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    with ctx_state.use(State()):
-        inventory = make_inventory(inventory_path, cwd=cwd or os.getcwd())
-    return [(h.name, list(h.groups)) for h in inventory]
+    return [(name, groups) for name, groups, _ in hosts_with_data(inventory_path, cwd=cwd)]
 
 
 def plan_batches(

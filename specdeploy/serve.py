@@ -13,14 +13,15 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from . import gate
+from . import server
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
-from .on_host import read_text
+from .measure import gate
 from .preflight import evaluate
-from .render import ROLES, RenderedUnit, render_unit, unit_exec_argv, unit_name
-from .steps import dataset, health, install, lock, record, smoke, unit, weights
+from .record import DeploymentRecord, read_record
+from .render import RenderedUnit, render_unit
+from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import verify_or_rollback
 
 
@@ -44,15 +45,6 @@ def run_preflight(cfg: ServeConfig):
     return snaps, result
 
 
-def venvs_in_use(cfg: ServeConfig) -> set[str]:
-    """Release venvs named by this service's installed units and their rollback copies."""
-    names = [unit_name(cfg, role) for role in ROLES]
-    paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
-    texts = [read_text(path, missing_ok=True) for path in paths]
-    venvs = {install.venv_of(unit_exec_argv(text), cfg) for text in texts if text}
-    return {venv for venv in venvs if venv} | {cfg.venv}
-
-
 def verify_and_record(
     cfg: ServeConfig,
     rendered: RenderedUnit,
@@ -60,11 +52,11 @@ def verify_and_record(
     *,
     pins: dict | None = None,
     run_smoke: bool = True,
-) -> dict:
+) -> DeploymentRecord:
     """Health check, smoke benchmark and deployment record (runs at execution time)."""
     snaps, pre = run_preflight(cfg)
     verify_started = time.monotonic()
-    checked = health.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
+    checked = server.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
     result = smoke.smoke(cfg, snaps["target"]["path"]) if run_smoke else None
     timings = {
         "server_start_seconds": checked["seconds_to_healthy"],
@@ -75,15 +67,15 @@ def verify_and_record(
     if result is not None and rendered.role == "speculative":
         counters = result["specdeploy"]["server_counters"]
         if not counters["drafts"]:
-            raise health.HealthError(
+            raise server.HealthError(
                 f"{host.name}: spec-decode counters did not grow during the smoke benchmark"
             )
     decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     if result is not None and rendered.role == "speculative" and cfg.speculation_gate is not None:
         rendered, checked, decision = gate.speculation_gate(cfg, rendered, snaps["target"]["path"])
-    gate.disable_other_role(cfg, rendered)
-    removed = install.prune_venvs(cfg, keep=venvs_in_use(cfg))  # verified: older releases can go
-    entry = record.build_record(
+    server.enable_only(cfg, rendered.role)
+    removed = install.prune_venvs(cfg)  # verified: older releases can go
+    entry = record.write_record(
         cfg,
         rendered,
         vllm_version=host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package),
@@ -92,13 +84,11 @@ def verify_and_record(
         health=checked,
         smoke=result,
         started=started,
-        role=rendered.role,
         gate=decision,
         timings=timings,
         revisions=pins or {},
         pruned_venvs=removed,
     )
-    record.write_record(cfg, entry)
     if decision is not None and not decision["passed"] and decision["on_fail"] == "fail":
         raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision['reason']}")
     return entry
@@ -109,7 +99,9 @@ def serve(role: str = "speculative"):
     started = time.time()
     cfg, pins = host_config_and_pins()
     rendered = render_unit(cfg, role)
-    previous = host.get_fact(JsonFile, path=cfg.record_path)
+    previous = read_record(
+        host.get_fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
+    )
     rendered = gate.gate_settled_unit(cfg, rendered, previous)
     lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
     unit.show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff
@@ -127,7 +119,7 @@ def serve(role: str = "speculative"):
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (
         previous is not None
-        and previous.get("unit", {}).get("sha256") == rendered.sha256
+        and previous.unit.sha256 == rendered.sha256
         and not gate.gate_pending(cfg, previous)
     )
 

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from .argv import argv_diff, unit_exec_argv
+from .checks import ConfigError, check_config
 from .facts import (
     FileSha1,
     FileText,
@@ -31,7 +33,13 @@ from .facts import (
     ServiceShow,
     VllmVersion,
 )
+from .inventory import load_inventory
+from .measure.gate import gate_settled_unit
 from .metrics import live_figures
+from .record import DeploymentRecord, read_record
+from .render import render_env_file, render_unit
+from .server import curl_config
+from .status_table import format_table
 
 DEFAULT_TIMEOUT = 30.0  # seconds per host, connect + every read + the scrape interval
 DEFAULT_INTERVAL = 5.0  # seconds between the two /metrics scrapes
@@ -58,9 +66,6 @@ def changed_keys(diff: str) -> list[str]:
 def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
     """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
     renders now."""
-    from .argv import argv_diff
-    from .render import unit_exec_argv
-
     if installed_sha1 is None:
         return {"installed": False, "drift": True, "keys": [], "argv_diff": "", "other": False}
     same = installed_sha1 == hashlib.sha1(expected.text.encode()).hexdigest()
@@ -97,20 +102,20 @@ def _age(show: dict) -> float | None:
     return round(uptime - entered, 1) if entered else None
 
 
-def _record_summary(record: dict | None) -> dict | None:
-    if not record:
+def _record_summary(record: DeploymentRecord | None) -> dict | None:
+    if record is None:
         return None
-    smoke = record.get("smoke") or {}
-    gate = record.get("gate") or {}
+    smoke = record.smoke or {}
+    gate = record.gate or {}
     return {
-        "finished_at": record.get("finished_at"),
-        "role": record.get("role"),
-        "k": (record.get("speculative_config") or {}).get("num_speculative_tokens"),
+        "finished_at": record.finished_at,
+        "role": record.role,
+        "k": record.k,
         "smoke_tpot_ms": smoke.get("median_tpot_ms"),
         "smoke_itl_ms": smoke.get("median_itl_ms"),
         "smoke_acceptance_rate": smoke.get("spec_decode_acceptance_rate"),
-        "vllm_version": (record.get("vllm") or {}).get("version"),
-        "unit_sha256": (record.get("unit") or {}).get("sha256"),
+        "vllm_version": record.vllm.version,
+        "unit_sha256": record.unit.sha256,
         "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
     }
 
@@ -137,11 +142,6 @@ class HostProbe:
     def read(self) -> dict:
         from pyinfra.api.exceptions import ConnectError
         from pyinfra.facts.files import Sha1File
-
-        from .checks import ConfigError, check_config
-        from .gate import gate_settled_unit
-        from .render import render_env_file, render_unit
-        from .steps.health import base_url, curl_config
 
         host = self.host
         out: dict[str, Any] = {
@@ -180,7 +180,9 @@ class HostProbe:
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
             )
 
-        record = self.fact(JsonFile, path=cfg.record_path)
+        record = read_record(
+            self.fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
+        )
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
@@ -225,7 +227,7 @@ class HostProbe:
             problems.append(f"{path} changed on disk; systemd still runs the old one")
 
         self.step = "checking /health and scraping /metrics"
-        url = base_url(cfg)
+        url = cfg.base_url
         auth = curl_config(cfg)  # the API key header, on curl's stdin
         health = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
         out["health"] = {
@@ -287,19 +289,12 @@ class Fleet:
         interval: float = DEFAULT_INTERVAL,
     ):
         from pyinfra.api import Config, State
-        from pyinfra.context import ctx_state
-        from pyinfra_cli.inventory import make_inventory  # also gevent's monkey patching
 
-        if not os.path.exists(inventory_path):
-            raise FileNotFoundError(f"inventory file not found: {inventory_path}")
         if timeout <= interval:
             raise ValueError(f"--timeout ({timeout}s) must be longer than --interval ({interval}s)")
         self.timeout, self.interval = timeout, interval
         state = State(check_for_changes=False)
-        with ctx_state.use(state):
-            inventory = make_inventory(
-                inventory_path, cwd=os.getcwd(), group_data_directories=group_data or None
-            )
+        inventory = load_inventory(inventory_path, group_data, state=state)
         state.init(inventory, Config(CONNECT_TIMEOUT=max(1, int(min(10, timeout / 2)))))
         hosts = [h for h in inventory if not limit or h.name in limit or set(h.groups) & set(limit)]
         if limit and not hosts:
@@ -349,131 +344,6 @@ class Fleet:
 
 # --------------------------------------------------------------------------------------------------
 # Output
-
-
-def _fmt(value, spec: str, scale: float = 1.0, none: str = "-") -> str:
-    return none if value is None else format(value * scale, spec)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
-
-
-def _live(entry: dict) -> tuple[dict, str]:
-    """The window's figures when requests finished in it, else the server's since-start figures
-    (marked `*`): an idle host still shows what its traffic looked like."""
-    live = entry.get("live") or {}
-    window = live.get("window")
-    if window and (window.get("drafts") or window.get("requests_finished")):
-        return window, ""
-    return live.get("since_start") or {}, "*"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-COLUMNS = (
-    "HOST",
-    "OK",
-    "SERVICE",
-    "VLLM",
-    "UNIT",
-    "REQ/S",
-    "ACCEPT",
-    "LEN",
-    "TPOT p50",
-    "ITL p50",
-    "KV",
-    "GPU MEM",
-)
-
-
-def table_rows(results: list[dict]) -> list[list[str]]:
-    rows = []
-    for entry in results:
-        if not entry.get("reachable"):
-            rows.append([entry["host"], "NO", "unreachable"] + ["-"] * (len(COLUMNS) - 3))
-            continue
-        service = entry.get("service") or {}
-        unit = entry.get("unit") or {}
-        vllm = entry.get("vllm") or {}
-        figures, mark = _live(entry)
-        gpus = entry.get("gpu") or []
-        rows.append(
-            [
-                entry["host"],
-                "yes" if entry.get("ok") else "NO",
-                f"{service.get('active', '-')} {_duration(service.get('seconds'))} "
-                f"r{service.get('restarts', '-')}",
-                vllm.get("installed") or "none",
-                ("drift" if unit.get("drift") or unit.get("env_file") else "ok") if unit else "-",
-                _fmt(((entry.get("live") or {}).get("window") or {}).get("request_rate"), ".2f"),
-                _fmt(figures.get("acceptance_rate"), ".0%") + mark,
-                _fmt(figures.get("mean_acceptance_length"), ".2f") + mark,
-                _ms(figures.get("tpot_median_s")) + mark,
-                _ms(figures.get("itl_median_s")) + mark,
-                _fmt(figures.get("kv_cache_usage"), ".0%"),
-                ", ".join(
-                    f"{g['used_bytes'] / 2**30:.1f}/{g['total_bytes'] / 2**30:.0f}G" for g in gpus
-                )
-                or "-",
-            ]
-        )
-    return rows
-
-
-def format_table(results: list[dict]) -> str:
-    rows = [list(COLUMNS), *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    for entry in results:
-        figures, mark = _live(entry)
-        record = entry.get("record") or {}
-        details = []
-        if record:
-            details.append(
-                f"deployed {record.get('finished_at')} as {record.get('role')}, "
-                f"k={record.get('k')}, "
-                f"smoke TPOT {_fmt(record.get('smoke_tpot_ms'), '.2f')} ms"
-            )
-        if figures.get("tpot_mean_s") is not None:
-            details.append(
-                f"TPOT mean {_ms(figures.get('tpot_mean_s'))}, ITL mean "
-                f"{_ms(figures.get('itl_mean_s'))} (exact; the p50 columns are bucket estimates)"
-                + (" since start" if mark else "")
-            )
-        positions = figures.get("per_position_acceptance") or []
-        if positions:
-            details.append(
-                "acceptance by position"
-                + (" (since start)" if mark else "")
-                + ": "
-                + " ".join(_fmt(p, ".0%") for p in positions)
-            )
-        details += [f"! {problem}" for problem in entry.get("problems", [])]
-        diff = (entry.get("unit") or {}).get("argv_diff")
-        if diff:
-            details += ["  " + line for line in diff.splitlines()]
-        if details:
-            lines.append(f"{entry['host']}:")
-            lines += [f"  {d}" for d in details]
-    if any(_live(e)[1] for e in results if e.get("reachable")):
-        lines.append("* no request finished between the scrapes: figures since the server started")
-    bad = [e["host"] for e in results if not e.get("ok")]
-    lines.append(
-        f"{len(results) - len(bad)} of {len(results)} host(s) reachable, healthy and as deployed"
-        + (f"; not: {', '.join(bad)}" if bad else "")
-    )
-    return "\n".join(lines)
 
 
 def run_status(

@@ -20,8 +20,8 @@ import sys
 
 from specdeploy.config import config_from_data
 from specdeploy.facts import parse_accelerators
+from specdeploy.measure.stats import mad, median, ratio_with_band
 from specdeploy.preflight import evaluate
-from specdeploy.stats import mad, median, ratio_with_band
 
 RAM = {"total": 256 << 30, "available": 250 << 30}  # unused for GPU hosts
 IDLE_H200_X2 = [

@@ -19,6 +19,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, python, server
 
+from ..argv import unit_exec_argv
 from ..capabilities import (
     HOST_SYSTEM_PACKAGES,
     PACKAGE_REMOVE_AFTER_INSTALL,
@@ -28,7 +29,8 @@ from ..capabilities import (
 from ..config import SECRETS_DIR, ServeConfig
 from ..facts import VllmVersion
 from ..host_scripts import source
-from ..on_host import sh
+from ..on_host import read_text, sh
+from ..render import ROLES, unit_name
 
 
 @deploy("Packages, service user and directories")
@@ -125,9 +127,19 @@ def venv_of(argv: list[str] | None, cfg: ServeConfig) -> str | None:
     return argv[0][: -len("/bin/python")] if argv[0].endswith("/bin/python") else None
 
 
-def prune_venvs(cfg: ServeConfig, keep: set[str]) -> list[str]:
+def venvs_in_use(cfg: ServeConfig) -> set[str]:
+    """Release venvs named by this service's installed units and their rollback copies."""
+    names = [unit_name(cfg, role) for role in ROLES]
+    paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
+    texts = [read_text(path, missing_ok=True) for path in paths]
+    argvs = [unit_exec_argv(text) for text in texts if text]
+    return {venv for venv in (venv_of(argv, cfg) for argv in argvs) if venv} | {cfg.venv}
+
+
+def prune_venvs(cfg: ServeConfig) -> list[str]:
     """Execution time, after a verified deploy: remove release venvs that neither the installed nor
-    the kept (rollback) unit uses. Returns the removed paths."""
+    the kept (rollback) units use. Returns the removed paths."""
+    keep = venvs_in_use(cfg)
     listed = sh(f"find {shlex.quote(cfg.venvs_dir)} -mindepth 1 -maxdepth 1 -type d", check=False)
     removed = [path for path in listed.split() if path not in keep]
     for path in removed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from pyinfra import host
@@ -11,6 +10,7 @@ from .. import datasets
 from ..bench import summarize
 from ..config import ServeConfig
 from ..on_host import write_text
+from ..record import DeploymentRecord
 from ..render import RenderedUnit
 from ..timestamps import utc_iso
 
@@ -25,17 +25,16 @@ def build_record(
     health: dict | None,
     smoke: dict | None,
     started: float,
-    role: str = "speculative",
     gate: dict | None = None,
     timings: dict | None = None,
     revisions: dict | None = None,
     pruned_venvs: list[str] | None = None,
-) -> dict:
+) -> DeploymentRecord:
+    """The record of a verified deploy; `unit` is the unit the host serves with (its role too)."""
     w = cfg.workload
-    return {
-        "schema": 1,
+    record = {
         "host": host.name,
-        "role": role,
+        "role": unit.role,
         "target": {
             "model": cfg.target_model,
             "revision": cfg.target_revision,
@@ -84,8 +83,12 @@ def build_record(
         "finished_at": utc_iso(),
         "seconds": round(time.time() - started, 1),
     }
+    return DeploymentRecord.model_validate(record)
 
 
-def write_record(cfg: ServeConfig, record: dict) -> None:
-    """Atomically, root-owned and world-readable (the record holds no secret)."""
-    write_text(cfg.record_path, json.dumps(record, indent=2, sort_keys=True) + "\n", mode="644")
+def write_record(cfg: ServeConfig, unit: RenderedUnit, **decisions) -> DeploymentRecord:
+    """Build the record (build_record's arguments) and write it atomically, root-owned and
+    world-readable (the record holds no secret)."""
+    record = build_record(cfg, unit, **decisions)
+    write_text(cfg.record_path, record.to_json(), mode="644")
+    return record

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 from pyinfra import host, logger
 
-from ..argv import flag_value
+from .. import server
+from ..argv import flag_value, unit_exec_argv
 from ..config import ServeConfig
-from ..on_host import sh
-from ..render import RenderedUnit, unit_exec_argv
-from . import health, lock
-from .unit import restore_previous
+from ..render import RenderedUnit
+from . import lock
 
 ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 
@@ -36,10 +34,6 @@ def _report(entry: dict) -> None:
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
-
-
-def service_state(unit: str) -> str:
-    return sh(f"systemctl is-active {shlex.quote(unit)} || true", check=False).strip() or "unknown"
 
 
 def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
@@ -65,19 +59,19 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
             if not changed():
-                state = service_state(unit)
+                state = server.is_active(unit)
                 entry["after"] = (
                     "not rolled back: this run changed neither unit nor env file; "
                     f"{unit} is {state}"
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
-            previous = restore_previous(cfg, unit)
+            previous = server.restore_previous(cfg, unit)
             if previous is None:
-                sh(f"systemctl stop {shlex.quote(unit)} || true", check=False)
+                server.stop([unit])
                 entry["after"] = (
                     f"no previous unit was kept (first deploy of {unit} here), so nothing was "
-                    f"restored; {unit} is stopped ({service_state(unit)}) "
+                    f"restored; {unit} is stopped ({server.is_active(unit)}) "
                     "and the host serves nothing"
                 )
                 raise RolledBack(
@@ -100,7 +94,7 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
     runs = f"{unit} runs {argv[0] if argv else '?'}"
     try:
         old = config_for_argv(cfg, argv)
-        checked = health.wait_healthy(old, unit, speculative="--speculative-config" in argv)
+        checked = server.wait_healthy(old, unit, speculative="--speculative-config" in argv)
         return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
     except Exception as again:
-        return f"NOT healthy after rollback either ({service_state(unit)}); {runs}: {again}"
+        return f"NOT healthy after rollback either ({server.is_active(unit)}); {runs}: {again}"

@@ -15,11 +15,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
-from ..argv import argv_diff, argv_lines
+from ..argv import argv_diff, argv_lines, unit_exec_argv
 from ..config import ServeConfig
 from ..facts import FileText
-from ..on_host import read_text, sh
-from ..render import RenderedUnit, render_env_file, unit_exec_argv
+from ..render import RenderedUnit, render_env_file
 from .secrets import Secret, secret_file
 
 
@@ -89,38 +88,6 @@ def keep_previous_command(cfg: ServeConfig, name: str) -> str:
         f"if [ -f {target} ]; then cp -p {target} {kept}; "
         f"if [ -f {env_file} ]; then cp -p {env_file} {kept}.env; else rm -f {kept}.env; fi; fi"
     )
-
-
-def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
-    """Execution time: the unit kept for rollback, or None when there is none."""
-    text = read_text(cfg.kept_unit_path(name), missing_ok=True)
-    return text if text and text.strip() else None
-
-
-def restore_previous(cfg: ServeConfig, name: str) -> str | None:
-    """Execution time (inside python.call): put the kept unit + env file back, daemon-reload and
-    restart. Returns the restored unit's text, or None when no unit was kept (nothing is
-    changed)."""
-    text = kept_unit_text(cfg, name)
-    if text is None:
-        return None
-    target, env_file = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.env_file)
-    kept, staged = shlex.quote(cfg.kept_unit_path(name)), shlex.quote(cfg.staged_unit_path(name))
-    unit = shlex.quote(name)
-    sh(
-        " && ".join(
-            [
-                f"cp -p {kept} {target}.tmp",
-                f"mv -f {target}.tmp {target}",
-                f"cp -p {target} {staged}",  # the next deploy compares against what really runs
-                f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
-                "systemctl daemon-reload",
-                f"(systemctl reset-failed {unit} || true)",
-                f"systemctl restart {unit}",
-            ]
-        )
-    )
-    return text
 
 
 def show_unit_diff(cfg: ServeConfig, rendered: RenderedUnit) -> bool:

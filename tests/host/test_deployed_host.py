@@ -18,11 +18,11 @@ from specdeploy.argv import (
     flag_value,
     launcher,
     serve_argv,
+    unit_exec_argv,
 )
 from specdeploy.host_scripts import source
-from specdeploy.render import render_unit, secrets, unit_exec_argv
+from specdeploy.render import render_unit, secrets
 from specdeploy.revisions import apply_pins
-from specdeploy.steps.health import base_url
 from specdeploy.steps.weights import models
 
 
@@ -78,7 +78,7 @@ def curl(th, cfg, path: str) -> str:
     script = (
         f"set -a; [ -f {env} ] && . {env}; set +a; "
         f'{{ [ -n "$VLLM_API_KEY" ] && printf \'{header}\' "$VLLM_API_KEY"; true; }} | '
-        f"curl -sS --fail-with-body -m 30 -K - {shlex.quote(base_url(cfg) + path)}"
+        f"curl -sS --fail-with-body -m 30 -K - {shlex.quote(cfg.base_url + path)}"
     )
     return run(th, f"sh -c {shlex.quote(script)}")
 

@@ -6,7 +6,7 @@ unless `SPECDEPLOY_KEEP_SANDBOX=1`, in which case the fleet is left running
 and reused by the next session (`up` is idempotent).
 
 Unless `SPECDEPLOY_STATE_DIR` is set, the tests use their own state dir
-(`/run/specdeploy/sandbox-test`), so a developer's `specdeploy sandbox up`
+(`/run/specdeploy/sandbox-test`), so a developer's `specdeploy-sandbox up`
 fleet is never touched. The fixture exports `SPECDEPLOY_STATE_DIR` so that
 subprocesses (`pyinfra inventories/sandbox.py ...`) see the same fleet.
 
@@ -74,9 +74,9 @@ def sandbox_state_dir() -> str:
 
 @pytest.fixture(scope="session")
 def sandbox_fleet(request, sandbox_state_dir):
-    """The running fleet's state dict (see `specdeploy.sandbox`)."""
-    from specdeploy import sandbox
-    from specdeploy.sandbox import hosts as sb_hosts
+    """The running fleet's state dict (see `specdeploy_sandbox`)."""
+    import specdeploy_sandbox as sandbox
+    from specdeploy_sandbox import hosts as sb_hosts
 
     n = int(os.environ.get("SPECDEPLOY_TEST_HOSTS", "2"))
     prefixes: set[str] = set()
@@ -85,7 +85,7 @@ def sandbox_fleet(request, sandbox_state_dir):
         if _keep():
             warnings.warn(
                 f"SPECDEPLOY_KEEP_SANDBOX=1: leaving the sandbox fleet up "
-                f"(state {sandbox.state_path()}); `specdeploy sandbox down` removes it",
+                f"(state {sandbox.state_path()}); `specdeploy-sandbox down` removes it",
                 stacklevel=2,
             )
             return
@@ -122,13 +122,13 @@ def sandbox_services(sandbox_fleet) -> dict:
 @pytest.fixture(scope="session")
 def sandbox_ssh(sandbox_fleet):
     """`sandbox_ssh(host_or_name, command) -> CompletedProcess` (text, no check)."""
-    from specdeploy.sandbox import hosts as sb_hosts
+    from specdeploy_sandbox import hosts as sb_hosts
 
     by_name = {h["name"]: h for h in sandbox_fleet["hosts"]}
 
     def run(host, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         if isinstance(host, str) and host not in by_name:  # a host added later in the session
-            from specdeploy.sandbox import load_state
+            from specdeploy_sandbox import load_state
 
             by_name.update({h["name"]: h for h in (load_state() or {}).get("hosts", [])})
         h = by_name[host] if isinstance(host, str) else host

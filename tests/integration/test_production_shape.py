@@ -36,7 +36,7 @@ def tail(result, n=80):
 @pytest.fixture(scope="module")
 def fresh_host(sandbox_services, sandbox_fleet):
     """One more sandbox host, booted from the plain image for this module, removed afterwards."""
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     n = len(sandbox_fleet["hosts"])
     state = sandbox.up(n + 1)
@@ -117,8 +117,8 @@ class ProcessSampler:
 
 def host_bytes(host: str, command: str) -> bytes:
     """A command's raw output over the fixtures' root SSH (binary files included)."""
-    from specdeploy.sandbox import hosts as sb_hosts
-    from specdeploy.sandbox import load_state
+    from specdeploy_sandbox import hosts as sb_hosts
+    from specdeploy_sandbox import load_state
 
     state = load_state()
     address = next(h["address"] for h in state["hosts"] if h["name"] == host)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.argv import unit_exec_argv
 from specdeploy.checks import check_config
 from specdeploy.inventory import host_data
-from specdeploy.render import unit_exec_argv
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -41,7 +41,7 @@ def run(*command, timeout=1800, env=None):
 
 @pytest.fixture(scope="module")
 def hosts(sandbox_services, sandbox_fleet):
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     names = [h["name"] for h in sandbox_fleet["hosts"]]
     if len(names) >= 3:

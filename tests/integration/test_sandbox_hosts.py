@@ -168,7 +168,7 @@ def test_hosts_reach_each_other(sandbox_fleet, sandbox_ssh):
 
 
 def test_up_is_idempotent_and_fast(sandbox_fleet):
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     t0 = time.monotonic()
     st = sandbox.up(len(sandbox_fleet["hosts"]), services=False)
@@ -183,7 +183,7 @@ def test_up_is_idempotent_and_fast(sandbox_fleet):
 
 
 def _assert_clean(prefix: str):
-    from specdeploy.sandbox import hosts as sb_hosts
+    from specdeploy_sandbox import hosts as sb_hosts
 
     left = sb_hosts.leftovers(prefix)
     assert left == {k: [] for k in left}, left
@@ -202,14 +202,14 @@ def private_state_dir(monkeypatch):
     monkeypatch.setenv("SPECDEPLOY_STATE_DIR", str(d))
     monkeypatch.delenv("SPECDEPLOY_SANDBOX_PREFIX", raising=False)
     yield d
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     sandbox.down()  # belt and braces
     shutil.rmtree(d, ignore_errors=True)
 
 
 def test_down_leaves_nothing(private_state_dir, sandbox_fleet):
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     st = sandbox.up(2, services=False)
     prefix = st["prefix"]
@@ -233,7 +233,7 @@ def test_down_leaves_nothing(private_state_dir, sandbox_fleet):
 
 def test_down_after_crash_without_state_file(private_state_dir):
     """A lost state file (crash) must not leak hosts: down finds them by prefix."""
-    from specdeploy import sandbox
+    import specdeploy_sandbox as sandbox
 
     st = sandbox.up(1, services=False)
     prefix = st["prefix"]
@@ -253,4 +253,4 @@ def test_inventory_without_state_explains(tmp_path):
         env=env,
     )
     assert p.returncode != 0
-    assert "specdeploy sandbox up" in p.stdout + p.stderr
+    assert "specdeploy-sandbox up" in p.stdout + p.stderr

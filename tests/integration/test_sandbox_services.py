@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from specdeploy.sandbox import models, services, wheelhouse
+from specdeploy_sandbox import models, services, wheelhouse
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 

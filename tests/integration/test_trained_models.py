@@ -21,9 +21,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from specdeploy_sandbox.request_set import PATH as SAMPLE
 
 from specdeploy import datasets
-from specdeploy.sandbox.request_set import PATH as SAMPLE
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 

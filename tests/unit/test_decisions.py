@@ -3,7 +3,7 @@ verdict), k choice, the speculation gate."""
 
 import pytest
 
-from specdeploy.decisions import (
+from specdeploy.measure.decisions import (
     acceptance_summary,
     arm_summary,
     choose_k,

@@ -76,3 +76,81 @@ def test_no_import_cycle_inside_the_package():
         for module, deps in import_graph().items()
     }
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+# The rooms, ground floor first: a module imports only from its own room or rooms below it. The
+# pipeline reads upwards: config -> checks/render -> server -> steps -> measure -> serve -> observe.
+ROOMS = [
+    [
+        "config", "capabilities", "datasets", "on_host", "timestamps", "inventory", "metrics",
+        "record", "reports", "facts", "host_scripts",
+    ],
+    ["argv", "revisions", "render", "preflight", "checks", "migrate"],
+    ["server", "bench"],
+    ["steps"],
+    ["measure"],
+    ["serve"],
+    ["status", "status_table", "monitoring", "rollout"],
+    ["cli"],
+]  # fmt: skip
+
+
+def room_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for floor, names in enumerate(ROOMS):
+        if top in names:
+            return floor
+    raise AssertionError(f"{module} is in no room of ROOMS: give it one")
+
+
+def test_every_import_runs_down_the_rooms():
+    upward = [
+        f"{module} (room {room_of(module)}) imports {dep} (room {room_of(dep)})"
+        for module, deps in import_graph().items()
+        if module != "specdeploy"
+        for dep in deps
+        if dep != "specdeploy"
+        and not module.startswith(dep + ".")
+        and room_of(dep) > room_of(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_serve_path_takes_only_the_gate_from_measure():
+    graph = import_graph()
+    serve_path = {"specdeploy.serve"} | {m for m in graph if m.startswith("specdeploy.steps")}
+    direct = {d for m in serve_path for d in graph[m] if d.startswith("specdeploy.measure.")}
+    assert direct == {"specdeploy.measure.gate"}
+    seen, todo = set(), ["specdeploy.measure.gate"]
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        todo += [d for d in graph.get(module, ()) if d not in seen]
+    reached = {m for m in seen if m.startswith("specdeploy.measure.")}
+    assert reached <= {"specdeploy.measure.gate", "specdeploy.measure.decisions",
+                       "specdeploy.measure.stats"}, reached  # fmt: skip
+
+
+def test_no_module_over_450_lines():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 450
+    }
+    assert not long, long
+
+
+def test_the_wheel_carries_no_sandbox(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(PACKAGE.parent)],
+        check=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("specdeploy-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "specdeploy/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
+    assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]

@@ -3,8 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from specdeploy.compare import setting
 from specdeploy.config import config_from_data
+from specdeploy.measure.plans import setting
 
 
 def test_defaults_come_from_the_schema(valid_data):

@@ -11,8 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from specdeploy.sandbox import models
+from specdeploy_sandbox import models
 
 PY = Path(models._python(models.cache_dir_default()))
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdeploy.predict import (
+from specdeploy.measure.predict import (
     NotABenchRun,
     Run,
     acceptance_length,

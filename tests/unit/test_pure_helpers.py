@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from specdeploy.argv import argv_diff, argv_lines, flag_value
+from specdeploy.argv import argv_diff, argv_lines, flag_value, systemd_split, unit_exec_argv
 from specdeploy.config import config_from_data
-from specdeploy.render import exec_start, systemd_split, unit_exec_argv
+from specdeploy.render import exec_start
 from specdeploy.revisions import apply_pins, is_commit, moving_refs
 from specdeploy.rollout import plan_batches
 from specdeploy.steps.install import venv_of
@@ -125,13 +125,11 @@ def test_paths_named_by_the_config(cfg):
     ],
 )
 def test_base_url_brackets_ipv6(cfg, bind, url):
-    from specdeploy.steps.health import base_url
-
-    assert base_url(cfg.model_copy(update={"vllm_host": bind})) == url
+    assert cfg.model_copy(update={"vllm_host": bind}).base_url == url
 
 
 def test_curl_config_carries_key_and_body_on_stdin(cfg):
-    from specdeploy.steps.health import curl_config
+    from specdeploy.server import curl_config
 
     keyed = cfg.model_copy(update={"vllm_api_key": "sk-1"})
     text = curl_config(keyed, {"prompt": 'say "hi"\\n'})

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from specdeploy import report
-from specdeploy.compare import compare_plan, tune_plan
 from specdeploy.config import ServeConfig, parse_int_list
+from specdeploy.measure import report
+from specdeploy.measure.plans import compare_plan, tune_plan
 
 
 def bench_json(tpot, *, ttft=20.0, itl=None, thr=100.0, counters=None, prefix=None):
@@ -182,7 +182,7 @@ def test_plans_alternate_and_restart_every_sample():
 
 
 def test_measure_unit_differs_only_in_the_arm():
-    from specdeploy.compare import Arm, measure_unit
+    from specdeploy.measure.arms import Arm, measure_unit
 
     cfg = ServeConfig(
         vllm_version="0.32.0",

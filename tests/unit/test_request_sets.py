@@ -6,12 +6,12 @@ import hashlib
 import json
 
 import pytest
+from specdeploy_sandbox.request_set import PATH as SAMPLE
 
 from specdeploy import datasets
 from specdeploy.bench import bench_args
 from specdeploy.checks import check_host
 from specdeploy.config import config_from_data
-from specdeploy.sandbox.request_set import PATH as SAMPLE
 
 
 def write_jsonl(path, rows):

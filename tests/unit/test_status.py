@@ -22,11 +22,8 @@ from specdeploy.metrics import (
     samples,
 )
 from specdeploy.render import exec_start, render_unit
-from specdeploy.status import (
-    changed_keys,
-    format_table,
-    unit_drift,
-)
+from specdeploy.status import changed_keys, unit_drift
+from specdeploy.status_table import format_table
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from specdeploy import report
-from specdeploy.compare import Arm, k_arm
 from specdeploy.config import ServeConfig, config_from_data
-from specdeploy.tune_flow import (
+from specdeploy.measure import report
+from specdeploy.measure.arms import Arm, k_arm
+from specdeploy.measure.tune_flow import (
     PrefixCacheReuse,
     flow_summary,
     neighbours,

@@ -27,7 +27,7 @@ import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from .metrics import pooled_per_position_acceptance
+from ..metrics import pooled_per_position_acceptance
 from .stats import (
     RATIO_INTERVAL_METHOD,
     attained_level,

@@ -32,9 +32,9 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from .config import ServeConfig
+from ..config import ServeConfig
+from .arms import Arm
 from .decisions import choose_k, compare_values, run_values
 from .predict import best_k, json_rows, predict, run_from_bench
 from .stats import median
@@ -42,10 +42,8 @@ from .stats import median
 PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
 
-# compare.Arm, passed in (arm_for) rather than imported: compare imports this module
-Arm = Any
 ArmFor = Callable[[int], Arm]  # k -> the arm measuring it; 0 -> the baseline arm
-Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as compare.measure_plan takes them
+Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as harness.measure_plan takes them
 
 
 # --- which k to measure ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..capabilities import HOST_SYSTEM_PACKAGES, PACKAGE_SYSTEM_DEPENDENCIES
+from specdeploy.capabilities import HOST_SYSTEM_PACKAGES, PACKAGE_SYSTEM_DEPENDENCIES
+
 from . import rootfs
 
 # What deploys onto sandbox hosts install: the deploy's own needs and the CPU build's.

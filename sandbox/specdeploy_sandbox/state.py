@@ -1,6 +1,6 @@
 """The sandbox state file (JSON), kept under `$SPECDEPLOY_STATE_DIR`.
 
-Default location: `/run/specdeploy/sandbox/state.json`. Writes are atomic
+Default location: `/run/sandbox/specdeploy_sandbox/state.json`. Writes are atomic
 (temp file + rename) and serialized with an flock on `state.lock`.
 """
 

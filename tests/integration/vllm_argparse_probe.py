@@ -3,10 +3,10 @@
 Run it with the Python of the venv that holds vLLM (this module imports only vLLM and
 the standard library, so ``PYTHONPATH=<repo>`` is enough)::
 
-    python -m specdeploy.vllm_argparse_probe -- /models/target --dtype float32 \\
+    python tests/integration/vllm_argparse_probe.py -- /models/target --dtype float32 \\
         --speculative-config \\
         '{"method":"draft_model","model":"/models/draft","num_speculative_tokens":3}'
-    python -m specdeploy.vllm_argparse_probe --argv-file argv.json   # JSON list of strings
+    python tests/integration/vllm_argparse_probe.py --argv-file argv.json   # JSON list of strings
 
 The argv is everything that would follow ``vllm serve``. It goes through the real
 ``serve`` subcommand parser (``FlexibleArgumentParser`` + ``make_arg_parser``), the serve
@@ -259,9 +259,10 @@ def _parse_own_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     else:
         own, serve_argv = argv, []
     parser = argparse.ArgumentParser(
-        prog="python -m specdeploy.vllm_argparse_probe",
+        prog="python tests/integration/vllm_argparse_probe.py",
         description="Parse `vllm serve` argv with vLLM's own parser; print JSON.",
-        epilog="Example: python -m specdeploy.vllm_argparse_probe -- /models/t --dtype float32",
+        epilog="Example: python tests/integration/vllm_argparse_probe.py -- /models/t "
+        "--dtype float32",
     )
     parser.add_argument("--argv-file", help="JSON file holding the argv list (after 'vllm serve')")
     parser.add_argument(

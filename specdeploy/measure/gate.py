@@ -5,17 +5,16 @@ deployment record says why, with the numbers."""
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host, logger
 
-from .compare import start_fresh, warm_up
-from .config import ServeConfig
+from ..bench import run_bench
+from ..config import ServeConfig
+from ..record import DeploymentRecord
+from ..render import RenderedUnit, render_unit
+from ..reports import host_reports_dir
+from ..server import start_fresh, switch_enabled, warm_up
+from ..timestamps import utc_stamp
 from .decisions import gate_decision, per_request_tpot_ms
-from .on_host import sh
-from .render import RenderedUnit, render_unit, unit_name
-from .steps.smoke import bench, reports_dir
-from .timestamps import utc_stamp
 
 
 def speculation_gate(
@@ -29,7 +28,7 @@ def speculation_gate(
     disabled."""
     gate_cfg = cfg.speculation_gate
     baseline = render_unit(cfg, "baseline")
-    out = reports_dir(host.name)
+    out = host_reports_dir(host.name)
     stamp = utc_stamp()
     results, checked = {}, {}
     # the baseline unit is written for its run; the speculative one is already installed
@@ -38,7 +37,7 @@ def speculation_gate(
         checked = start_fresh(cfg, unit, speculative=speculative, install=not speculative)
         warm_up(cfg, cfg.workload)
         name = f"gate-{stamp}-{arm}"
-        results[arm] = bench(
+        results[arm] = run_bench(
             cfg,
             tokenizer=tokenizer,
             name=name,
@@ -69,14 +68,9 @@ def speculation_gate(
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if decision["passed"] or gate_cfg.on_fail != "baseline":
         return rendered, checked, decision
-    # the staged copy deploys/serve.py compares against, so a re-run sees the baseline unit
-    # unchanged
-    installed, staged = cfg.unit_path(baseline.name), cfg.staged_unit_path(baseline.name)
-    sh(
-        f"cp -p {shlex.quote(installed)} {shlex.quote(staged)} && "
-        f"systemctl disable {shlex.quote(rendered.name)} && "
-        f"systemctl enable {shlex.quote(baseline.name)}"
-    )
+    # refreshes the staged copy deploys/serve.py compares against: a re-run sees the baseline
+    # unit unchanged
+    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
     checked = start_fresh(cfg, baseline, speculative=False, install=False)
     return baseline, checked, decision
 
@@ -85,28 +79,20 @@ class GateFailed(RuntimeError):
     pass
 
 
-def disable_other_role(cfg: ServeConfig, rendered: RenderedUnit) -> None:
-    """Only the unit the host serves with is enabled (the other may be left enabled by an earlier
-    gate decision)."""
-    other = unit_name(cfg, "baseline" if rendered.role == "speculative" else "speculative")
-    other = shlex.quote(other)
-    sh(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true")
-
-
 def gate_settled_unit(
-    cfg: ServeConfig, rendered: RenderedUnit, previous: dict | None
+    cfg: ServeConfig, rendered: RenderedUnit, previous: DeploymentRecord | None
 ) -> RenderedUnit:
     """Planning time, deploys/serve.py: when the gate already switched this host to the baseline for
     exactly this speculative unit and gate setting, keep serving the baseline (no re-measurement and
     no flip-flop on a re-run). Change the config (or the gate) to measure again."""
-    gate = (previous or {}).get("gate") or {}
+    gate = (previous.gate if previous else None) or {}
     if (
         rendered.role == "speculative"
         and cfg.speculation_gate is not None
         and gate
         and not gate.get("passed")
         and gate.get("on_fail") == "baseline"
-        and (previous or {}).get("role") == "baseline"
+        and previous.role == "baseline"
         and gate.get("speculative_unit_sha256") == rendered.sha256
         and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio
         and cfg.speculation_gate.on_fail == "baseline"
@@ -115,12 +101,12 @@ def gate_settled_unit(
     return rendered
 
 
-def gate_pending(cfg: ServeConfig, previous: dict | None) -> bool:
+def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
     """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
     switched on or its setting changed since the record, or it failed with on_fail=fail."""
     if cfg.speculation_gate is None:
         return False
-    gate = (previous or {}).get("gate") or {}
+    gate = (previous.gate if previous else None) or {}
     if (
         not gate
         or gate.get("max_tpot_ratio") != cfg.speculation_gate.max_tpot_ratio

@@ -1,11 +1,12 @@
-"""The sample request set for the trained sandbox models: `specdeploy/data/sandbox-requests.jsonl`.
+"""The sample request set for the trained sandbox models: `data/sandbox-requests.jsonl` beside this
+file.
 
 vLLM's custom JSONL format (`{"prompt": ..., "output_tokens": ...}`), used by the demo through
 `workload.dataset = "custom"`. Each prompt is the start of a function from a standard-library module
 the trained models never saw (models.HELD_OUT_MODULES): its signature and first body lines, so the
 continuation is code the models have to predict, not text they memorised.
 
-    python -m specdeploy.sandbox.request_set   # rewrite the shipped file from this stdlib
+    python -m specdeploy_sandbox.request_set   # rewrite the shipped file from this stdlib
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .models import HELD_OUT_MODULES
 
-PATH = Path(__file__).resolve().parents[1] / "data" / "sandbox-requests.jsonl"
+PATH = Path(__file__).resolve().parent / "data" / "sandbox-requests.jsonl"
 PER_MODULE = 6
 PROMPT_LINES = 6  # the def line and the first few lines of its body
 OUTPUT_TOKENS = (64, 96, 128)  # varied per request, so per-request lengths are exercised

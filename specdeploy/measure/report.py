@@ -1,0 +1,250 @@
+"""reports/<run>/summary.md, summary.json and PNG charts, built ONLY from the raw files a run wrote
+(reports/<run>/raw/<host>/conditions.json and NN-<arm>.json, each a `vllm bench serve` result JSON
+with a "specdeploy" key), so every number can be recomputed from them.
+
+    python -m specdeploy.report reports/<run>      # rebuild a run's summary from its raw files
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..timestamps import utc_iso
+from .charts import acceptance_chart, acceptance_curves, compare_charts, tune_charts
+from .decisions import (
+    ITL_NOTE,
+    METRICS,
+    TEXT_NOTE,
+    acceptance_summary,
+    arm_summary,
+    choose_k,
+    compare_arms,
+    host_data_change,
+    run_values,
+)
+from .markdown import compare_markdown, tune_markdown
+from .tune_flow import flow_summary
+
+APC_NOTE = (
+    "Automatic prefix caching was OFF in every baseline and speculative measurement instance "
+    "(--no-enable-prefix-caching), so the speculative figures contain no cache effect. The APC "
+    "profile below is separate: the baseline server with prefix caching off vs on, on requests "
+    "that share long prefixes; it is never mixed into the speculative figures."
+)
+SAMPLE_NOTE = (
+    "One sample = one `vllm bench serve` run against a freshly restarted server (after a discarded "
+    "warm-up completion); per metric each run contributes its own median (or its throughput). "
+    "Medians and MAD (unscaled median absolute deviation) are over runs. Arms alternate A B A B; "
+    "warm-up runs are discarded. Ratio = median(speculative) / median(baseline); the noise band is "
+    "[(m_s - MAD_s)/(m_b + MAD_b), (m_s + MAD_s)/(m_b - MAD_b)]; 'better'/'worse' only when the "
+    "whole band is on one side of 1, else 'within noise'. With few runs on a shared CPU the band "
+    "is wide: that is the honest answer, not a defect."
+)
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+def load_run(run_dir: Path) -> dict[str, dict]:
+    """{host: {"conditions": ..., "runs": [result, ...] in index order}} for hosts that finished."""
+    hosts = {}
+    for hdir in sorted((Path(run_dir) / "raw").glob("*")):
+        cond_file = hdir / "conditions.json"
+        if not cond_file.is_file():
+            continue
+        cond = json.loads(cond_file.read_text())
+        if "finished_at" not in cond:
+            continue  # failed part-way: not reported
+        runs = []
+        for f in sorted(hdir.glob("[0-9][0-9]-*.json")):
+            result = json.loads(f.read_text())
+            result["specdeploy"]["file"] = str(f.relative_to(run_dir))
+            runs.append(result)
+        hosts[hdir.name] = {
+            "conditions": cond,
+            "runs": sorted(runs, key=lambda r: r["specdeploy"]["index"]),
+        }
+    return hosts
+
+
+def measured(runs: list[dict], arm: str) -> list[dict]:
+    return [r for r in runs if r["specdeploy"]["arm"] == arm and not r["specdeploy"]["warmup"]]
+
+
+def _run_row(r: dict) -> dict:
+    s = r["specdeploy"]
+    return {
+        "file": s["file"],
+        "index": s["index"],
+        "arm": s["arm"],
+        "warmup": s["warmup"],
+        **{m: r.get(key) for m, (key, *_) in METRICS.items()},
+        "completed": r.get("completed"),
+        "failed": r.get("failed"),
+        "server_counters": s.get("server_counters"),
+        "prefix_cache": s.get("prefix_cache"),
+        "bench_spec_decode_acceptance_rate_pct": r.get("spec_decode_acceptance_rate"),
+        "bench_spec_decode_acceptance_length": r.get("spec_decode_acceptance_length"),
+    }
+
+
+def _apc(runs: list[dict]) -> dict | None:
+    off, on = measured(runs, "apc-off"), measured(runs, "apc-on")
+    if not off or not on:
+        return None
+    hits = [r["specdeploy"]["prefix_cache"] for r in on]
+    queries = sum(h.get("queries", 0) for h in hits)
+    return {
+        "arms": {"apc-off": arm_summary(off), "apc-on": arm_summary(on)},
+        "ratios_on_over_off": compare_arms(on, off),
+        "prefix_cache_hit_rate_on": (sum(h.get("hits", 0) for h in hits) / queries)
+        if queries
+        else None,
+    }
+
+
+# --- compare --------------------------------------------------------------------------------------
+
+
+def compare_summary(run_dir: Path) -> dict:
+    run_dir = Path(run_dir)
+    hosts = load_run(run_dir)
+    out = {
+        "schema": 1,
+        "kind": "compare",
+        "run": run_dir.name,
+        "created_at": utc_iso(),
+        "notes": {
+            "prefix_caching": APC_NOTE,
+            "itl_vs_tpot": ITL_NOTE,
+            "samples": SAMPLE_NOTE,
+            "generated_text": TEXT_NOTE,
+        },
+        "hosts": {},
+        "fleet": None,
+    }
+    all_spec, all_base = [], []
+    for name, h in hosts.items():
+        runs = h["runs"]
+        spec, base = measured(runs, "speculative"), measured(runs, "baseline")
+        all_spec += spec
+        all_base += base
+        out["hosts"][name] = {
+            "conditions": h["conditions"],
+            "arms": {"baseline": arm_summary(base), "speculative": arm_summary(spec)},
+            "ratios": compare_arms(spec, base),
+            "acceptance": acceptance_summary([r["specdeploy"]["server_counters"] for r in spec]),
+            "apc_profile": _apc(runs),
+            "runs": [_run_row(r) for r in runs],
+        }
+    if hosts:
+        out["fleet"] = {
+            "hosts": list(hosts),
+            "how": (
+                "every host's measured runs pooled (one value per run); "
+                "per-host ratios listed alongside"
+            ),
+            "arms": {"baseline": arm_summary(all_base), "speculative": arm_summary(all_spec)},
+            "ratios": compare_arms(all_spec, all_base),
+            "acceptance": acceptance_summary(
+                [r["specdeploy"]["server_counters"] for r in all_spec]
+            ),
+            "per_host_tpot_ratio": {n: h["ratios"]["tpot"] for n, h in out["hosts"].items()},
+        }
+    return out
+
+
+# --- tune -----------------------------------------------------------------------------------------
+
+
+def tune_summary(run_dir: Path) -> dict:
+    run_dir = Path(run_dir)
+    hosts = load_run(run_dir)
+    out = {
+        "schema": 1,
+        "kind": "tune",
+        "run": run_dir.name,
+        "created_at": utc_iso(),
+        "notes": {
+            "samples": SAMPLE_NOTE.replace(
+                "Arms alternate A B A B", "The k order rotates every round"
+            ),
+            "prefix_caching": "prefix caching OFF in every instance",
+            "itl_vs_tpot": ITL_NOTE,
+            "generated_text": TEXT_NOTE,
+        },
+        "hosts": {},
+    }
+    for name, h in hosts.items():
+        ks = h["conditions"]["ks"]
+        by_k = {k: measured(h["runs"], f"k{k}") for k in ks}
+        tpot = {k: run_values(runs, "tpot") for k, runs in by_k.items()}
+        choice = choose_k(tpot)
+        # tune_method = predict (tune_flow.py): predicted vs measured, choice over confirmed k only
+        flow = _predict_flow(run_dir / "raw" / name, h)
+        if flow:
+            choice = flow["decision"]
+        spec = h["conditions"]["speculative_config"]
+        out["hosts"][name] = {
+            "conditions": h["conditions"],
+            "per_k": {
+                str(k): {
+                    "arms": arm_summary(runs),
+                    "acceptance": acceptance_summary(
+                        [r["specdeploy"]["server_counters"] for r in runs]
+                    ),
+                }
+                for k, runs in by_k.items()
+            },
+            "choice": {**choice, "per_k": {str(k): v for k, v in choice["per_k"].items()}},
+            "current_k": spec.get("num_speculative_tokens"),
+            "host_data_change": (
+                None
+                if choice["recommended_k"] == spec.get("num_speculative_tokens")
+                else host_data_change(name, spec, choice["recommended_k"])
+            ),
+            "runs": [_run_row(r) for r in h["runs"]],
+            "predict_flow": flow,
+        }
+    return out
+
+
+def _predict_flow(host_dir: Path, h: dict) -> dict | None:
+    record = host_dir / "prediction.json"
+    if h["conditions"].get("tune_method") != "predict" or not record.is_file():
+        return None
+
+    return flow_summary(h["runs"], json.loads(record.read_text()), h["conditions"])
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def write(run_dir: Path, kind: str | None = None) -> dict:
+    """Build and write summary.json, summary.md and the charts of one run; returns the summary."""
+    run_dir = Path(run_dir)
+    if kind is None:
+        conds = [json.loads(p.read_text()) for p in (run_dir / "raw").glob("*/conditions.json")]
+        kind = conds[0].get("kind", "compare") if conds else "compare"
+    s = compare_summary(run_dir) if kind == "compare" else tune_summary(run_dir)
+    s["charts"] = compare_charts(s, run_dir) if kind == "compare" else tune_charts(s, run_dir)
+    s["charts"] += acceptance_chart(
+        acceptance_curves(s, kind),
+        run_dir,
+        "Acceptance by draft position (server /metrics, benchmark requests, runs pooled)",
+    )
+    (run_dir / "summary.json").write_text(
+        json.dumps(s, indent=1, sort_keys=True, default=str) + "\n"
+    )
+    (run_dir / "summary.md").write_text(
+        (compare_markdown(s) if kind == "compare" else tune_markdown(s)) + "\n"
+    )
+    return s
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        written = write(Path(arg))
+        print(f"{arg}: summary.md, summary.json, {', '.join(written['charts'])}")

@@ -1,0 +1,252 @@
+"""The server's lifecycle on the current host, at execution time (inside `python.call`): talk to it,
+wait until it is healthy, start a unit fresh, stop, restore the deployed unit or the kept rollback
+copy. Used by the serve path (health, rollback, gate) and by every measurement (compare, tune).
+
+Every command goes through `on_host` (the host's sudo settings). Planning-time unit changes are
+pyinfra operations in `steps/unit.py`; what runs here is what can only be decided mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from pyinfra import host, logger
+
+from .config import ServeConfig, Workload
+from .facts import ServiceActive
+from .metrics import spec_decode_counters
+from .on_host import journal_tail, read_text, sh, sh_status, write_text
+from .render import RenderedUnit, measure_unit_name, unit_name
+
+
+class HealthError(RuntimeError):
+    pass
+
+
+# --- talking to the server ------------------------------------------------------------------------
+
+
+def curl_config(cfg: ServeConfig, data: dict | None = None) -> str:
+    """curl's `-K -` config text: the API key header and the JSON body travel on stdin, so neither
+    appears in any process's argv on the host."""
+    lines = []
+    if cfg.vllm_api_key:
+        lines.append(f'header = "Authorization: Bearer {cfg.vllm_api_key}"')
+    if data is not None:
+        body = json.dumps(data).replace("\\", "\\\\").replace('"', '\\"')
+        lines += ['header = "Content-Type: application/json"', f'data = "{body}"']
+    return "\n".join(lines) + "\n"
+
+
+def request(
+    cfg: ServeConfig, path: str, *, data: dict | None = None, check: bool = True, timeout: int = 30
+) -> str:
+    """GET (or POST `data` as JSON) `path` on the host's server, from the host; the body."""
+    config = curl_config(cfg, data)
+    command = f"curl -sS --fail-with-body -m {int(timeout)} -K - {shlex.quote(cfg.base_url + path)}"
+    return sh(command, check=check, stdin=config)
+
+
+# --- systemd's view of a unit ---------------------------------------------------------------------
+
+
+def is_active(unit: str) -> str:
+    """`systemctl is-active` now (the ServiceActive fact's command, run at execution time)."""
+    return sh(ServiceActive().command(unit), check=False).strip() or "unknown"
+
+
+def restart_count(unit: str) -> int:
+    text = sh(f"systemctl show -p NRestarts --value {shlex.quote(unit)}", check=False).strip()
+    return int(text) if text.isdigit() else 0
+
+
+# --- healthy --------------------------------------------------------------------------------------
+
+
+def wait_healthy(
+    cfg: ServeConfig, unit: str, *, speculative: bool = True, timeout_s: int | None = None
+) -> dict:
+    """Poll until healthy (printing progress), then run every check. Raises HealthError with the
+    journal's last lines when the server does not come up or a check fails."""
+    timeout_s = timeout_s or cfg.health_timeout_s
+    started = time.monotonic()
+    next_report = 0.0
+    restarts_at_start = restart_count(unit)
+    while True:
+        elapsed = time.monotonic() - started
+        ok, _, _ = sh_status(f"curl -sf -m 5 -o /dev/null {shlex.quote(cfg.base_url)}/health")
+        if ok:
+            break
+        state = is_active(unit)
+        # Restart=on-failure hides a crash loop as "activating"
+        crashed = restart_count(unit) > restarts_at_start
+        if state == "failed" or crashed or elapsed > timeout_s:
+            why = "it crashed and systemd restarted it" if crashed else f"state {state}"
+            raise HealthError(
+                f"{host.name}: {unit} not healthy after {elapsed:.0f}s ({why}); "
+                f"last journal lines:\n{journal_tail(unit)}"
+            )
+        if elapsed >= next_report:
+            logger.info(
+                f"{host.print_prefix}waiting for {unit} /health "
+                f"({elapsed:.0f}s of {timeout_s}s, {state})"
+            )
+            next_report = elapsed + 15
+        time.sleep(2)
+    try:
+        return check_endpoints(cfg, speculative=speculative) | {
+            "seconds_to_healthy": round(elapsed, 1)
+        }
+    except Exception as error:
+        raise HealthError(
+            f"{host.name}: {unit} is up but a check failed: {error}\n"
+            f"last journal lines:\n{journal_tail(unit)}"
+        ) from error
+
+
+def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
+    """/v1/models lists the served name, one completion returns tokens, and (speculative) the
+    `vllm:spec_decode_*` counters on /metrics moved."""
+    models = json.loads(request(cfg, "/v1/models"))
+    served = [m["id"] for m in models.get("data", [])]
+    if cfg.effective_served_name not in served:
+        raise HealthError(f"/v1/models lists {served}, not {cfg.effective_served_name!r}")
+    completion = json.loads(
+        request(
+            cfg,
+            "/v1/completions",
+            data={
+                "model": cfg.effective_served_name,
+                "prompt": "The capital of France is",
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            timeout=120,
+        )
+    )
+    if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
+        raise HealthError(f"completion returned no tokens: {completion}")
+    metrics_text = request(cfg, "/metrics")
+    counters = spec_decode_counters(metrics_text)
+    if speculative and not counters:
+        raise HealthError("/metrics has no vllm:spec_decode_* counters: speculation is not on")
+    if speculative and counters.get("num_drafts", 0) < 1:
+        raise HealthError(f"spec-decode counters did not move after a completion: {counters}")
+    return {
+        "served_models": served,
+        "completion_tokens": completion["usage"]["completion_tokens"],
+        "spec_decode": counters,
+    }
+
+
+def warm_up(cfg: ServeConfig, workload: Workload) -> None:
+    """One discarded completion of the workload's output length (the health check already sent
+    one)."""
+    request(
+        cfg,
+        "/v1/completions",
+        data={
+            "model": cfg.effective_served_name,
+            "prompt": "warm up " * 8,
+            "max_tokens": workload.output_len,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        timeout=300,
+    )
+
+
+# --- starting, stopping, restoring ----------------------------------------------------------------
+
+
+def production_units(cfg: ServeConfig) -> list[str]:
+    return [unit_name(cfg, "speculative"), unit_name(cfg, "baseline")]
+
+
+def install_unit_file(cfg: ServeConfig, unit: RenderedUnit) -> None:
+    write_text(cfg.unit_path(unit.name), unit.text, mode="644")
+    sh("systemctl daemon-reload")
+
+
+def stop(units: list[str]) -> None:
+    sh(
+        "; ".join(f"systemctl stop {shlex.quote(u)} 2>/dev/null" for u in units) + "; true",
+        check=False,
+    )
+
+
+def start_fresh(
+    cfg: ServeConfig, unit: RenderedUnit, *, speculative: bool, install: bool = True
+) -> dict:
+    """Stop every server on the port, (re)write the unit, start it, wait until healthy."""
+    stop([measure_unit_name(cfg), *production_units(cfg)])
+    if install:
+        install_unit_file(cfg, unit)
+    name = shlex.quote(unit.name)
+    sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
+    return wait_healthy(cfg, unit.name, speculative=speculative)
+
+
+def restore_deployed(cfg: ServeConfig, unit: str, role: str) -> dict:
+    """Remove the measurement unit and bring the deployed unit back, healthy."""
+    measure = measure_unit_name(cfg)
+    stop([measure])
+    sh(
+        f"rm -f {shlex.quote(cfg.unit_path(measure))} && systemctl daemon-reload && "
+        f"systemctl reset-failed {shlex.quote(measure)} 2>/dev/null; true"
+    )
+    sh(f"systemctl start {shlex.quote(unit)}")
+    checked = wait_healthy(cfg, unit, speculative=role == "speculative")
+    logger.info(f"{host.print_prefix}back on {unit}, healthy")
+    return checked
+
+
+def switch_enabled(cfg: ServeConfig, *, disable: str, enable: str) -> None:
+    """Serve with `enable` from now on (also after a reboot); its staged copy is refreshed so the
+    next deploy compares against the unit that really runs."""
+    installed, staged = cfg.unit_path(enable), cfg.staged_unit_path(enable)
+    sh(
+        f"cp -p {shlex.quote(installed)} {shlex.quote(staged)} && "
+        f"systemctl disable {shlex.quote(disable)} && "
+        f"systemctl enable {shlex.quote(enable)}"
+    )
+
+
+def enable_only(cfg: ServeConfig, role: str) -> None:
+    """Only the unit the host serves with stays enabled (an earlier gate decision may have left the
+    other one enabled)."""
+    other = shlex.quote(unit_name(cfg, "baseline" if role == "speculative" else "speculative"))
+    sh(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true")
+
+
+def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
+    """The unit kept for rollback (steps/unit.py keeps it), or None when there is none."""
+    text = read_text(cfg.kept_unit_path(name), missing_ok=True)
+    return text if text and text.strip() else None
+
+
+def restore_previous(cfg: ServeConfig, name: str) -> str | None:
+    """Put the kept unit + env file back, daemon-reload and restart. Returns the restored unit's
+    text, or None when no unit was kept (nothing is changed)."""
+    text = kept_unit_text(cfg, name)
+    if text is None:
+        return None
+    target, env_file = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.env_file)
+    kept, staged = shlex.quote(cfg.kept_unit_path(name)), shlex.quote(cfg.staged_unit_path(name))
+    unit = shlex.quote(name)
+    sh(
+        " && ".join(
+            [
+                f"cp -p {kept} {target}.tmp",
+                f"mv -f {target}.tmp {target}",
+                f"cp -p {target} {staged}",  # the next deploy compares against what really runs
+                f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
+                "systemctl daemon-reload",
+                f"(systemctl reset-failed {unit} || true)",
+                f"systemctl restart {unit}",
+            ]
+        )
+    )
+    return text
