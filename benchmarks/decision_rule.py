@@ -2,7 +2,7 @@
 
     python benchmarks/decision_rule.py [--trials 20000] [--seed 22]
 
-Prints figures, it is not a timed test (tests/unit/test_decision_calibration.py is the fast check).
+Prints figures, it is not a timed test (tests/unit/test_decision_rule.py is the fast check).
 Every simulated run is one run-level value (one fresh server start's median TPOT, ms). Spread
 models:
 
@@ -33,17 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdeploy.measure.decisions import (
-    BETTER,
-    DECIDE,
-    WORSE,
-    choose_k,
-    compare_values,
-    gate_next_step,
-    next_step,
-    sequential_looks,
-)
-from specdeploy.measure.stats import min_p_value, ratio_with_band
+from specdeploy.measure.choose import choose_k
+from specdeploy.measure.decisions import BETTER, DECIDE, WORSE, compare_values, next_step
+from specdeploy.measure.gate_rule import gate_next_step
+from specdeploy.measure.stats import min_p_value, ratio_with_band, sequential_looks
 
 
 def normal(mean: float, cv: float):

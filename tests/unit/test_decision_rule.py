@@ -10,23 +10,23 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from specdeploy.measure.choose import choose_k, fleet_ratio
 from specdeploy.measure.decisions import (
     ADD_RUN,
     BETTER,
     DECIDE,
     NO_DIFFERENCE,
     WORSE,
-    choose_k,
     compare_values,
-    fleet_ratio,
+    next_step,
+    round_order,
+    run_order,
+)
+from specdeploy.measure.gate_rule import (
     gate_decision,
     gate_fingerprint,
     gate_needs_recheck,
     gate_next_step,
-    next_step,
-    round_order,
-    run_order,
-    sequential_looks,
 )
 from specdeploy.measure.stats import (
     attained_level,
@@ -34,6 +34,7 @@ from specdeploy.measure.stats import (
     min_runs_per_arm,
     rank_test,
     ratio_interval,
+    sequential_looks,
     sign_test,
 )
 

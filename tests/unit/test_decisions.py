@@ -3,17 +3,16 @@ verdict), k choice, the speculation gate."""
 
 import pytest
 
+from specdeploy.measure.choose import choose_k, min_runs_for_choose_k
 from specdeploy.measure.decisions import (
     acceptance_summary,
     arm_summary,
-    choose_k,
     compare_arms,
     compare_values,
-    gate_decision,
     host_data_change,
-    min_runs_for_choose_k,
     per_request_tpot_ms,
 )
+from specdeploy.measure.gate_rule import gate_decision
 
 
 def run(tpot, ttft=20.0, itl=None, e2el=None, thr=100.0):
