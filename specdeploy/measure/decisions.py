@@ -359,12 +359,18 @@ def run_order(
     }
 
 
-def compare_arms(spec_runs: Sequence[Mapping], base_runs: Sequence[Mapping]) -> dict[str, dict]:
-    """{metric: ratio/band/verdict} of the speculative arm over the baseline arm, run-level
-    values."""
+def compare_arms(
+    spec_runs: Sequence[Mapping], base_runs: Sequence[Mapping], *, alpha: float = DEFAULT_ALPHA
+) -> dict[str, dict]:
+    """{metric: compare_values result} of the speculative arm over the baseline arm, run-level
+    values, each metric tested at alpha (TPOT is the one the product decides on; the others are
+    reported with their own p-values, no correction across metrics)."""
     return {
         metric: compare_values(
-            run_values(spec_runs, metric), run_values(base_runs, metric), lower_is_better=lower
+            run_values(spec_runs, metric),
+            run_values(base_runs, metric),
+            lower_is_better=lower,
+            alpha=alpha,
         )
         for metric, (_, _, _, lower) in METRICS.items()
     }
