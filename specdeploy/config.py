@@ -86,6 +86,12 @@ class SpeculationGate(BaseModel):
 
     max_tpot_ratio: PositiveFloat = 0.95  # speculative TPOT / baseline TPOT must be at most this
     on_fail: Literal["baseline", "fail"] = "baseline"
+    # fresh-server runs per arm, alternating: with 3 + 3 the one-sided rank test can reach p = 0.05
+    # (2 + 2 cannot go below 1/6, so the gate could never keep speculation)
+    runs: int = Field(3, ge=2, le=12)
+    # a fall-back to the baseline is measured again after this many days (None: only when the units,
+    # the workload or these settings change)
+    recheck_days: PositiveFloat | None = None
 
 
 class ServeConfig(BaseModel):
@@ -136,12 +142,18 @@ class ServeConfig(BaseModel):
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.
-    compare_repeats: PositiveInt = 3  # runs per arm, each on a freshly started server
+    # the false-verdict rate of every compare/tune/gate decision (measure/decisions.py)
+    decision_alpha: float = Field(0.05, gt=0, lt=0.5)
+    # runs per arm, each on a freshly started server: 4 + 4 is the fewest at which the exact
+    # permutation test can reach p <= 0.05 (3 + 3: 0.1)
+    compare_repeats: PositiveInt = 4
     compare_warmup_runs: NonNegativeInt = 1  # discarded runs before the counted ones
     compare_apc_profile: bool = True  # the separate prefix-caching profile
     compare_apc_repeats: PositiveInt = 1
     tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
-    tune_repeats: PositiveInt = 3
+    # runs per measured k (and the baseline); None: the fewest at which choose_k can decide at
+    # decision_alpha for the number of arms measured (measure/choose.py min_runs_for_choose_k)
+    tune_repeats: PositiveInt | None = None
     tune_warmup_runs: NonNegativeInt = 1
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k

@@ -97,7 +97,8 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
         "1 is better"
     )
     ax.set_title(
-        "ratio of medians with noise band (green better, red worse, grey within noise)", fontsize=9
+        "ratio of medians with its interval (green better, red worse, grey: not decided at alpha)",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(run_dir / "ratios.png", dpi=110)
@@ -148,17 +149,25 @@ def tune_charts(s: dict, run_dir: Path) -> list[str]:
             ks, med, yerr=[per_k[str(k)]["mad"] for k in ks], marker="o", capsize=4, label=name
         )
         rk = h["choice"]["recommended_k"]
-        ax.plot(
-            [rk],
-            [per_k[str(rk)]["median"]],
-            "*",
-            markersize=16,
-            color="gold",
-            markeredgecolor="black",
-        )
+        if rk is not None:
+            ax.plot(
+                [rk],
+                [per_k[str(rk)]["median"]],
+                "*",
+                markersize=16,
+                color="gold",
+                markeredgecolor="black",
+            )
+        base = h["choice"].get("baseline")
+        if base and base.get("median") is not None:
+            ax.axhline(base["median"], color="#7f7f7f", linestyle="--", linewidth=1)
     ax.set_xlabel("num_speculative_tokens (k)")
     ax.set_ylabel("TPOT median over runs (ms), MAD bars")
-    ax.set_title("TPOT by k (star = recommended: smallest k within noise of the best)", fontsize=9)
+    ax.set_title(
+        "TPOT by k (star = recommended: smallest k not slower than the best and faster than the "
+        "baseline, dashed)",
+        fontsize=8,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(run_dir / "tune_tpot.png", dpi=110)

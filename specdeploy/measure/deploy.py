@@ -42,10 +42,13 @@ def _write_report(kind: str) -> None:
     if kind == "tune":
         for name, h in summary["hosts"].items():
             c = h["choice"]
-            print(
-                f"{name}: recommended num_speculative_tokens = {c['recommended_k']} (best "
-                f"{c['best_k']}, currently {h['current_k']})"
-            )
+            if c["recommended_k"] is None:
+                print(f"{name}: {c['verdict']} (currently k = {h['current_k']})")
+            else:
+                print(
+                    f"{name}: recommended num_speculative_tokens = {c['recommended_k']} (best "
+                    f"{c['best_k']}, currently {h['current_k']})"
+                )
             print(f"  {h['host_data_change'] or 'no change needed'}")
 
 

@@ -1,72 +1,107 @@
 """The speculation gate (opt-in host data `speculation_gate`): after the smoke benchmark,
-deploys/serve.py measures baseline and speculative on fresh servers; when speculation does not beat
-the baseline by the margin the host ends on the baseline unit (or the deploy fails), and the
-deployment record says why, with the numbers."""
+deploys/serve.py measures baseline and speculative on fresh servers, alternating; when speculation
+is not shown faster than the margin at decision_alpha (gate_rule.py) the host ends on the baseline
+unit (or the deploy fails), and the deployment record says why, with the numbers. A fall-back is
+kept on re-runs until the units, the workload or the gate's settings change (or it is
+`recheck_days` old); then the gate measures again."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from pyinfra import host, logger
 
+from .. import datasets
 from ..bench import run_bench
 from ..config import ServeConfig
 from ..record import DeploymentRecord
 from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
 from ..server import start_fresh, switch_enabled, warm_up
-from ..timestamps import utc_stamp
-from .decisions import gate_decision, per_request_tpot_ms
+from ..timestamps import utc_iso, utc_stamp
+from .decisions import acceptance_summary, run_order, run_values
+from .gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
+
+
+def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
+    """What the gate's decision on this host depends on (gate_rule.gate_fingerprint)."""
+    w = cfg.workload
+    gate_cfg = cfg.speculation_gate
+    return gate_fingerprint(
+        speculative_unit_sha256=speculative.sha256,
+        baseline_unit_sha256=baseline.sha256,
+        workload={
+            **w.model_dump(),
+            "request_set": datasets.describe(w.dataset_path, w.dataset),
+            "gate_runs": gate_cfg.runs,
+        },
+        max_tpot_ratio=gate_cfg.max_tpot_ratio,
+        on_fail=gate_cfg.on_fail,
+        alpha=cfg.decision_alpha,
+    )
 
 
 def speculation_gate(
     cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
 ) -> tuple[RenderedUnit, dict | None, dict]:
-    """Smoke A/B on the production units: baseline, then speculative, one fresh server and one
-    `--save-detailed` benchmark each; per-request TPOT decides (decisions.gate_decision).
+    """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
+    rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
+    (gate_rule.gate_decision).
 
     Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
     disabled."""
     gate_cfg = cfg.speculation_gate
     baseline = render_unit(cfg, "baseline")
+    units = {"baseline": baseline, "speculative": rendered}
     out = host_reports_dir(host.name)
     stamp = utc_stamp()
-    results, checked = {}, {}
-    # the baseline unit is written for its run; the speculative one is already installed
-    for arm, unit in (("baseline", baseline), ("speculative", rendered)):
+    order = run_order(list(units), gate_cfg.runs, mode="alternate")
+    results: dict[str, list[dict]] = {"baseline": [], "speculative": []}
+    files: dict[str, list[str]] = {"baseline": [], "speculative": []}
+    checked: dict = {}
+    for i, arm in enumerate(order["order"]):
+        # the baseline unit is written for its runs; the speculative one is already installed
         speculative = arm == "speculative"
-        checked = start_fresh(cfg, unit, speculative=speculative, install=not speculative)
+        checked = start_fresh(cfg, units[arm], speculative=speculative, install=not speculative)
         warm_up(cfg, cfg.workload)
-        name = f"gate-{stamp}-{arm}"
-        results[arm] = run_bench(
-            cfg,
-            tokenizer=tokenizer,
-            name=name,
-            local=out / f"{name}.json",
-            extra=["--save-detailed"],
-            meta={"arm": arm, "gate": True},
+        name = f"gate-{stamp}-{i:02d}-{arm}"
+        results[arm].append(
+            run_bench(
+                cfg,
+                tokenizer=tokenizer,
+                name=name,
+                local=out / f"{name}.json",
+                meta={"arm": arm, "gate": True, "index": i},
+            )
         )
+        files[arm].append(str(out / f"{name}.json"))
     decision = gate_decision(
-        per_request_tpot_ms(results["speculative"]),
-        per_request_tpot_ms(results["baseline"]),
+        run_values(results["speculative"], "tpot"),
+        run_values(results["baseline"], "tpot"),
         max_tpot_ratio=gate_cfg.max_tpot_ratio,
         on_fail=gate_cfg.on_fail,
+        alpha=cfg.decision_alpha,
     )
     decision.update(
         {
+            "fingerprint": fingerprint(cfg, rendered, baseline),
+            "decided_at": utc_iso(),
+            "run_order": order,
             "speculative_unit_sha256": rendered.sha256,
             "baseline_unit_sha256": baseline.sha256,
-            "files": {arm: str(out / f"gate-{stamp}-{arm}.json") for arm in results},
-            "median_tpot_ms_from_bench": {
-                arm: r.get("median_tpot_ms") for arm, r in results.items()
-            },
-            "acceptance": results["speculative"]["specdeploy"]["server_counters"],
-            "method": "one fresh server and one benchmark per arm (baseline first), "
-            "per-request TPOT, "
-            "production units (prefix caching as deployed)",
+            "files": files,
+            "acceptance": acceptance_summary(
+                [r["specdeploy"]["server_counters"] for r in results["speculative"]]
+            ),
+            "method": f"{gate_cfg.runs} fresh-server runs per arm in alternating rounds, the "
+            "median TPOT of each run as one value, production units (prefix caching as deployed)",
         }
     )
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if decision["passed"] or gate_cfg.on_fail != "baseline":
+        if order["order"][-1] != "speculative":
+            checked = start_fresh(cfg, rendered, speculative=True, install=False)
         return rendered, checked, decision
     # refreshes the staged copy deploys/serve.py compares against: a re-run sees the baseline
     # unit unchanged
@@ -79,23 +114,32 @@ class GateFailed(RuntimeError):
     pass
 
 
+def _recheck(cfg: ServeConfig, previous: DeploymentRecord | None) -> dict:
+    """gate_rule.gate_needs_recheck for this host's units and settings against the record."""
+    speculative = render_unit(cfg, "speculative")
+    return gate_needs_recheck(
+        (previous.gate if previous else None) or None,
+        fingerprint(cfg, speculative, render_unit(cfg, "baseline")),
+        now=datetime.now(UTC),
+        recheck_days=cfg.speculation_gate.recheck_days,
+    )
+
+
 def gate_settled_unit(
     cfg: ServeConfig, rendered: RenderedUnit, previous: DeploymentRecord | None
 ) -> RenderedUnit:
-    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline for
-    exactly this speculative unit and gate setting, keep serving the baseline (no re-measurement and
-    no flip-flop on a re-run). Change the config (or the gate) to measure again."""
+    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline
+    and nothing it depends on changed since (units, workload, gate settings, age), keep serving the
+    baseline: no re-measurement and no flip-flop on a re-run."""
     gate = (previous.gate if previous else None) or {}
     if (
         rendered.role == "speculative"
         and cfg.speculation_gate is not None
+        and cfg.speculation_gate.on_fail == "baseline"
         and gate
         and not gate.get("passed")
-        and gate.get("on_fail") == "baseline"
         and previous.role == "baseline"
-        and gate.get("speculative_unit_sha256") == rendered.sha256
-        and gate.get("max_tpot_ratio") == cfg.speculation_gate.max_tpot_ratio
-        and cfg.speculation_gate.on_fail == "baseline"
+        and not _recheck(cfg, previous)["recheck"]
     ):
         return render_unit(cfg, "baseline")
     return rendered
@@ -103,14 +147,10 @@ def gate_settled_unit(
 
 def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
     """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
-    switched on or its setting changed since the record, or it failed with on_fail=fail."""
+    switched on, what it depends on changed since its decision, or it failed with on_fail=fail."""
     if cfg.speculation_gate is None:
         return False
     gate = (previous.gate if previous else None) or {}
-    if (
-        not gate
-        or gate.get("max_tpot_ratio") != cfg.speculation_gate.max_tpot_ratio
-        or gate.get("on_fail") != cfg.speculation_gate.on_fail
-    ):
+    if not gate or _recheck(cfg, previous)["recheck"]:
         return True
     return not gate.get("passed") and gate.get("on_fail") == "fail"

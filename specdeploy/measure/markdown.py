@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..bench import format_curve
+from .choose import CHOOSE_K_RULE
 from .decisions import METRICS
 from .tune_flow import flow_markdown
 
@@ -21,7 +22,7 @@ def _f(x, digits=2) -> str:
 def _arm_table(arms: dict, ratios: dict, names=("baseline", "speculative")) -> list[str]:
     a, b = names
     lines = [
-        f"| metric | {a} median | {a} MAD | {b} median | {b} MAD | ratio {b}/{a} | noise band | "
+        f"| metric | {a} median | {a} MAD | {b} median | {b} MAD | ratio {b}/{a} | interval | "
         "verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -122,13 +123,16 @@ def compare_markdown(s: dict) -> str:
         s["notes"]["generated_text"],
         "",
         "Charts: `latency.png` (medians, MAD bars, every run as a dot), "
-        "`ratios.png` (speculative/baseline with noise band), `apc.png` (APC profile), "
+        "`ratios.png` (speculative/baseline with its interval), `apc.png` (APC profile), "
         "`acceptance.png` (acceptance by draft position).",
         "",
     ]
     if s["fleet"]:
         f = s["fleet"]
-        lines += [f"## Fleet ({len(f['hosts'])} hosts, runs pooled)", ""]
+        lines += [
+            f"## Fleet ({len(f['hosts'])} hosts: ratios from each host's own runs, medians pooled)",
+            "",
+        ]
         lines += (
             _arm_table(f["arms"], f["ratios"]) + [""] + _acceptance_lines(f["acceptance"]) + [""]
         )
@@ -188,9 +192,8 @@ def tune_markdown(s: dict) -> str:
         "Prefix caching was OFF in every measurement instance. **ITL ≠ TPOT.** "
         f"{s['notes']['itl_vs_tpot']}",
         "",
-        "Rule: the smallest k whose TPOT is within the noise band of the best k "
-        "(median(k) − MAD(k) ≤ median(best) + MAD(best)). Charts: `tune_tpot.png`, "
-        "`acceptance.png` (acceptance by draft position, per k).",
+        f"Rule: {CHOOSE_K_RULE}. Charts: `tune_tpot.png`, `acceptance.png` (acceptance by "
+        "draft position, per k).",
         "",
         "Nothing was edited: apply the printed host-data change yourself (group_data is never "
         "touched).",
@@ -202,15 +205,9 @@ def tune_markdown(s: dict) -> str:
             f"## {name}",
             "",
             f"best k = {c['best_k']}, **recommended k = {c['recommended_k']}** "
-            f"(currently {h['current_k']}).",
+            f"(currently {h['current_k']}; speculation {c.get('speculation')}). {c['verdict']}.",
             "",
         ]
-        if any(v["n"] < 2 for v in c["per_k"].values()):
-            lines += [
-                "**Only one run for some k: there is no noise estimate (MAD 0), so 'within noise "
-                "of best' means equal. Use tune_repeats >= 2 (default 3) before acting on this.**",
-                "",
-            ]
         lines.append(
             f"Host-data change: `{h['host_data_change']}`"
             if h["host_data_change"]
@@ -218,7 +215,7 @@ def tune_markdown(s: dict) -> str:
         )
         lines += [
             "",
-            "| k | TPOT median (ms) | TPOT MAD | ratio to best | within noise of best | E2EL "
+            "| k | TPOT median (ms) | TPOT MAD | ratio to best | not slower than best | E2EL "
             "median (ms) | tok/s median | acceptance rate % | mean acceptance length |",
             "|---|---|---|---|---|---|---|---|---|",
         ]

@@ -13,7 +13,11 @@ from ..config import ServeConfig, Workload
 from ..render import render_unit
 from ..reports import raw_dir
 from .arms import BASELINE, SPECULATIVE, Arm, k_arm
+from .choose import min_runs_for_choose_k
+from .decisions import RULE, round_order
 from .tune_flow import PredictPlan
+
+ORDER = "alternate"  # the run order of compare's rounds (decisions.round_order)
 
 # --- settings: host data, overridden by the environment -------------------------------------------
 
@@ -63,10 +67,14 @@ def apc_workload(cfg: ServeConfig) -> tuple[Workload, tuple[str, ...], dict]:
 def compare_plan(
     cfg: ServeConfig, *, repeats: int, warmup_runs: int, apc_profile: bool, apc_repeats: int
 ) -> list[tuple[Arm, bool]]:
-    spec, base = SPECULATIVE, BASELINE
-    plan: list[tuple[Arm, bool]] = [((spec, base)[i % 2], True) for i in range(warmup_runs)]
-    for _ in range(repeats):  # A B A B ...
-        plan += [(base, False), (spec, False)]
+    arms = {a.label: a for a in (BASELINE, SPECULATIVE)}
+    plan: list[tuple[Arm, bool]] = [
+        ((SPECULATIVE, BASELINE)[i % 2], True) for i in range(warmup_runs)
+    ]
+    for r in range(repeats):  # B S, S B, B S, ...: neither arm always first
+        plan += [
+            (arms[label], False) for label in round_order(list(arms), r, seed=None, mode=ORDER)
+        ]
     if apc_profile:
         workload, extra, _ = apc_workload(cfg)
         off = Arm("apc-off", False, prefix_caching=False, workload=workload, bench_extra=extra)
@@ -79,7 +87,7 @@ def compare_plan(
 def tune_plan(
     cfg: ServeConfig, *, ks: list[int], repeats: int, warmup_runs: int
 ) -> list[tuple[Arm, bool]]:
-    arms = [k_arm(cfg, k) for k in ks]
+    arms = [BASELINE] + [k_arm(cfg, k) for k in ks]  # the baseline: is any k worth it at all?
     plan: list[tuple[Arm, bool]] = [(arms[i % len(arms)], True) for i in range(warmup_runs)]
     for r in range(repeats):  # rotate the order each round so no k always runs first
         shift = r % len(arms)
@@ -112,6 +120,8 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
         "prefix_caching": "off for every speculative/baseline/k measurement instance",
         "restart_between_samples": True,
         "warm_up": "one discarded completion per server instance, plus the discarded warm-up runs",
+        "decision_alpha": cfg.decision_alpha,
+        "decision_rule": RULE,
         **extra,
     }
 
@@ -132,6 +142,7 @@ def compare_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict,
         repeats=repeats,
         warmup_runs=warmup_runs,
         order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
+        run_order={"mode": ORDER, "seed": None},
         apc_profile=apc_workload(cfg)[2] if apc else None,
     )
     return plan, cond, f"A/B ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})"
@@ -139,9 +150,13 @@ def compare_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict,
 
 def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
     ks = setting(cfg, "tune_k")
-    repeats = setting(cfg, "tune_repeats")
+    predict = setting(cfg, "tune_method") == "predict"
+    # None: the fewest runs at which choose_k can decide (the confirm window holds <= 3 k)
+    repeats = setting(cfg, "tune_repeats") or min_runs_for_choose_k(
+        min(len(ks), 3) if predict else len(ks), alpha=cfg.decision_alpha
+    )
     warmup_runs = setting(cfg, "tune_warmup_runs")
-    if setting(cfg, "tune_method") == "predict":  # the adaptive default: tune_flow.py
+    if predict:  # the adaptive default: tune_flow.py
         plan = PredictPlan(
             cfg,
             tuple(ks),

@@ -13,18 +13,25 @@ from pathlib import Path
 
 from ..timestamps import utc_iso
 from .charts import acceptance_chart, acceptance_curves, compare_charts, tune_charts
+from .choose import choose_k, fleet_ratio
 from .decisions import (
+    BETTER,
     ITL_NOTE,
     METRICS,
+    NO_DIFFERENCE,
+    NOT_COMPARABLE,
+    RULE,
     TEXT_NOTE,
+    TOO_FEW_RUNS,
+    WORSE,
     acceptance_summary,
     arm_summary,
-    choose_k,
     compare_arms,
     host_data_change,
     run_values,
 )
 from .markdown import compare_markdown, tune_markdown
+from .stats import DEFAULT_ALPHA
 from .tune_flow import flow_summary
 
 APC_NOTE = (
@@ -35,12 +42,12 @@ APC_NOTE = (
 )
 SAMPLE_NOTE = (
     "One sample = one `vllm bench serve` run against a freshly restarted server (after a discarded "
-    "warm-up completion); per metric each run contributes its own median (or its throughput). "
-    "Medians and MAD (unscaled median absolute deviation) are over runs. Arms alternate A B A B; "
-    "warm-up runs are discarded. Ratio = median(speculative) / median(baseline); the noise band is "
-    "[(m_s - MAD_s)/(m_b + MAD_b), (m_s + MAD_s)/(m_b - MAD_b)]; 'better'/'worse' only when the "
-    "whole band is on one side of 1, else 'within noise'. With few runs on a shared CPU the band "
-    "is wide: that is the honest answer, not a defect."
+    "warm-up completion); per metric each run contributes its own median (or its throughput), and "
+    "the run, not the request, is the unit of evidence. Medians and MAD (unscaled median absolute "
+    "deviation) over runs describe the spread. Rounds alternate which arm goes first (B S, S B, "
+    "...); warm-up runs are discarded. Ratio = median(speculative) / median(baseline) with the "
+    "interval named beside it. Verdicts: " + RULE + ", at the run's decision_alpha (its "
+    "false-verdict rate)."
 )
 
 
@@ -90,7 +97,7 @@ def _run_row(r: dict) -> dict:
     }
 
 
-def _apc(runs: list[dict]) -> dict | None:
+def _apc(runs: list[dict], alpha: float) -> dict | None:
     off, on = measured(runs, "apc-off"), measured(runs, "apc-on")
     if not off or not on:
         return None
@@ -98,7 +105,7 @@ def _apc(runs: list[dict]) -> dict | None:
     queries = sum(h.get("queries", 0) for h in hits)
     return {
         "arms": {"apc-off": arm_summary(off), "apc-on": arm_summary(on)},
-        "ratios_on_over_off": compare_arms(on, off),
+        "ratios_on_over_off": compare_arms(on, off, alpha=alpha),
         "prefix_cache_hit_rate_on": (sum(h.get("hits", 0) for h in hits) / queries)
         if queries
         else None,
@@ -128,31 +135,58 @@ def compare_summary(run_dir: Path) -> dict:
     all_spec, all_base = [], []
     for name, h in hosts.items():
         runs = h["runs"]
+        alpha = _alpha(h["conditions"])
         spec, base = measured(runs, "speculative"), measured(runs, "baseline")
         all_spec += spec
         all_base += base
         out["hosts"][name] = {
             "conditions": h["conditions"],
             "arms": {"baseline": arm_summary(base), "speculative": arm_summary(spec)},
-            "ratios": compare_arms(spec, base),
+            "ratios": compare_arms(spec, base, alpha=alpha),
             "acceptance": acceptance_summary([r["specdeploy"]["server_counters"] for r in spec]),
-            "apc_profile": _apc(runs),
+            "apc_profile": _apc(runs, alpha),
             "runs": [_run_row(r) for r in runs],
         }
     if hosts:
         out["fleet"] = {
             "hosts": list(hosts),
             "how": (
-                "every host's measured runs pooled (one value per run); "
-                "per-host ratios listed alongside"
+                "ratios: the median of the per-host ratios (each host's runs against its own "
+                "baseline), with a sign test over hosts; medians: every host's runs pooled, for "
+                "reference only"
             ),
             "arms": {"baseline": arm_summary(all_base), "speculative": arm_summary(all_spec)},
-            "ratios": compare_arms(all_spec, all_base),
+            "ratios": _fleet_ratios(out["hosts"], _alpha(next(iter(hosts.values()))["conditions"])),
             "acceptance": acceptance_summary(
                 [r["specdeploy"]["server_counters"] for r in all_spec]
             ),
             "per_host_tpot_ratio": {n: h["ratios"]["tpot"] for n, h in out["hosts"].items()},
         }
+    return out
+
+
+def _alpha(conditions: dict) -> float:
+    return conditions.get("decision_alpha", DEFAULT_ALPHA)
+
+
+def _fleet_ratios(hosts: dict, alpha: float) -> dict:
+    """Per metric: choose.fleet_ratio over the hosts' own ratios (paired within each host), with
+    the min-max spread over hosts as its band and the sign test's verdict."""
+    out = {}
+    for metric in METRICS:
+        f = fleet_ratio({name: h["ratios"][metric]["ratio"] for name, h in hosts.items()})
+        lower = METRICS[metric][3]
+        sign = f.get("sign_test") or {}
+        if not f["hosts"]:
+            verdict = NOT_COMPARABLE
+        elif min(1.0, 2 * 0.5 ** f["hosts"]) > alpha:  # the sign test's smallest p
+            verdict = TOO_FEW_RUNS.replace("runs", "hosts")
+        elif sign["p_value"] <= alpha:
+            smaller = sign["below"] > sign["above"]  # speculative below its baseline
+            verdict = BETTER if smaller == lower else WORSE
+        else:
+            verdict = NO_DIFFERENCE
+        out[metric] = f | {"low": f.get("min"), "high": f.get("max"), "verdict": verdict}
     return out
 
 
@@ -169,7 +203,8 @@ def tune_summary(run_dir: Path) -> dict:
         "created_at": utc_iso(),
         "notes": {
             "samples": SAMPLE_NOTE.replace(
-                "Arms alternate A B A B", "The k order rotates every round"
+                "Rounds alternate which arm goes first (B S, S B, ...)",
+                "The order of the k and the baseline rotates every round",
             ),
             "prefix_caching": "prefix caching OFF in every instance",
             "itl_vs_tpot": ITL_NOTE,
@@ -181,7 +216,8 @@ def tune_summary(run_dir: Path) -> dict:
         ks = h["conditions"]["ks"]
         by_k = {k: measured(h["runs"], f"k{k}") for k in ks}
         tpot = {k: run_values(runs, "tpot") for k, runs in by_k.items()}
-        choice = choose_k(tpot)
+        baseline = run_values(measured(h["runs"], "baseline"), "tpot") or None
+        choice = choose_k(tpot, baseline=baseline, alpha=_alpha(h["conditions"]))
         # tune_method = predict (tune_flow.py): predicted vs measured, choice over confirmed k only
         flow = _predict_flow(run_dir / "raw" / name, h)
         if flow:
@@ -202,7 +238,7 @@ def tune_summary(run_dir: Path) -> dict:
             "current_k": spec.get("num_speculative_tokens"),
             "host_data_change": (
                 None
-                if choice["recommended_k"] == spec.get("num_speculative_tokens")
+                if choice["recommended_k"] in (None, spec.get("num_speculative_tokens"))
                 else host_data_change(name, spec, choice["recommended_k"])
             ),
             "runs": [_run_row(r) for r in h["runs"]],

@@ -35,9 +35,10 @@ from pathlib import Path
 
 from ..config import ServeConfig
 from .arms import Arm
-from .decisions import choose_k, compare_values, run_values
+from .choose import choose_k, min_runs_for_choose_k
+from .decisions import run_values
 from .predict import best_k, json_rows, predict, run_from_bench
-from .stats import median
+from .stats import DEFAULT_ALPHA, median
 
 PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
@@ -282,13 +283,11 @@ def next_k(window: Sequence[int], ks: Sequence[int], tpot_by_k: Mapping[int, Seq
 # --- the decision and the report ------------------------------------------------------------------
 
 
-def decide(results: Sequence[Mapping], confirm_k: Sequence[int]) -> dict:
-    """choose_k over the confirmed k's measured runs, and the chosen k against the baseline."""
+def decide(results: Sequence[Mapping], confirm_k: Sequence[int], *, alpha: float) -> dict:
+    """choose_k over the confirmed k's measured runs with the baseline's: the smallest k not slower
+    than the best and faster than the baseline, or leave speculation off (choose.py)."""
     tpot = _tpot_by_k(results)
-    choice = choose_k({k: tpot.get(k, []) for k in confirm_k})
-    rec = choice["recommended_k"]
-    vs_base = compare_values(tpot.get(rec, []), tpot.get(0, []))
-    return {**choice, "recommended_vs_baseline": vs_base}
+    return choose_k({k: tpot.get(k, []) for k in confirm_k}, baseline=tpot.get(0), alpha=alpha)
 
 
 def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mapping) -> dict:
@@ -320,7 +319,9 @@ def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mappin
     seconds = [s.get("sample_seconds") or 0.0 for s in samples]
     pin_n = record["pin_samples"] + sum(1 for s in samples if s.get("warmup"))
     return {
-        "decision": decide(results, record["confirm_k"]),
+        "decision": decide(
+            results, record["confirm_k"], alpha=conditions.get("decision_alpha", DEFAULT_ALPHA)
+        ),
         "record": dict(record),
         "rows": rows,
         "time": {
@@ -329,7 +330,11 @@ def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mappin
             "server_starts": sum(1 for s in samples if s.get("seconds_to_healthy") is not None),
             "pin_seconds": round(sum(seconds[:pin_n]), 1),
             "confirm_seconds": round(sum(seconds[pin_n:]), 1),
-            "sweep_samples_for_comparison": len(record["tune_k"]) * (conditions.get("repeats") or 0)
+            # the sweep measures every k and the baseline, with the runs choose_k needs for them
+            "sweep_samples_for_comparison": (len(record["tune_k"]) + 1)
+            * min_runs_for_choose_k(
+                len(record["tune_k"]), alpha=conditions.get("decision_alpha", DEFAULT_ALPHA)
+            )
             + (conditions.get("warmup_runs") or 0),
         },
     }
@@ -341,7 +346,8 @@ def _f(x, digits=2):
 
 def flow_markdown(name: str, s: Mapping) -> list[str]:
     r, d, t = s["record"], s["decision"], s["time"]
-    vs = d["recommended_vs_baseline"]
+    rec = d["recommended_k"]
+    vs = d["per_k"].get(rec, {}) if rec is not None else {}
     lines = [
         f"### {name}: predicted, then confirmed (tune_method = predict)",
         "",
@@ -350,9 +356,10 @@ def flow_markdown(name: str, s: Mapping) -> list[str]:
         f"with the baseline ({r['extensions']} window extension(s)). The recommendation uses "
         "measured runs only.",
         "",
-        f"Recommended k = **{d['recommended_k']}** (best measured {d['best_k']}); its TPOT / "
-        f"baseline = {_f(vs['ratio'], 3)} (band {_f(vs['low'], 3)} – {_f(vs['high'], 3)}, "
-        f"{vs['verdict']}).",
+        f"Recommended k = **{rec if rec is not None else 'none: leave speculation off'}** (best "
+        f"measured {d['best_k']}); TPOT / baseline = {_f(vs.get('ratio_to_baseline'), 3)}, "
+        f"p (faster than the baseline) = {_f(vs.get('p_faster_than_baseline'), 3)}. "
+        f"{d['verdict']}.",
         "",
         "| k | role | L(k) | predicted TPOT ms | band | measured TPOT ms (runs) | error |",
         "|---|---|---|---|---|---|---|",
