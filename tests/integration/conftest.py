@@ -171,3 +171,34 @@ def pyinfra_sandbox(sandbox_fleet):
         )
 
     return run
+
+
+class ExtraHost:
+    """One host beyond the session fleet, booted from the plain image on first use: the fresh stock
+    host of test_production_shape, then (already installed, so no second fresh install) the third
+    host test_rollout needs. `release()` gives the session its fleet size back."""
+
+    def __init__(self, fleet: dict):
+        self.size = len(fleet["hosts"])
+        self.name: str | None = None
+
+    def get(self) -> str:
+        import specdeploy_sandbox as sandbox
+
+        if self.name is None:
+            self.name = sandbox.up(self.size + 1)["hosts"][-1]["name"]
+        return self.name
+
+    def release(self) -> None:
+        import specdeploy_sandbox as sandbox
+
+        if self.name is not None:
+            sandbox.up(self.size)
+            self.name = None
+
+
+@pytest.fixture(scope="session")
+def extra_host(sandbox_services, sandbox_fleet):
+    host = ExtraHost(sandbox_fleet)
+    yield host
+    host.release()

@@ -34,15 +34,10 @@ def tail(result, n=80):
 
 
 @pytest.fixture(scope="module")
-def fresh_host(sandbox_services, sandbox_fleet):
-    """One more sandbox host, booted from the plain image for this module, removed afterwards."""
-    import specdeploy_sandbox as sandbox
-
-    n = len(sandbox_fleet["hosts"])
-    state = sandbox.up(n + 1)
-    host = state["hosts"][-1]
-    yield host["name"]
-    sandbox.up(n)
+def fresh_host(extra_host):
+    """One more sandbox host, booted from the plain image (this module is its first user;
+    test_rollout reuses it as its third host and then removes it)."""
+    return extra_host.get()
 
 
 @pytest.fixture(scope="module")

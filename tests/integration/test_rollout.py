@@ -40,18 +40,16 @@ def run(*command, timeout=1800, env=None):
 
 
 @pytest.fixture(scope="module")
-def hosts(sandbox_services, sandbox_fleet):
-    import specdeploy_sandbox as sandbox
-
+def hosts(sandbox_services, sandbox_fleet, extra_host):
     names = [h["name"] for h in sandbox_fleet["hosts"]]
     if len(names) >= 3:
         yield names[:3]
         return
-    state = sandbox.up(3)
+    # the session fleet + test_production_shape's host (already installed), or a fresh one
     try:
-        yield [h["name"] for h in state["hosts"]][:3]
+        yield [*names, extra_host.get()][:3]
     finally:
-        sandbox.up(len(names))  # give the session its fleet back
+        extra_host.release()  # give the session its fleet back
 
 
 @pytest.fixture(scope="module")

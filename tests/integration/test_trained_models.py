@@ -15,6 +15,7 @@ the shipped request set: figures that mean something.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -30,6 +31,8 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 2400
 INVENTORY = REPO / "inventories/sandbox.py"
+UNIT = "specdeploy-vllm.service"
+UNIT_BASELINE = "specdeploy-vllm-baseline.service"
 
 
 def trained_env() -> dict:
@@ -107,19 +110,39 @@ def test_request_set_is_shipped_verified_and_recorded(deployed, host, sandbox_ss
     assert recorded["rows"] == described["rows"]
 
 
-def test_compare_finds_speculation_faster_with_the_good_draft(deployed, host, sandbox_ssh):
-    """Two fresh-server runs per arm (arms alternate), replaying the shipped request set: the TPOT
-    ratio and its whole noise band lie below 1, recomputed here from the raw bench JSONs."""
-    out = measure("compare", host, REPEATS=2, WARMUP_RUNS=0, APC_PROFILE=0)
-    h = json.loads((out / "summary.json").read_text())["hosts"][host]
-    tpot = h["ratios"]["tpot"]
-    assert tpot["verdict"] == "better" and tpot["high"] < 1, tpot
+KEYS = {
+    "ttft": "median_ttft_ms",
+    "tpot": "median_tpot_ms",
+    "itl": "median_itl_ms",
+    "e2el": "median_e2el_ms",
+    "output_throughput": "output_throughput",
+    "request_throughput": "request_throughput",
+}
 
+
+def mad(xs):
+    m = statistics.median(xs)
+    return statistics.median([abs(x - m) for x in xs])
+
+
+@pytest.fixture(scope="module")
+def compare_run(deployed, host):
+    """deploys/compare.py with its defaults' run count (4 + 4: the fewest at which the permutation
+    test can reach alpha = 0.05) and the APC profile, no warm-up run."""
+    return measure("compare", host, REPEATS=4, WARMUP_RUNS=0, APC_PROFILE=1, APC_REPEATS=1)
+
+
+def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host, sandbox_ssh):
+    """Four fresh-server runs per arm in alternating rounds, replaying the shipped request set:
+    every speculative run's TPOT below every baseline run's, so the exact permutation test gives
+    its smallest p, 2 / C(8, 4) = 2/70 <= 0.05: "better", recomputed here from the raw JSONs."""
+    h = json.loads((compare_run / "summary.json").read_text())["hosts"][host]
+    tpot = h["ratios"]["tpot"]
     described = datasets.describe(str(SAMPLE), "custom")
     wanted = {json.loads(row)["output_tokens"] for row in SAMPLE.read_text().splitlines() if row}
+    runs = raw_runs(compare_run, host)
     medians: dict[str, list[float]] = {"baseline": [], "speculative": []}
-    for f in sorted((out / "raw" / host).glob("[0-9][0-9]-*.json")):
-        r = json.loads(f.read_text())
+    for r in arm(runs, "baseline") + arm(runs, "speculative"):
         command = r["specdeploy"]["command"]
         # the shipped request set, at its checksum-verified path on the host
         assert command[command.index("--dataset-name") + 1] == "custom", command
@@ -127,13 +150,116 @@ def test_compare_finds_speculation_faster_with_the_good_draft(deployed, host, sa
         # per-request output lengths are the rows' own output_tokens (--custom-output-len -1)
         assert set(r["output_lens"]) <= wanted and len(set(r["output_lens"])) > 1, r["output_lens"]
         medians[r["specdeploy"]["arm"]].append(r["median_tpot_ms"])
-    assert [len(v) for v in medians.values()] == [2, 2], medians
+    assert [len(v) for v in medians.values()] == [4, 4], medians
+    assert max(medians["speculative"]) < min(medians["baseline"]), medians
     ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
-    assert tpot["ratio"] == pytest.approx(ratio)
-    assert ratio < 1
+    assert tpot["ratio"] == pytest.approx(ratio) and ratio < 1
+    assert tpot["p_value"] == pytest.approx(2 / math.comb(8, 4)) and tpot["verdict"] == "better"
+    assert tpot["low"] <= ratio <= tpot["high"] < 1, tpot
     # the deployed speculative unit serves again afterwards
     active = sandbox_ssh(host, "systemctl is-active specdeploy-vllm.service")
     assert active.stdout.strip() == "active"
+
+
+def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, sandbox_ssh):
+    """Every number the report shows, recomputed from the raw `vllm bench serve` JSONs (with
+    `statistics`, not specdeploy's own code); the arms differ only in --speculative-config."""
+    summary = json.loads((compare_run / "summary.json").read_text())
+    assert set(summary["hosts"]) == {host}
+    h = summary["hosts"][host]
+    runs = raw_runs(compare_run, host)
+    # rounds alternate which arm goes first, then the APC profile; APC off outside the profile
+    assert [r["specdeploy"]["arm"] for r in runs] == [
+        "baseline",
+        "speculative",
+        "speculative",
+        "baseline",
+        "baseline",
+        "speculative",
+        "speculative",
+        "baseline",
+        "apc-off",
+        "apc-on",
+    ]
+    for r in runs:
+        assert r["failed"] == 0 and r["specdeploy"]["fresh_server"]
+        argv = r["specdeploy"]["unit_argv"]
+        if r["specdeploy"]["arm"] == "apc-on":
+            assert "--enable-prefix-caching" in argv
+        else:
+            assert "--no-enable-prefix-caching" in argv
+        assert ("--speculative-config" in argv) == (r["specdeploy"]["arm"] == "speculative")
+    base, spec = arm(runs, "baseline"), arm(runs, "speculative")
+    sa = spec[0]["specdeploy"]["unit_argv"]
+    i = sa.index("--speculative-config")
+    assert sa[:i] + sa[i + 2 :] == base[0]["specdeploy"]["unit_argv"]
+    strip = lambda c: [w for w in c if "baseline" not in w and "speculative" not in w]  # noqa: E731
+    assert strip(spec[0]["specdeploy"]["command"]) == strip(base[0]["specdeploy"]["command"])
+    for metric, key in KEYS.items():
+        for label, runs_ in (("baseline", base), ("speculative", spec)):
+            values = [r[key] for r in runs_]
+            got = h["arms"][label][metric]
+            assert got["values"] == values
+            assert got["median"] == pytest.approx(statistics.median(values))
+            assert got["mad"] == pytest.approx(mad(values))
+        ms, mb = (
+            statistics.median([r[key] for r in spec]),
+            statistics.median([r[key] for r in base]),
+        )
+        assert h["ratios"][metric]["ratio"] == pytest.approx(ms / mb)
+    # acceptance from /metrics (prometheus_client) equals what bench itself saw
+    accepted = sum(r["spec_decode_accepted_tokens"] for r in spec)
+    proposed = sum(r["spec_decode_draft_tokens"] for r in spec)
+    drafts = sum(r["spec_decode_num_drafts"] for r in spec)
+    assert (
+        h["acceptance"]["accepted_tokens"] == accepted
+        and h["acceptance"]["draft_tokens"] == proposed
+    )
+    assert h["acceptance"]["acceptance_rate"] == pytest.approx(accepted / proposed)
+    assert h["acceptance"]["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    for r in spec:
+        assert r["specdeploy"]["server_counters"]["acceptance_rate"] * 100 == pytest.approx(
+            r["spec_decode_acceptance_rate"]
+        )
+    for r in base:
+        assert "spec_decode_acceptance_rate" not in r
+    # the APC profile is separate and used a shared-prefix dataset
+    apc = h["apc_profile"]
+    on, off = arm(runs, "apc-on")[0], arm(runs, "apc-off")[0]
+    assert "prefix_repetition" in on["specdeploy"]["command"]
+    assert apc["ratios_on_over_off"]["ttft"]["ratio"] == pytest.approx(
+        on[KEYS["ttft"]] / off[KEYS["ttft"]]
+    )
+    assert apc["prefix_cache_hit_rate_on"] > 0
+    assert off["specdeploy"]["prefix_cache"].get("hits", 0) == 0
+    # one host: the fleet ratio is that host's own
+    assert summary["fleet"]["ratios"]["tpot"]["ratio"] == pytest.approx(
+        h["ratios"]["tpot"]["ratio"]
+    )
+    md = (compare_run / "summary.md").read_text()
+    assert (
+        "ITL ≠ TPOT" in md and "prefix caching was OFF" in md and "Identical generated text" in md
+    )
+    assert "permutation test" in md
+    for chart in ("latency.png", "ratios.png", "apc.png"):
+        assert (compare_run / chart).stat().st_size > 5000
+    # the measurement unit is gone and the deployed unit serves again
+    gone = sandbox_ssh(host, "test -e /etc/systemd/system/specdeploy-vllm-measure.service")
+    assert gone.returncode == 1
+    cond = json.loads((compare_run / "raw" / host / "conditions.json").read_text())
+    assert cond["restored_unit"] == "specdeploy-vllm.service"
+    assert cond["run_order"]["mode"] == "alternate" and cond["decision_alpha"] == 0.05
+
+
+def raw_runs(run_dir, host):
+    return [
+        json.loads(p.read_text())
+        for p in sorted((run_dir / "raw" / host).glob("[0-9][0-9]-*.json"))
+    ]
+
+
+def arm(runs, label):
+    return [r for r in runs if r["specdeploy"]["arm"] == label and not r["specdeploy"]["warmup"]]
 
 
 def test_tune_predicts_then_confirms(deployed, host, sandbox_ssh):
@@ -178,6 +304,10 @@ def test_tune_predicts_then_confirms(deployed, host, sandbox_ssh):
 def test_gate_falls_back_to_baseline_with_the_poor_draft(
     deployed, host, sandbox_ssh, sandbox_services, tmp_path
 ):
+    """The gate's default 3 + 3 fresh-server runs in alternating rounds, each run's median TPOT one
+    value: the poor draft is not shown faster than 0.95 x the baseline, so the host ends on the
+    baseline unit with the evidence recorded; a re-run keeps that decision (no re-measurement, no
+    restart); without the gate the host serves speculatively again."""
     poor = "specdeploy-sandbox/pycode-draft-poor"
     record = record_of(sandbox_ssh, host)
     spec = {
@@ -196,8 +326,40 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(
     result = pyinfra(inventory, "deploys/serve.py")
     assert result.returncode == 0, tail(result)
     record = record_of(sandbox_ssh, host)
-    assert record["role"] == "baseline", record["gate"]
-    assert record["gate"]["passed"] is False
-    assert "TPOT" in record["gate"]["reason"]
-    active = sandbox_ssh(host, "systemctl is-active specdeploy-vllm-baseline.service")
+    g = record["gate"]
+    assert record["role"] == "baseline" and record["unit"]["name"] == UNIT_BASELINE, g
+    assert g["passed"] is False and g["action"] == "switch to baseline"
+    assert g["runs"] == {"speculative": 3, "baseline": 3}
+    assert g["run_order"]["order"] == ["baseline", "speculative", "speculative", "baseline"] + [
+        "baseline",
+        "speculative",
+    ]
+    # the decision's numbers, recomputed from the raw bench JSONs of its six runs
+    medians = {
+        a: [json.loads((REPO / p).read_text())["median_tpot_ms"] for p in g["files"][a]]
+        for a in ("speculative", "baseline")
+    }
+    ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
+    assert g["ratio"] == pytest.approx(ratio) and ratio > 0.95, medians
+    assert "required <= 0.95" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
+    assert g["fingerprint"]["max_tpot_ratio"] == 0.95 and g["decided_at"]
+    active = sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}")
     assert active.stdout.strip() == "active"
+    enabled = sandbox_ssh(
+        host, f"systemctl is-enabled {UNIT_BASELINE}; systemctl is-enabled {UNIT} || true"
+    )
+    assert enabled.stdout.split() == ["enabled", "disabled"]
+
+    # a re-run keeps the decision: no re-measurement, no restart
+    pid = sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout
+    again = pyinfra(inventory, "deploys/serve.py")
+    assert again.returncode == 0, tail(again)
+    assert "speculation gate" not in again.stdout + again.stderr
+    assert sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout == pid
+
+    # without the gate (and with the good draft) the host goes back to speculation
+    back = pyinfra(INVENTORY, "deploys/serve.py", "--limit", host)
+    assert back.returncode == 0, tail(back)
+    assert sandbox_ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active"
+    disabled = sandbox_ssh(host, f"systemctl is-enabled {UNIT_BASELINE} || true")
+    assert disabled.stdout.strip() == "disabled"
