@@ -3,6 +3,14 @@
 config -> checks -> render -> install -> weights -> preflight -> unit -> health -> smoke -> record.
 A re-run with nothing changed schedules no operation at all: every branch below is decided from
 facts.
+
+The plain `pyinfra INVENTORY deploys/serve.py` is a rolling update: everything that can take a
+server down (swap in the unit and env file, restart, health, smoke, record, rollback) is ONE
+`python.call` that pyinfra runs host by host (`_serial`), or `rollout_max_parallel` hosts at a time
+(`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Everything
+before it (packages, venv, weights, preflight, staging) runs on all hosts at once and stops nothing.
+pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: do not use it
+with this deploy.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import time
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
 from . import server
@@ -96,6 +105,23 @@ def verify_and_record(
     return entry
 
 
+_PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)
+
+
+def restart_parallelism(cfg: ServeConfig) -> dict:
+    """The rolling restart's pyinfra execution arguments: `_serial` for one host at a time (the
+    default), `_parallel=N` for N. pyinfra takes them from all hosts of one operation alike, so
+    two hosts with different `rollout_max_parallel` stop the run here, before anything runs."""
+    n = cfg.rollout_max_parallel
+    first = _PARALLEL.setdefault(id(host.state), (host.name, n))
+    if first[1] != n:
+        raise PyinfraError(
+            f"{host.name}: rollout_max_parallel is {n}, but {first[0]} of the same run has "
+            f"{first[1]}: set one value for every host of a run (group_data/all.py)"
+        )
+    return {"_serial": True} if n == 1 else {"_parallel": n}
+
+
 @deploy("specdeploy: serve vLLM with speculative decoding", data_defaults=DATA_DEFAULTS)
 def serve(role: str = "speculative"):
     started = time.time()
@@ -111,30 +137,47 @@ def serve(role: str = "speculative"):
     install.prepare_host(cfg)
     install.install_vllm(cfg)
     weights.download_token(cfg)
-    dataset.ship_request_set(cfg)
+    shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)
     else:
         run_preflight(cfg)  # weights already there: refuse now, before any operation runs
 
-    changed = unit.install_unit(cfg, rendered)
+    change = unit.install_unit(cfg, rendered)
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (
         previous is not None
         and previous.unit.sha256 == rendered.sha256
         and not gate.gate_pending(cfg, previous)
     )
+    stale_workload = dataset.workload_changes(previous, cfg)
+    if stale_workload:
+        logger.warning(
+            f"{host.print_prefix}the record's workload differs from the host data "
+            f"({', '.join(stale_workload)}): health, smoke and record run again, no restart"
+        )
+    parallel = restart_parallelism(cfg)
+    width = "one host at a time" if cfg.rollout_max_parallel == 1 else (
+        f"{cfg.rollout_max_parallel} hosts at a time")  # fmt: skip
 
-    # A failing health check on a changed host restores the previous unit + env file.
+    # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
+    # an earlier failed host of this run holds it back untouched (steps/rollback.py).
     python.call(
-        name="Health check, smoke benchmark, deployment record",
+        name=f"Restart ({width}), health check, smoke benchmark, deployment record",
         function=verify_or_rollback,
         verify=verify_and_record,
-        changed=changed,
+        change=change,
         cfg=cfg,
         rendered=rendered,
         started=started,
         pins=pins,
-        _if=lambda: changed() or not up_to_date or active != "active",
+        _if=lambda: (
+            change.pending()
+            or not up_to_date
+            or active != "active"
+            or bool(stale_workload)
+            or bool(shipped and shipped.did_change())
+        ),
+        **parallel,
     )
     lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

@@ -166,6 +166,40 @@ def install_unit_file(cfg: ServeConfig, unit: RenderedUnit) -> None:
     sh("systemctl daemon-reload")
 
 
+def swap_in_staged(cfg: ServeConfig, name: str) -> bool:
+    """Move the staged unit (steps/unit.py uploads it) into place when it differs from the
+    installed one, in one `mv`, and daemon-reload. True when it was swapped in."""
+    staged, target = shlex.quote(cfg.staged_unit_path(name)), shlex.quote(cfg.unit_path(name))
+    out = sh(
+        f"if cmp -s {staged} {target}; then echo SAME; else "
+        f"cp -p {staged} {target}.tmp && mv -f {target}.tmp {target} && systemctl daemon-reload "
+        "&& echo SWAPPED; fi"
+    )
+    return out.strip().endswith("SWAPPED")
+
+
+def enable(unit: str) -> None:
+    quoted = shlex.quote(unit)
+    sh(f"systemctl is-enabled -q {quoted} 2>/dev/null || systemctl enable -q {quoted}")
+
+
+def restart(unit: str) -> None:
+    """Restart `unit` now (a failed state is reset first, so a crash-looped unit restarts too)."""
+    quoted = shlex.quote(unit)
+    sh(f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl restart {quoted}")
+
+
+def start_if_inactive(unit: str) -> bool:
+    """Start `unit` unless it is active; True when it was started."""
+    quoted = shlex.quote(unit)
+    out = sh(
+        f"if systemctl is-active -q {quoted}; then echo ACTIVE; else "
+        f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl start {quoted} "
+        "&& echo STARTED; fi"
+    )
+    return out.strip().endswith("STARTED")
+
+
 def stop(units: list[str]) -> None:
     sh(
         "; ".join(f"systemctl stop {shlex.quote(u)} 2>/dev/null" for u in units) + "; true",

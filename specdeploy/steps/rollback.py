@@ -1,4 +1,13 @@
-"""Health-gated rollback: steps 6-8 (health, smoke, record) run through `verify_or_rollback`.
+"""The rolling restart and its health-gated rollback: swap + restart + steps 6-8 (health, smoke,
+record) of one host run through `verify_or_rollback`, in ONE `python.call` that pyinfra runs host by
+host (`_serial`, or `rollout_max_parallel` hosts at a time via `_parallel`; serve.py).
+
+pyinfra runs an operation on every host before the next, so a planned restart operation would
+restart the whole fleet before the first health check. Here the restart of a host happens inside
+its own verify call, and the first host that fails (rolled back or not) stops the run for the hosts
+after it: `RolloutGate` remembers, for this pyinfra process, who failed first; every later host is
+failed with "not restarted: HOST failed first" before anything of it changes, and keeps serving its
+old unit and env file (on disk too: the swap is part of the call).
 
 When they fail on a host whose unit or env file this run changed, the previous pair (kept under
 state_dir/rollback by steps/unit.py before anything changed) is put back, the service restarted and
@@ -28,6 +37,36 @@ class RolledBack(RuntimeError):
     """The new config failed its health check on a host; the previous one was put back."""
 
 
+class HeldBack(RuntimeError):
+    """An earlier host of this run failed its restart: this one was not restarted at all."""
+
+
+class RolloutGate:
+    """'A host failed its restart in this run': the hosts that failed, in order (one pyinfra
+    process is one run; `specdeploy rollout` starts one per batch)."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def failed_first(self) -> str | None:
+        return self.failed[0] if self.failed else None
+
+    def note_failure(self, name: str) -> None:
+        if name not in self.failed:
+            self.failed.append(name)
+
+    def held_back_message(self, name: str, unit: str, state: str, *, restart: bool) -> str:
+        first = self.failed_first()
+        what = "not restarted" if restart else "not verified"
+        return (
+            f"{name}: {what}: {first} failed first, so this run stopped before {name}; "
+            f"{unit} was left as it was ({state}) and keeps serving its current config"
+        )
+
+
+GATE = RolloutGate()
+
+
 def _report(entry: dict) -> None:
     """Leave a machine-readable failure note for `specdeploy rollout`."""
     directory = os.environ.get(ROLLOUT_REPORT_ENV)
@@ -48,14 +87,32 @@ def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
     return cfg.model_copy(update=update)
 
 
-def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, changed, **kwargs):
-    """python.call target: run `verify(cfg, rendered, **kwargs)`; on failure, roll back what this
-    run changed, release the deploy lock and raise with a true account of the host's state."""
+def verify_or_rollback(
+    verify, cfg: ServeConfig, rendered: RenderedUnit, *, change=None, changed=None, **kwargs
+):
+    """python.call target, one host at a time: unless an earlier host of this run failed, swap in
+    the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
+    `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
+    deploy lock and raise with a true account of the host's state."""
+    unit = rendered.name
+    if change is not None:
+        changed = change.changed
+    changed = changed or (lambda: False)
+    if GATE.failed_first() is not None:
+        state = server.is_active(unit)
+        restart = change is not None and change.pending()
+        message = GATE.held_back_message(host.name, unit, state, restart=restart)
+        _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
+                 "after": message.split(": ", 1)[1]})  # fmt: skip
+        lock.release_now(cfg)
+        raise HeldBack(message)
     try:
+        if change is not None:
+            restart_for(change, unit)
         return verify(cfg, rendered, **kwargs)
     except Exception as error:  # any failure of the new config
+        GATE.note_failure(host.name)
         cause = str(error)
-        unit = rendered.name
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
             if not changed():
@@ -87,6 +144,16 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
         finally:
             _report(entry)
             lock.release_now(cfg)
+
+
+def restart_for(change, unit: str) -> None:
+    """This host's turn: swap in what changed and restart; start the unit if it is not running;
+    a change of the workload alone restarts nothing (the server keeps its MainPID)."""
+    if change.apply():
+        logger.info(f"{host.print_prefix}restarting {unit} (unit or env file changed)")
+        server.restart(unit)
+    elif server.start_if_inactive(unit):
+        logger.info(f"{host.print_prefix}started {unit} (it was not running)")
 
 
 def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
