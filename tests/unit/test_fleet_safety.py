@@ -286,3 +286,33 @@ def test_a_new_request_set_or_rate_is_a_workload_change(valid_data, tmp_path):
     request_set(tmp_path, "old.jsonl", 20)
     valid_data["workload"]["request_rate"] = 3.0
     assert dataset.workload_changes(previous, config_from_data(valid_data)) == ["request_rate"]
+
+
+# --- the unit change is applied by the rolling restart, not planned --------------------------
+
+
+def test_unit_change_applies_only_what_differs(monkeypatch, valid_data):
+    from specdeploy.steps import unit as unit_step
+
+    done = []
+    swapped = {"value": False}
+    monkeypatch.setattr(
+        unit_step,
+        "lifecycle",
+        SimpleNamespace(
+            swap_in_staged=lambda cfg, name: done.append("swap") or swapped["value"],
+            enable=lambda name: done.append("enable"),
+        ),
+    )
+    monkeypatch.setattr(unit_step, "write_text", lambda path, text, mode: done.append(path))
+    cfg = config_from_data(valid_data)
+    rendered = RenderedUnit(name="u.service", text="", argv=[], role="speculative")
+    stage = SimpleNamespace(did_change=lambda: False)
+    same = unit_step.UnitChange(cfg, rendered, False, False, stage_op=stage)
+    assert not same.pending() and same.apply() is False and not same.changed()
+    assert done == ["swap", "enable"]  # the env file is not rewritten
+    done.clear()
+    swapped["value"] = True
+    env = unit_step.UnitChange(cfg, rendered, True, True, stage_op=stage)
+    assert env.pending() and env.apply() is True and env.changed()
+    assert done == [cfg.env_file, "swap", "enable"]
