@@ -73,6 +73,10 @@ class Workload(BaseModel):
     # (datasets.py, steps/dataset.py)
     dataset_path: str | None = None
     seed: int = 0
+    # the sampling the traffic uses: every benchmark sends it (greedy drafts are accepted more often
+    # than sampled ones, so a greedy measurement overstates speculation's payoff for T > 0 traffic)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("request_rate")
     @classmethod

@@ -25,6 +25,9 @@ class HealthError(RuntimeError):
     pass
 
 
+SAMPLED_HEALTH_TEMPERATURE = 0.8
+
+
 # --- talking to the server ------------------------------------------------------------------------
 
 
@@ -128,6 +131,26 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     )
     if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
         raise HealthError(f"completion returned no tokens: {completion}")
+    # one sampled request too, so the T > 0 path (rejection sampling of drafts) runs before traffic
+    sampled = json.loads(
+        request(
+            cfg,
+            "/v1/completions",
+            data={
+                "model": cfg.effective_served_name,
+                "prompt": "The capital of France is",
+                "max_tokens": 8,
+                "temperature": SAMPLED_HEALTH_TEMPERATURE,
+                "top_p": 0.95,
+                "seed": 0,
+            },
+            timeout=120,
+        )
+    )
+    if not sampled.get("choices"):
+        raise HealthError(
+            f"a sampled completion (T = {SAMPLED_HEALTH_TEMPERATURE}) failed: {sampled}"
+        )
     metrics_text = request(cfg, "/metrics")
     counters = spec_decode_counters(metrics_text)
     if speculative and not counters:
@@ -137,6 +160,7 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     return {
         "served_models": served,
         "completion_tokens": completion["usage"]["completion_tokens"],
+        "sampled_completion_tokens": (sampled.get("usage") or {}).get("completion_tokens"),
         "spec_decode": counters,
     }
 
