@@ -19,7 +19,6 @@ import time
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
 from . import server
@@ -31,7 +30,7 @@ from .preflight import evaluate
 from .record import DeploymentRecord, read_record
 from .render import RenderedUnit, render_unit, service_units
 from .steps import dataset, install, lock, record, smoke, unit, weights
-from .steps.rollback import verify_or_rollback
+from .steps.rollback import out_of_service_width, verify_or_rollback, width_text
 
 
 def run_preflight(cfg: ServeConfig):
@@ -105,23 +104,6 @@ def verify_and_record(
     return entry
 
 
-_PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)
-
-
-def restart_parallelism(cfg: ServeConfig) -> dict:
-    """The rolling restart's pyinfra execution arguments: `_serial` for one host at a time (the
-    default), `_parallel=N` for N. pyinfra takes them from all hosts of one operation alike, so
-    two hosts with different `rollout_max_parallel` stop the run here, before anything runs."""
-    n = cfg.rollout_max_parallel
-    first = _PARALLEL.setdefault(id(host.state), (host.name, n))
-    if first[1] != n:
-        raise PyinfraError(
-            f"{host.name}: rollout_max_parallel is {n}, but {first[0]} of the same run has "
-            f"{first[1]}: set one value for every host of a run (group_data/all.py)"
-        )
-    return {"_serial": True} if n == 1 else {"_parallel": n}
-
-
 @deploy("specdeploy: serve vLLM with speculative decoding", data_defaults=DATA_DEFAULTS)
 def serve(role: str = "speculative"):
     started = time.time()
@@ -156,14 +138,12 @@ def serve(role: str = "speculative"):
             f"{host.print_prefix}the record's workload differs from the host data "
             f"({', '.join(stale_workload)}): health, smoke and record run again, no restart"
         )
-    parallel = restart_parallelism(cfg)
-    width = "one host at a time" if cfg.rollout_max_parallel == 1 else (
-        f"{cfg.rollout_max_parallel} hosts at a time")  # fmt: skip
+    parallel = out_of_service_width(cfg)
 
     # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
     # an earlier failed host of this run holds it back untouched (steps/rollback.py).
     python.call(
-        name=f"Restart ({width}), health check, smoke benchmark, deployment record",
+        name=f"Restart ({width_text(cfg)}), health check, smoke benchmark, deployment record",
         function=verify_or_rollback,
         verify=verify_and_record,
         change=change,

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from pyinfra import host, logger
+from pyinfra.api.exceptions import PyinfraError
 
 from .. import server
 from ..argv import flag_value, unit_exec_argv
@@ -165,3 +166,27 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
         return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
     except Exception as again:
         return f"NOT healthy after rollback either ({server.is_active(unit)}); {runs}: {again}"
+
+
+_PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)
+
+
+def out_of_service_width(cfg: ServeConfig) -> dict:
+    """How many hosts may be out of service at once (a rolling restart, a compare or tune taking a
+    host off its deployed unit), as pyinfra execution arguments: `_serial` for one host at a time
+    (the default), `_parallel=N` for N (`rollout_max_parallel`). pyinfra takes them from all hosts
+    of one operation alike, so two hosts with different values stop the run here, before anything
+    runs."""
+    n = cfg.rollout_max_parallel
+    first = _PARALLEL.setdefault(id(host.state), (host.name, n))
+    if first[1] != n:
+        raise PyinfraError(
+            f"{host.name}: rollout_max_parallel is {n}, but {first[0]} of the same run has "
+            f"{first[1]}: set one value for every host of a run (group_data/all.py)"
+        )
+    return {"_serial": True} if n == 1 else {"_parallel": n}
+
+
+def width_text(cfg: ServeConfig) -> str:
+    n = cfg.rollout_max_parallel
+    return "one host at a time" if n == 1 else f"{n} hosts at a time"

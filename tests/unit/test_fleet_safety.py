@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from specdeploy import serve as serve_module
 from specdeploy.config import LOCK_DIR, config_from_data
 from specdeploy.record import RecordedWorkload
 from specdeploy.render import RenderedUnit
@@ -111,17 +110,20 @@ def test_gate_names_verify_only_hosts_not_verified():
     assert text.startswith("c: not verified: a failed first")
 
 
-def test_restart_parallelism_is_serial_by_default_and_one_value_per_run(monkeypatch, valid_data):
-    monkeypatch.setattr(serve_module, "_PARALLEL", {})
+def test_out_of_service_width_is_serial_by_default_and_one_value_per_run(monkeypatch, valid_data):
+    """The rolling restart and every compare/tune measurement take at most rollout_max_parallel
+    hosts off their deployed unit at once."""
+    monkeypatch.setattr(rollback, "_PARALLEL", {})
     state = object()
-    monkeypatch.setattr(serve_module, "host", SimpleNamespace(name="h1", state=state))
-    assert serve_module.restart_parallelism(config_from_data(valid_data)) == {"_serial": True}
-    monkeypatch.setattr(serve_module, "host", SimpleNamespace(name="h2", state=state))
+    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h1", state=state))
+    assert rollback.out_of_service_width(config_from_data(valid_data)) == {"_serial": True}
+    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h2", state=state))
     wide = config_from_data({**valid_data, "rollout_max_parallel": 3})
     with pytest.raises(PyinfraError, match="h2: rollout_max_parallel is 3, but h1 .* has 1"):
-        serve_module.restart_parallelism(wide)
-    monkeypatch.setattr(serve_module, "host", SimpleNamespace(name="h3", state=object()))
-    assert serve_module.restart_parallelism(wide) == {"_parallel": 3}
+        rollback.out_of_service_width(wide)
+    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h3", state=object()))
+    assert rollback.out_of_service_width(wide) == {"_parallel": 3}
+    assert rollback.width_text(wide) == "3 hosts at a time"
 
 
 # --- the deploy lock's commands ---------------------------------------------------------------
