@@ -59,7 +59,8 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     env += f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
     script = shlex.quote(source("fetch_weights"))
     for role, repo, rev in missing:
-        args = shlex.join([cfg.hf_home, repo, rev])
+        # the script sizes what it will fetch and refuses below that + min_free_disk_gb
+        args = shlex.join([cfg.hf_home, repo, rev, str(needed)])
         command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
     owner = shlex.quote(f"{cfg.service_user}:{cfg.service_user}")
