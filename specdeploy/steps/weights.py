@@ -57,6 +57,8 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     # download's alone (HF_TOKEN_PATH), never the server's environment.
     env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
     env += f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
+    # every cache of the download (Xet chunks too) under state_dir, never root's home
+    env += f"HF_HOME={shlex.quote(cfg.hf_home)} "
     script = shlex.quote(source("fetch_weights"))
     for role, repo, rev in missing:
         # the script sizes what it will fetch and refuses below that + min_free_disk_gb
