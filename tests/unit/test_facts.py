@@ -177,3 +177,21 @@ def test_gpu_memory():
     assert fact.process([]) == []  # what status.py passes when the fact could not be read
     status, lines = sh(fact.command())  # no nvidia-smi here: nothing, no failure
     assert status == 0 and fact.process(lines) == []
+
+
+def test_cuda_boot_parses_units_and_modprobe_and_runs_cleanly():
+    from specdeploy.facts import CUDA_BOOT_COMMAND, CudaBoot
+
+    fact = CudaBoot()
+    assert fact.command() == CUDA_BOOT_COMMAND
+    # an NVSwitch host with the driver's utilities installed
+    value = fact.process(
+        ["@@unit nvidia-persistenced.service", "@@unit nvidia-fabricmanager.service", "@@modprobe"]
+    )
+    assert value.fabricmanager and value.nvidia_modprobe
+    assert value.units == ["nvidia-persistenced.service", "nvidia-fabricmanager.service"]
+    plain = fact.process(["@@unit nvidia-persistenced.service"])  # a PCIe host, no nvidia-modprobe
+    assert not plain.fabricmanager and not plain.nvidia_modprobe
+    assert not fact.process([]).units
+    rc, lines = sh(CUDA_BOOT_COMMAND)  # this machine: no NVIDIA driver; exits 0 all the same
+    assert rc == 0 and not fact.process(lines).nvidia_modprobe
