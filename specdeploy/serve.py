@@ -1,6 +1,7 @@
 """The main job: roll out the speculative server on one host, prove it healthy, benchmark, record.
 
-config -> checks -> GPU checks -> render -> install -> weights -> preflight -> unit -> health -> smoke -> record.
+config -> checks -> GPU checks -> render -> install -> weights -> preflight -> unit -> health ->
+smoke -> record.
 A re-run with nothing changed schedules no operation at all: every branch below is decided from
 facts.
 """

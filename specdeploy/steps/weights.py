@@ -58,8 +58,11 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
     env += f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
     script = shlex.quote(source("fetch_weights"))
+    limit = str(cfg.download_timeout_s or "auto")  # the script stops itself at its limit
     for role, repo, rev in missing:
-        args = shlex.join([cfg.hf_home, repo, rev])
+        args = shlex.join(
+            [cfg.hf_home, repo, rev, limit, str(cfg.download_min_mb_per_s), host.name]
+        )
         command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
     owner = shlex.quote(f"{cfg.service_user}:{cfg.service_user}")
