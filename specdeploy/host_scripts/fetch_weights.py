@@ -12,8 +12,8 @@ past it the script says which download on which host, and which key to raise, an
 
 import math
 import os
-import signal
 import sys
+import threading
 
 DEFAULT_S = 3600  # config.DOWNLOAD_DEFAULT_TIMEOUT_S
 START_S = 600  # config.DOWNLOAD_START_S
@@ -40,14 +40,21 @@ def snapshot_bytes(repo, revision):
         return None
 
 
-def arm(seconds, what, advice):
-    def expired(_signum, _frame):
+def arm(seconds, what, advice, previous=None):
+    """A watchdog thread that ends the process at the limit (a thread, not SIGALRM: the main thread
+    may sit in a native call of the downloader, where no signal handler runs)."""
+    if previous is not None:
+        previous.cancel()
+
+    def expired():
         sys.stderr.write(f"{what} ran past {seconds} s (stopped); {advice}\n")
         sys.stderr.flush()
         os._exit(124)  # the downloader's worker threads would keep a normal exit waiting
 
-    signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
+    timer = threading.Timer(seconds, expired)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this host"):
@@ -55,21 +62,23 @@ def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this 
 
     what = f"{host}: weights: download of {repo}@{revision}"
     if timeout == "auto":
-        arm(DEFAULT_S, what + " (sizing it)", "set download_timeout_s in the host's data")
+        sizing = "set download_timeout_s in the host's data"
+        watchdog = arm(DEFAULT_S, what + " (sizing it)", sizing)
         size = snapshot_bytes(repo, revision)
         limit = time_limit(timeout, size, min_mb_per_s)
         shown = f"{size / 1e9:.1f} GB at {min_mb_per_s} MB/s" if size else "size unknown"
         what += f" (limit scaled from {shown})"
         advice = "lower download_min_mb_per_s or set download_timeout_s in the host's data"
     else:
-        limit = time_limit(timeout, None, min_mb_per_s)
+        limit, watchdog = time_limit(timeout, None, min_mb_per_s), None
         advice = "raise download_timeout_s in the host's data"
-    arm(limit, what, advice)
+    watchdog = arm(limit, what, advice, watchdog)
     path = snapshot_download(
         repo_id=repo,
         revision=revision,
         cache_dir=os.path.join(hf_home, "hub"),
     )
+    watchdog.cancel()
     # This cache serves one deployment, offline (HF_HUB_OFFLINE=1). Code paths in vLLM that load a
     # model without its revision (e.g. the draft tokenizer under use_heterogeneous_vocab) resolve
     # "main": point it at the pinned snapshot so they see the same files.
@@ -79,7 +88,6 @@ def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this 
         ref.write(os.path.basename(path))
     with open(os.path.join(path, ".specdeploy-complete"), "w") as marker:
         marker.write(revision + "\n")
-    signal.alarm(0)
     print(path)
 
 

@@ -184,3 +184,24 @@ def test_bench_past_its_limit_names_host_step_and_key(bench_host):
     # any other failure stays what it was
     other = run(lambda cmd: HostCommandError(f"h1: `{cmd[:300]}` failed:\nTraceback ...\n"))
     assert not isinstance(other, bench.BenchTimeout)
+
+
+def test_snapshot_size_from_the_hubs_file_metadata(monkeypatch):
+    def hub(sizes=None, error=None):
+        def model_info(self, repo, revision=None, files_metadata=False):
+            assert files_metadata and revision == "abc"
+            if error:
+                raise error
+            siblings = [types.SimpleNamespace(size=s) for s in sizes]
+            return types.SimpleNamespace(siblings=siblings)
+
+        module = types.ModuleType("huggingface_hub")
+        module.HfApi = type("HfApi", (), {"model_info": model_info})
+        monkeypatch.setitem(sys.modules, "huggingface_hub", module)
+
+    hub([16 * 10**9, 4000])
+    assert fetch_weights.snapshot_bytes("org/m", "abc") == 16 * 10**9 + 4000
+    hub([16 * 10**9, None])  # a mirror that lists files without their sizes
+    assert fetch_weights.snapshot_bytes("org/m", "abc") is None
+    hub(error=OSError("401 gated"))
+    assert fetch_weights.snapshot_bytes("org/m", "abc") is None
