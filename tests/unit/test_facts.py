@@ -195,3 +195,17 @@ def test_cuda_boot_parses_units_and_modprobe_and_runs_cleanly():
     assert not fact.process([]).units
     rc, lines = sh(CUDA_BOOT_COMMAND)  # this machine: no NVIDIA driver; exits 0 all the same
     assert rc == 0 and not fact.process(lines).nvidia_modprobe
+
+
+def test_cuda_boot_recorded_on_the_h200_device():
+    """Recorded on the device H200 (data/cuda-boot/: a container without systemd or
+    nvidia-modprobe): no optional lines, so its CUDA unit orders after persistenced only."""
+    from pathlib import Path
+
+    from specdeploy.facts import CudaBoot
+
+    data = Path(__file__).parent / "data" / "cuda-boot" / "h200-device-container.json"
+    recorded = json.loads(data.read_text())
+    assert recorded["command"] == CudaBoot().command()
+    assert recorded["rc"] == 0
+    assert CudaBoot().process(recorded["output"]).model_dump() == recorded["fact"]
