@@ -64,7 +64,9 @@ def bench_args(
         "--seed",
         str(w.seed),
         "--temperature",
-        "0",
+        str(w.temperature),
+        "--top-p",
+        str(w.top_p),
         "--ignore-eos",  # every request produces output_len tokens, so arms do equal work
         "--percentile-metrics",
         PERCENTILE_METRICS,

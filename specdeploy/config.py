@@ -30,7 +30,10 @@ VLLM_MIN_BATCHED_TOKENS = 2048
 
 UNIT_DIR = "/etc/systemd/system"
 SECRETS_DIR = "/etc/specdeploy"  # root-only: env file, HF token, staged units
-LOCK_DIR = "/run/lock"  # tmpfs: a reboot clears a deploy lock
+# Root-owned 0700 on tmpfs (a reboot clears a deploy lock); created by the lock command itself, so
+# no local user can pre-create the lock file or plant a symlink in it (steps/lock.py).
+LOCK_PARENT_DIR = "/run/specdeploy"
+LOCK_DIR = f"{LOCK_PARENT_DIR}/locks"
 
 # Host data that ends up in paths, unit files and shell commands: validated here, quoted there.
 ABSOLUTE_PATH = r"^/[A-Za-z0-9._/+-]*[A-Za-z0-9._+-]$"
@@ -70,6 +73,10 @@ class Workload(BaseModel):
     # (datasets.py, steps/dataset.py)
     dataset_path: str | None = None
     seed: int = 0
+    # the sampling the traffic uses: every benchmark sends it (greedy drafts are accepted more often
+    # than sampled ones, so a greedy measurement overstates speculation's payoff for T > 0 traffic)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("request_rate")
     @classmethod
@@ -149,6 +156,10 @@ class ServeConfig(BaseModel):
     # tokens at this floor rate, plus health_timeout_s (first requests compile and warm up)
     smoke_min_tokens_per_s: PositiveFloat = 5.0
     speculation_gate: SpeculationGate | None = None
+    # The plain `pyinfra INVENTORY deploys/serve.py` restarts (and verifies, and rolls back) at
+    # most this many hosts at once; the first failure stops the hosts after it (serve.py). One
+    # value per run: pyinfra takes the operation's parallelism from all hosts alike.
+    rollout_max_parallel: PositiveInt = 1
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.

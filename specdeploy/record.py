@@ -35,6 +35,8 @@ class RecordedWorkload(_Part):
     seed: int
     request_rate: int | float  # as the host data gave it (inf: all at once)
     max_concurrency: int
+    temperature: float | None = None  # None: a record written before sampling was recorded
+    top_p: float | None = None
     request_set: dict[str, Any] | None = None  # sha256, rows, host path (datasets.describe)
 
 
@@ -85,7 +87,8 @@ class DeploymentRecord(_Part):
 
     def to_json(self) -> str:
         """The file's text: stable key order, so two records diff cleanly."""
-        data = self.model_dump(mode="json", by_alias=True)
+        # exclude_unset: a record read from an older writer is written back with its own keys
+        data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @property

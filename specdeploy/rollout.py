@@ -4,8 +4,10 @@
   once per batch with `--limit`: the canary group first, then the other hosts N at a time, in
   inventory order. A batch is done only when pyinfra exits 0, i.e. every host in it passed its
   health check; otherwise the rollout stops and the hosts of later batches are never touched.
-* Inside a deploy, `steps/rollback.py` restores the previous unit when the health check fails and
-  leaves a note (ROLLOUT_REPORT_ENV) that this controller prints; `steps/unit.py` prints the argv
+* Inside a deploy (one pyinfra run, one batch), the hosts are restarted one at a time, or
+  `rollout_max_parallel` at a time (serve.py); `steps/rollback.py` restores the previous unit when
+  the health check fails, holds back the batch's later hosts (not restarted at all), and leaves a
+  note (ROLLOUT_REPORT_ENV) per host that this controller prints; `steps/unit.py` prints the argv
   diff while planning.
 """
 
@@ -118,7 +120,7 @@ def roll_out(
                 f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s "
                 f"(pyinfra exit {result.returncode})"
             )
-            for entry in notes:
+            for entry in (n for n in notes if not n.get("held_back")):
                 action = (
                     "rolled back to its previous unit and env file; " + entry.get("after", "")
                     if entry.get("rolled_back")
@@ -128,6 +130,10 @@ def roll_out(
                     f"FAILED host {entry['host']}: {action}\n  cause: "
                     + "\n  ".join(entry["cause"].splitlines())
                 )
+            held = [n["host"] for n in notes if n.get("held_back")]
+            if held:
+                say(f"held back in this batch (not restarted, still on their old config): "
+                    f"{', '.join(held)}")  # fmt: skip
             if not notes:
                 say(f"failed host(s) among [{', '.join(batch)}]: see pyinfra's errors above")
             untouched = [h for b in batches[index:] for h in b]

@@ -4,6 +4,14 @@ config -> checks -> GPU checks -> render -> install -> weights -> preflight -> u
 smoke -> record.
 A re-run with nothing changed schedules no operation at all: every branch below is decided from
 facts.
+
+The plain `pyinfra INVENTORY deploys/serve.py` is a rolling update: everything that can take a
+server down (swap in the unit and env file, restart, health, smoke, record, rollback) is ONE
+`python.call` that pyinfra runs host by host (`_serial`), or `rollout_max_parallel` hosts at a time
+(`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Everything
+before it (packages, venv, weights, preflight, staging) runs on all hosts at once and stops nothing.
+pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: do not use it
+with this deploy.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, read_record
 from .render import RenderedUnit, render_unit, service_units
 from .steps import dataset, install, lock, record, smoke, unit, weights
-from .steps.rollback import verify_or_rollback
+from .steps.rollback import out_of_service_width, verify_or_rollback, width_text
 
 
 def run_preflight(cfg: ServeConfig):
@@ -126,30 +134,45 @@ def serve(role: str = "speculative"):
     install.prepare_host(cfg)
     install.install_vllm(cfg)
     weights.download_token(cfg)
-    dataset.ship_request_set(cfg)
+    shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)
     else:
         run_preflight(cfg)  # weights already there: refuse now, before any operation runs
 
-    changed = unit.install_unit(cfg, rendered)
+    change = unit.install_unit(cfg, rendered)
     active = host.get_fact(ServiceActive, unit=rendered.name)
     up_to_date = (
         previous is not None
         and previous.unit.sha256 == rendered.sha256
         and not gate.gate_pending(cfg, previous)
     )
+    stale_workload = dataset.workload_changes(previous, cfg)
+    if stale_workload:
+        logger.warning(
+            f"{host.print_prefix}the record's workload differs from the host data "
+            f"({', '.join(stale_workload)}): health, smoke and record run again, no restart"
+        )
+    parallel = out_of_service_width(cfg)
 
-    # A failing health check on a changed host restores the previous unit + env file.
+    # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
+    # an earlier failed host of this run holds it back untouched (steps/rollback.py).
     python.call(
-        name="Health check, smoke benchmark, deployment record",
+        name=f"Restart ({width_text(cfg)}), health check, smoke benchmark, deployment record",
         function=verify_or_rollback,
         verify=verify_and_record,
-        changed=changed,
+        change=change,
         cfg=cfg,
         rendered=rendered,
         started=started,
         pins=pins,
-        _if=lambda: changed() or not up_to_date or active != "active",
+        _if=lambda: (
+            change.pending()
+            or not up_to_date
+            or active != "active"
+            or bool(stale_workload)
+            or bool(shipped and shipped.did_change())
+        ),
+        **parallel,
     )
     lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

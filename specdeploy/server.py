@@ -25,6 +25,9 @@ class HealthError(RuntimeError):
     pass
 
 
+SAMPLED_HEALTH_TEMPERATURE = 0.8
+
+
 # --- talking to the server ------------------------------------------------------------------------
 
 
@@ -128,6 +131,26 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     )
     if not completion.get("choices") or completion.get("usage", {}).get("completion_tokens", 0) < 1:
         raise HealthError(f"completion returned no tokens: {completion}")
+    # one sampled request too, so the T > 0 path (rejection sampling of drafts) runs before traffic
+    sampled = json.loads(
+        request(
+            cfg,
+            "/v1/completions",
+            data={
+                "model": cfg.effective_served_name,
+                "prompt": "The capital of France is",
+                "max_tokens": 8,
+                "temperature": SAMPLED_HEALTH_TEMPERATURE,
+                "top_p": 0.95,
+                "seed": 0,
+            },
+            timeout=120,
+        )
+    )
+    if not sampled.get("choices"):
+        raise HealthError(
+            f"a sampled completion (T = {SAMPLED_HEALTH_TEMPERATURE}) failed: {sampled}"
+        )
     metrics_text = request(cfg, "/metrics")
     counters = spec_decode_counters(metrics_text)
     if speculative and not counters:
@@ -137,6 +160,7 @@ def check_endpoints(cfg: ServeConfig, *, speculative: bool = True) -> dict:
     return {
         "served_models": served,
         "completion_tokens": completion["usage"]["completion_tokens"],
+        "sampled_completion_tokens": (sampled.get("usage") or {}).get("completion_tokens"),
         "spec_decode": counters,
     }
 
@@ -164,6 +188,40 @@ def warm_up(cfg: ServeConfig, workload: Workload) -> None:
 def install_unit_file(cfg: ServeConfig, unit: RenderedUnit) -> None:
     write_text(cfg.unit_path(unit.name), unit.text, mode="644")
     sh("systemctl daemon-reload")
+
+
+def swap_in_staged(cfg: ServeConfig, name: str) -> bool:
+    """Move the staged unit (steps/unit.py uploads it) into place when it differs from the
+    installed one, in one `mv`, and daemon-reload. True when it was swapped in."""
+    staged, target = shlex.quote(cfg.staged_unit_path(name)), shlex.quote(cfg.unit_path(name))
+    out = sh(
+        f"if cmp -s {staged} {target}; then echo SAME; else "
+        f"cp -p {staged} {target}.tmp && mv -f {target}.tmp {target} && systemctl daemon-reload "
+        "&& echo SWAPPED; fi"
+    )
+    return out.strip().endswith("SWAPPED")
+
+
+def enable(unit: str) -> None:
+    quoted = shlex.quote(unit)
+    sh(f"systemctl is-enabled -q {quoted} 2>/dev/null || systemctl enable -q {quoted}")
+
+
+def restart(unit: str) -> None:
+    """Restart `unit` now (a failed state is reset first, so a crash-looped unit restarts too)."""
+    quoted = shlex.quote(unit)
+    sh(f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl restart {quoted}")
+
+
+def start_if_inactive(unit: str) -> bool:
+    """Start `unit` unless it is active; True when it was started."""
+    quoted = shlex.quote(unit)
+    out = sh(
+        f"if systemctl is-active -q {quoted}; then echo ACTIVE; else "
+        f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl start {quoted} "
+        "&& echo STARTED; fi"
+    )
+    return out.strip().endswith("STARTED")
 
 
 def stop(units: list[str]) -> None:

@@ -47,6 +47,11 @@ METRICS: dict[str, tuple[str, str, str, bool]] = {
     "request_throughput": ("request_throughput", "request throughput", "req/s", False),
 }
 
+RANDOM_REQUESTS_WARNING = (
+    "the workload's request set is random tokens: how often drafts are accepted on it says nothing "
+    "about real traffic, so neither does the verdict; set workload.dataset to your own request set "
+    "(custom JSONL)"
+)
 ITL_NOTE = (
     "ITL and TPOT are different numbers under speculation: TPOT is (E2E latency - TTFT) / "
     "(output tokens - 1), the cost per generated token; ITL is the gap between streamed chunks, "

@@ -11,6 +11,7 @@ from ..checks import host_config
 from ..config import DATA_DEFAULTS, ServeConfig
 from ..reports import raw_dir, run_dir
 from ..steps import dataset, lock
+from ..steps.rollback import out_of_service_width, width_text
 from . import report
 from .arms import Arm
 from .harness import measure_plan
@@ -69,7 +70,16 @@ def measurement_deploy(kind: str):
         plan, cond, what = make_plan(cfg)
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
         dataset.ship_request_set(cfg)  # the request set every arm replays
-        python.call(name=what, function=_measure, cfg=cfg, kind=kind, plan=plan, cond=cond)
+        # a measured host is off its deployed unit: at most rollout_max_parallel hosts at once
+        python.call(
+            name=f"{what}, {width_text(cfg)}",
+            function=_measure,
+            cfg=cfg,
+            kind=kind,
+            plan=plan,
+            cond=cond,
+            **out_of_service_width(cfg),
+        )
         lock.release(name="Release the host's deploy lock", cfg=cfg)
         python.call(name=f"Report {run_dir(kind)}", function=_write_report, kind=kind)
 

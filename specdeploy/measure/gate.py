@@ -19,7 +19,7 @@ from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
 from ..server import start_fresh, switch_enabled, warm_up
 from ..timestamps import utc_iso, utc_stamp
-from .decisions import acceptance_summary, run_order, run_values
+from .decisions import RANDOM_REQUESTS_WARNING, acceptance_summary, run_order, run_values
 from .gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
 
 
@@ -52,6 +52,8 @@ def speculation_gate(
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
     disabled."""
     gate_cfg = cfg.speculation_gate
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
     baseline = render_unit(cfg, "baseline")
     units = {"baseline": baseline, "speculative": rendered}
     out = host_reports_dir(host.name)

@@ -88,7 +88,8 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"- workload: dataset {w.get('dataset')}, prompt {w.get('prompt_len')} / output "
         f"{w.get('output_len')} tokens, "
         f"{w.get('num_prompts')} prompts, request rate {w.get('request_rate')}/s, max concurrency "
-        f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature 0, --ignore-eos",
+        f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature {w.get('temperature', 0)}, "
+        f"top_p {w.get('top_p', 1.0)}, --ignore-eos",
         *_request_set_line(cond),
         f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded "
         f"{cond.get('warmup_runs')}, order "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from pyinfra import host
+from pyinfra import host, logger
 
 from .. import datasets
 from ..bench import bench_args
@@ -14,7 +14,7 @@ from ..render import render_unit
 from ..reports import raw_dir
 from .arms import BASELINE, SPECULATIVE, Arm, k_arm
 from .choose import min_runs_for_choose_k
-from .decisions import RULE, round_order
+from .decisions import RANDOM_REQUESTS_WARNING, RULE, round_order
 from .tune_flow import PredictPlan
 
 ORDER = "alternate"  # the run order of compare's rounds (decisions.round_order)
@@ -150,6 +150,8 @@ def compare_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict,
 
 def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
     ks = setting(cfg, "tune_k")
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}tune: {RANDOM_REQUESTS_WARNING}")
     predict = setting(cfg, "tune_method") == "predict"
     # None: the fewest runs at which choose_k can decide (the confirm window holds <= 3 k)
     repeats = setting(cfg, "tune_repeats") or min_runs_for_choose_k(

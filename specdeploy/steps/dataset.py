@@ -3,7 +3,12 @@ the packages vLLM's loader for it needs in the venv (datasets.BENCH_PACKAGES).
 
 It lands under a root-owned directory, named by its sha256 (datasets.host_path), and its sha256 is
 checked on the host after every upload; an unchanged file is neither re-sent nor re-checked (pyinfra
-compares checksums first), so a re-run with nothing changed schedules no operation."""
+compares checksums first), so a re-run with nothing changed schedules no operation.
+
+A new request set (or rate, concurrency, prompt count...) must be measured, not only shipped:
+`workload_changes` compares the deployment record's workload with the host data's, and serve.py
+runs health, smoke and record again (without a restart) when it names anything, or when the upload
+changed the file on the host, so the record's request set sha256 always equals the host data's."""
 
 from __future__ import annotations
 
@@ -16,13 +21,42 @@ from pyinfra.operations import files, server
 from .. import datasets
 from ..config import ServeConfig
 from ..facts import VllmVersion
+from ..record import DeploymentRecord
+
+# The record's workload fields (steps/record.py) that the host data decides.
+WORKLOAD_FIELDS = (
+    "prompt_len",
+    "output_len",
+    "dataset",
+    "dataset_path",
+    "num_prompts",
+    "seed",
+    "request_rate",
+    "max_concurrency",
+)
+
+
+def workload_changes(previous: DeploymentRecord | None, cfg: ServeConfig) -> list[str]:
+    """Planning time, pure: the workload fields (and "request_set sha256") where the record differs
+    from the host data, so the smoke benchmark must run again. No record: nothing to compare (the
+    unit step decides)."""
+    if previous is None:
+        return []
+    w, recorded = cfg.workload, previous.workload
+    changes = [f for f in WORKLOAD_FIELDS if getattr(recorded, f, None) != getattr(w, f)]
+    wanted = datasets.describe(w.dataset_path, w.dataset)
+    had = recorded.request_set or None
+    if (wanted or {}).get("sha256") != (had or {}).get("sha256"):
+        changes.append("request_set sha256")
+    return changes
 
 
 @deploy("Request set")
 def ship_request_set(cfg: ServeConfig):
+    """Returns the upload operation (its `did_change()`: the host got a new file), or None."""
     w = cfg.workload
     if w.dataset not in datasets.SHIPPED or not w.dataset_path:
-        return
+        return None
     info = datasets.describe(w.dataset_path, w.dataset)
     files.directory(
         name="Request set dir", path=datasets.HOST_DIR, user="root", group="root", mode="755"
@@ -56,3 +90,4 @@ def ship_request_set(cfg: ServeConfig):
                 f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.venv}",
             ],
         )
+    return put

@@ -1,21 +1,31 @@
 """A per-host deploy lock, so two deploys (two operators, two terminals, two control hosts) can
 never interleave their changes on one host.
 
-The lock is a file on the host, `/run/lock/<service_name>.deploy.lock`, created atomically
-(`set -C`: O_EXCL) by the first operation of a deploy and removed by its last. It names its holder:
-`user@controlhost`, the controlling pyinfra process id and the time it was taken, so a second deploy
-stops with a message saying who holds it.
+The lock is a file on the host, `/run/specdeploy/locks/<service_name>.deploy.lock`, created
+atomically (`set -C`: O_EXCL, which also refuses to open through a symlink) by the first operation
+of a deploy. It names its holder: `user@controlhost`, the controlling pyinfra process id and the
+time it was taken, so a second deploy stops with a message saying who holds it.
+
+Nobody but root can plant it: the acquire command itself creates the directory root-owned, mode
+0700 (`install -d -m 700 -o root`), and refuses (never follows) a symlink at the directory, its
+parent or the lock file — the old place, `/run/lock`, is mode 1777, where any local user could
+pre-create the predictable file or a symlink that root then read.
+
+Released on every exit path of a deploy, not only by its last operation: a failure hook
+(`ReleaseOnFailure`, a pyinfra state callback on `operation_host_error`) removes the lock this
+process holds on a host the moment any operation fails there (pip, apt, a download, preflight,
+health, a host held back by the rolling restart), and the health/rollback call releases it in its
+own except path too. Only a killed control process leaves it behind.
 
 Both lock operations report "No changes" (they change no configuration), so a no-op re-run stays a
 run of zero changes. They only act while pyinfra executes; during planning (`--dry`, or a run
 without `-y`) the acquire operation only reads the lock and warns when someone else holds it.
 
-Stale locks: the lock lives in /run (tmpfs), so a reboot clears it. A deploy that dies mid-way
-leaves it behind; the next deploy from the *same* control host takes it over when the holder's pid
-is no longer running there. A lock left by another control host is removed by hand after checking
-that deploy is really gone: `specdeploy unlock INVENTORY --limit HOST` (or `rm` the file on the
-host).
-A deploy whose health check fails rolls the host back and releases the lock itself.
+Stale locks: the lock lives in /run (tmpfs), so a reboot clears it. A lock whose recorded control
+host is this one and whose pid no longer runs here is taken over with a warning. A lock left by
+another control host (a CI runner that died) cannot be judged from here: remove it after checking
+that deploy is really gone, `specdeploy unlock INVENTORY --limit HOST` (or `rm` the file on the
+host as root).
 """
 
 from __future__ import annotations
@@ -27,8 +37,10 @@ import socket
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host
 
-from ..config import LOCK_DIR, ServeConfig
+from ..config import LOCK_PARENT_DIR, ServeConfig
 from ..on_host import read_text, sh, sh_status
 from ..timestamps import utc_iso
 
@@ -86,48 +98,129 @@ def read_lock(cfg: ServeConfig) -> dict | None:
     return parse_holder(text) if text and text.strip() else None
 
 
+REFUSED = "SPECDEPLOY-LOCK-REFUSED:"
+ACQUIRED = "ACQUIRED"
+
+# Locks this process took, per host name: released by release_now and by the failure hook.
+_HELD: dict[str, set[str]] = {}
+
+
+def acquire_command(lock_path: str, line: str, *, parent: str = LOCK_PARENT_DIR) -> str:
+    """The host command that takes the lock: prints ACQUIRED, or the holder's line, or REFUSED
+    with why. The directory is made root-owned 0700 here (so only root can create anything in it),
+    and a symlink anywhere on the way is refused, never followed; `set -C` opens with O_EXCL,
+    which fails on an existing file and on a symlink alike."""
+    directory = lock_path.rsplit("/", 1)[0]
+    path, lock_dir, parent = (shlex.quote(p) for p in (lock_path, directory, parent))
+    refuse = f"echo {shlex.quote(REFUSED)}"
+    checks = " ".join(
+        f"if [ -L {p} ]; then {refuse} {p} is a symbolic link; exit 0; fi;"
+        for p in dict.fromkeys([parent, lock_dir, path])
+    )
+    make_dirs = (
+        f"install -d -m 755 -o root -g root {parent} && "
+        f"install -d -m 700 -o root -g root {lock_dir}"
+    )
+    owned = (
+        f'[ "$(stat -c %u:%a {lock_dir})" = 0:700 ] || '
+        f"{{ {refuse} {lock_dir} is not root-owned mode 0700; exit 0; }}"
+    )
+    return (
+        f"{checks} {make_dirs} || {{ {refuse} cannot create {lock_dir} as root; exit 0; }}; "
+        f"{owned}; "
+        f"if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
+        f"then echo {ACQUIRED}; "
+        f"elif [ -L {path} ] || [ ! -f {path} ]; then {refuse} {path} is not a regular file; "
+        f"else cat {path}; fi"
+    )
+
+
+def release_command(lock_path: str, holder: str) -> str:
+    """Remove the lock only when it is a regular file (not a link) naming `holder`."""
+    path, me = shlex.quote(lock_path), shlex.quote(f"holder={holder} ")
+    return f"if [ -f {path} ] && [ ! -L {path} ] && grep -qF -- {me} {path}; then rm -f {path}; fi"
+
+
 def try_acquire(cfg: ServeConfig) -> dict | None:
-    """Take the lock; None when taken, else the holder's fields (lock held by someone else)."""
+    """Take the lock; None when taken, else the holder's fields (lock held by someone else), or
+    {"refused": why} when the lock's place is not what root alone controls."""
     path = shlex.quote(cfg.lock_path)
     me = holder_id()
-    line = shlex.join(
-        [
-            f"holder={me}",
-            f"since={utc_iso()}",
-            f"host={host.name}",
-        ]
-    )
-    command = (
-        f"mkdir -p {LOCK_DIR} && "
-        f"if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
-        f"then echo ACQUIRED; else cat {path}; fi"
-    )
+    line = shlex.join([f"holder={me}", f"since={utc_iso()}", f"host={host.name}"])
+    command = acquire_command(cfg.lock_path, line)
+    fields: dict = {}
     for _ in range(2):
         _ok, out, _ = sh_status(command)
-        if out.strip() == "ACQUIRED":
+        text = out.strip()
+        if text == ACQUIRED:
+            _HELD.setdefault(host.name, set()).add(cfg.lock_path)
             return None
-        fields = parse_holder(out) if out.strip() else {}
+        if text.startswith(REFUSED):
+            return {"refused": text[len(REFUSED) :].strip()}
+        fields = parse_holder(out) if text else {}
         if fields.get("holder") == me:
+            _HELD.setdefault(host.name, set()).add(cfg.lock_path)
             return None  # re-entrant: this process already holds it
         if fields and _holder_is_stale(fields):
             logger.warning(
                 f"{host.print_prefix}taking over stale deploy lock of {describe(fields)}: "
                 "that process is no longer running on this control host"
             )
-            sh(f"rm -f {path}")
+            sh(f"rm -f {path}")  # a regular file in a root-only directory (checked above)
             continue
         return fields
     return fields
 
 
+def release_path(lock_path: str) -> None:
+    """Remove the lock at `lock_path` on the current host if (and only if) this process holds it."""
+    sh(release_command(lock_path, holder_id()), check=False)
+    _HELD.get(host.name, set()).discard(lock_path)
+
+
 def release_now(cfg: ServeConfig) -> None:
     """Remove the lock if (and only if) this process holds it."""
-    path = shlex.quote(cfg.lock_path)
-    me = shlex.quote(f"holder={holder_id()} ")
-    sh(f"if [ -f {path} ] && grep -qF -- {me} {path}; then rm -f {path}; fi", check=False)
+    release_path(cfg.lock_path)
+
+
+class ReleaseOnFailure(BaseStateCallback):
+    """pyinfra's failure hook for the lock: when any operation fails on a host (and the failure is
+    not ignored), the lock this process took there is removed at once. pyinfra runs no later
+    operation on a failed host, so the deploy's last operation (`release`) would never come."""
+
+    @staticmethod
+    def operation_host_error(state, host, op_hash, retry_count: int = 0, max_retries: int = 0):
+        held = sorted(_HELD.get(host.name, ()))
+        if not held:
+            return
+        try:
+            arguments = state.get_op_data_for_host(host, op_hash).global_arguments
+            if arguments.get("_ignore_errors") or arguments.get("_continue_on_error"):
+                return  # the deploy goes on on this host: it still needs its lock
+        except Exception:
+            pass
+        with ctx_host.use(host):
+            for path in held:
+                try:
+                    release_path(path)
+                    logger.warning(f"{host.print_prefix}deploy failed: released {path}")
+                except Exception as error:  # the host may be unreachable: say so, go on
+                    logger.warning(f"{host.print_prefix}could not release {path}: {error}")
+
+
+def install_failure_hook(state) -> None:
+    """Register ReleaseOnFailure once per pyinfra state (planning time, any host)."""
+    if not any(isinstance(h, ReleaseOnFailure) for h in state.callback_handlers):
+        state.add_callback_handler(ReleaseOnFailure())
 
 
 def held_message(cfg: ServeConfig, fields: dict) -> str:
+    if "refused" in fields:
+        return (
+            f"{host.name}: the deploy lock {cfg.lock_path} was refused, not followed: "
+            f"{fields['refused']}. Someone other than root made it; find out who, remove it as "
+            "root, and run again."
+        )
     return (
         f"{host.name}: another deploy holds the deploy lock {cfg.lock_path}: {describe(fields)}. "
         "Wait for it to finish. If that deploy is gone, remove the lock: "
@@ -138,6 +231,7 @@ def held_message(cfg: ServeConfig, fields: dict) -> str:
 @operation()
 def acquire(cfg: ServeConfig):
     """First operation of a deploy: take the host's deploy lock (reports no change)."""
+    install_failure_hook(host.state)
     if not host.state.is_executing:
         fields = read_lock(cfg)
         if fields and fields.get("holder") != holder_id() and not _holder_is_stale(fields):

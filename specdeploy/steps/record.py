@@ -55,6 +55,8 @@ def build_record(
             "dataset_path": w.dataset_path,
             "num_prompts": w.num_prompts,
             "seed": w.seed,
+            "temperature": w.temperature,
+            "top_p": w.top_p,
             "request_rate": w.request_rate,
             "max_concurrency": w.max_concurrency,
             "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows

@@ -1,4 +1,13 @@
-"""Health-gated rollback: steps 6-8 (health, smoke, record) run through `verify_or_rollback`.
+"""The rolling restart and its health-gated rollback: swap + restart + steps 6-8 (health, smoke,
+record) of one host run through `verify_or_rollback`, in ONE `python.call` that pyinfra runs host by
+host (`_serial`, or `rollout_max_parallel` hosts at a time via `_parallel`; serve.py).
+
+pyinfra runs an operation on every host before the next, so a planned restart operation would
+restart the whole fleet before the first health check. Here the restart of a host happens inside
+its own verify call, and the first host that fails (rolled back or not) stops the run for the hosts
+after it: `RolloutGate` remembers, for this pyinfra process, who failed first; every later host is
+failed with "not restarted: HOST failed first" before anything of it changes, and keeps serving its
+old unit and env file (on disk too: the swap is part of the call).
 
 When they fail on a host whose unit or env file this run changed, the previous pair (kept under
 state_dir/rollback by steps/unit.py before anything changed) is put back, the service restarted and
@@ -14,6 +23,7 @@ import os
 from pathlib import Path
 
 from pyinfra import host, logger
+from pyinfra.api.exceptions import PyinfraError
 
 from .. import server
 from ..argv import flag_value, unit_exec_argv
@@ -26,6 +36,36 @@ ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 
 class RolledBack(RuntimeError):
     """The new config failed its health check on a host; the previous one was put back."""
+
+
+class HeldBack(RuntimeError):
+    """An earlier host of this run failed its restart: this one was not restarted at all."""
+
+
+class RolloutGate:
+    """'A host failed its restart in this run': the hosts that failed, in order (one pyinfra
+    process is one run; `specdeploy rollout` starts one per batch)."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def failed_first(self) -> str | None:
+        return self.failed[0] if self.failed else None
+
+    def note_failure(self, name: str) -> None:
+        if name not in self.failed:
+            self.failed.append(name)
+
+    def held_back_message(self, name: str, unit: str, state: str, *, restart: bool) -> str:
+        first = self.failed_first()
+        what = "not restarted" if restart else "not verified"
+        return (
+            f"{name}: {what}: {first} failed first, so this run stopped before {name}; "
+            f"{unit} was left as it was ({state}) and keeps serving its current config"
+        )
+
+
+GATE = RolloutGate()
 
 
 def _report(entry: dict) -> None:
@@ -48,14 +88,32 @@ def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
     return cfg.model_copy(update=update)
 
 
-def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, changed, **kwargs):
-    """python.call target: run `verify(cfg, rendered, **kwargs)`; on failure, roll back what this
-    run changed, release the deploy lock and raise with a true account of the host's state."""
+def verify_or_rollback(
+    verify, cfg: ServeConfig, rendered: RenderedUnit, *, change=None, changed=None, **kwargs
+):
+    """python.call target, one host at a time: unless an earlier host of this run failed, swap in
+    the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
+    `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
+    deploy lock and raise with a true account of the host's state."""
+    unit = rendered.name
+    if change is not None:
+        changed = change.changed
+    changed = changed or (lambda: False)
+    if GATE.failed_first() is not None:
+        state = server.is_active(unit)
+        restart = change is not None and change.pending()
+        message = GATE.held_back_message(host.name, unit, state, restart=restart)
+        _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
+                 "after": message.split(": ", 1)[1]})  # fmt: skip
+        lock.release_now(cfg)
+        raise HeldBack(message)
     try:
+        if change is not None:
+            restart_for(change, unit)
         return verify(cfg, rendered, **kwargs)
     except Exception as error:  # any failure of the new config
+        GATE.note_failure(host.name)
         cause = str(error)
-        unit = rendered.name
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
             if not changed():
@@ -89,6 +147,16 @@ def verify_or_rollback(verify, cfg: ServeConfig, rendered: RenderedUnit, *, chan
             lock.release_now(cfg)
 
 
+def restart_for(change, unit: str) -> None:
+    """This host's turn: swap in what changed and restart; start the unit if it is not running;
+    a change of the workload alone restarts nothing (the server keeps its MainPID)."""
+    if change.apply():
+        logger.info(f"{host.print_prefix}restarting {unit} (unit or env file changed)")
+        server.restart(unit)
+    elif server.start_if_inactive(unit):
+        logger.info(f"{host.print_prefix}started {unit} (it was not running)")
+
+
 def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
     """What runs after a restore, checked: healthy or not, and from which release venv."""
     runs = f"{unit} runs {argv[0] if argv else '?'}"
@@ -98,3 +166,27 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
         return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
     except Exception as again:
         return f"NOT healthy after rollback either ({server.is_active(unit)}); {runs}: {again}"
+
+
+_PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)
+
+
+def out_of_service_width(cfg: ServeConfig) -> dict:
+    """How many hosts may be out of service at once (a rolling restart, a compare or tune taking a
+    host off its deployed unit), as pyinfra execution arguments: `_serial` for one host at a time
+    (the default), `_parallel=N` for N (`rollout_max_parallel`). pyinfra takes them from all hosts
+    of one operation alike, so two hosts with different values stop the run here, before anything
+    runs."""
+    n = cfg.rollout_max_parallel
+    first = _PARALLEL.setdefault(id(host.state), (host.name, n))
+    if first[1] != n:
+        raise PyinfraError(
+            f"{host.name}: rollout_max_parallel is {n}, but {first[0]} of the same run has "
+            f"{first[1]}: set one value for every host of a run (group_data/all.py)"
+        )
+    return {"_serial": True} if n == 1 else {"_parallel": n}
+
+
+def width_text(cfg: ServeConfig) -> str:
+    n = cfg.rollout_max_parallel
+    return "one host at a time" if n == 1 else f"{n} hosts at a time"

@@ -5,6 +5,10 @@
 writes a private temp file and moves it into place (`on_host.write_text`); the operation compares
 checksums, so it changes (and restarts what depends on it) only when the secret changed. No value
 reaches argv, pyinfra's output at any verbosity, or a file another user can read.
+
+The checksum compared is that of the text as it lands on the host (`as_written`): pyinfra ends
+every stdin line with a newline, so a token without one is stored with one. Comparing against the
+bare value made the token file "change" on every run.
 """
 
 from __future__ import annotations
@@ -31,22 +35,35 @@ class Secret:
     __str__ = __repr__
 
 
+def as_written(value: str) -> str:
+    """The file's exact text once written through stdin (pyinfra adds a final newline)."""
+    return value if value.endswith("\n") else value + "\n"
+
+
+def written_sha1(value: str) -> str:
+    return hashlib.sha1(as_written(value).encode()).hexdigest()
+
+
 def _write(path: str, secret: Secret) -> None:
-    write_text(path, secret.value, mode="600")
+    write_text(path, as_written(secret.value), mode="600")
 
 
 @operation()
 def secret_file(path: str, secret: Secret | None):
     """Ensure `path` holds exactly the secret's text (root:root 0600), or is absent when None."""
-    current = host.get_fact(Sha1File, path=path)
+    current = host.get_fact(Sha1File, path=path)  # read through root (_sudo), never printed
     if secret is None:
         if current is not None:
             yield StringCommand(f"rm -f {shlex.quote(path)}")
+        else:
+            host.noop(f"{path} is absent")
         return
-    if current != hashlib.sha1(secret.value.encode()).hexdigest():
+    if current != written_sha1(secret.value):
         yield FunctionCommand(_write, (path, secret), {})
         return
     info = host.get_fact(File, path=path) or {}
     if (info.get("user"), info.get("group"), info.get("mode")) != ("root", "root", 600):
         quoted = shlex.quote(path)
         yield StringCommand(f"chown root:root {quoted} && chmod 600 {quoted}")
+        return
+    host.noop(f"{path} is up to date (same sha1, root:root 0600)")

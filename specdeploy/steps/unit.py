@@ -1,13 +1,18 @@
-"""Step 5: install the rendered unit and env file; restart only when one of them changed.
+"""Step 5: stage the rendered unit and env file; swap them in and restart only when one changed.
 
-A new unit is uploaded to a staging path first and moved into place in one `mv`, so systemd never
-sees a half-written file; the unit and env file it replaces are kept under state_dir/rollback
-(root's) for `restore_previous()`."""
+Planning schedules only what takes nothing down: the current unit and env file are kept under
+state_dir/rollback (root's) for `restore_previous()`, and the new unit is uploaded to its staging
+path. The swap itself (one `mv`, so systemd never sees a half-written file), the env file write,
+daemon-reload, enable and the restart happen at execution time in `UnitChange.apply()`, called by
+the rolling restart (serve.py, steps/rollback.py) one host at a time: a host the rollout holds
+back keeps its old unit and env file on disk too, so not even a crash-restart by systemd starts it
+on the new config."""
 
 from __future__ import annotations
 
 import hashlib
 import shlex
+from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger
@@ -15,11 +20,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
+from .. import server as lifecycle
 from ..argv import argv_diff, argv_lines, unit_exec_argv
 from ..config import ServeConfig
 from ..facts import FileText
+from ..on_host import write_text
 from ..render import RenderedUnit, render_env_file
-from .secrets import Secret, secret_file
+from .secrets import Secret, as_written, secret_file, written_sha1
 
 
 def sha1(text: str) -> str:
@@ -30,53 +37,76 @@ def pending_changes(cfg: ServeConfig, unit: RenderedUnit) -> tuple[bool, bool]:
     """Planning time, from facts: (the installed unit differs from `unit`, the env file differs from
     the rendered one). Also catches a unit edited by hand."""
     unit_differs = host.get_fact(Sha1File, path=cfg.unit_path(unit.name)) != sha1(unit.text)
-    env_differs = host.get_fact(Sha1File, path=cfg.env_file) != sha1(render_env_file(cfg))
+    env_differs = host.get_fact(Sha1File, path=cfg.env_file) != written_sha1(render_env_file(cfg))
     return unit_differs, env_differs
 
 
+@dataclass
+class UnitChange:
+    """What install_unit planned for one host, and (at execution time) what `apply` then did.
+
+    `pending()` is true when the unit or env file differs from the rendered pair (planning-time
+    facts, or the staging upload changed); `changed()` is true once `apply` really swapped one in,
+    which is what the rollback asks: did this run change what the host runs?"""
+
+    cfg: ServeConfig
+    unit: RenderedUnit
+    unit_differs: bool
+    env_differs: bool
+    enable: bool = True
+    stage_op: object | None = None
+    applied: bool = False
+
+    def pending(self) -> bool:
+        staged = self.stage_op is not None and self.stage_op.did_change()
+        return self.unit_differs or self.env_differs or staged
+
+    def changed(self) -> bool:
+        return self.applied
+
+    def apply(self) -> bool:
+        """Execution time, this host only: swap in the staged unit and the rendered env file where
+        they differ, daemon-reload, enable. Returns True when either changed (restart needed)."""
+        cfg, name = self.cfg, self.unit.name
+        if self.env_differs:  # content on stdin, root:root 0600 (secrets.py)
+            write_text(cfg.env_file, as_written(render_env_file(cfg)), mode="600")
+            self.applied = True
+        if lifecycle.swap_in_staged(cfg, name):
+            self.applied = True
+        if self.enable:
+            lifecycle.enable(name)
+        return self.applied
+
+
 @deploy("Install systemd unit")
-def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, start: bool = True, enable: bool = True):
-    """Returns the operations whose change means the server must restart."""
+def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True) -> UnitChange:
+    """Keep the current pair, stage the new unit; returns the UnitChange whose `apply()` the
+    rolling restart calls on each host in turn (nothing here stops or restarts a server)."""
     staged, target = cfg.staged_unit_path(unit.name), cfg.unit_path(unit.name)
     unit_differs, env_differs = pending_changes(cfg, unit)
+    installed = host.get_fact(Sha1File, path=target) is not None
     if unit_differs or env_differs:  # keep the current pair before either changes
         server.shell(
             name=f"Keep current {unit.name} and env file for rollback",
             commands=[keep_previous_command(cfg, unit.name)],
         )
-    env_op = secret_file(
-        name="Secrets env file (root, 0600)",
-        path=cfg.env_file,
-        secret=Secret(render_env_file(cfg)),
-    )
+    if not env_differs:  # owner and mode only (a changed env file is written by apply())
+        secret_file(
+            name="Secrets env file (root, 0600)",
+            path=cfg.env_file,
+            secret=Secret(render_env_file(cfg)),
+        )
     stage_op = files.put(
-        name=f"Stage {unit.name}",
+        name=f"Stage {unit.name} (swapped in by the rolling restart)",
         src=StringIO(unit.text),
         dest=staged,
         user="root",
         group="root",
         mode="644",
     )
-    swap = lambda: unit_differs or stage_op.did_change()  # noqa: E731
-    server.shell(
-        name=f"Swap in {unit.name} (previous kept for rollback)",
-        commands=[f"cp -p {staged} {target}.tmp && mv -f {target}.tmp {target}"],  # validated paths
-        _if=swap,
-    )
-    changed = lambda: swap() or env_op.did_change()  # noqa: E731
-    systemd.daemon_reload(name="systemd daemon-reload", _if=swap)
-    if enable:
+    if enable and installed:  # a new unit is enabled by apply(), once it is in place
         systemd.service(name=f"Enable {unit.name}", service=unit.name, enabled=True)
-    if start:
-        systemd.service(
-            name=f"Restart {unit.name} (config changed)",
-            service=unit.name,
-            running=True,
-            restarted=True,
-            _if=changed,
-        )
-        systemd.service(name=f"{unit.name} running", service=unit.name, running=True)
-    return changed
+    return UnitChange(cfg, unit, unit_differs, env_differs, enable=enable, stage_op=stage_op)
 
 
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:

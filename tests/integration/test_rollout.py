@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "/etc/systemd/system/specdeploy-vllm.service"
 BROKEN_DRAFT = "specdeploy-sandbox/tiny-llama-draft-broken"
+LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
+HUB = "/var/lib/specdeploy/hf/hub"
 
 
 def tail(result, n=80):
@@ -96,6 +98,20 @@ def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
     return path
 
 
+def plant_broken_draft(ssh, host):
+    """A draft repo that exists in the host's cache and passes every check and preflight (config,
+    vocabulary, context, memory are read from headers) but whose weights are truncated: vLLM fails
+    only when it loads them, i.e. at health-check time."""
+    ssh(
+        host,
+        f"set -e; src={HUB}/models--specdeploy-sandbox--tiny-llama-draft; "
+        f"dst={HUB}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
+        "for f in $dst/snapshots/*/*.safetensors; "
+        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
+        f"chown -R vllm:vllm $dst",
+    )
+
+
 def host_suite(*args):
     return run(
         sys.executable,
@@ -156,7 +172,7 @@ def test_dry_run_prints_the_argv_diff_and_changes_nothing(deployed, hosts, ssh, 
 
 def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
     host = hosts[0]
-    lock = "/run/lock/specdeploy-vllm.deploy.lock"
+    lock = LOCK
     ssh(host, f"echo 'holder=alice@elsewhere:4242 since=2030-01-01T00:00:00Z host={host}' > {lock}")
     result = run(
         "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
@@ -186,18 +202,7 @@ def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
 
 def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, hosts, ssh, tmp_path):
     canary, broken, third = hosts
-    # A draft repo that exists in the host's cache and passes every check and preflight (config,
-    # vocabulary, context, memory are read from headers) but whose weights are truncated: vLLM fails
-    # only when it loads them, i.e. at health-check time.
-    hub = "/var/lib/specdeploy/hf/hub"
-    ssh(
-        broken,
-        f"set -e; src={hub}/models--specdeploy-sandbox--tiny-llama-draft; "
-        f"dst={hub}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
-        "for f in $dst/snapshots/*/*.safetensors; "
-        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
-        f"chown -R vllm:vllm $dst",
-    )
+    plant_broken_draft(ssh, broken)
     spec = {**cfg_of(canary).speculative_config, "num_speculative_tokens": 2}
     inventory = write_inventory(
         tmp_path,
@@ -241,9 +246,43 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
     assert "not healthy" in out and "crashed" in out
     assert f"rollout STOPPED; not touched: {third}" in out
     # the lock was released by the rollback
-    assert (
-        ssh(
-            broken, "test -e /run/lock/specdeploy-vllm.deploy.lock && echo held || echo free"
-        ).strip()
-        == "free"
-    )
+    assert ssh(broken, f"test -e {LOCK} && echo held || echo free").strip() == "free"
+
+
+def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
+    sandbox_services, sandbox_fleet, ssh, tmp_path
+):
+    """The documented command, not `specdeploy rollout`: a config that cannot start, on both hosts
+    of a 2-host run. The host pyinfra takes first is restarted, fails, is rolled back healthy; the
+    other is not restarted at all (same MainPID, same unit file on disk) and the run fails naming
+    both."""
+    pair = [h["name"] for h in sandbox_fleet["hosts"]][:2]
+    limit = [arg for h in pair for arg in ("--limit", h)]
+    result = run("pyinfra", "-y", str(write_inventory(tmp_path, {})), "deploys/serve.py", *limit)
+    assert result.returncode == 0, tail(result)
+    for host in pair:
+        plant_broken_draft(ssh, host)
+    spec = {**cfg_of(pair[0]).speculative_config, "model": BROKEN_DRAFT}
+    inventory = write_inventory(tmp_path, {h: {"speculative_config": spec} for h in pair})
+    assert run("specdeploy", "check", str(inventory)).returncode == 0  # only the hosts can tell
+    before = {h: state_of(ssh, h) for h in pair}
+    unit_before = {h: ssh(h, f"cat {UNIT}") for h in pair}
+
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", *limit, timeout=1800)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, tail(result)
+    failed = [h for h in pair if f"{h}: ROLLED BACK" in out]
+    assert len(failed) == 1, tail(result, 150)  # pyinfra's order; exactly one was restarted
+    first, second = failed[0], next(h for h in pair if h != failed[0])
+    # first host: restarted onto the broken draft, rolled back, healthy on its previous unit
+    assert "healthy again" in out, tail(result, 120)
+    assert ssh(first, f"cat {UNIT}") == unit_before[first] and healthy(ssh, first)
+    assert state_of(ssh, first)["MainPID"] != before[first]["MainPID"]
+    # second host: never restarted, its unit never swapped, still serving
+    assert f"{second}: not restarted: {first} failed first" in out, tail(result, 120)
+    assert state_of(ssh, second) == before[second]
+    assert ssh(second, f"cat {UNIT}") == unit_before[second] and healthy(ssh, second)
+    # both locks released, in the root-only directory
+    for host in pair:
+        assert ssh(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
+        assert ssh(host, "stat -c %U:%a /run/specdeploy/locks").strip() == "root:700"

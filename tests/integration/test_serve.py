@@ -5,6 +5,7 @@ the draft on the second host."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -133,6 +134,45 @@ def test_second_run_changes_nothing_and_keeps_the_server(
     assert changed == [], f"operations ran on a no-op re-run: {changed}\n{tail(result)}"
     after = {h: service_state(sandbox_ssh, h) for h in hosts}
     assert after == before  # same MainPID and start time: not restarted
+
+
+def test_a_new_request_set_is_measured_without_a_restart(
+    first_deploy, hosts, sandbox_ssh, tmp_path
+):
+    """Pointing workload.dataset_path at a new JSONL ships it AND re-runs health, smoke and record
+    (the record names the new sha256), restarting nothing; the next run is a no-op again."""
+    host = hosts[0]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(
+        "".join(
+            json.dumps({"prompt": f"def add_{i}(x):\n    return x +", "output_tokens": 16}) + "\n"
+            for i in range(16)
+        )
+    )
+    sha = hashlib.sha256(requests.read_bytes()).hexdigest()
+    workload = {
+        **config_for(host).workload.model_dump(),
+        "dataset": "custom",
+        "dataset_path": str(requests),
+    }
+    inventory = tmp_path / "workload.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"sandbox = [(n, {{**d, 'workload': {workload!r}}}) for n, d in _base['sandbox'] "
+        f"if n == {host!r}]\n"
+    )
+    before = service_state(sandbox_ssh, host)
+    result = _pyinfra(inventory, "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    assert "request_set sha256" in result.stdout + result.stderr, tail(result)
+    assert service_state(sandbox_ssh, host) == before  # measured, not restarted
+    recorded = record_of(sandbox_ssh, host)["workload"]
+    assert recorded["dataset"] == "custom" and recorded["request_set"]["sha256"] == sha
+    again = _pyinfra(inventory, "deploys/serve.py", timeout=600)
+    assert again.returncode == 0, tail(again)
+    changed = re.findall(r"\[(\S+)\] (Success|Changed)", again.stdout)
+    assert changed == [], f"operations ran on a no-op re-run: {changed}\n{tail(again)}"
 
 
 def _override_inventory(tmp_path, host, speculative_config):

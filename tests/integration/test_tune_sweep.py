@@ -18,14 +18,6 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
 STAMP = time.strftime("%Y%m%dT%H%M%S")
-KEYS = {
-    "ttft": "median_ttft_ms",
-    "tpot": "median_tpot_ms",
-    "itl": "median_itl_ms",
-    "e2el": "median_e2el_ms",
-    "output_throughput": "output_throughput",
-    "request_throughput": "request_throughput",
-}
 
 
 def tail(result, n=60):

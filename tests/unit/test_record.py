@@ -43,3 +43,11 @@ def test_unreadable_records_name_where_they_came_from():
 def test_unknown_keys_of_a_newer_writer_are_kept():
     data = json.loads(OLD.read_text()) | {"future_key": {"x": 1}}
     assert json.loads(read_record(data).to_json())["future_key"] == {"x": 1}
+
+
+def test_a_new_record_keeps_the_workload_sampling():
+    data = json.loads(OLD.read_text())
+    data["workload"] |= {"temperature": 0.7, "top_p": 0.9}
+    record = read_record(json.dumps(data))
+    assert record.workload.temperature == 0.7 and record.workload.top_p == 0.9
+    assert json.loads(record.to_json())["workload"]["top_p"] == 0.9

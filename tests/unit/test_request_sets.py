@@ -186,3 +186,28 @@ def test_unreadable_file(valid_data, tmp_path, dataset):
     path.write_bytes(b"\xff\xfe\x00")
     (p,) = problems(data_with(valid_data, str(path), dataset=dataset))
     assert "not UTF-8" in p.what
+
+
+def test_the_workload_sampling_reaches_every_benchmark(valid_data):
+    greedy = bench_args(
+        config_from_data(valid_data),
+        base_url="u",
+        tokenizer="t",
+        result_dir="d",
+        result_filename="f",
+    )
+    assert greedy[greedy.index("--temperature") + 1] == "0.0"
+    assert greedy[greedy.index("--top-p") + 1] == "1.0"
+    valid_data["workload"].update({"temperature": 0.7, "top_p": 0.9})
+    sampled = bench_args(
+        config_from_data(valid_data),
+        base_url="u",
+        tokenizer="t",
+        result_dir="d",
+        result_filename="f",
+    )
+    assert sampled[sampled.index("--temperature") + 1] == "0.7"
+    assert sampled[sampled.index("--top-p") + 1] == "0.9"
+    valid_data["workload"]["top_p"] = 0
+    with pytest.raises(ValueError, match="top_p"):
+        config_from_data(valid_data)
