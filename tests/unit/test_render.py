@@ -236,3 +236,28 @@ def test_vllm_cpu_unit_renders_as_before_whatever_the_host_has(valid_data):
     assert text == render_unit(cfg).text
     assert CPU_UNIT_BEFORE_CUDA_BOOT in text
     assert "nvidia" not in text
+
+
+def test_cuda_unit_reads_the_deploy_hosts_fact_when_none_is_given(valid_data):
+    """Every render of one run (serve, the gate, measurements, status) agrees with the installed
+    unit: without `cuda_boot`, render_unit asks the host pyinfra is working on; vllm-cpu asks
+    nothing."""
+    from pyinfra.context import ctx_host
+
+    from specdeploy.facts import CudaBoot, CudaBootInfo
+
+    asked = []
+
+    class Host:
+        def get_fact(self, cls, **kwargs):
+            asked.append(cls)
+            return CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+
+    cfg = config_from_data(valid_data)
+    with ctx_host.use(Host()):
+        text = render_unit(cfg).text
+        valid_data["vllm_package"] = "vllm-cpu"
+        cpu = render_unit(config_from_data(valid_data)).text
+    assert asked == [CudaBoot]
+    assert "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0" in text and "nvidia" not in cpu
+    assert "ExecStartPre" not in render_unit(cfg).text  # no host in context: the plain CUDA unit
