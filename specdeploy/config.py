@@ -144,7 +144,17 @@ class ServeConfig(BaseModel):
     )  # its own root-only file, downloads only
     vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
-    health_timeout_s: PositiveInt = 900
+    health_timeout_s: PositiveInt = 900  # the server's start, until /health and the checks answer
+    # Time limits of the other long steps; each failure names the step, the host and this key.
+    # pip install of the release into its venv (a CUDA venv is 10-20 GB from the index)
+    install_timeout_s: PositiveInt = 3600
+    # each model download; None: scaled from the snapshot's size on the Hub (read by the download
+    # script first) at download_min_mb_per_s, plus DOWNLOAD_START_S; 3600 s where no size is read
+    download_timeout_s: PositiveInt | None = None
+    download_min_mb_per_s: PositiveFloat = 10.0
+    # every `vllm bench serve` (smoke, compare, tune, gate) may take num_prompts x output_len
+    # tokens at this floor rate, plus health_timeout_s (first requests compile and warm up)
+    smoke_min_tokens_per_s: PositiveFloat = 5.0
     speculation_gate: SpeculationGate | None = None
     # The plain `pyinfra INVENTORY deploys/serve.py` restarts (and verifies, and rolls back) at
     # most this many hosts at once; the first failure stops the hosts after it (serve.py). One
@@ -313,6 +323,11 @@ class ServeConfig(BaseModel):
     def lock_path(self) -> str:
         return f"{LOCK_DIR}/{self.service_name}.deploy.lock"
 
+
+# download_timeout_s = None: the fixed limit where the snapshot's size cannot be read, and the
+# seconds a download gets beyond its size at download_min_mb_per_s (listing, connection, retries)
+DOWNLOAD_DEFAULT_TIMEOUT_S = 3600
+DOWNLOAD_START_S = 600
 
 FIELDS = tuple(ServeConfig.model_fields)
 

@@ -60,6 +60,22 @@ def sh(command: str, *, check: bool = True, stdin: str | None = None, timeout: i
     return stdout
 
 
+TIMED_OUT = 124  # coreutils timeout's exit status when it stopped the command
+KILL_AFTER_S = 30  # SIGTERM first; SIGKILL this long after, for a process that ignores it
+TIME_LIMIT_GRACE_S = 60  # pyinfra's own limit on top of the host's, for a connection that hangs
+
+
+def with_time_limit(command: str, seconds: int, message: str) -> str:
+    """`command` stopped on the host after `seconds` (coreutils `timeout`, so the process dies with
+    the limit rather than outliving a dropped connection), then `message` on stderr and exit 124.
+    Its stdin is the command's."""
+    return (
+        f"timeout -k {KILL_AFTER_S} {int(seconds)} sh -c {shlex.quote(command)} || {{ rc=$?; "
+        f"if [ $rc -eq {TIMED_OUT} ]; then printf '%s\\n' {shlex.quote(message)} >&2; fi; "
+        "exit $rc; }"
+    )
+
+
 def read_text(path: str, *, missing_ok: bool = False) -> str | None:
     """A file's text. None when it does not exist and `missing_ok`; any other failure raises."""
     quoted = shlex.quote(path)

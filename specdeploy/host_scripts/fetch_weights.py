@@ -1,22 +1,32 @@
 """Download one model snapshot into the host's Hugging Face cache (runs in the vLLM venv).
 
-argv: HF_HOME REPO_ID REVISION [MARGIN_BYTES]. Honours HF_ENDPOINT and HF_TOKEN_PATH (the token's
-own root-only file) from the environment.
+argv: HF_HOME REPO_ID REVISION [TIMEOUT_S MIN_MB_PER_S HOST MARGIN_BYTES]. Honours HF_ENDPOINT and
+HF_TOKEN_PATH (the token's own root-only file) from the environment.
 
 Only what vLLM loads is fetched (`wanted`): safetensors weights and their index, the config,
 generation config and tokenizer files; `*.bin` only when the repo has no safetensors; never
 `original/`, GGUF or `*.pth` (a repo shipping those beside its safetensors would otherwise be
 downloaded two or three times over). The selected files are sized from the Hub's file metadata
 first, and the download is refused, with the numbers, when the cache's disk cannot hold them plus
-the margin.
+MARGIN_BYTES.
+
+Time limit: TIMEOUT_S seconds ("auto": DEFAULT_S while the files are sized, then START_S + size /
+MIN_MB_PER_S, or DEFAULT_S where the size cannot be read); past it the script says which download
+on which host, and which key to raise, and exits 124.
+
 huggingface_hub resumes interrupted files (.incomplete blobs) and never touches other revisions,
 so a failed run leaves any working snapshot as it was. A marker file is written last: only a
 snapshot that has it counts as complete."""
 
 import fnmatch
+import math
 import os
 import shutil
 import sys
+import threading
+
+DEFAULT_S = 3600  # config.DOWNLOAD_DEFAULT_TIMEOUT_S
+START_S = 600  # config.DOWNLOAD_START_S
 
 # What vLLM reads from a checkpoint repo (weights, config, tokenizer). Patterns match whole paths.
 WEIGHTS = ("*.safetensors", "*.safetensors.index.json")
@@ -50,6 +60,20 @@ def wanted(paths):
     return sorted(set(weights) | set(support))
 
 
+def sized_files(repo, revision):
+    """(the files to fetch, their total bytes) from the Hub's file metadata: one listing with
+    sizes, or a HEAD per file where the listing has none (a mirror without file metadata)."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+
+    info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    listed = {s.rfilename: s.size for s in info.siblings or []}
+    files = wanted(list(listed))
+    sizes = [listed[f] for f in files]
+    if None in sizes:
+        sizes = [get_hf_file_metadata(hf_hub_url(repo, f, revision=info.sha)).size for f in files]
+    return files, sum(s or 0 for s in sizes)
+
+
 def disk_problem(needed, free, margin, where):
     """The refusal text when `free` bytes cannot hold `needed` plus `margin`, else None."""
     if free >= needed + margin:
@@ -61,27 +85,64 @@ def disk_problem(needed, free, margin, where):
     )
 
 
-def main(argv):
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, snapshot_download
+def time_limit(timeout, size_bytes, min_mb_per_s):
+    """The download's limit in seconds: a fixed TIMEOUT_S, else scaled from the size."""
+    if timeout != "auto":
+        return int(timeout)
+    if not size_bytes:
+        return DEFAULT_S
+    return START_S + math.ceil(size_bytes / (float(min_mb_per_s) * 1e6))
 
-    hf_home, repo, revision = argv[1:4]
-    margin = int(argv[4]) if len(argv) > 4 else 1 << 30
+
+def arm(seconds, what, advice, previous=None):
+    """A watchdog thread that ends the process at the limit (a thread, not SIGALRM: the main thread
+    may sit in a native call of the downloader, where no signal handler runs)."""
+    if previous is not None:
+        previous.cancel()
+
+    def expired():
+        sys.stderr.write(f"{what} ran past {seconds} s (stopped); {advice}\n")
+        sys.stderr.flush()
+        os._exit(124)  # the downloader's worker threads would keep a normal exit waiting
+
+    timer = threading.Timer(seconds, expired)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this host", margin="0"):
+    from huggingface_hub import snapshot_download
+
     cache = os.path.join(hf_home, "hub")
-    info = HfApi().model_info(repo, revision=revision)
-    files = wanted([s.rfilename for s in info.siblings or []])
-    sizes = {
-        f: get_hf_file_metadata(hf_hub_url(repo, f, revision=info.sha)).size or 0 for f in files
-    }
-    os.makedirs(cache, exist_ok=True)
-    problem = disk_problem(
-        sum(sizes.values()),
-        shutil.disk_usage(cache).free,
-        margin,
-        f"{repo}@{revision} into {cache}",
+    what = f"{host}: weights: download of {repo}@{revision}"
+    auto = timeout == "auto"
+    watchdog = arm(
+        DEFAULT_S if auto else int(timeout), what + " (sizing it)", "set download_timeout_s"
     )
-    if problem:
-        sys.exit(problem)
+    try:
+        files, size = sized_files(repo, revision)
+    except Exception as error:  # no listing: download everything, under the fixed limit
+        sys.stderr.write(f"{what}: could not size the files ({error}); fetching the snapshot\n")
+        files, size = None, None
+    if size is not None:
+        os.makedirs(cache, exist_ok=True)
+        problem = disk_problem(
+            size, shutil.disk_usage(cache).free, int(margin), f"{what} into {cache}"
+        )
+        if problem:
+            watchdog.cancel()
+            sys.exit(problem)
+    limit = time_limit(timeout, size, min_mb_per_s)
+    if auto:
+        shown = f"{size / 1e9:.1f} GB at {min_mb_per_s} MB/s" if size else "size unknown"
+        what += f" (limit scaled from {shown})"
+        advice = "lower download_min_mb_per_s or set download_timeout_s in the host's data"
+    else:
+        advice = "raise download_timeout_s in the host's data"
+    watchdog = arm(limit, what, advice, watchdog)
     path = snapshot_download(repo_id=repo, revision=revision, cache_dir=cache, allow_patterns=files)
+    watchdog.cancel()
     # This cache serves one deployment, offline (HF_HUB_OFFLINE=1). Code paths in vLLM that load a
     # model without its revision (e.g. the draft tokenizer under use_heterogeneous_vocab) resolve
     # "main": point it at the pinned snapshot so they see the same files.
@@ -91,8 +152,8 @@ def main(argv):
         ref.write(os.path.basename(path))
     with open(os.path.join(path, ".specdeploy-complete"), "w") as marker:
         marker.write(revision + "\n")
-    print(f"{path} ({len(files)} files, {sum(sizes.values())} bytes)")
+    print(f"{path} ({len(files) if files else 'all'} files, {size} bytes)")
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main(*sys.argv[1:8])

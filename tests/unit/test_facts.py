@@ -177,3 +177,35 @@ def test_gpu_memory():
     assert fact.process([]) == []  # what status.py passes when the fact could not be read
     status, lines = sh(fact.command())  # no nvidia-smi here: nothing, no failure
     assert status == 0 and fact.process(lines) == []
+
+
+def test_cuda_boot_parses_units_and_modprobe_and_runs_cleanly():
+    from specdeploy.facts import CUDA_BOOT_COMMAND, CudaBoot
+
+    fact = CudaBoot()
+    assert fact.command() == CUDA_BOOT_COMMAND
+    # an NVSwitch host with the driver's utilities installed
+    value = fact.process(
+        ["@@unit nvidia-persistenced.service", "@@unit nvidia-fabricmanager.service", "@@modprobe"]
+    )
+    assert value.fabricmanager and value.nvidia_modprobe
+    assert value.units == ["nvidia-persistenced.service", "nvidia-fabricmanager.service"]
+    plain = fact.process(["@@unit nvidia-persistenced.service"])  # a PCIe host, no nvidia-modprobe
+    assert not plain.fabricmanager and not plain.nvidia_modprobe
+    assert not fact.process([]).units
+    rc, lines = sh(CUDA_BOOT_COMMAND)  # this machine: no NVIDIA driver; exits 0 all the same
+    assert rc == 0 and not fact.process(lines).nvidia_modprobe
+
+
+def test_cuda_boot_recorded_on_the_h200_device():
+    """Recorded on the device H200 (data/cuda-boot/: a container without systemd or
+    nvidia-modprobe): no optional lines, so its CUDA unit orders after persistenced only."""
+    from pathlib import Path
+
+    from specdeploy.facts import CudaBoot
+
+    data = Path(__file__).parent / "data" / "cuda-boot" / "h200-device-container.json"
+    recorded = json.loads(data.read_text())
+    assert recorded["command"] == CudaBoot().command()
+    assert recorded["rc"] == 0
+    assert CudaBoot().process(recorded["output"]).model_dump() == recorded["fact"]

