@@ -33,6 +33,8 @@ WORKLOAD_FIELDS = (
     "seed",
     "request_rate",
     "max_concurrency",
+    "temperature",  # a record from before sampling was recorded has None: measured again once
+    "top_p",
 )
 
 

@@ -288,6 +288,9 @@ def test_a_new_request_set_or_rate_is_a_workload_change(valid_data, tmp_path):
     request_set(tmp_path, "old.jsonl", 20)
     valid_data["workload"]["request_rate"] = 3.0
     assert dataset.workload_changes(previous, config_from_data(valid_data)) == ["request_rate"]
+    # the sampling the benchmarks send is part of what was measured
+    valid_data["workload"].update({"request_rate": cfg.workload.request_rate, "temperature": 0.7})
+    assert dataset.workload_changes(previous, config_from_data(valid_data)) == ["temperature"]
 
 
 # --- the unit change is applied by the rolling restart, not planned --------------------------
