@@ -86,10 +86,11 @@ def ship_request_set(cfg: ServeConfig):
     if missing:
         server.shell(
             name=f"Benchmark loader for {w.dataset}: pip install {' '.join(missing)}",
+            # into root's release venv, which stays root's: the benchmark runs as root, so a venv
+            # the service user could write would let it run code as root
             commands=[
                 f"{cfg.venv}/bin/python -m pip install --disable-pip-version-check -q "
                 f"{shlex.join(cfg.pip_install_args)} {shlex.join(missing)}",
-                f"chown -R {cfg.service_user}:{cfg.service_user} {cfg.venv}",
             ],
         )
     return put

@@ -215,6 +215,9 @@ def test_what_root_later_uses_is_root_owned(th, cfg):
             f"{path} is {f.user}:{f.group} {oct(f.mode)}; "
             "it must be root's, not group/world-writable"
         )
+    # nothing inside the release venv either: root runs its python (pip, benchmarks)
+    theirs = run(th, f"find {cfg.venv} -user {cfg.service_user} -print -quit")
+    assert not theirs.strip(), f"{theirs.strip()} in {cfg.venv} belongs to {cfg.service_user}"
 
 
 def test_port_listening_on_configured_address(th, cfg):
