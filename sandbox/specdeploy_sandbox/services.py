@@ -218,9 +218,9 @@ def _terminate(rec: dict, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             try:
-                # Reap if it is our child; otherwise just poll.
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    return
+                # Reap the leader if it is our child; the group's workers may still hold its port,
+                # so reaping it alone is not "stopped" (the check below waits for them too)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
             if not _is_ours(rec) and not _group_members(pid):
@@ -652,10 +652,29 @@ def status(state: dict) -> dict[str, dict]:
     return out
 
 
-def stop(state: dict) -> None:
-    """Stop the recorded servers (only their recorded PIDs/process groups). Idempotent."""
-    for rec in _load_records(state).values():
+def _listening(port: int) -> bool:
+    """A socket in LISTEN state on `port` (/proc/net/tcp{,6}: the kernel's view, no connect)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                return True
+    return False
+
+
+def stop(state: dict, port_timeout: float = 5.0) -> None:
+    """Stop the recorded servers (only their recorded PIDs/process groups). Idempotent. Returns
+    once their ports are closed too: the kernel can list a dead server's listening socket for a
+    moment after its last process is gone (seen with the wheelhouse), and a stopped service must
+    not look like a running one."""
+    records = list(_load_records(state).values())
+    for rec in records:
         _terminate(rec)
+    deadline = time.monotonic() + port_timeout
+    while any(rec.get("port") and _listening(rec["port"]) for rec in records):
+        if time.monotonic() > deadline:
+            break  # reported by status(); nothing of ours holds it any more
+        time.sleep(0.05)
     if services_dir(state).exists():
         _save_records(state, {})
 
