@@ -49,6 +49,9 @@ Keys returned by :func:`start` (merge them into the sandbox state)::
     wheelhouse_find_links  http://IP:PORT/packages/  (flat listing for --find-links)
     pip_install_args  ["--index-url", wheelhouse_url, "--trusted-host", IP]
     hf_endpoint       http://IP:PORT                 (HF_ENDPOINT for hosts)
+    hf_gated          {"repo", "token"}              the draft under a name that needs the token
+    hf_multiformat    {"repo", "main", "files"}      the draft with original/ and *.bin beside it
+                                                     (specdeploy_sandbox.multiformat)
     models            {repo_id: {"role", "revisions": {"v1": sha, ...}, "main": sha,
                                  "vocab_size", "tokenizer"}}
     model_repos       {"target": repo_id, "draft": repo_id, "draft-othervocab": repo_id}
@@ -73,7 +76,7 @@ from typing import Any
 
 from . import debian_repo as debian_repo_mod
 from . import models as models_mod
-from . import rootfs
+from . import multiformat, rootfs
 from . import wheelhouse as wheelhouse_mod
 
 MIRROR_VENV_REQUIREMENTS = ("olah==0.5.4", "pypiserver==2.4.2", "waitress==3.0.2")
@@ -369,7 +372,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         f'mirror-scheme = "http"\n'
         f"mirror-netloc = {_toml_str(public)}\n"
         f"mirror-lfs-netloc = {_toml_str(public)}\n"
-        f"mirrors-path = [{', '.join(_toml_str(h) for h in [*hubs, str(gated_hub(cache))])}]\n"
+        f"mirrors-path = [{', '.join(_toml_str(h) for h in hubs)}]\n"
         "\n[accessibility]\n"
         "offline = true\n"
     )
@@ -491,8 +494,10 @@ http {{
 
 
 def _mirrors_path(cache: Path) -> list[str]:
-    """Every model set's hub (the tiny random set, the trained set), served by one mirror."""
-    return [str(models_mod.hub_dir(cache, model_set)) for model_set in models_mod.MODEL_SETS]
+    """Every model set's hub (the tiny random set, the trained set), the gated copy of the draft
+    and the draft with the other checkpoint formats, served by one mirror."""
+    sets = [str(models_mod.hub_dir(cache, model_set)) for model_set in models_mod.MODEL_SETS]
+    return [*sets, str(gated_hub(cache)), str(multiformat.hub(cache))]
 
 
 # ---------------------------------------------------------------------------
@@ -562,6 +567,7 @@ def start(
         repos.update(manifest["repos"])
     venv = ensure_mirror_venv(cache)
     _ensure_gated_repo(cache)
+    formats = multiformat.ensure(cache) if ensure_assets else multiformat.load(cache)
     state.setdefault("hf_gated_token", "hf_sandbox_" + secrets.token_hex(16))
     if ports and "gateway" in ports:
         state["gateway_port"] = int(ports["gateway"]) or _free_port(host)
@@ -617,6 +623,8 @@ def start(
         "hf_endpoint": gw["url"],
         "debian_repo_url": gw["debian_url"],
         "hf_gated": {"repo": gated_repo(), "token": state["hf_gated_token"]},
+        # the draft's weights in every format real repos ship: what a host download leaves out
+        "hf_multiformat": {k: formats[k] for k in ("repo", "main", "files")} if formats else {},
         "models": {
             repo_id: {k: info[k] for k in ("role", "revisions", "main", "vocab_size", "tokenizer")}
             for repo_id, info in repos.items()

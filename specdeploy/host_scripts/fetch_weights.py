@@ -78,11 +78,17 @@ def disk_problem(needed, free, margin, where):
     """The refusal text when `free` bytes cannot hold `needed` plus `margin`, else None."""
     if free >= needed + margin:
         return None
-    gib = 1 << 30
     return (
-        f"{where}: the download needs {needed / gib:.2f} GiB (+ {margin / gib:.2f} GiB margin) "
-        f"but only {free / gib:.2f} GiB is free: free space or grow the disk, then re-run"
+        f"{where}: the download needs {size_text(needed)} (+ {size_text(margin)} margin) "
+        f"but only {size_text(free)} is free: free space or grow the disk, then re-run"
     )
+
+
+def size_text(n):
+    """GiB with two decimals; MiB below a tenth of a GiB, where GiB would read 0.00 (a draft)."""
+    if n >= (1 << 30) / 10 or n == 0:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def time_limit(timeout, size_bytes, min_mb_per_s):

@@ -1,54 +1,109 @@
-"""specdeploy's host download script against the session fleet's real HF mirror (Olah): only what
-vLLM loads is fetched, sized first, and a disk too small is refused before the download."""
+"""specdeploy's host download script on a sandbox host, against the session fleet's real HF mirror
+(Olah behind the gateway): a repo that ships `original/` (Meta's .pth) and `*.bin` shards beside its
+safetensors comes down as only what vLLM loads, and a disk too small for the model is refused with
+the numbers before any byte of it is fetched."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import hashlib
+import shlex
 
 import pytest
-from specdeploy_sandbox import models
+from huggingface_hub import HfApi
+from specdeploy_sandbox import models, multiformat, rootfs
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 
-TARGET = models.TARGET
+WORK = "/var/tmp/specdeploy-download-test"  # on the host; removed afterwards
+# what vLLM loads from the repo (fetch_weights.wanted); everything else must stay on the mirror
+LOADED = [
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
 
 
-def _clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HF_", "HUGGINGFACE_"))}
-    env.update(extra)
-    return env
+@pytest.fixture(scope="module")
+def host_python(sandbox_fleet, sandbox_services, ssh):
+    """(host, python): the release venv's python where a deploy of this session made one (the
+    interpreter the product runs the script with), else a throwaway venv with huggingface_hub from
+    the sandbox's own wheelhouse and python3-venv from its Debian repository (what the deploy
+    installs)."""
+    host = sandbox_fleet["hosts"][0]["name"]
+    found = ssh(host, "ls /opt/specdeploy/venvs/*/bin/python 2>/dev/null | head -1", check=False)
+    if found.strip():
+        yield host, found.strip()
+    else:
+        pip = shlex.join(sandbox_services["pip_install_args"])
+        ssh(
+            host,
+            "set -e; export DEBIAN_FRONTEND=noninteractive; "
+            "dpkg -s python3-venv >/dev/null 2>&1 || "
+            "{ apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; }; "
+            f"python3 -m venv {WORK}/venv; "
+            f"PIP_CONFIG_FILE=/dev/null {WORK}/venv/bin/pip install -q --no-cache-dir "
+            f"--disable-pip-version-check {pip} huggingface_hub",
+            timeout=300,
+        )
+        yield host, f"{WORK}/venv/bin/python"
+    ssh(host, f"umount {WORK}/small 2>/dev/null; rm -rf {WORK}", check=False)
 
 
-def test_the_host_download_fetches_only_what_vllm_loads_and_sizes_it_first(
-    sandbox_services, tmp_path
+def test_a_multiformat_repo_comes_down_as_only_what_vllm_loads_and_a_small_disk_is_refused_first(
+    host_python, sandbox_services, sandbox_ssh, ssh
 ):
-    """specdeploy's host script against the real mirror: README.md and .gitattributes are left out,
-    every file vLLM reads is fetched; a disk that cannot hold the files plus the margin is refused,
-    with the numbers, before anything is downloaded."""
     from specdeploy.host_scripts import source
 
-    sha = sandbox_services["models"][TARGET]["main"]
-    env = _clean_env(HF_ENDPOINT=sandbox_services["hf_endpoint"], HF_HUB_DISABLE_TELEMETRY="1")
-    script = source("fetch_weights")
-    run = lambda home, margin: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", script, str(home), TARGET, sha, "auto", "10", "h1", str(margin)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    host, python = host_python
+    repo, sha = (
+        sandbox_services["hf_multiformat"]["repo"],
+        sandbox_services["hf_multiformat"]["main"],
     )
-    ok = run(tmp_path / "hf", 0)
-    assert ok.returncode == 0, ok.stderr
-    snapshot = tmp_path / "hf" / "hub" / f"models--{TARGET.replace('/', '--')}" / "snapshots" / sha
-    fetched = sorted(p.name for p in snapshot.iterdir())
+    # the mirror serves the other formats (else this test would prove nothing)
+
+    served = HfApi(endpoint=sandbox_services["hf_endpoint"]).list_repo_files(repo, revision=sha)
+    assert "original/consolidated.00.pth" in served and "pytorch_model.bin.index.json" in served
+    assert [f for f in served if f.endswith(".bin")] and set(LOADED) < set(served)
+    checkout = multiformat.hub(rootfs.cache_dir()) / "models" / repo
+    needed = sum((checkout / f).stat().st_size for f in LOADED)
+    access_log = f"{sandbox_services['services_dir']}/gateway.access.log"
+
+    def fetches() -> int:  # requests for this repo's file bodies the gateway has answered so far
+        with open(access_log) as log:
+            return sum('"GET /' in line and repo in line and "/api/" not in line for line in log)
+
+    def download(hf_home: str, margin: int = 0):
+        env = (
+            f"HF_ENDPOINT={shlex.quote(sandbox_services['hf_endpoint'])} HF_HUB_DISABLE_TELEMETRY=1"
+        )
+        args = shlex.join([hf_home, repo, sha, "auto", "10", host, str(margin)])
+        script = shlex.quote(source("fetch_weights"))
+        return sandbox_ssh(host, f"{env} HF_HOME={hf_home} {python} -c {script} {args}", 300)
+
+    # A 1 MiB tmpfs as the HF home: the check reads the real free space of the real filesystem.
+    ssh(host, f"mkdir -p {WORK}/small && mount -t tmpfs -o size=1m tmpfs {WORK}/small")
+    before = fetches()
+    refused = download(f"{WORK}/small")
+    assert refused.returncode != 0, refused.stdout
     assert (
-        "model.safetensors" in fetched and "config.json" in fetched and "tokenizer.json" in fetched
-    )
-    assert "README.md" not in fetched and ".gitattributes" not in fetched
-    assert (snapshot / ".specdeploy-complete").read_text().strip() == sha
-    refused = run(tmp_path / "small", 1 << 50)  # a margin no disk has
-    assert refused.returncode != 0
-    assert "the download needs" in refused.stderr and "GiB is free" in refused.stderr
-    assert not (tmp_path / "small" / "hub" / f"models--{TARGET.replace('/', '--')}").exists()
+        f"{host}: weights: download of {repo}@{sha} into {WORK}/small/hub: the "
+        f"download needs {needed / (1 << 20):.1f} MiB (+ 0.00 GiB margin) but only 1.0 MiB is free"
+    ) in refused.stderr, refused.stderr
+    assert fetches() == before, "a file was fetched before the refusal"
+    assert ssh(host, f"ls -A {WORK}/small/hub").strip() == ""
+
+    ok = download(f"{WORK}/hf")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip().endswith(f"({len(LOADED)} files, {needed} bytes)"), ok.stdout
+    cached = f"{WORK}/hf/hub/models--{repo.replace('/', '--')}"
+    listed = ssh(host, f"cd {cached}/snapshots/{sha} && find . -mindepth 1 -printf '%P\\n' | sort")
+    assert listed.split() == sorted([*LOADED, ".specdeploy-complete"])
+    assert int(ssh(host, f"ls {cached}/blobs | wc -l")) == len(LOADED)  # no blob of another format
+    assert fetches() > before
+    # the same weights as the plain draft, byte for byte
+    draft = models.hub_dir(rootfs.cache_dir()) / "models" / models.DRAFT / "model.safetensors"
+    on_host = ssh(host, f"sha256sum {cached}/snapshots/{sha}/model.safetensors").split()[0]
+    assert on_host == hashlib.sha256(draft.read_bytes()).hexdigest()

@@ -67,3 +67,25 @@ def test_a_disk_too_small_is_refused_with_the_numbers():
         "m@r into /c: the download needs 16.00 GiB (+ 2.00 GiB margin) but only 17.00 GiB is "
         "free: free space or grow the disk, then re-run"
     )
+
+
+def test_a_draft_sized_refusal_reads_in_mib_not_as_zero_gib():
+    text = disk_problem(2_958_000, 1 << 20, 0, "d@r into /c")
+    assert "needs 2.8 MiB (+ 0.00 GiB margin) but only 1.0 MiB is free" in text
+
+
+def test_the_sandbox_multiformat_repo_downloads_as_the_plain_draft():
+    """specdeploy_sandbox.multiformat's file list (the integration test downloads it on a host)."""
+    repo = [".gitattributes", "README.md", "chat_template.jinja", "config.json"]
+    repo += ["generation_config.json", "model.safetensors", "original/consolidated.00.pth"]
+    repo += ["original/params.json", "pytorch_model-00001-of-00002.bin"]
+    repo += ["pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json"]
+    repo += ["tokenizer.json", "tokenizer_config.json"]
+    assert wanted(repo) == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
