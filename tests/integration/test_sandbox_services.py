@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from specdeploy_sandbox import models, services, wheelhouse
+from specdeploy_sandbox import models, multiformat, services, wheelhouse
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 
@@ -115,6 +115,11 @@ def test_returned_keys(svc):
     assert svc["models"][models.DRAFT]["vocab_size"] == svc["models"][TARGET]["vocab_size"]
     assert (
         svc["models"][models.DRAFT_OTHERVOCAB]["vocab_size"] != svc["models"][TARGET]["vocab_size"]
+    )
+    # the draft with the other formats real repos ship (test_host_download fetches it on a host)
+    assert svc["hf_multiformat"]["repo"] == multiformat.REPO and svc["hf_multiformat"]["main"]
+    assert {"original/consolidated.00.pth", "model.safetensors"} <= set(
+        svc["hf_multiformat"]["files"]
     )
     for rec in svc["services"].values():
         assert Path(f"/proc/{rec['pid']}").exists()
