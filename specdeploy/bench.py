@@ -19,6 +19,7 @@ from .argv import launcher
 from .config import ServeConfig, Workload
 from .metrics import acceptance, prefix_cache_counters, spec_decode_counters
 from .on_host import TIME_LIMIT_GRACE_S, HostCommandError, read_text, sh, with_time_limit
+from .record import BenchResult, BenchRun, SmokeSummary, bench_result
 from .timestamps import utc_iso
 
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
@@ -123,10 +124,10 @@ def run_bench(
     workload: Workload | None = None,
     extra: list[str] | tuple[str, ...] = (),
     meta: dict | None = None,
-) -> dict:
+) -> BenchResult:
     """The one way any benchmark runs on a host (smoke, compare, tune, gate): one `vllm bench
     serve` on the host against the running server; its JSON is fetched to `local` with
-    {"specdeploy": {server_counters, prefix_cache, command, ...meta}} added."""
+    specdeploy's part (BenchRun: server counters, prefix cache, command, ...meta) added."""
     result_path = f"{cfg.bench_dir}/{name}.json"
     before = server.request(cfg, "/metrics")
     args = bench_args(
@@ -167,20 +168,24 @@ def run_bench(
     text = read_text(result_path)
     sh(f"rm -f {shlex.quote(result_path)}", check=False)
     local.parent.mkdir(parents=True, exist_ok=True)
-    result = json.loads(text)
     pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
     prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
-    result["specdeploy"] = {
-        **(meta or {}),
-        "host": host.name,
-        "server_counters": acceptance(spec_decode_counters(before), spec_decode_counters(after)),
-        "prefix_cache": prefix
-        | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
-        "bench_seconds": round(seconds, 1),
-        "command": launcher(cfg) + args,
-        "finished_at": utc_iso(),
-    }
-    local.write_text(json.dumps(result, indent=1))
+    run = BenchRun.model_validate(
+        {
+            **(meta or {}),
+            "host": host.name,
+            "server_counters": acceptance(
+                spec_decode_counters(before), spec_decode_counters(after)
+            ),
+            "prefix_cache": prefix
+            | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
+            "bench_seconds": round(seconds, 1),
+            "command": launcher(cfg) + args,
+            "finished_at": utc_iso(),
+        }
+    )
+    result = BenchResult.model_validate(json.loads(text) | {"specdeploy": run})
+    local.write_text(result.to_json())
     return result
 
 
@@ -206,29 +211,31 @@ MIN_DRAFTS = 32  # acceptance figures are ratios over verified drafts
 MIN_REQUESTS_FOR_P99 = 20  # below this the "p99" is just the slowest request
 
 
-def drafts_of(result: dict) -> float | None:
+def drafts_of(result: BenchResult | dict) -> float | None:
     """Drafts the target verified during the run (the benchmark's own count, else the server's
     counters as specdeploy read them); None when the server was not speculating."""
-    if isinstance(result.get("spec_decode_num_drafts"), (int, float)):
-        return result["spec_decode_num_drafts"]
-    counters = (result.get("specdeploy") or {}).get("server_counters") or {}
-    return counters.get("drafts") if counters.get("draft_tokens") else None
+    result = bench_result(result)
+    if isinstance(result.spec_decode_num_drafts, (int, float)):
+        return result.spec_decode_num_drafts
+    counters = result.counters
+    return counters.drafts if counters.draft_tokens else None
 
 
-def per_position_acceptance(result: dict) -> list[float] | None:
+def per_position_acceptance(result: BenchResult | dict) -> list[float] | None:
     """The acceptance curve over draft positions: the benchmark's own figures, else the server's."""
-    rates = result.get(PER_POSITION_KEY)
+    result = bench_result(result)
+    rates = result.spec_decode_per_position_acceptance_rates
     if rates:
         return list(rates)
-    counters = (result.get("specdeploy") or {}).get("server_counters") or {}
-    return counters.get("per_position") or None
+    return result.counters.per_position or None
 
 
-def not_enough_data(result: dict) -> dict[str, str]:
+def not_enough_data(result: BenchResult | dict) -> dict[str, str]:
     """{summary key: why} for every figure computed from too few requests, tokens, chunks or drafts
     to mean anything (a summary shows the reason instead of the number)."""
     why: dict[str, str] = {}
-    completed = result.get("completed") or 0
+    result = bench_result(result)
+    completed = result.completed or 0
     if not completed:
         reason = "no request completed"
         return {key: reason for key, _, _ in SUMMARY_FIELDS if key != "completed"} | {
@@ -238,13 +245,13 @@ def not_enough_data(result: dict) -> dict[str, str]:
         why["p99_ttft_ms"] = (
             f"{completed} requests: their p99 is the slowest one; needs >= {MIN_REQUESTS_FOR_P99}"
         )
-    output_lens = [n for n in result.get("output_lens") or [] if n]
+    output_lens = [n for n in result.output_lens or [] if n]
     tokens = (
         statistics.median(output_lens)
         if output_lens
-        else (result.get("total_output_tokens") or 0) / completed
+        else (result.total_output_tokens or 0) / completed
     )
-    itls = [gaps for gaps in result.get("itls") or [] if gaps is not None]
+    itls = [gaps for gaps in result.itls or [] if gaps is not None]
     chunks = statistics.median([len(gaps) + 1 for gaps in itls]) if itls else None
     if tokens < MIN_OUTPUT_TOKENS_PER_REQUEST:
         why["median_tpot_ms"] = (
@@ -272,13 +279,17 @@ def not_enough_data(result: dict) -> dict[str, str]:
     return why
 
 
-def summarize(result: dict) -> dict:
+def summarize(result: BenchResult | dict) -> SmokeSummary:
     """The summary figures as the record keeps them: each number, the acceptance curve, and why any
     of them is too thin to trust."""
-    return {key: result.get(key) for key, _, _ in SUMMARY_FIELDS} | {
-        "per_position_acceptance": per_position_acceptance(result),
-        "not_enough_data": not_enough_data(result),
-    }
+    result = bench_result(result)
+    return SmokeSummary.model_validate(
+        {key: result.figure(key) for key, _, _ in SUMMARY_FIELDS}
+        | {
+            "per_position_acceptance": per_position_acceptance(result),
+            "not_enough_data": not_enough_data(result),
+        }
+    )
 
 
 def format_curve(rates: list[float]) -> str:
@@ -286,11 +297,12 @@ def format_curve(rates: list[float]) -> str:
     return "  ".join(f"pos{i + 1} {rate:.2f}" for i, rate in enumerate(rates))
 
 
-def format_summary(host: str, result: dict) -> str:
+def format_summary(host: str, result: BenchResult | dict) -> str:
+    result = bench_result(result)
     thin = not_enough_data(result)
     lines = [f"{host}: smoke benchmark"]
     for key, label, fmt in SUMMARY_FIELDS:
-        value = result.get(key)
+        value = result.figure(key)
         if key in thin:
             shown = f"not enough data ({thin[key]})"
         elif isinstance(value, (int, float)):

@@ -2,6 +2,11 @@
 host, and what its smoke benchmark saw. One typed model, written by steps/record.py and read by the
 serve path (re-run decisions, the gate), measurements (which unit to restore), and `status`.
 
+The bench result (`BenchResult`) lives here too: one `vllm bench serve` JSON with specdeploy's own
+part (`BenchRun`, the "specdeploy" key on disk), written by bench.run_bench and read by the smoke
+step, the record, the gate and every measurement; its summary (`SmokeSummary`) is the record's
+`smoke`.
+
 Schema 1 is the layout every record written so far has: a record written by an older release still
 reads (unknown keys are kept, missing optional parts are None). A change of meaning bumps SCHEMA.
 """
@@ -18,6 +23,110 @@ SCHEMA = 1
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+Number = int | float  # as vLLM's JSON has it: an int stays an int on the way back to disk
+
+
+class ServerCounters(_Part):
+    """The server's spec-decode counters over one benchmark (metrics.acceptance)."""
+
+    drafts: Number = 0
+    draft_tokens: Number = 0
+    accepted_tokens: Number = 0
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    per_position: list[float] | None = None
+
+
+class BenchRun(_Part):
+    """specdeploy's part of a bench result: where and how it ran, and what the server counted.
+    The measurement fields are set by measure/harness.py (absent on a smoke run)."""
+
+    host: str | None = None
+    server_counters: ServerCounters | None = None
+    prefix_cache: dict[str, Number | None] = Field(default_factory=dict)
+    bench_seconds: float | None = None
+    command: list[str] = Field(default_factory=list)
+    finished_at: str | None = None
+    arm: str | None = None
+    index: int | None = None
+    warmup: bool = False
+    speculative: bool | None = None
+    prefix_caching: bool | None = None
+    unit_argv: list[str] | None = None
+    speculative_config: dict[str, Any] | None = None
+    seconds_to_healthy: float | None = None
+    fresh_server: bool = True
+    seed: int | None = None
+    sample_seconds: float | None = None
+    file: str | None = None  # set by the report: the raw file, relative to the run's folder
+
+
+class BenchResult(_Part):
+    """One `vllm bench serve` result file: vLLM's own figures (typed where specdeploy reads them;
+    every other key is kept as vLLM wrote it) and `run`, specdeploy's part (None for a JSON that
+    vLLM wrote alone, as the predictor may read)."""
+
+    completed: Number | None = None
+    failed: Number | None = None
+    total_output_tokens: Number | None = None
+    request_throughput: Number | None = None
+    output_throughput: Number | None = None
+    median_ttft_ms: Number | None = None
+    p99_ttft_ms: Number | None = None
+    median_tpot_ms: Number | None = None
+    median_itl_ms: Number | None = None
+    median_e2el_ms: Number | None = None
+    spec_decode_acceptance_rate: Number | None = None
+    spec_decode_acceptance_length: Number | None = None
+    spec_decode_num_drafts: Number | None = None
+    spec_decode_per_position_acceptance_rates: list[Number] | None = None
+    output_lens: list[Number | None] | None = None
+    latencies: list[Number | None] | None = None
+    ttfts: list[Number | None] | None = None
+    itls: list[list[Number] | None] | None = None
+    run: BenchRun | None = Field(None, alias="specdeploy")
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def figure(self, key: str):
+        """vLLM's figure `key` (a typed field or any other key of its JSON); None when absent."""
+        return getattr(self, key, None)
+
+    @property
+    def counters(self) -> ServerCounters:
+        """The server's counters (all zero when specdeploy did not read them)."""
+        return (self.run and self.run.server_counters) or ServerCounters()
+
+    def to_json(self) -> str:
+        """The file's text: vLLM's keys as it wrote them, specdeploy's part last."""
+        data = self.model_dump(by_alias=True, exclude_unset=True)
+        if "specdeploy" in data:
+            data["specdeploy"] = data.pop("specdeploy")
+        return json.dumps(data, indent=1)
+
+
+def bench_result(source: BenchResult | dict) -> BenchResult:
+    """A BenchResult from a parsed result file (or the result itself)."""
+    return BenchResult.model_validate(source)
+
+
+class SmokeSummary(_Part):
+    """bench.summarize() of the smoke run, as the record keeps it."""
+
+    completed: Number | None = None
+    request_throughput: Number | None = None
+    output_throughput: Number | None = None
+    median_ttft_ms: Number | None = None
+    p99_ttft_ms: Number | None = None
+    median_tpot_ms: Number | None = None
+    median_itl_ms: Number | None = None
+    median_e2el_ms: Number | None = None
+    spec_decode_acceptance_rate: Number | None = None
+    spec_decode_acceptance_length: Number | None = None
+    per_position_acceptance: list[Number] | None = None
+    not_enough_data: dict[str, str] = Field(default_factory=dict)
 
 
 class ModelRef(_Part):
@@ -75,8 +184,8 @@ class DeploymentRecord(_Part):
     revisions: dict[str, Any] = Field(default_factory=dict)  # moving refs pinned for the rollout
     unit: UnitRef
     health: dict[str, Any] | None = None
-    smoke: dict[str, Any] | None = None  # bench.summarize() of the smoke run
-    smoke_counters: dict[str, Any] | None = None
+    smoke: SmokeSummary | None = None
+    smoke_counters: ServerCounters | None = None
     gate: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     started_at: str

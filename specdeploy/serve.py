@@ -89,8 +89,7 @@ def verify_and_record(
         ),
     }
     if result is not None and rendered.role == "speculative":
-        counters = result["specdeploy"]["server_counters"]
-        if not counters["drafts"]:
+        if not result.counters.drafts:
             raise server.HealthError(
                 f"{host.name}: spec-decode counters did not grow during the smoke benchmark"
             )

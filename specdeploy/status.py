@@ -36,7 +36,7 @@ from .facts import (
 from .inventory import load_inventory
 from .measure.gate import gate_settled_unit
 from .metrics import live_figures
-from .record import DeploymentRecord, read_record
+from .record import DeploymentRecord, SmokeSummary, read_record
 from .render import render_env_file, render_unit
 from .server import curl_config
 from .status_table import format_table
@@ -105,15 +105,15 @@ def _age(show: dict) -> float | None:
 def _record_summary(record: DeploymentRecord | None) -> dict | None:
     if record is None:
         return None
-    smoke = record.smoke or {}
+    smoke = record.smoke or SmokeSummary()
     gate = record.gate or {}
     return {
         "finished_at": record.finished_at,
         "role": record.role,
         "k": record.k,
-        "smoke_tpot_ms": smoke.get("median_tpot_ms"),
-        "smoke_itl_ms": smoke.get("median_itl_ms"),
-        "smoke_acceptance_rate": smoke.get("spec_decode_acceptance_rate"),
+        "smoke_tpot_ms": smoke.median_tpot_ms,
+        "smoke_itl_ms": smoke.median_itl_ms,
+        "smoke_acceptance_rate": smoke.spec_decode_acceptance_rate,
         "vllm_version": record.vllm.version,
         "unit_sha256": record.unit.sha256,
         "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,

@@ -25,6 +25,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from ..metrics import pooled_per_position_acceptance
+from ..record import BenchResult, ServerCounters, bench_result
 from .stats import (
     DEFAULT_ALPHA,
     RATIO_INTERVAL_METHOD,
@@ -73,11 +74,12 @@ def _clean(x: float | None) -> float | None:
     return float(x)
 
 
-def run_values(runs: Sequence[Mapping], metric: str) -> list[float]:
-    """One value per run for `metric` (see METRICS), from raw bench result dicts; runs without it
-    are skipped."""
+def run_values(runs: Sequence[BenchResult | Mapping], metric: str) -> list[float]:
+    """One value per run for `metric` (see METRICS), from bench results; runs without it are
+    skipped."""
     key = METRICS[metric][0]
-    return [float(r[key]) for r in runs if isinstance(r.get(key), (int, float))]
+    figures = [bench_result(r).figure(key) for r in runs]
+    return [float(v) for v in figures if isinstance(v, (int, float))]
 
 
 def summarize_values(values: Sequence[float]) -> dict:
@@ -381,17 +383,16 @@ def compare_arms(
     }
 
 
-def acceptance_summary(counters: Sequence[Mapping]) -> dict:
+def acceptance_summary(counters: Sequence[ServerCounters | Mapping]) -> dict:
     """Pooled acceptance over runs from server counter deltas ({drafts, draft_tokens,
     accepted_tokens} as metrics.acceptance returns them): rate = sum(accepted)/sum(draft tokens),
     mean acceptance length = 1 + sum(accepted)/sum(drafts); plus the per-run rates' median."""
-    drafts = sum(c.get("drafts") or 0 for c in counters)
-    proposed = sum(c.get("draft_tokens") or 0 for c in counters)
-    accepted = sum(c.get("accepted_tokens") or 0 for c in counters)
-    rates = [c["acceptance_rate"] for c in counters if c.get("acceptance_rate") is not None]
-    lengths = [
-        c["mean_acceptance_length"] for c in counters if c.get("mean_acceptance_length") is not None
-    ]
+    counters = [ServerCounters.model_validate(c) for c in counters]
+    drafts = sum(c.drafts or 0 for c in counters)
+    proposed = sum(c.draft_tokens or 0 for c in counters)
+    accepted = sum(c.accepted_tokens or 0 for c in counters)
+    rates = [c.acceptance_rate for c in counters if c.acceptance_rate is not None]
+    lengths = [c.mean_acceptance_length for c in counters if c.mean_acceptance_length is not None]
     return {
         "runs": len(counters),
         "drafts": drafts,
@@ -401,7 +402,7 @@ def acceptance_summary(counters: Sequence[Mapping]) -> dict:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "per_run_acceptance_rate": summarize_values(rates),
         "per_run_mean_acceptance_length": summarize_values(lengths),
-        "per_position": pooled_per_position_acceptance(list(counters)),
+        "per_position": pooled_per_position_acceptance([c.model_dump() for c in counters]),
     }
 
 
@@ -414,16 +415,16 @@ def host_data_change(host: str, speculative_config: Mapping, k: int) -> str:
 # --- the speculation gate -------------------------------------------------------------------------
 
 
-def per_request_tpot_ms(result: Mapping) -> list[float]:
+def per_request_tpot_ms(result: BenchResult | Mapping) -> list[float]:
     """Per-request TPOT (ms) from a `--save-detailed` bench result, as vLLM's bench computes it:
     (latency - ttft) / (output_len - 1) for requests with more than one output token. Descriptive
     only (predict.py, reports): requests of one run share one server start, so the gate never
     decides on them."""
-    out = []
+    result, out = bench_result(result), []
     for latency, ttft, n in zip(
-        result.get("latencies") or [],
-        result.get("ttfts") or [],
-        result.get("output_lens") or [],
+        result.latencies or [],
+        result.ttfts or [],
+        result.output_lens or [],
         strict=False,
     ):
         if n and n > 1 and latency is not None and ttft is not None:

@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from .. import datasets
 from ..bench import run_bench
 from ..config import ServeConfig
-from ..record import DeploymentRecord
+from ..record import BenchResult, DeploymentRecord
 from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
 from ..server import start_fresh, switch_enabled, warm_up
@@ -59,7 +59,7 @@ def speculation_gate(
     out = host_reports_dir(host.name)
     stamp = utc_stamp()
     order = run_order(list(units), gate_cfg.runs, mode="alternate")
-    results: dict[str, list[dict]] = {"baseline": [], "speculative": []}
+    results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
     files: dict[str, list[str]] = {"baseline": [], "speculative": []}
     checked: dict = {}
     for i, arm in enumerate(order["order"]):
@@ -93,9 +93,7 @@ def speculation_gate(
             "speculative_unit_sha256": rendered.sha256,
             "baseline_unit_sha256": baseline.sha256,
             "files": files,
-            "acceptance": acceptance_summary(
-                [r["specdeploy"]["server_counters"] for r in results["speculative"]]
-            ),
+            "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
             "method": f"{gate_cfg.runs} fresh-server runs per arm in alternating rounds, the "
             "median TPOT of each run as one value, production units (prefix caching as deployed)",
         }

@@ -30,7 +30,7 @@ from .. import server
 from ..bench import run_bench
 from ..config import ServeConfig
 from ..on_host import read_text
-from ..record import read_record
+from ..record import BenchResult, read_record
 from ..steps import weights
 from ..timestamps import utc_iso
 from .arms import Arm, measure_unit
@@ -46,7 +46,7 @@ def sample(
     warmup: bool = False,
     extra: tuple[str, ...] = (),
     same_server: bool = False,
-) -> dict:
+) -> BenchResult:
     """A fresh server for `arm`, a discarded warm-up completion, one benchmark. same_server: one
     more benchmark on the server the previous sample started for this same arm (tune_flow.py's
     shared visits, which check the prefix-cache counters)."""
@@ -82,8 +82,8 @@ def sample(
         extra=tuple(arm.bench_extra) + tuple(extra),
         meta=meta,
     )
-    result["specdeploy"]["sample_seconds"] = round(time.monotonic() - t0, 1)
-    (out_dir / f"{index:02d}-{arm.label}.json").write_text(json.dumps(result, indent=1))
+    result.run.sample_seconds = round(time.monotonic() - t0, 1)
+    (out_dir / f"{index:02d}-{arm.label}.json").write_text(result.to_json())
     return result
 
 
@@ -100,7 +100,7 @@ def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
 
 def measure_plan(
     cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, conditions: dict
-) -> list[dict]:
+) -> list[BenchResult]:
     """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit
     (always)."""
     snaps = weights.snapshots(cfg)

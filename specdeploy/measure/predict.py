@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..record import BenchResult, BenchRun, bench_result
 from .decisions import per_request_tpot_ms
 from .stats import mad, median
 
@@ -69,43 +70,48 @@ class NotABenchRun(ValueError):
     pass
 
 
-def run_k(result: Mapping) -> int:
+def run_k(result: BenchResult | Mapping) -> int:
     """k of a result: from specdeploy's record of the arm when present, else vLLM's own fields."""
-    sd = result.get("specdeploy") or {}
-    if sd.get("speculative") is False:
+    result = bench_result(result)
+    sd = result.run or BenchRun()
+    if sd.speculative is False:
         return 0
-    spec_cfg = sd.get("speculative_config") or {}
+    spec_cfg = sd.speculative_config or {}
     if spec_cfg.get("num_speculative_tokens"):
         return int(spec_cfg["num_speculative_tokens"])
-    arm = str(sd.get("arm", ""))
+    arm = str(sd.arm or "")
     if arm[:1] == "k" and arm[1:].isdigit():
         return int(arm[1:])
     if arm == "baseline":
         return 0
-    rates = result.get("spec_decode_per_position_acceptance_rates")
+    rates = result.spec_decode_per_position_acceptance_rates
     if rates:
         return len(rates)
-    if result.get("spec_decode_acceptance_length") is None:
+    if result.spec_decode_acceptance_length is None:
         return 0  # no speculative metrics at all: a baseline run
     raise NotABenchRun(
         "speculative run without per-position rates or a specdeploy arm record: k unknown"
     )
 
 
-def run_from_bench(result: Mapping, source: str = "") -> Run | None:
-    """A Run from one `vllm bench serve` JSON (with or without specdeploy's "specdeploy" block).
+def run_from_bench(result: BenchResult | Mapping, source: str = "") -> Run | None:
+    """A Run from one `vllm bench serve` JSON (with or without specdeploy's part, BenchRun).
     None for runs that must not be counted: warm-ups and the prefix-caching profile."""
-    if not isinstance(result, Mapping):
+    if not isinstance(result, (BenchResult, Mapping)):
         raise NotABenchRun("not a JSON object")
-    sd = result.get("specdeploy") or {}
-    if sd.get("warmup") or sd.get("prefix_caching") or str(sd.get("arm", "")).startswith("apc-"):
+    try:
+        result = bench_result(result)
+    except ValueError as error:
+        raise NotABenchRun(f"not a bench result: {error}") from None
+    sd = result.run or BenchRun()
+    if sd.warmup or sd.prefix_caching or str(sd.arm or "").startswith("apc-"):
         return None
-    tpot = result.get("median_tpot_ms")
+    tpot = result.median_tpot_ms
     if not isinstance(tpot, (int, float)) or tpot <= 0:
         raise NotABenchRun(f"no positive median_tpot_ms ({tpot!r})")
     k = run_k(result)
-    rates = tuple(float(a) for a in result.get("spec_decode_per_position_acceptance_rates") or ())
-    length = result.get("spec_decode_acceptance_length")
+    rates = tuple(float(a) for a in result.spec_decode_per_position_acceptance_rates or ())
+    length = result.spec_decode_acceptance_length
     if k and length is None and rates:
         length = 1 + sum(rates)
     return Run(
@@ -113,7 +119,7 @@ def run_from_bench(result: Mapping, source: str = "") -> Run | None:
         tpot_ms=float(tpot),
         acceptance_length=float(length) if k and length is not None else None,
         per_position=rates[:k] if k else (),
-        drafts=result.get("spec_decode_num_drafts"),
+        drafts=result.spec_decode_num_drafts,
         request_tpot_ms=tuple(per_request_tpot_ms(result)),
         source=source,
     )

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..record import BenchResult, bench_result
 from ..timestamps import utc_iso
 from .charts import acceptance_chart, acceptance_curves, compare_charts, tune_charts
 from .choose import choose_k, fleet_ratio
@@ -66,42 +67,40 @@ def load_run(run_dir: Path) -> dict[str, dict]:
             continue  # failed part-way: not reported
         runs = []
         for f in sorted(hdir.glob("[0-9][0-9]-*.json")):
-            result = json.loads(f.read_text())
-            result["specdeploy"]["file"] = str(f.relative_to(run_dir))
+            result = bench_result(json.loads(f.read_text()))
+            result.run.file = str(f.relative_to(run_dir))
             runs.append(result)
-        hosts[hdir.name] = {
-            "conditions": cond,
-            "runs": sorted(runs, key=lambda r: r["specdeploy"]["index"]),
-        }
+        hosts[hdir.name] = {"conditions": cond, "runs": sorted(runs, key=lambda r: r.run.index)}
     return hosts
 
 
-def measured(runs: list[dict], arm: str) -> list[dict]:
-    return [r for r in runs if r["specdeploy"]["arm"] == arm and not r["specdeploy"]["warmup"]]
+def measured(runs: list[BenchResult], arm: str) -> list[BenchResult]:
+    return [r for r in runs if r.run.arm == arm and not r.run.warmup]
 
 
-def _run_row(r: dict) -> dict:
-    s = r["specdeploy"]
+def _run_row(r: BenchResult) -> dict:
+    s = r.run
+    counters = s.server_counters
     return {
-        "file": s["file"],
-        "index": s["index"],
-        "arm": s["arm"],
-        "warmup": s["warmup"],
-        **{m: r.get(key) for m, (key, *_) in METRICS.items()},
-        "completed": r.get("completed"),
-        "failed": r.get("failed"),
-        "server_counters": s.get("server_counters"),
-        "prefix_cache": s.get("prefix_cache"),
-        "bench_spec_decode_acceptance_rate_pct": r.get("spec_decode_acceptance_rate"),
-        "bench_spec_decode_acceptance_length": r.get("spec_decode_acceptance_length"),
+        "file": s.file,
+        "index": s.index,
+        "arm": s.arm,
+        "warmup": s.warmup,
+        **{m: r.figure(key) for m, (key, *_) in METRICS.items()},
+        "completed": r.completed,
+        "failed": r.failed,
+        "server_counters": counters.model_dump(exclude_unset=True) if counters else None,
+        "prefix_cache": s.prefix_cache if "prefix_cache" in s.model_fields_set else None,
+        "bench_spec_decode_acceptance_rate_pct": r.spec_decode_acceptance_rate,
+        "bench_spec_decode_acceptance_length": r.spec_decode_acceptance_length,
     }
 
 
-def _apc(runs: list[dict], alpha: float) -> dict | None:
+def _apc(runs: list[BenchResult], alpha: float) -> dict | None:
     off, on = measured(runs, "apc-off"), measured(runs, "apc-on")
     if not off or not on:
         return None
-    hits = [r["specdeploy"]["prefix_cache"] for r in on]
+    hits = [r.run.prefix_cache for r in on]
     queries = sum(h.get("queries", 0) for h in hits)
     return {
         "arms": {"apc-off": arm_summary(off), "apc-on": arm_summary(on)},
@@ -143,7 +142,7 @@ def compare_summary(run_dir: Path) -> dict:
             "conditions": h["conditions"],
             "arms": {"baseline": arm_summary(base), "speculative": arm_summary(spec)},
             "ratios": compare_arms(spec, base, alpha=alpha),
-            "acceptance": acceptance_summary([r["specdeploy"]["server_counters"] for r in spec]),
+            "acceptance": acceptance_summary([r.counters for r in spec]),
             "apc_profile": _apc(runs, alpha),
             "runs": [_run_row(r) for r in runs],
         }
@@ -157,9 +156,7 @@ def compare_summary(run_dir: Path) -> dict:
             ),
             "arms": {"baseline": arm_summary(all_base), "speculative": arm_summary(all_spec)},
             "ratios": _fleet_ratios(out["hosts"], _alpha(next(iter(hosts.values()))["conditions"])),
-            "acceptance": acceptance_summary(
-                [r["specdeploy"]["server_counters"] for r in all_spec]
-            ),
+            "acceptance": acceptance_summary([r.counters for r in all_spec]),
             "per_host_tpot_ratio": {n: h["ratios"]["tpot"] for n, h in out["hosts"].items()},
         }
     return out
@@ -228,9 +225,7 @@ def tune_summary(run_dir: Path) -> dict:
             "per_k": {
                 str(k): {
                     "arms": arm_summary(runs),
-                    "acceptance": acceptance_summary(
-                        [r["specdeploy"]["server_counters"] for r in runs]
-                    ),
+                    "acceptance": acceptance_summary([r.counters for r in runs]),
                 }
                 for k, runs in by_k.items()
             },

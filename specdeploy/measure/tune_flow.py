@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import ServeConfig
+from ..record import BenchResult, bench_result
 from .arms import Arm
 from .choose import choose_k, min_runs_for_choose_k
 from .decisions import run_values
@@ -86,14 +87,14 @@ def rounds(arms: Sequence[Arm], need: Mapping[str, int], *, start: int = 0) -> l
 # --- reading what ran -----------------------------------------------------------------------------
 
 
-def counted(results: Sequence[Mapping]) -> list[Mapping]:
-    return [r for r in results if not (r.get("specdeploy") or {}).get("warmup")]
+def counted(results: Sequence[BenchResult | Mapping]) -> list[BenchResult]:
+    return [r for r in map(bench_result, results) if not (r.run and r.run.warmup)]
 
 
-def runs_by_label(results: Sequence[Mapping]) -> dict[str, list[Mapping]]:
-    out: dict[str, list[Mapping]] = {}
+def runs_by_label(results: Sequence[BenchResult | Mapping]) -> dict[str, list[BenchResult]]:
+    out: dict[str, list[BenchResult]] = {}
     for r in counted(results):
-        out.setdefault(r["specdeploy"]["arm"], []).append(r)
+        out.setdefault(r.run.arm, []).append(r)
     return out
 
 
@@ -101,11 +102,12 @@ def label_k(label: str) -> int:
     return 0 if label == "baseline" else int(label[1:])
 
 
-def read_raw(out_dir: Path) -> Callable[[], list[dict]]:
+def read_raw(out_dir: Path) -> Callable[[], list[BenchResult]]:
     """The samples written so far (compare.sample writes NN-<arm>.json), in index order."""
 
-    def read() -> list[dict]:
-        return [json.loads(f.read_text()) for f in sorted(out_dir.glob("[0-9][0-9]-*.json"))]
+    def read() -> list[BenchResult]:
+        files = sorted(out_dir.glob("[0-9][0-9]-*.json"))
+        return [bench_result(json.loads(f.read_text())) for f in files]
 
     return read
 
@@ -119,7 +121,7 @@ def predict_plan(
     ks: Sequence[int],
     repeats: int,
     warmup_runs: int,
-    read: Callable[[], list[dict]],
+    read: Callable[[], list[BenchResult]],
     arm_for: ArmFor,
     record: Callable[[dict], None] = lambda _: None,
     share_server: bool = False,
@@ -228,7 +230,7 @@ def _runs(
     ]
 
 
-def _guarded(steps: Iterable[Step], read: Callable[[], list[dict]]) -> Iterator[Step]:
+def _guarded(steps: Iterable[Step], read: Callable[[], list[BenchResult]]) -> Iterator[Step]:
     """Yield the steps; after every run on a reused server, its prefix-cache counters must show
     no hit."""
     for step in steps:
@@ -237,11 +239,12 @@ def _guarded(steps: Iterable[Step], read: Callable[[], list[dict]]) -> Iterator[
             check_no_prefix_reuse(read()[-1])
 
 
-def check_no_prefix_reuse(result: Mapping) -> None:
-    pc = (result.get("specdeploy") or {}).get("prefix_cache") or {}
+def check_no_prefix_reuse(result: BenchResult | Mapping) -> None:
+    run = bench_result(result).run
+    pc = run.prefix_cache if run else {}
     if pc.get("hits"):
         raise PrefixCacheReuse(
-            f"run {result['specdeploy'].get('index')} ({result['specdeploy'].get('arm')}) on a "
+            f"run {run.index} ({run.arm}) on a "
             f"reused server hit the prefix cache ({pc}): runs on one server are not independent "
             "here; set tune_share_server = false"
         )
@@ -250,10 +253,9 @@ def check_no_prefix_reuse(result: Mapping) -> None:
 def _prefix_cache(results: Sequence[Mapping]) -> dict:
     """The evidence: prefix-cache queries and hits summed over runs on fresh / reused servers."""
     out = {}
-    for r in results:
-        sd = r.get("specdeploy") or {}
-        key = "fresh_server" if sd.get("fresh_server", True) else "reused_server"
-        pc = sd.get("prefix_cache") or {}
+    for r in map(bench_result, results):
+        key = "fresh_server" if r.run is None or r.run.fresh_server else "reused_server"
+        pc = r.run.prefix_cache if r.run else {}
         agg = out.setdefault(key, {"runs": 0, "queries": 0.0, "hits": 0.0})
         agg["runs"] += 1
         agg["queries"] += pc.get("queries") or 0.0
@@ -315,9 +317,9 @@ def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mappin
                 else None,
             }
         )
-    samples = [r["specdeploy"] for r in results]
-    seconds = [s.get("sample_seconds") or 0.0 for s in samples]
-    pin_n = record["pin_samples"] + sum(1 for s in samples if s.get("warmup"))
+    samples = [bench_result(r).run for r in results]
+    seconds = [s.sample_seconds or 0.0 for s in samples]
+    pin_n = record["pin_samples"] + sum(1 for s in samples if s.warmup)
     return {
         "decision": decide(
             results, record["confirm_k"], alpha=conditions.get("decision_alpha", DEFAULT_ALPHA)
@@ -327,7 +329,7 @@ def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mappin
         "time": {
             "seconds": conditions.get("seconds"),
             "samples": len(samples),
-            "server_starts": sum(1 for s in samples if s.get("seconds_to_healthy") is not None),
+            "server_starts": sum(1 for s in samples if s.seconds_to_healthy is not None),
             "pin_seconds": round(sum(seconds[:pin_n]), 1),
             "confirm_seconds": round(sum(seconds[pin_n:]), 1),
             # the sweep measures every k and the baseline, with the runs choose_k needs for them

@@ -10,7 +10,7 @@ from .. import datasets
 from ..bench import summarize
 from ..config import ServeConfig
 from ..on_host import write_text
-from ..record import DeploymentRecord
+from ..record import BenchResult, DeploymentRecord
 from ..render import RenderedUnit
 from ..timestamps import utc_iso
 
@@ -23,7 +23,7 @@ def build_record(
     snapshots: dict,
     preflight,
     health: dict | None,
-    smoke: dict | None,
+    smoke: BenchResult | None,
     started: float,
     gate: dict | None = None,
     timings: dict | None = None,
@@ -78,7 +78,7 @@ def build_record(
         "unit": {"name": unit.name, "sha256": unit.sha256, "argv": unit.argv},
         "health": health,
         "smoke": summarize(smoke) if smoke else None,
-        "smoke_counters": (smoke or {}).get("specdeploy", {}).get("server_counters"),
+        "smoke_counters": smoke.run.server_counters if smoke and smoke.run else None,
         "gate": gate,
         "timings": timings,
         "started_at": utc_iso(started),

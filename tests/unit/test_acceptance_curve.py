@@ -89,7 +89,7 @@ def test_summary_shows_real_figures_and_the_curve():
     assert "not enough data" not in text
     assert "12.50" in text and "28.00" in text and "52.0" in text
     assert "pos1 0.74  pos2 0.52  pos3 0.30" in text
-    assert summarize(bench_result())["per_position_acceptance"] == [0.74, 0.52, 0.3]
+    assert summarize(bench_result()).per_position_acceptance == [0.74, 0.52, 0.3]
 
 
 def test_one_chunk_requests_show_no_tpot_or_itl():

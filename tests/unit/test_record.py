@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.record import DeploymentRecord, RecordError, read_record
+from specdeploy.bench import summarize
+from specdeploy.metrics import acceptance
+from specdeploy.record import DeploymentRecord, RecordError, bench_result, read_record
 
 # Written on a sandbox host by deploys/serve.py at commit a83c70e, before the record was typed.
 OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
@@ -51,3 +53,58 @@ def test_a_new_record_keeps_the_workload_sampling():
     record = read_record(json.dumps(data))
     assert record.workload.temperature == 0.7 and record.workload.top_p == 0.9
     assert json.loads(record.to_json())["workload"]["top_p"] == 0.9
+
+
+# One `vllm bench serve` result as run_bench leaves it: vLLM's JSON (keys specdeploy does not read
+# included) and specdeploy's part.
+BENCH = {
+    "date": "20261201-120000",
+    "request_rate": "inf",
+    "completed": 24,
+    "failed": 0,
+    "median_tpot_ms": 6.5,
+    "median_itl_ms": 14.25,
+    "median_ttft_ms": 30.0,
+    "spec_decode_acceptance_rate": 53.6,
+    "spec_decode_num_drafts": 400,
+    "itls": [[5.0, 5.0]] * 24,
+    "output_lens": [64] * 24,
+    "specdeploy": {
+        "host": "h1",
+        "server_counters": acceptance(
+            {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0},
+            {"num_drafts": 400.0, "num_draft_tokens": 1200.0, "num_accepted_tokens": 643.0},
+        ),
+        "prefix_cache": {"queries": 0.0, "hits": 0.0, "hit_rate": None},
+        "bench_seconds": 12.5,
+        "command": ["vllm", "bench", "serve"],
+        "finished_at": "2026-12-01T12:00:00Z",
+    },
+}
+
+
+def test_a_bench_result_keeps_vllms_json_and_reads_typed():
+    result = bench_result(json.loads(json.dumps(BENCH)))
+    assert result.median_tpot_ms == 6.5 and result.run.host == "h1"
+    assert result.counters.drafts == 400 and result.counters.accepted_tokens == 643
+    assert result.figure("date") == "20261201-120000"  # a key of vLLM's that nothing types
+    assert result.run.warmup is False and result.run.arm is None  # a smoke run: no arm
+    assert json.loads(result.to_json()) == BENCH
+    assert list(json.loads(result.to_json()))[-1] == "specdeploy"
+
+
+def test_a_record_with_a_smoke_result_round_trips():
+    result = bench_result(BENCH)
+    # as steps/record.py builds it
+    data = json.loads(OLD.read_text()) | {
+        "smoke": summarize(result),
+        "smoke_counters": result.run.server_counters,
+    }
+    record = DeploymentRecord.model_validate(data)
+    text = record.to_json()
+    again = read_record(text)
+    assert again == record and again.to_json() == text
+    assert again.smoke.median_tpot_ms == 6.5 and again.smoke.spec_decode_acceptance_rate == 53.6
+    assert again.smoke_counters.drafts == 400
+    assert json.loads(text)["smoke"] == summarize(result).model_dump()
+    assert "p99_ttft_ms" not in json.loads(text)["smoke"]["not_enough_data"]  # 24 >= 20
