@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from dataclasses import dataclass
 
 from .config import ServeConfig
 
@@ -121,6 +122,49 @@ def flag_value(argv: list[str], *flags: str) -> str | None:
 
 def has_flag(argv: list[str], *flags: str) -> bool:
     return any(word.partition("=")[0] in flags for word in argv)
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The flags of vllm_extra_args that the preflight and the release checks need, read once
+    (vLLM's defaults where absent), so those checks take values instead of reading argv."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    enforce_eager: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def kv_dtype(self) -> str | None:
+        """--kv-cache-dtype, else --dtype (what vLLM uses); None or "auto": the checkpoint's."""
+        return self.kv_cache_dtype if self.kv_cache_dtype not in (None, "auto") else self.dtype
+
+
+def engine_flags(cfg: ServeConfig) -> EngineFlags:
+    """Tensor/pipeline/data parallel sizes, dtypes and --enforce-eager from vllm_extra_args."""
+    args = cfg.vllm_extra_args
+
+    def size(*names: str) -> int:
+        value = flag_value(args, *names)
+        try:
+            return max(int(value), 1) if value is not None else 1
+        except ValueError:
+            return 1
+
+    return EngineFlags(
+        tp=size("--tensor-parallel-size", "-tp"),
+        pp=size("--pipeline-parallel-size", "-pp"),
+        dp=size("--data-parallel-size", "-dp"),
+        dtype=flag_value(args, "--dtype"),
+        kv_cache_dtype=flag_value(args, "--kv-cache-dtype"),
+        enforce_eager=has_flag(args, "--enforce-eager"),
+    )
 
 
 def systemd_split(line: str) -> list[str]:

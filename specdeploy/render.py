@@ -52,14 +52,6 @@ def exec_start(argv: list[str]) -> str:
     return " ".join(systemd_quote(word) for word in argv)
 
 
-def unit_name(cfg: ServeConfig, role: str) -> str:
-    return (
-        f"{cfg.service_name}.service"
-        if role == "speculative"
-        else f"{cfg.service_name}-baseline.service"
-    )
-
-
 def service_environment(cfg: ServeConfig) -> dict[str, str]:
     """Non-secret environment: weights come only from the HF cache the deploy filled (offline)."""
     return {
@@ -136,14 +128,18 @@ def render_unit(
     only; None: read from the host pyinfra is deploying to, see `cuda_boot_lines`)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
-    argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
     if measurement_arm is None:
-        name = unit_name(cfg, role)
-        conflicts = [unit_name(cfg, "baseline" if role == "speculative" else "speculative")]
+        name = cfg.unit_names[role]
+        conflicts = [cfg.unit_names["baseline" if role == "speculative" else "speculative"]]
     else:
-        name = measure_unit_name(cfg)
-        conflicts = [unit_name(cfg, r) for r in ROLES]
+        name = cfg.measure_unit
+        conflicts = [cfg.unit_names[r] for r in ROLES]
     boot_units, exec_start_pre = cuda_boot_lines(cfg, cuda_boot)
+    environment = [
+        systemd_quote(f"{n}={v}", expands_dollar=False)
+        for n, v in sorted(service_environment(cfg).items())
+    ]
+    argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
     text = _env.get_template("vllm.service.j2").render(
         cfg=cfg,
         role=role,
@@ -152,22 +148,10 @@ def render_unit(
         boot_units=" ".join(boot_units),
         exec_start_pre=exec_start_pre,
         env_file=cfg.env_file,
-        environment=[
-            systemd_quote(f"{n}={v}", expands_dollar=False)
-            for n, v in sorted(service_environment(cfg).items())
-        ],
+        environment=environment,
         exec_start=exec_start(argv),
     )
     return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
-
-
-def measure_unit_name(cfg: ServeConfig) -> str:
-    return f"{cfg.service_name}-measure.service"
-
-
-def service_units(cfg: ServeConfig) -> list[str]:
-    """Every unit this service runs a server as: speculative, baseline, measurement."""
-    return [*(unit_name(cfg, role) for role in ROLES), measure_unit_name(cfg)]
 
 
 def render_env_file(cfg: ServeConfig) -> str:

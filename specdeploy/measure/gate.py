@@ -54,11 +54,12 @@ def speculation_gate(
     gate_cfg = cfg.speculation_gate
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    baseline = render_unit(cfg, "baseline")
-    units = {"baseline": baseline, "speculative": rendered}
+    # the order depends on the arms' names alone (baseline first), not on the host
+    order = run_order(["baseline", "speculative"], gate_cfg.runs, mode="alternate")
     out = host_reports_dir(host.name)
     stamp = utc_stamp()
-    order = run_order(list(units), gate_cfg.runs, mode="alternate")
+    baseline = render_unit(cfg, "baseline")
+    units = {"baseline": baseline, "speculative": rendered}
     results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
     files: dict[str, list[str]] = {"baseline": [], "speculative": []}
     checked: dict = {}

@@ -31,7 +31,7 @@ from ..config import SECRETS_DIR, ServeConfig
 from ..facts import FreeDiskBytes, VllmVersion
 from ..host_scripts import source
 from ..on_host import TIME_LIMIT_GRACE_S, read_text, sh, with_time_limit
-from ..render import ROLES, unit_name
+from ..render import ROLES
 
 
 @deploy("Packages, service user and directories")
@@ -182,7 +182,7 @@ def venv_of(argv: list[str] | None, cfg: ServeConfig) -> str | None:
 
 def venvs_in_use(cfg: ServeConfig) -> set[str]:
     """Release venvs named by this service's installed units and their rollback copies."""
-    names = [unit_name(cfg, role) for role in ROLES]
+    names = [cfg.unit_names[role] for role in ROLES]
     paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
     texts = [read_text(path, missing_ok=True) for path in paths]
     argvs = [unit_exec_argv(text) for text in texts if text]

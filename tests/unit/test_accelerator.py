@@ -8,9 +8,10 @@ message nvidia-smi prints after a driver upgrade without a reboot."""
 
 import pytest
 
+from specdeploy.argv import engine_flags
 from specdeploy.config import config_from_data
 from specdeploy.facts import ACCELERATOR_COMMAND, Accelerators, parse_accelerators
-from specdeploy.preflight import evaluate, parallelism
+from specdeploy.preflight import evaluate
 from tests.unit.test_preflight import DRAFT, RAM, TARGET
 
 MIB = 1 << 20
@@ -157,7 +158,7 @@ def test_release_without_a_known_cuda_build_is_not_checked(valid_data):
     ],
 )
 def test_parallel_sizes_from_extra_args(valid_data, extra, needed):
-    assert parallelism(cfg(valid_data, vllm_extra_args=extra)).gpus == needed
+    assert engine_flags(cfg(valid_data, vllm_extra_args=extra)).gpus == needed
 
 
 def test_fewer_gpus_than_tp_times_pp_is_refused(valid_data):

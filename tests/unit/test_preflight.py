@@ -3,9 +3,11 @@
 import pytest
 
 from specdeploy import preflight as pf
+from specdeploy.argv import engine_flags
 from specdeploy.config import config_from_data
 from specdeploy.facts import AcceleratorInfo, Gpu
-from specdeploy.preflight import evaluate, kv_bytes_per_token
+from specdeploy.memory_model import kv_bytes_per_token
+from specdeploy.preflight import evaluate
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -78,18 +80,24 @@ def cfg(valid_data, **changes):
 
 def test_kv_per_token_is_layers_heads_dim_two_dtype(valid_data):
     c = cfg(valid_data)
-    assert kv_bytes_per_token(c, TARGET) == 36 * 8 * 128 * 2 * 2
+    assert kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype) == 36 * 8 * 128 * 2 * 2
     c = cfg(valid_data, vllm_extra_args=["--dtype", "float32"])
-    assert kv_bytes_per_token(c, TARGET) == 36 * 8 * 128 * 2 * 4  # --dtype wins over the checkpoint
+    assert (
+        kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype) == 36 * 8 * 128 * 2 * 4
+    )  # --dtype wins over the checkpoint
     c = cfg(valid_data, vllm_extra_args=["--dtype", "float32", "--kv-cache-dtype", "fp8"])
-    assert kv_bytes_per_token(c, TARGET) == 36 * 8 * 128 * 2 * 1  # and --kv-cache-dtype over both
+    assert (
+        kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype) == 36 * 8 * 128 * 2 * 1
+    )  # and --kv-cache-dtype over both
 
 
 def test_kv_heads_split_by_tp_and_layers_by_pp(valid_data):
     c = cfg(valid_data)
-    assert kv_bytes_per_token(c, TARGET, tp=2) == 36 * 4 * 128 * 2 * 2
-    assert kv_bytes_per_token(c, TARGET, tp=16) == 36 * 1 * 128 * 2 * 2  # replicated below 1 head
-    assert kv_bytes_per_token(c, TARGET, pp=4) == 9 * 8 * 128 * 2 * 2
+    assert kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype, tp=2) == 36 * 4 * 128 * 2 * 2
+    assert (
+        kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype, tp=16) == 36 * 1 * 128 * 2 * 2
+    )  # replicated below 1 head
+    assert kv_bytes_per_token(TARGET, engine_flags(c).kv_dtype, pp=4) == 9 * 8 * 128 * 2 * 2
 
 
 def test_qwen_pair_fits_on_h200_and_reports_kv_tokens(valid_data):
