@@ -129,7 +129,8 @@ def run_bench(
     serve` on the host against the running server; its JSON is fetched to `local` with
     specdeploy's part (BenchRun: server counters, prefix cache, command, ...meta) added."""
     result_path = f"{cfg.bench_dir}/{name}.json"
-    before = server.request(cfg, "/metrics")
+    # the command line first (bench's own work), then the host: counters, benchmark, counters
+    limit, message = bench_time_limit(cfg, workload), bench_timeout_message(cfg, name, workload)
     args = bench_args(
         cfg,
         base_url=cfg.base_url,
@@ -139,17 +140,17 @@ def run_bench(
         workload=workload,
         label=name,
     ) + list(extra)
+    argv = launcher(cfg) + args
     env = {"HF_HOME": cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env |= cfg.vllm_env
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    limit, message = bench_time_limit(cfg, workload), bench_timeout_message(cfg, name, workload)
+    before = server.request(cfg, "/metrics")
     started = time.monotonic()
     # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
     # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file). The host's
     # `timeout` stops it at the limit; pyinfra's is the backstop for a connection that hangs.
     command = (
-        f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; "
-        f"{assignments} {shlex.join(launcher(cfg) + args)}"
+        f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; {assignments} {shlex.join(argv)}"
     )
     try:
         sh(
@@ -180,7 +181,7 @@ def run_bench(
             "prefix_cache": prefix
             | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
             "bench_seconds": round(seconds, 1),
-            "command": launcher(cfg) + args,
+            "command": argv,
             "finished_at": utc_iso(),
         }
     )

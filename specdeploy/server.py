@@ -232,8 +232,8 @@ def start_fresh(
 ) -> dict:
     """Stop every server on the port, (re)write the unit, start it, wait until healthy: the
     host's commands one after the other, then the wait."""
-    name = shlex.quote(unit.name)
-    sh(stop_command(cfg.service_units), check=False)
+    name, stop_all = shlex.quote(unit.name), stop_command(cfg.service_units)
+    sh(stop_all, check=False)
     if install:
         write_text(cfg.unit_path(unit.name), unit.text, mode="644")
         sh("systemctl daemon-reload")
