@@ -111,6 +111,28 @@ def _restarts(value) -> str:
     return "for every sample" if value is True else str(value)
 
 
+def _sequential_lines(seq: dict | None) -> list[str]:
+    """The sequential compare's steps (report.sequential_steps): every round's p and action, and
+    what stopped it."""
+    if not seq:
+        return []
+    looks = ", ".join(f"{lk['runs']} (level {lk['level']:.3g})" for lk in seq["looks"])
+    lines = [
+        "",
+        f"Sequential compare on TPOT: looks at runs per arm {looks}, budget {seq['max_runs']} "
+        f"runs per arm, spending {seq['spending']}. {seq['rule']}.",
+        "",
+        "| runs per arm | look level | p | action |",
+        "|---|---|---|---|",
+    ]
+    for st in seq["steps"]:
+        lines.append(
+            f"| {st['runs_per_arm']} | {_f(st['look_level'], 4)} | {_f(st['p_value'], 4)} | "
+            f"{st['action']} |"
+        )
+    return lines + ["", f"Stopped by {seq['stopped_by']}: {seq['reason']}."]
+
+
 def compare_markdown(s: dict) -> str:
     lines = [
         f"# Baseline vs speculative: {s['run']}",
@@ -151,6 +173,7 @@ def compare_markdown(s: dict) -> str:
             + [""]
             + _acceptance_lines(h["acceptance"])
         )
+        lines += _sequential_lines(h.get("sequential"))
         lines += ["", "Conditions:", ""] + _conditions_lines(h["conditions"]) + [""]
         if h["apc_profile"]:
             a = h["apc_profile"]

@@ -4,18 +4,24 @@ the conditions every report states."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from pyinfra import host, logger
 
 from .. import datasets
 from ..bench import bench_args
 from ..config import ServeConfig, Workload
+from ..problems import ConfigError, Problem
 from ..render import render_unit
 from ..reports import raw_dir
 from .arms import BASELINE, SPECULATIVE, Arm, k_arm
 from .choose import min_runs_for_choose_k
-from .decisions import RANDOM_REQUESTS_WARNING, RULE, round_order
-from .tune_flow import PredictPlan
+from .decisions import ADD_RUN, DECIDE, RANDOM_REQUESTS_WARNING, RULE, next_step, round_order
+from .decisions import run_values as _run_values
+from .stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
+from .tune_flow import PredictPlan, counted, read_raw
 
 ORDER = "alternate"  # the run order of compare's rounds (decisions.round_order)
 
@@ -67,21 +73,113 @@ def apc_workload(cfg: ServeConfig) -> tuple[Workload, tuple[str, ...], dict]:
 def compare_plan(
     cfg: ServeConfig, *, repeats: int, warmup_runs: int, apc_profile: bool, apc_repeats: int
 ) -> list[tuple[Arm, bool]]:
+    """The fixed plan (compare_repeats set): warm-up, `repeats` alternating rounds, the APC
+    profile."""
+    plan = _warmups(warmup_runs) + [
+        (arm, False) for r in range(repeats) for arm in _round(r)
+    ]  # B S, S B, B S, ...: neither arm always first
+    return plan + apc_plan(cfg, apc_profile=apc_profile, apc_repeats=apc_repeats)
+
+
+def _warmups(warmup_runs: int) -> list[tuple[Arm, bool]]:
+    return [((SPECULATIVE, BASELINE)[i % 2], True) for i in range(warmup_runs)]
+
+
+def _round(r: int) -> list[Arm]:
     arms = {a.label: a for a in (BASELINE, SPECULATIVE)}
-    plan: list[tuple[Arm, bool]] = [
-        ((SPECULATIVE, BASELINE)[i % 2], True) for i in range(warmup_runs)
-    ]
-    for r in range(repeats):  # B S, S B, B S, ...: neither arm always first
-        plan += [
-            (arms[label], False) for label in round_order(list(arms), r, seed=None, mode=ORDER)
-        ]
-    if apc_profile:
-        workload, extra, _ = apc_workload(cfg)
-        off = Arm("apc-off", False, prefix_caching=False, workload=workload, bench_extra=extra)
-        on = Arm("apc-on", False, prefix_caching=True, workload=workload, bench_extra=extra)
-        for _ in range(apc_repeats):
-            plan += [(off, False), (on, False)]
-    return plan
+    return [arms[label] for label in round_order(list(arms), r, seed=None, mode=ORDER)]
+
+
+def apc_plan(cfg: ServeConfig, *, apc_profile: bool, apc_repeats: int) -> list[tuple[Arm, bool]]:
+    if not apc_profile:
+        return []
+    workload, extra, _ = apc_workload(cfg)
+    off = Arm("apc-off", False, prefix_caching=False, workload=workload, bench_extra=extra)
+    on = Arm("apc-on", False, prefix_caching=True, workload=workload, bench_extra=extra)
+    return [step for _ in range(apc_repeats) for step in ((off, False), (on, False))]
+
+
+# --- the sequential compare (compare_repeats unset, the default) ----------------------------------
+
+
+def sequential_compare_plan(
+    *,
+    max_runs: int,
+    warmup_runs: int,
+    alpha: float,
+    read: Callable[[], list[dict]],
+    then: Sequence[tuple[Arm, bool]] = (),
+    log: Callable[[str], None] = lambda _: None,
+) -> Iterator[tuple[Arm, bool]]:
+    """compare's default plan: warm-up, then alternating rounds (B S, S B, ...) of fresh-server
+    runs, starting with the fewest rounds at which the rule can decide (the first look of
+    decisions.next_step) and adding one round while it says "add a run to each arm", up to
+    max_runs per arm; then `then` (the APC profile). `read()` returns the samples written so far
+    (harness.sample writes each before the next step is asked for). The report replays the same
+    next_step over the raw files (report.sequential_steps), so what stopped the run is recorded
+    from the runs themselves."""
+    yield from _warmups(warmup_runs)
+    first = sequential_looks(max_runs, alpha=alpha)[0]["runs"]
+    r = 0
+    while True:
+        for arm in _round(r):
+            yield arm, False
+        r += 1
+        if r < first:
+            continue
+        runs = counted(read())
+        step = next_step(
+            _run_values([x for x in runs if x["specdeploy"]["arm"] == "speculative"], "tpot"),
+            _run_values([x for x in runs if x["specdeploy"]["arm"] == "baseline"], "tpot"),
+            max_runs=max_runs,
+            alpha=alpha,
+        )
+        log(f"sequential compare, {r} runs per arm: {step['action']}: {step['reason']}")
+        if step["action"] == DECIDE:
+            break
+        if step["action"] != ADD_RUN:  # a run without a TPOT: the arms cannot be looked at
+            raise RuntimeError(f"sequential compare stopped: {step['reason']}")
+    yield from then
+
+
+@dataclass(frozen=True)
+class SequentialCompare:
+    """sequential_compare_plan as harness.measure_plan iterates it: the generator starts when the
+    measurement starts on the host and reads the raw files the samples wrote in out_dir."""
+
+    max_runs: int
+    warmup_runs: int
+    alpha: float
+    then: tuple[tuple[Arm, bool], ...]
+    out_dir: Path
+
+    def __iter__(self) -> Iterator[tuple[Arm, bool]]:
+        return sequential_compare_plan(
+            max_runs=self.max_runs,
+            warmup_runs=self.warmup_runs,
+            alpha=self.alpha,
+            read=read_raw(self.out_dir),
+            then=self.then,
+            log=lambda line: logger.info(f"{host.print_prefix}{line}"),
+        )
+
+    def conditions(self) -> dict:
+        """What conditions.json says about the sequential rule (report.sequential_steps)."""
+        looks = sequential_looks(self.max_runs, alpha=self.alpha)
+        return {
+            "repeats": None,
+            "sequential": {
+                "max_runs": self.max_runs,
+                "spending": "first-last",
+                "looks": looks,
+                "first_runs": looks[0]["runs"],
+                "rule": SEQUENTIAL_RULE,
+            },
+            "order": f"warm-up, then alternating rounds ({' '.join(a.label for a in _round(0))},"
+            f" {' '.join(a.label for a in _round(1))}, ...) from {looks[0]['runs']} runs per arm "
+            f"while the rule says '{ADD_RUN}', at most {self.max_runs}"
+            + ("; then apc-off apc-on" if self.then else ""),
+        }
 
 
 def tune_plan(
@@ -129,23 +227,57 @@ def conditions(cfg: ServeConfig, **extra) -> dict:
 # --- what deploys/compare.py and deploys/tune.py measure ------------------------------------------
 
 
-def compare_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
+def compare_measurement(cfg: ServeConfig) -> tuple[object, dict, str]:
+    """compare_repeats set: that many runs per arm (one look at alpha); unset (the default): the
+    sequential compare up to compare_max_repeats runs per arm."""
     repeats = setting(cfg, "compare_repeats")
+    max_runs = setting(cfg, "compare_max_repeats")
     warmup_runs = setting(cfg, "compare_warmup_runs")
     apc = setting(cfg, "compare_apc_profile")
     apc_repeats = setting(cfg, "compare_apc_repeats")
+    extra = {
+        "warmup_runs": warmup_runs,
+        "run_order": {"mode": ORDER, "seed": None},
+        "apc_profile": apc_workload(cfg)[2] if apc else None,
+    }
+    if repeats is None:
+        looks = sequential_looks(max_runs, alpha=cfg.decision_alpha)
+        if not looks:
+            raise ConfigError([_budget_problem(cfg, max_runs)])
+        plan = SequentialCompare(
+            max_runs,
+            warmup_runs,
+            cfg.decision_alpha,
+            tuple(apc_plan(cfg, apc_profile=apc, apc_repeats=apc_repeats)),
+            raw_dir("compare", host.name),
+        )
+        cond = conditions(cfg, **extra, **plan.conditions())
+        what = (
+            f"A/B (sequential: {looks[0]['runs']} to {max_runs} runs per arm, {warmup_runs} "
+            f"warm-up, APC profile {apc})"
+        )
+        return plan, cond, what
     plan = compare_plan(
         cfg, repeats=repeats, warmup_runs=warmup_runs, apc_profile=apc, apc_repeats=apc_repeats
     )
     cond = conditions(
         cfg,
+        **extra,
         repeats=repeats,
-        warmup_runs=warmup_runs,
         order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
-        run_order={"mode": ORDER, "seed": None},
-        apc_profile=apc_workload(cfg)[2] if apc else None,
     )
     return plan, cond, f"A/B ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})"
+
+
+def _budget_problem(cfg: ServeConfig, max_runs: int) -> Problem:
+    need = min_runs_per_arm(cfg.decision_alpha)
+    return Problem(
+        host.name,
+        "compare_max_repeats",
+        f"{max_runs} runs per arm can never reach decision_alpha = {cfg.decision_alpha:g} (the "
+        f"exact test's smallest p at {max_runs} + {max_runs} runs is above it)",
+        f"set it to at least {need}, or set compare_repeats for a fixed run count",
+    )
 
 
 def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:

@@ -17,6 +17,7 @@ from .charts import acceptance_chart, acceptance_curves, compare_charts, tune_ch
 from .choose import choose_k, fleet_ratio
 from .decisions import (
     BETTER,
+    DECIDE,
     ITL_NOTE,
     METRICS,
     NO_DIFFERENCE,
@@ -29,6 +30,7 @@ from .decisions import (
     arm_summary,
     compare_arms,
     host_data_change,
+    next_step,
     run_values,
 )
 from .markdown import compare_markdown, tune_markdown
@@ -145,7 +147,16 @@ def compare_summary(run_dir: Path) -> dict:
             "acceptance": acceptance_summary([r.counters for r in spec]),
             "apc_profile": _apc(runs, alpha),
             "runs": [_run_row(r) for r in runs],
+            "sequential": None,
         }
+        seq = h["conditions"].get("sequential")
+        if seq:  # the TPOT verdict is the sequential rule's, at the level of the look it stopped at
+            steps = sequential_steps(
+                run_values(spec, "tpot"), run_values(base, "tpot"), seq, alpha=alpha
+            )
+            out["hosts"][name]["sequential"] = steps
+            if steps["result"] is not None:
+                out["hosts"][name]["ratios"]["tpot"] = steps["result"]
     if hosts:
         out["fleet"] = {
             "hosts": list(hosts),
@@ -160,6 +171,46 @@ def compare_summary(run_dir: Path) -> dict:
             "per_host_tpot_ratio": {n: h["ratios"]["tpot"] for n, h in out["hosts"].items()},
         }
     return out
+
+
+def sequential_steps(spec: list[float], base: list[float], seq: dict, *, alpha: float) -> dict:
+    """The sequential compare replayed from the runs (in index order, i.e. round by round):
+    decisions.next_step after every round from the first look on, as plans.sequential_compare_plan
+    asked it while measuring. Returns conditions' `sequential` plus {steps [{runs_per_arm, action,
+    look_level, p_value, verdict, reason}], decided, stopped_by ("a significant look", "the run
+    budget", or why it did not decide), reason (the last step's), result (the verdict the run
+    stopped on: compare_values at that look's level; None if it never decided)}."""
+    steps, last = [], None
+    for r in range(seq["first_runs"], min(len(spec), len(base)) + 1):
+        last = next_step(spec[:r], base[:r], max_runs=seq["max_runs"], alpha=alpha)
+        res = last["result"] or {}
+        steps.append(
+            {
+                "runs_per_arm": r,
+                "action": last["action"],
+                "look_level": (last["look"] or {}).get("level"),
+                "p_value": res.get("p_value"),
+                "verdict": res.get("verdict"),
+                "reason": last["reason"],
+            }
+        )
+        if last["action"] == DECIDE:
+            break
+    decided = last is not None and last["action"] == DECIDE
+    if not decided:
+        stopped_by = f"the runs ended before the rule decided ({len(spec)} + {len(base)} runs)"
+    elif last["result"]["significant"]:
+        stopped_by = "a significant look"
+    else:
+        stopped_by = "the run budget"
+    return {
+        **seq,
+        "steps": steps,
+        "decided": decided,
+        "stopped_by": stopped_by,
+        "reason": last["reason"] if last else stopped_by,
+        "result": last["result"] if decided else None,
+    }
 
 
 def _alpha(conditions: dict) -> float:

@@ -127,17 +127,24 @@ def mad(xs):
 
 @pytest.fixture(scope="module")
 def compare_run(deployed, host):
-    """deploys/compare.py with its defaults' run count (4 + 4: the fewest at which the permutation
-    test can reach alpha = 0.05) and the APC profile, no warm-up run."""
-    return measure("compare", host, REPEATS=4, WARMUP_RUNS=0, APC_PROFILE=1, APC_REPEATS=1)
+    """deploys/compare.py with its default run count (sequential: from 4 + 4, the fewest at which
+    the permutation test can reach alpha = 0.05, up to 8 + 8) and the APC profile, no warm-up
+    run."""
+    return measure("compare", host, WARMUP_RUNS=0, APC_PROFILE=1, APC_REPEATS=1)
 
 
 def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host, sandbox_ssh):
-    """Four fresh-server runs per arm in alternating rounds, replaying the shipped request set:
-    every speculative run's TPOT below every baseline run's, so the exact permutation test gives
-    its smallest p, 2 / C(8, 4) = 2/70 <= 0.05: "better", recomputed here from the raw JSONs."""
+    """The sequential compare's first look, four fresh-server runs per arm in alternating rounds,
+    replaying the shipped request set: every speculative run's TPOT below every baseline run's,
+    so the exact permutation test gives its smallest p, 2 / C(8, 4) = 2/70, at or below the first
+    look's level: "better", recomputed here from the raw JSONs, and no further round runs."""
     h = json.loads((compare_run / "summary.json").read_text())["hosts"][host]
     tpot = h["ratios"]["tpot"]
+    seq = h["sequential"]
+    assert seq["max_runs"] == 8 and [lk["runs"] for lk in seq["looks"]] == [4, 8], seq
+    assert [st["runs_per_arm"] for st in seq["steps"]] == [4] and seq["decided"], seq
+    assert seq["stopped_by"] == "a significant look" and seq["steps"][0]["action"] == "decide now"
+    assert seq["steps"][0]["p_value"] == pytest.approx(2 / math.comb(8, 4))
     described = datasets.describe(str(SAMPLE), "custom")
     wanted = {json.loads(row)["output_tokens"] for row in SAMPLE.read_text().splitlines() if row}
     runs = raw_runs(compare_run, host)
@@ -155,6 +162,7 @@ def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host,
     ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
     assert tpot["ratio"] == pytest.approx(ratio) and ratio < 1
     assert tpot["p_value"] == pytest.approx(2 / math.comb(8, 4)) and tpot["verdict"] == "better"
+    assert tpot["p_value"] <= tpot["look_alpha"] == seq["looks"][0]["level"]
     assert tpot["low"] <= ratio <= tpot["high"] < 1, tpot
     # the deployed speculative unit serves again afterwards
     active = sandbox_ssh(host, "systemctl is-active specdeploy-vllm.service")
@@ -241,6 +249,7 @@ def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, san
         "ITL ≠ TPOT" in md and "prefix caching was OFF" in md and "Identical generated text" in md
     )
     assert "permutation test" in md
+    assert "Stopped by a significant look" in md and "| 4 | 0.0286 | 0.0286 | decide now |" in md
     for chart in ("latency.png", "ratios.png", "apc.png"):
         assert (compare_run / chart).stat().st_size > 5000
     # the measurement unit is gone and the deployed unit serves again

@@ -10,7 +10,8 @@ from specdeploy.measure.plans import setting
 def test_defaults_come_from_the_schema(valid_data):
     cfg = config_from_data(valid_data)
     assert setting(cfg, "tune_k") == [1, 2, 3, 4, 5, 6, 7]
-    assert setting(cfg, "compare_repeats") == 4 and setting(cfg, "compare_apc_profile") is True
+    assert setting(cfg, "compare_repeats") is None and setting(cfg, "compare_max_repeats") == 8
+    assert setting(cfg, "compare_apc_profile") is True
 
 
 def test_host_data_and_environment(valid_data, monkeypatch):
