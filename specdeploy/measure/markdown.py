@@ -8,7 +8,7 @@ import json
 from ..bench import format_curve
 from .choose import CHOOSE_K_RULE
 from .decisions import METRICS
-from .tune_flow import flow_markdown
+from .tune_flow import SHARED_SERVER_NOTE
 
 
 def _f(x, digits=2) -> str:
@@ -91,7 +91,7 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"{w.get('max_concurrency')}, seed {w.get('seed')}, temperature {w.get('temperature', 0)}, "
         f"top_p {w.get('top_p', 1.0)}, --ignore-eos",
         *_request_set_line(cond),
-        f"- repeats per arm {cond.get('repeats')}, warm-up runs discarded "
+        f"- repeats per arm {_repeats(cond.get('repeats'))}, warm-up runs discarded "
         f"{cond.get('warmup_runs')}, order "
         f"{cond.get('order')}, server restarted "
         f"{_restarts(cond.get('restart_between_samples', True))}; "
@@ -104,6 +104,13 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"s); host left on `{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
     ]
     return lines
+
+
+def _repeats(value) -> str:
+    """conditions' repeats: a fixed count, or None where the rule sets it as the runs come in."""
+    if value is not None:
+        return str(value)
+    return "set by the rule (the sequential compare's looks, or the fewest runs choose_k needs)"
 
 
 def _restarts(value) -> str:
@@ -266,3 +273,59 @@ def tune_markdown(s: dict) -> str:
             lines += [""] + flow_markdown(name, h["predict_flow"])
         lines += ["", "Conditions:", ""] + _conditions_lines(h["conditions"]) + [""]
     return "\n".join(lines)
+
+
+def flow_markdown(name: str, s: dict) -> list[str]:
+    """The predict flow's section of a tune summary.md (tune_flow.flow_summary)."""
+    r, d, t = s["record"], s["decision"], s["time"]
+    rec = d["recommended_k"]
+    vs = d["per_k"].get(rec, {}) if rec is not None else {}
+    lines = [
+        f"### {name}: predicted, then confirmed (tune_method = predict)",
+        "",
+        f"Pinned: baseline + k = {r['pinned_k']} (one run each after the warm-up); step model: "
+        f"{r['model']}. Predicted best k = {r['predicted_best_k']}; confirmed k = {r['confirm_k']} "
+        f"with the baseline, {r.get('runs_per_arm', '–')} runs each ({r['extensions']} window "
+        "extension(s)). The recommendation uses measured runs only."
+        + (
+            f" Only the predicted best was confirmed: {r['predicted_off']}."
+            if r.get("predicted_off")
+            else ""
+        ),
+        "",
+        f"Recommended k = **{rec if rec is not None else 'none: leave speculation off'}** (best "
+        f"measured {d['best_k']}); TPOT / baseline = {_f(vs.get('ratio_to_baseline'), 3)}, "
+        f"p (faster than the baseline) = {_f(vs.get('p_faster_than_baseline'), 3)}. "
+        f"{d['verdict']}.",
+        "",
+        "| k | role | L(k) | predicted TPOT ms | band | measured TPOT ms (runs) | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in s["rows"]:
+        error = "–" if row["error"] is None else f"{row['error']:+.1%}"
+        band = (
+            "–"
+            if row["predicted_tpot_ms"] is None
+            else f"{_f(row['predicted_low'])} – {_f(row['predicted_high'])}"
+        )
+        lines.append(
+            f"| {row['k']} | {row['role']} | {_f(row['acceptance_length'], 3)} | "
+            f"{_f(row['predicted_tpot_ms'])} | {band} | {_f(row['measured_tpot_ms'])} "
+            f"({row['measured_runs']}) | {error} |"
+        )
+    if r.get("share_server"):
+        pc = r.get("prefix_cache") or {}
+        lines += [
+            "",
+            SHARED_SERVER_NOTE,
+            f"Prefix-cache counters (server /metrics, benchmark requests only): {pc}.",
+        ]
+    lines += [
+        "",
+        f"Time: {t['seconds']} s for {t['samples']} samples ({t['server_starts']} server starts): "
+        f"pin phase {t['pin_seconds']} s, confirm phase {t['confirm_seconds']} s (sample time, "
+        f"server start included). The exhaustive sweep of tune_k would take "
+        f"{t['sweep_samples_for_comparison']} samples.",
+        "",
+    ]
+    return lines

@@ -285,10 +285,11 @@ def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, st
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}tune: {RANDOM_REQUESTS_WARNING}")
     predict = setting(cfg, "tune_method") == "predict"
-    # None: the fewest runs at which choose_k can decide (the confirm window holds <= 3 k)
-    repeats = setting(cfg, "tune_repeats") or min_runs_for_choose_k(
-        min(len(ks), 3) if predict else len(ks), alpha=cfg.decision_alpha
-    )
+    # None: the fewest runs at which choose_k can decide; the predict flow sizes it to the k it
+    # confirms (tune_flow.predict_plan), the sweep to all of tune_k
+    repeats = setting(cfg, "tune_repeats")
+    if not predict:
+        repeats = repeats or min_runs_for_choose_k(len(ks), alpha=cfg.decision_alpha)
     warmup_runs = setting(cfg, "tune_warmup_runs")
     if predict:  # the adaptive default: tune_flow.py
         plan = PredictPlan(

@@ -13,7 +13,11 @@ discarded warm-up runs, the deployed unit restored at the end):
    to raw/<host>/prediction.json before anything else runs.
 3. **confirm**: the predicted best k, its neighbours in tune_k and the baseline, in rounds whose
    order rotates, until each has tune_repeats counted runs (pin runs count: same rules, same
-   request set).
+   request set); tune_repeats unset: the fewest at which choose_k can decide over the confirmed k
+   (4 for 2-3 k at alpha 0.05, 5 for 4-5 k after extensions). When no k is predicted faster than
+   the baseline's pin run, only the predicted best is confirmed (3 + 3 runs at alpha 0.05 can
+   show it faster, so "leave speculation off" then comes from the measured runs, not from too
+   few of them).
    When the measured best is at an edge of that window and tune_k goes further, the next k is added
    (with more runs of the current best beside it), at most MAX_EXTENSIONS times.
 
@@ -119,7 +123,7 @@ def predict_plan(
     cfg: ServeConfig,
     *,
     ks: Sequence[int],
-    repeats: int,
+    repeats: int | None,
     warmup_runs: int,
     read: Callable[[], list[BenchResult]],
     arm_for: ArmFor,
@@ -128,7 +132,8 @@ def predict_plan(
 ) -> Iterator[Step]:
     """The adaptive plan (module docstring). `read()` returns the results so far; `record(obj)`
     keeps the prediction and the decisions (raw/<host>/prediction.json). share_server: the runs of
-    one arm in a phase share one fresh server (SHARED_SERVER_NOTE)."""
+    one arm in a phase share one fresh server (SHARED_SERVER_NOTE). repeats None: the fewest runs
+    per arm at which choose_k can decide over the confirm window (choose.min_runs_for_choose_k)."""
     ks = sorted(set(ks))
     pinned = pin_ks(ks)
     baseline = arm_for(0)
@@ -170,27 +175,48 @@ def predict_plan(
         state["why_no_prediction"] = "no TPOT could be predicted; every k is measured"
     else:
         window = neighbours(ks, predicted_best)
+        off = predicted_off(prediction["rows"], predicted_best)
+        if off:
+            window, state["predicted_off"] = [predicted_best], off
     extensions = 0
     while True:
-        state.update(confirm_k=window, extensions=extensions)
+        each = repeats or min_runs_for_choose_k(len(window), alpha=cfg.decision_alpha)
+        state.update(confirm_k=window, extensions=extensions, runs_per_arm=each)
         record(state)
         arms = [baseline, *(arm_for(k) for k in window)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
-        need = {a.label: repeats - have.get(a.label, 0) for a in arms}
+        need = {a.label: each - have.get(a.label, 0) for a in arms}
         yield from _guarded(_runs(cfg, arms, need, have, share_server), read)
-        nxt = next_k(window, ks, _tpot_by_k(read()))
+        tpot = _tpot_by_k(read())
+        nxt = next_k(window, ks, tpot)
         if nxt is None or extensions >= MAX_EXTENSIONS:
             break
+        if off and median(tpot[predicted_best]) >= median(tpot[0]):
+            break  # as predicted, not even the best k beats the baseline: none further will
         # the measured best sits at an edge of the window: measure one k further, with the best
         extensions += 1
         best = min(window, key=lambda k: median(_tpot_by_k(read())[k]))
         extra_arms = [arm_for(nxt), arm_for(best)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
-        need = {a.label: repeats for a in extra_arms}
+        need = {a.label: each for a in extra_arms}
         yield from _guarded(_runs(cfg, extra_arms, need, have, share_server), read)
         window = sorted({*window, nxt})
     state.update(confirm_k=window, extensions=extensions, prefix_cache=_prefix_cache(read()))
     record(state)
+
+
+def predicted_off(rows: Sequence[Mapping], best: int) -> str | None:
+    """Why only the predicted best k is confirmed: no k is predicted faster than the baseline's pin
+    run (its neighbours are predicted slower still). None when the best k is predicted faster."""
+    by_k = {r["k"]: r for r in rows}
+    base, top = (by_k.get(0) or {}).get("tpot_ms"), by_k[best]["tpot_ms"]
+    if base is None or top is None or top < base:
+        return None
+    return (
+        f"no k is predicted faster than the baseline (best k = {best}: {top:.2f} ms; baseline "
+        f"pin run {base:.2f} ms): only k = {best} is confirmed against the baseline, with the "
+        "fewest runs at which choose_k can decide over one k"
+    )
 
 
 SHARED_SERVER_NOTE = (
@@ -342,60 +368,6 @@ def flow_summary(results: Sequence[Mapping], record: Mapping, conditions: Mappin
     }
 
 
-def _f(x, digits=2):
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
-def flow_markdown(name: str, s: Mapping) -> list[str]:
-    r, d, t = s["record"], s["decision"], s["time"]
-    rec = d["recommended_k"]
-    vs = d["per_k"].get(rec, {}) if rec is not None else {}
-    lines = [
-        f"### {name}: predicted, then confirmed (tune_method = predict)",
-        "",
-        f"Pinned: baseline + k = {r['pinned_k']} (one run each after the warm-up); step model: "
-        f"{r['model']}. Predicted best k = {r['predicted_best_k']}; confirmed k = {r['confirm_k']} "
-        f"with the baseline ({r['extensions']} window extension(s)). The recommendation uses "
-        "measured runs only.",
-        "",
-        f"Recommended k = **{rec if rec is not None else 'none: leave speculation off'}** (best "
-        f"measured {d['best_k']}); TPOT / baseline = {_f(vs.get('ratio_to_baseline'), 3)}, "
-        f"p (faster than the baseline) = {_f(vs.get('p_faster_than_baseline'), 3)}. "
-        f"{d['verdict']}.",
-        "",
-        "| k | role | L(k) | predicted TPOT ms | band | measured TPOT ms (runs) | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in s["rows"]:
-        error = "–" if row["error"] is None else f"{row['error']:+.1%}"
-        band = (
-            "–"
-            if row["predicted_tpot_ms"] is None
-            else f"{_f(row['predicted_low'])} – {_f(row['predicted_high'])}"
-        )
-        lines.append(
-            f"| {row['k']} | {row['role']} | {_f(row['acceptance_length'], 3)} | "
-            f"{_f(row['predicted_tpot_ms'])} | {band} | {_f(row['measured_tpot_ms'])} "
-            f"({row['measured_runs']}) | {error} |"
-        )
-    if r.get("share_server"):
-        pc = r.get("prefix_cache") or {}
-        lines += [
-            "",
-            SHARED_SERVER_NOTE,
-            f"Prefix-cache counters (server /metrics, benchmark requests only): {pc}.",
-        ]
-    lines += [
-        "",
-        f"Time: {t['seconds']} s for {t['samples']} samples ({t['server_starts']} server starts): "
-        f"pin phase {t['pin_seconds']} s, confirm phase {t['confirm_seconds']} s (sample time, "
-        f"server start included). The exhaustive sweep of tune_k would take "
-        f"{t['sweep_samples_for_comparison']} samples.",
-        "",
-    ]
-    return lines
-
-
 # --- compare.measurement_deploy("tune") with tune_method = predict --------------------------------
 
 
@@ -406,7 +378,7 @@ class PredictPlan:
 
     cfg: ServeConfig
     ks: tuple[int, ...]
-    repeats: int
+    repeats: int | None  # None: sized by the flow to the k it confirms
     warmup_runs: int
     share_server: bool
     out_dir: Path
@@ -443,5 +415,6 @@ class PredictPlan:
     def describe(self) -> str:
         return (
             f"Predict k over {list(self.ks)} from k={pin_ks(self.ks)}, confirm "
-            f"({self.repeats} runs each, shared servers {self.share_server})"
+            f"({self.repeats or 'the fewest choose_k needs for the confirmed k'} runs each, "
+            f"shared servers {self.share_server})"
         )

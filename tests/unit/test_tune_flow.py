@@ -2,6 +2,8 @@
 a fake server whose TPOT is known, the window extension, the decision and the report section."""
 
 import json
+import sys
+from collections import Counter
 
 import pytest
 
@@ -256,3 +258,47 @@ def test_shared_servers_one_visit_per_arm_distinct_seeds_and_the_prefix_cache_gu
     host.sample(arm, warm, same, hits=16.0)
     with pytest.raises(PrefixCacheReuse):
         next(gen)
+
+
+def test_repeats_unset_are_the_fewest_choose_k_needs_for_the_confirmed_k(cfg):
+    """tune_repeats unset: 4 runs per arm for the window [2, 3, 4] (Holm over 3 k at 0.05 needs
+    1/70); after an extension to 4 k, 5 runs per arm for all of them and the baseline (4 + 4 runs
+    could not reach 0.05 / 4)."""
+    host, records = FakeHost(), []
+    host.run(plan_for(cfg, host, records, repeats=None))
+    counts = Counter(r["specdeploy"]["arm"] for r in host.results if not r["specdeploy"]["warmup"])
+    assert records[-1]["runs_per_arm"] == 4 and records[-1]["confirm_k"] == [2, 3, 4]
+    assert counts == {"baseline": 4, "k1": 1, "k2": 4, "k3": 4, "k4": 4, "k7": 1}
+
+    def tpot(k):
+        return true_tpot(k) * (0.7 if k == 2 else 1.0)
+
+    host, records = FakeHost(tpot), []
+    host.run(plan_for(cfg, host, records, repeats=None))
+    rec = records[-1]
+    assert rec["confirm_k"] == [1, 2, 3, 4] and rec["runs_per_arm"] == 5
+    counts = Counter(r["specdeploy"]["arm"] for r in host.results if not r["specdeploy"]["warmup"])
+    assert all(counts[a] >= 5 for a in ("baseline", "k1", "k2", "k3", "k4")), counts
+    d = flow_summary(host.results, rec, {})["decision"]
+    assert d["reachable"]["vs_baseline"] and d["recommended_k"] == 2
+
+
+def test_a_draft_predicted_slower_than_the_baseline_confirms_only_its_best_k(cfg, monkeypatch):
+    """The poor draft: acceptance near 0, so every k costs more than the baseline. The prediction
+    says so after the pin runs; only the predicted best (k = 1) is confirmed against the baseline,
+    with 3 + 3 runs (one-sided smallest p 1/20 <= 0.05: the rule can decide), and tune says "leave
+    speculation off" from the measured runs (p = 1: every k1 run slower), not "too few runs"."""
+    monkeypatch.setattr(sys.modules[__name__], "RATES", [0.02] * 7)
+    host, records = FakeHost(), []
+    order = host.run(plan_for(cfg, host, records, ks=[1, 2, 3], repeats=None, warmup_runs=0))
+    rec = records[-1]
+    assert rec["predicted_best_k"] == 1 and rec["confirm_k"] == [1] and rec["extensions"] == 0
+    assert rec["runs_per_arm"] == 3 and "no k is predicted faster" in rec["predicted_off"]
+    predicted = {r["k"]: r["tpot_ms"] for r in rec["rows"]}
+    assert min(predicted[k] for k in (1, 2, 3)) > predicted[0]
+    # pin: baseline, k1, k3; confirm: baseline and k1 in rotating rounds, 3 runs each in all
+    assert [a for a, _ in order] == ["baseline", "k1", "k3", "baseline", "k1", "k1", "baseline"]
+    d = flow_summary(host.results, rec, {"decision_alpha": 0.05})["decision"]
+    assert d["speculation"] == "off" and d["recommended_k"] is None
+    assert d["reachable"]["vs_baseline"] is True and "too few" not in d["verdict"]
+    assert d["per_k"][1]["p_faster_than_baseline"] == 1.0 and d["per_k"][1]["ratio_to_baseline"] > 1
