@@ -104,9 +104,11 @@ def measure_plan(
     """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit
     (always)."""
     snaps = weights.snapshots(cfg)
-    if not snaps.get("target"):
+    missing = [role for role, snap in snaps.items() if not snap]
+    if missing:  # vLLM runs offline here: say so before the production units are stopped
         raise RuntimeError(
-            f"{host.name}: target weights are not on the host; run deploys/serve.py first"
+            f"{host.name}: {' and '.join(missing)} weights are not on the host; run "
+            "deploys/serve.py first"
         )
     tokenizer = snaps["target"]["path"]
     prod_unit, prod_role = deployed_unit(cfg)
