@@ -14,7 +14,8 @@ models:
 
 Tables: (1) compare at a fixed number of runs per arm, the old interval-arithmetic band
 (median +/- unscaled MAD) against the exact rank test; (2) the sequential compare (next_step) per
-run budget and spending scheme: false-verdict rate, power, mean runs per arm; (3) the gate
+run budget and spending scheme: false-verdict rate, power, mean runs per arm (deploys/compare.py
+runs next_step with spending 'first-last' and budget compare_max_repeats, default 8); (3) the gate
 (gate_next_step, max_tpot_ratio 0.95); (4) choose_k on seven identical k (+ an identical baseline).
 A false verdict on identical arms is "better" or "worse"; power is the share of "better" for a real
 speed-up. The binomial simulation error of a rate p is sqrt(p(1-p)/trials) (0.15 % at p = 0.05 and

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from specdeploy.config import ServeConfig
 from specdeploy.measure.choose import choose_k, fleet_ratio
 from specdeploy.measure.decisions import (
     ADD_RUN,
@@ -39,6 +40,8 @@ from specdeploy.measure.stats import (
 )
 
 ALPHA = 0.05
+# the sequential compare's run budget, compare_max_repeats (plans.sequential_compare_plan)
+BUDGET = ServeConfig.model_fields["compare_max_repeats"].default
 
 
 def margin(trials: int, p: float = ALPHA) -> float:
@@ -174,7 +177,7 @@ def test_sequential_false_verdict_rate_is_at_most_alpha(spending):
     rng, trials, wrong = random.Random(3), 2000, 0
     for _ in range(trials):
         step, _ = run_sequential(
-            lambda r: r.gauss(10, 0.5), lambda r: r.gauss(10, 0.5), 8, rng, spending=spending
+            lambda r: r.gauss(10, 0.5), lambda r: r.gauss(10, 0.5), BUDGET, rng, spending=spending
         )
         wrong += step["result"]["verdict"] in (BETTER, WORSE)
     assert wrong / trials <= ALPHA + margin(trials)
@@ -185,7 +188,7 @@ def test_sequential_stops_at_the_minimum_on_the_trained_pair():
     rng = random.Random(4)
     for _ in range(300):
         step, runs = run_sequential(
-            lambda r: r.gauss(4.6, 0.092), lambda r: r.gauss(10, 0.2), 8, rng
+            lambda r: r.gauss(4.6, 0.092), lambda r: r.gauss(10, 0.2), BUDGET, rng
         )
         assert runs == 4 and step["result"]["verdict"] == BETTER
 
@@ -193,7 +196,9 @@ def test_sequential_stops_at_the_minimum_on_the_trained_pair():
 def test_sequential_spends_the_budget_on_a_close_call():
     rng, trials, runs_used, better = random.Random(5), 500, 0, 0
     for _ in range(trials):
-        step, runs = run_sequential(lambda r: r.gauss(9.0, 0.5), lambda r: r.gauss(10, 0.5), 8, rng)
+        step, runs = run_sequential(
+            lambda r: r.gauss(9.0, 0.5), lambda r: r.gauss(10, 0.5), BUDGET, rng
+        )
         runs_used += runs
         better += step["result"]["verdict"] == BETTER
     assert 5.0 < runs_used / trials < 8.0  # some stop at 4, the rest go to the budget
