@@ -72,8 +72,13 @@ def measure(kind: str, host: str, inventory=INVENTORY, **settings) -> tuple[Path
 POOR = "specdeploy-sandbox/pycode-draft-poor"
 
 
+POOR_PROMPTS = 4  # per run: the poor draft is ~10-25 % slower at every k, 4 requests show it
+
+
 def poor_inventory(path: Path, host: str, sandbox_services, sandbox_ssh, **data) -> Path:
-    """An inventory of `host` alone serving the poor draft (same k and method), plus `data`."""
+    """An inventory of `host` alone serving the poor draft (same k and method), the sandbox's
+    workload with POOR_PROMPTS requests per run (the gate's and tune's runs are what the suite
+    pays for), plus `data`."""
     spec = {
         **record_of(sandbox_ssh, host)["speculative_config"],
         "model": POOR,
@@ -83,7 +88,9 @@ def poor_inventory(path: Path, host: str, sandbox_services, sandbox_ssh, **data)
     path.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"sandbox = [(n, {{**d, **{data!r}}})\n"
+        f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
+        f"_workload = {{**_group['workload'], 'num_prompts': {POOR_PROMPTS}}}\n"
+        f"sandbox = [(n, {{**d, 'workload': _workload, **{data!r}}})\n"
         f"           for n, d in _base['sandbox'] if n == {host!r}]\n"
     )
     return path
@@ -360,63 +367,64 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
     host, sandbox_ssh, sandbox_services, tmp_path
 ):
     """deploys/tune.py's default flow (predict, then confirm; runs per arm from the rule) with
-    tune_k 1-3 and the poor draft (on the host since the gate test deployed it). The pin phase
-    measures the baseline, k=1 and k=3 on fresh servers; L(2) comes from their pooled
-    per-position acceptance; every k is predicted slower than the baseline, so only k=1 is
-    confirmed against it, 3 + 3 runs in rotating rounds (the one-sided test can reach 1/20 =
-    0.05: the rule can decide). Recommendation "leave speculation off" because k=1 is not shown
-    faster: its p, recomputed here from the raw JSONs, is above alpha."""
+    tune_k 2-4 and the poor draft (on the host since the gate test deployed it: run with -k
+    "gate or tune"). The pin phase measures the baseline, k=2 and k=4 on fresh servers; L(3)
+    comes from their pooled per-position acceptance; every k is predicted slower than the
+    baseline, so only k=2 is confirmed against it, 3 + 3 runs in rotating rounds (the one-sided
+    test can reach 1/20 = 0.05: the rule can decide). Recommendation "leave speculation off"
+    because k=2 is not shown faster: its p, recomputed here from the raw JSONs, is above alpha."""
     inventory = poor_inventory(tmp_path / "poor-tune.py", host, sandbox_services, sandbox_ssh)
-    out, printed = measure("tune", host, inventory, METHOD="predict", K="1-3", WARMUP_RUNS=0)
+    out, printed = measure("tune", host, inventory, METHOD="predict", K="2-4", WARMUP_RUNS=0)
     raw = [json.loads(f.read_text()) for f in sorted((out / "raw" / host).glob("[0-9]*.json"))]
     arms = [r["specdeploy"]["arm"] for r in raw]
-    assert arms == ["baseline", "k1", "k3", "baseline", "k1", "k1", "baseline"], arms
+    assert arms == ["baseline", "k2", "k4", "baseline", "k2", "k2", "baseline"], arms
     assert all(r["specdeploy"]["fresh_server"] for r in raw)
     assert {r["specdeploy"]["speculative_config"]["model"] for r in raw[1:3]} == {POOR}
+    assert {r["completed"] for r in raw} == {POOR_PROMPTS}
 
     # per-position acceptance pooled over the pin runs, weighted by their drafts
-    acc, drafts = [0.0] * 3, [0.0] * 3
+    acc, drafts = [0.0] * 4, [0.0] * 4
     for r in raw[1:3]:
         for i, a in enumerate(r["spec_decode_per_position_acceptance_rates"]):
             acc[i] += a * r["spec_decode_num_drafts"]
             drafts[i] += r["spec_decode_num_drafts"]
     rates = [a / d for a, d in zip(acc, drafts, strict=True)]
     prediction = json.loads((out / "raw" / host / "prediction.json").read_text())
-    assert prediction["pinned_k"] == [1, 3]
+    assert prediction["pinned_k"] == [2, 4]
     assert prediction["per_position_acceptance"] == pytest.approx(rates)
     rows = {row["k"]: row for row in prediction["rows"]}
-    # measured k keep their own run's L; k=2 gets L(2) = 1 + a_1 + a_2 from the pooled rates
-    for k, r in ((1, raw[1]), (3, raw[2])):
+    # measured k keep their own run's L; k=3 gets L(3) = 1 + a_1 + a_2 + a_3 from the pooled rates
+    for k, r in ((2, raw[1]), (4, raw[2])):
         assert rows[k]["acceptance_length"] == pytest.approx(r["spec_decode_acceptance_length"])
-    assert rows[2]["acceptance_length_source"] == "per-position rates"
-    assert rows[2]["acceptance_length"] == pytest.approx(1 + rates[0] + rates[1])
-    # the baseline's pin run beats every k, measured (1, 3) or predicted (2)
+    assert rows[3]["acceptance_length_source"] == "per-position rates"
+    assert rows[3]["acceptance_length"] == pytest.approx(1 + sum(rates[:3]))
+    # the baseline's pin run beats every k, measured (2, 4) or predicted (3)
     assert rows[0]["tpot_ms"] == pytest.approx(raw[0]["median_tpot_ms"])
-    assert min(rows[k]["tpot_ms"] for k in (1, 2, 3)) > rows[0]["tpot_ms"], rows
-    assert prediction["predicted_best_k"] == 1 and prediction["confirm_k"] == [1]
+    assert min(rows[k]["tpot_ms"] for k in (2, 3, 4)) > rows[0]["tpot_ms"], rows
+    assert prediction["predicted_best_k"] == 2 and prediction["confirm_k"] == [2]
     assert prediction["runs_per_arm"] == 3 and prediction["predicted_off"]
 
     # the decision, from the measured runs' median TPOTs
     tpot = {
         label: [r["median_tpot_ms"] for r in raw if r["specdeploy"]["arm"] == label]
-        for label in ("baseline", "k1")
+        for label in ("baseline", "k2")
     }
-    p = rank_p_less(tpot["k1"], tpot["baseline"])
+    p = rank_p_less(tpot["k2"], tpot["baseline"])
     assert p > 0.05, tpot
     h = json.loads((out / "summary.json").read_text())["hosts"][host]
     c = h["choice"]
     assert c["speculation"] == "off" and c["recommended_k"] is None, c["verdict"]
     assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
-    assert c["per_k"]["1"]["p_faster_than_baseline"] == pytest.approx(p)
-    ratio = statistics.median(tpot["k1"]) / statistics.median(tpot["baseline"])
-    assert c["per_k"]["1"]["ratio_to_baseline"] == pytest.approx(ratio) and ratio > 1
+    assert c["per_k"]["2"]["p_faster_than_baseline"] == pytest.approx(p)
+    ratio = statistics.median(tpot["k2"]) / statistics.median(tpot["baseline"])
+    assert c["per_k"]["2"]["ratio_to_baseline"] == pytest.approx(ratio) and ratio > 1
     assert h["host_data_change"] is None
     assert "leave speculation off: no k is significantly faster than the baseline" in printed
 
     flow = {row["k"]: row for row in h["predict_flow"]["rows"]}
-    assert flow[2]["role"] == "predicted only" and flow[2]["measured_runs"] == 0
-    assert flow[2]["predicted_tpot_ms"] == pytest.approx(rows[2]["tpot_ms"])
-    assert flow[1]["measured_runs"] == 3 and flow[0]["measured_runs"] == 3
+    assert flow[3]["role"] == "predicted only" and flow[3]["measured_runs"] == 0
+    assert flow[3]["predicted_tpot_ms"] == pytest.approx(rows[3]["tpot_ms"])
+    assert flow[2]["measured_runs"] == 3 and flow[0]["measured_runs"] == 3
     md = (out / "summary.md").read_text()
     assert "predicted, then confirmed" in md and "none: leave speculation off" in md
     assert "Only the predicted best was confirmed" in md
