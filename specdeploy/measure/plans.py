@@ -21,7 +21,7 @@ from .choose import min_runs_for_choose_k
 from .decisions import ADD_RUN, DECIDE, RANDOM_REQUESTS_WARNING, RULE, next_step, round_order
 from .decisions import run_values as _run_values
 from .stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
-from .tune_flow import PredictPlan, counted, read_raw
+from .tune_flow import PredictPlan, read_raw, runs_by_label
 
 ORDER = "alternate"  # the run order of compare's rounds (decisions.round_order)
 
@@ -127,10 +127,10 @@ def sequential_compare_plan(
         r += 1
         if r < first:
             continue
-        runs = counted(read())
+        runs = runs_by_label(read())
         step = next_step(
-            _run_values([x for x in runs if x["specdeploy"]["arm"] == "speculative"], "tpot"),
-            _run_values([x for x in runs if x["specdeploy"]["arm"] == "baseline"], "tpot"),
+            _run_values(runs.get("speculative", []), "tpot"),
+            _run_values(runs.get("baseline", []), "tpot"),
             max_runs=max_runs,
             alpha=alpha,
         )
