@@ -14,7 +14,9 @@ from pyinfra import host as current_host
 from . import capabilities, release_checks, request_set_checks, revisions
 from .argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 from .config import FIELDS, ServeConfig, config_from_data
+from .facts import JsonFile
 from .problems import ConfigError, Problem
+from .record import read_record
 
 __all__ = [
     "ConfigError",
@@ -24,6 +26,7 @@ __all__ = [
     "check_warnings",
     "host_config",
     "host_config_and_pins",
+    "host_config_as_deployed",
     "moving_ref_notes",
     "unknown_keys",
 ]
@@ -102,7 +105,10 @@ def host_config_and_pins() -> tuple[ServeConfig, dict]:
     """Inside a deploy: the current pyinfra host's validated config with moving refs pinned to the
     commit the control node resolved (revisions.py), and those pins. Raises ConfigError (listing
     every problem) before any operation is scheduled, so an invalid host is never touched."""
-    cfg = check_config(current_host.name, current_host.data.dict())
+    return _pinned(check_config(current_host.name, current_host.data.dict()))
+
+
+def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
     try:
         return revisions.pin(cfg)
     except revisions.RevisionError as error:
@@ -120,6 +126,16 @@ def host_config_and_pins() -> tuple[ServeConfig, dict]:
 
 def host_config() -> ServeConfig:
     return host_config_and_pins()[0]
+
+
+def host_config_as_deployed() -> ServeConfig:
+    """Inside a measurement (compare, tune): the host's config as its deployment record says it
+    was deployed — every moving ref at the record's commit, never resolved again (upstream may
+    have moved since the rollout). Only a ref the record does not answer is resolved."""
+    cfg = check_config(current_host.name, current_host.data.dict())
+    found = current_host.get_fact(JsonFile, path=cfg.record_path)
+    record = read_record(found, where=f"{current_host.name}: {cfg.record_path}")
+    return _pinned(revisions.as_deployed(cfg, record))[0]
 
 
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:

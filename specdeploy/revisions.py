@@ -6,6 +6,10 @@ resolves a moving ref on the control node with huggingface_hub (once per pyinfra
 all hosts of the run) and renders, downloads and records the commit sha; `specdeploy rollout`
 resolves them once before its first batch and hands the pins to every batch through
 PINNED_REVISIONS_ENV. The record keeps both the ref that was asked for and the commit it meant.
+
+After the rollout the record's pins are the truth: `specdeploy status`, compare, tune and the host
+tests read what a host serves with `as_deployed` (the record's commit for each moving ref the host
+data still asks for), never by resolving the ref again — upstream may have moved since.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import subprocess
 import sys
 
 from .config import ServeConfig
+from .record import DeploymentRecord
 
 PINNED_REVISIONS_ENV = "SPECDEPLOY_PINNED_REVISIONS"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -114,3 +119,27 @@ def pins_for_hosts(configs: list[ServeConfig]) -> dict[str, str]:
     for cfg in configs:
         pin(cfg)
     return dict(_resolved)
+
+
+def recorded_pins(cfg: ServeConfig, record: DeploymentRecord | None) -> dict[str, dict]:
+    """The record's pins that still answer the host data: same repo, same moving ref requested. A
+    ref the host data changed since the deploy (another branch, another repo) is not answered."""
+    if record is None:
+        return {}
+    refs = {"target": record.target, "draft": record.draft}
+    pins = {}
+    for role, repo, revision in moving_refs(cfg):
+        pin = (record.revisions or {}).get(role) or {}
+        if (
+            pin.get("requested") == revision
+            and is_commit(str(pin.get("resolved") or ""))
+            and refs[role].model == repo
+        ):
+            pins[role] = pin
+    return pins
+
+
+def as_deployed(cfg: ServeConfig, record: DeploymentRecord | None) -> ServeConfig:
+    """`cfg` as the host was deployed with it: every moving ref the record pinned, at its commit.
+    Moving refs the record does not answer stay as they are (status shows them as drift)."""
+    return apply_pins(cfg, recorded_pins(cfg, record))

@@ -10,8 +10,8 @@ server down (swap in the unit and env file, restart, health, smoke, record, roll
 `python.call` that pyinfra runs host by host (`_serial`), or `rollout_max_parallel` hosts at a time
 (`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Everything
 before it (packages, venv, weights, preflight, staging) runs on all hosts at once and stops nothing.
-pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: do not use it
-with this deploy.
+pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: the deploy
+refuses it while planning (rollback.refuse_no_wait).
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, read_record
 from .render import RenderedUnit, render_unit
 from .steps import dataset, install, lock, record, smoke, unit, weights
-from .steps.rollback import out_of_service_width, verify_or_rollback, width_text
+from .steps.rollback import (
+    out_of_service_width,
+    refuse_no_wait,
+    verify_or_rollback,
+    width_text,
+)
 
 
 def run_preflight(cfg: ServeConfig):
@@ -120,6 +125,7 @@ def verify_and_record(
 @deploy("specdeploy: serve vLLM with speculative decoding", data_defaults=DATA_DEFAULTS)
 def serve(role: str = "speculative"):
     started = time.time()
+    refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
     cfg, pins = host_config_and_pins()
     check_gpus_first(cfg)  # driver, compute capability, dtype, GPU count: before any download
     rendered = render_unit(cfg, role)
@@ -152,6 +158,9 @@ def serve(role: str = "speculative"):
             f"{host.print_prefix}the record's workload differs from the host data "
             f"({', '.join(stale_workload)}): health, smoke and record run again, no restart"
         )
+    # the record names the refs this run pinned (status, compare and tune read them back): a ref
+    # asked for differently but resolving to the same commit rewrites the record, no restart
+    stale_pins = previous is not None and previous.revisions != pins
     parallel = out_of_service_width(cfg)
 
     # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
@@ -170,6 +179,7 @@ def serve(role: str = "speculative"):
             or not up_to_date
             or active != "active"
             or bool(stale_workload)
+            or stale_pins
             or bool(shipped and shipped.did_change())
         ),
         **parallel,

@@ -38,6 +38,7 @@ from .measure.gate import gate_settled_unit
 from .metrics import live_figures
 from .record import DeploymentRecord, SmokeSummary, read_record
 from .render import render_env_file, render_unit
+from .revisions import as_deployed
 from .server import curl_config
 from .status_table import format_table
 
@@ -186,6 +187,8 @@ class HostProbe:
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
+        # moving refs at the commits the rollout pinned: upstream moving on is not drift
+        cfg = as_deployed(cfg, record)
         from pyinfra.context import ctx_host
 
         with ctx_host.use(host):  # the CUDA unit renders from the host's CudaBoot fact

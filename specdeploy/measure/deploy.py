@@ -7,11 +7,11 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from ..checks import host_config
+from ..checks import host_config_as_deployed
 from ..config import DATA_DEFAULTS, ServeConfig
 from ..reports import raw_dir, run_dir
 from ..steps import dataset, lock
-from ..steps.rollback import out_of_service_width, width_text
+from ..steps.rollback import out_of_service_width, refuse_no_wait, width_text
 from . import report
 from .arms import Arm
 from .harness import measure_plan
@@ -66,7 +66,8 @@ def measurement_deploy(kind: str):
 
     @deploy(title, data_defaults=DATA_DEFAULTS)
     def _measure_fleet():
-        cfg = host_config()
+        refuse_no_wait()  # --no-wait would take every host off its unit at once
+        cfg = host_config_as_deployed()  # the record's pins: what the host really serves
         plan, cond, what = make_plan(cfg)
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
         dataset.ship_request_set(cfg)  # the request set every arm replays

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from pyinfra import host, logger
@@ -166,6 +167,40 @@ def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:
         return f"healthy again after {checked['seconds_to_healthy']}s; {runs}"
     except Exception as again:
         return f"NOT healthy after rollback either ({server.is_active(unit)}); {runs}: {again}"
+
+
+class NoWaitRefused(PyinfraError):
+    """pyinfra's `--no-wait` would run each host's operations on its own, restarts included."""
+
+
+def pyinfra_cli_params(argv: list[str] | None = None) -> dict:
+    """The options of the running pyinfra CLI, parsed by pyinfra's own click command (pyinfra
+    keeps `--no-wait` in its CLI function's arguments only: not in State or Config, and the click
+    context does not reach the greenlets deploy files run in). Empty outside pyinfra's CLI."""
+    import pyinfra
+
+    if not getattr(pyinfra, "is_cli", False) and argv is None:
+        return {}
+    from pyinfra_cli.cli import cli
+
+    try:  # resilient: no callbacks (--version, --support), no errors, no prompts
+        context = cli.make_context("pyinfra", list(sys.argv[1:] if argv is None else argv),
+                                   resilient_parsing=True)  # fmt: skip
+    except Exception:
+        return {}
+    return dict(context.params)
+
+
+def refuse_no_wait(argv: list[str] | None = None) -> None:
+    """Planning time, first thing in every deploy that takes servers out of service: refuse
+    pyinfra's `--no-wait`. It runs every host's operations without waiting for the other hosts,
+    which ignores `_serial`/`_parallel`, so every host would restart (or be measured) at once."""
+    if pyinfra_cli_params(argv).get("no_wait"):
+        raise NoWaitRefused(
+            "pyinfra --no-wait: refused — this deploy restarts and measures servers "
+            "one host at a time (rollout_max_parallel) and --no-wait would run every host's "
+            "restart at once; run it without --no-wait (--serial is fine)"
+        )
 
 
 _PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)

@@ -23,7 +23,8 @@ from specdeploy.argv import (
 from specdeploy.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
 from specdeploy.host_scripts import source
 from specdeploy.render import render_unit, secrets
-from specdeploy.revisions import apply_pins
+from specdeploy.record import read_record
+from specdeploy.revisions import as_deployed
 from specdeploy.steps.weights import models
 
 
@@ -43,9 +44,9 @@ def record(th, host_cfg):
 
 @pytest.fixture(scope="session")
 def cfg(host_cfg, record):
-    """The host's config with the moving refs pinned as the deployment record says
-    (revisions.py)."""
-    return apply_pins(host_cfg, (record or {}).get("revisions") or {})
+    """The host's config with the moving refs at the commits the deployment record pinned
+    (revisions.as_deployed: never resolved again, upstream may have moved)."""
+    return as_deployed(host_cfg, read_record(record))
 
 
 @pytest.fixture(scope="session")

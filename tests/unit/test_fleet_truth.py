@@ -1,0 +1,132 @@
+"""Fleet safety after the rollout (issue 21, items 4 and 5 and the --no-wait guard): the record's
+pins are what status/compare/tune/host tests use, a moving ref is never resolved again; pyinfra's
+`--no-wait` is refused before any host is touched (the real pyinfra CLI); the weights tree is
+root's and the download script never writes through a symlink."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdeploy import revisions
+from specdeploy.config import config_from_data
+from specdeploy.record import read_record
+from specdeploy.render import render_unit
+from specdeploy.status import unit_drift
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "tests/unit/data/deployment-record-a83c70e.json"
+DEPLOYED = "d" * 40  # what "main" meant at the rollout
+MOVED = "e" * 40  # what it means now
+
+
+def record_with(pins: dict, model: str = "Qwen/Qwen3-8B"):
+    data = json.loads(RECORD.read_text())
+    data["target"] = {"model": model, "revision": DEPLOYED, "resolved_sha": DEPLOYED}
+    data["revisions"] = pins
+    return read_record(data)
+
+
+MAIN_PIN = {"target": {"requested": "main", "resolved": DEPLOYED, "resolved_on": "control node"}}
+
+
+@pytest.fixture
+def valid_data(valid_data):
+    """The target on the moving "main", the draft pinned to a commit."""
+    valid_data["speculative_config"]["revision"] = "a" * 40
+    return valid_data
+
+
+def test_the_record_answers_the_moving_ref_without_asking_the_hub(valid_data, monkeypatch):
+    def no_hub(*args, **kwargs):
+        raise AssertionError("a moving ref was resolved again")
+
+    monkeypatch.setattr(revisions, "_ask_hub", no_hub)
+    cfg = config_from_data(valid_data)  # target_revision = "main"
+    deployed = revisions.as_deployed(cfg, record_with(MAIN_PIN))
+    assert deployed.target_revision == DEPLOYED and cfg.target_revision == "main"
+    # pin() on the deployed config finds no moving ref left: nothing is resolved
+    assert revisions.pin(deployed) == (deployed, {})
+
+
+@pytest.mark.parametrize(
+    "pins, model, why",
+    [
+        ({}, "Qwen/Qwen3-8B", "an older record pinned nothing"),
+        ({"target": {**MAIN_PIN["target"], "requested": "v2"}}, "Qwen/Qwen3-8B", "another ref"),
+        (MAIN_PIN, "Qwen/Other", "another repo"),
+        ({"target": {**MAIN_PIN["target"], "resolved": "main"}}, "Qwen/Qwen3-8B", "no commit"),
+    ],
+)
+def test_a_pin_that_does_not_answer_the_host_data_is_not_applied(valid_data, pins, model, why):
+    cfg = config_from_data(valid_data)
+    assert revisions.recorded_pins(cfg, record_with(pins, model)) == {}, why
+    assert revisions.as_deployed(cfg, record_with(pins, model)).target_revision == "main"
+    assert revisions.as_deployed(cfg, None) is cfg
+
+
+def test_status_sees_no_drift_on_a_moved_branch_and_drift_on_a_new_commit(valid_data):
+    """The unit the rollout installed, compared the way `specdeploy status` does: with the
+    record's pins it matches; a host data pin of another commit is drift on --revision."""
+    cfg = config_from_data(valid_data)
+    installed = render_unit(revisions.apply_pins(cfg, MAIN_PIN))
+    sha1 = hashlib.sha1(installed.text.encode()).hexdigest()
+    record = record_with(MAIN_PIN)
+    same = unit_drift(installed.text, sha1, render_unit(revisions.as_deployed(cfg, record)))
+    assert same["drift"] is False
+    moved = config_from_data({**valid_data, "target_revision": MOVED})
+    drift = unit_drift(installed.text, sha1, render_unit(revisions.as_deployed(moved, record)))
+    assert drift["drift"] is True and drift["keys"] == ["--revision"]
+
+
+def test_measurements_and_status_read_the_record_pins():
+    """The consumers use the one helper (a new consumer that resolves refs itself would drift)."""
+    uses = {
+        "specdeploy/status.py": "as_deployed(cfg, record)",
+        "specdeploy/measure/deploy.py": "host_config_as_deployed()",
+        "tests/host/test_deployed_host.py": "as_deployed(host_cfg, read_record(record))",
+    }
+    for path, call in uses.items():
+        assert call in (REPO / path).read_text(), path
+
+
+# --- pyinfra's --no-wait ---------------------------------------------------------------------------
+
+
+def test_no_wait_is_refused_with_a_clear_message():
+    from specdeploy.steps import rollback
+
+    inventory, deploy = "inventories/prod.py", "deploys/serve.py"
+    rollback.refuse_no_wait([inventory, deploy])  # the default run: nothing to say
+    rollback.refuse_no_wait(["--serial", inventory, deploy])  # host by host: safe
+    for argv in ([inventory, deploy, "--no-wait"], ["-y", "--no-wait", "--limit", "h1", inventory,
+                                                   deploy]):  # fmt: skip
+        with pytest.raises(rollback.NoWaitRefused) as refused:
+            rollback.refuse_no_wait(argv)
+        message = str(refused.value)
+        assert "--no-wait" in message and "one host at a time" in message
+        assert "run it without --no-wait" in message
+    rollback.refuse_no_wait()  # not pyinfra's CLI (the API, a test): nothing to check
+
+
+@pytest.mark.parametrize("deploy", ["deploys/serve.py", "deploys/compare.py"])
+def test_the_real_pyinfra_cli_refuses_no_wait_before_touching_a_host(deploy, tmp_path):
+    """`pyinfra --no-wait` on the real CLI: refused while planning, before any fact or operation
+    (the inventory's host does not even exist: a connection attempt would fail differently)."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text("hosts = [('@local', {})]\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", str(inventory), str(REPO / deploy), "--no-wait"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "--no-wait" in out and "one host at a time" in out, out[-2000:]
+    assert "host data invalid" not in out and "vllm_version" not in out, out[-2000:]
