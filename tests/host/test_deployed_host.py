@@ -22,8 +22,8 @@ from specdeploy.argv import (
 )
 from specdeploy.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
 from specdeploy.host_scripts import source
-from specdeploy.render import render_unit, secrets
 from specdeploy.record import read_record
+from specdeploy.render import render_unit, secrets
 from specdeploy.revisions import as_deployed
 from specdeploy.steps.weights import models
 

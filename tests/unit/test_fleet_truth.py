@@ -96,7 +96,7 @@ def test_measurements_and_status_read_the_record_pins():
         assert call in (REPO / path).read_text(), path
 
 
-# --- pyinfra's --no-wait ---------------------------------------------------------------------------
+# --- pyinfra's --no-wait ------------------------------------------------------------------------
 
 
 def test_no_wait_is_refused_with_a_clear_message():
