@@ -139,6 +139,7 @@ def serve(role: str = "speculative"):
     install.prepare_host(cfg)
     install.install_vllm(cfg)
     weights.download_token(cfg)
+    weights.weights_are_roots(cfg)  # before root writes into the cache again
     shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
     if weights.fetch_weights(cfg):
         python.call(name="Preflight (vocabulary, context, memory)", function=run_preflight, cfg=cfg)

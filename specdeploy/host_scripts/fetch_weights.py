@@ -16,7 +16,12 @@ on which host, and which key to raise, and exits 124.
 
 huggingface_hub resumes interrupted files (.incomplete blobs) and never touches other revisions,
 so a failed run leaves any working snapshot as it was. A marker file is written last: only a
-snapshot that has it counts as complete."""
+snapshot that has it counts as complete.
+
+Root runs this, so its own writes (refs/main, the marker) never go through a symbolic link: a
+directory on the way that is a link is refused, and each file is written beside its name and
+renamed over it (a link planted at the name is replaced, never followed). The tree is root's
+(steps/weights.py); this guards one that an older deploy left to the service user."""
 
 import fnmatch
 import math
@@ -117,6 +122,42 @@ def arm(seconds, what, advice, previous=None):
     return timer
 
 
+def refuse_links(directory, top):
+    """Exit when `directory` or a directory between `top` (exclusive) and it is a symbolic link:
+    root writes there, and a planted link would send the write anywhere."""
+    rel = os.path.relpath(directory, top)
+    if rel.startswith(os.pardir):
+        sys.exit(f"{directory} is outside {top}: refusing to write there")
+    current = top
+    for part in [] if rel == os.curdir else rel.split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            sys.exit(
+                f"{current} is a symbolic link (to {os.readlink(current)}): refusing to write "
+                f"through it as root; remove it (the cache under {top} is root's), then re-run"
+            )
+
+
+def write_no_follow(directory, name, text, top):
+    """Write `directory/name` without following any link: the directory is opened O_NOFOLLOW,
+    the text goes to a new file (O_EXCL | O_NOFOLLOW) and is renamed over `name` (rename replaces a
+    link itself, never its target)."""
+    refuse_links(directory, top)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    temp = f".{name}.specdeploy-tmp"
+    try:
+        try:
+            os.unlink(temp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(temp, flags, 0o644, dir_fd=fd), "w") as handle:
+            handle.write(text)
+        os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this host", margin="0"):
     from huggingface_hub import snapshot_download
 
@@ -152,12 +193,13 @@ def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this 
     # This cache serves one deployment, offline (HF_HUB_OFFLINE=1). Code paths in vLLM that load a
     # model without its revision (e.g. the draft tokenizer under use_heterogeneous_vocab) resolve
     # "main": point it at the pinned snapshot so they see the same files.
-    refs = os.path.join(os.path.dirname(os.path.dirname(path)), "refs")
-    os.makedirs(refs, exist_ok=True)
-    with open(os.path.join(refs, "main"), "w") as ref:
-        ref.write(os.path.basename(path))
-    with open(os.path.join(path, ".specdeploy-complete"), "w") as marker:
-        marker.write(revision + "\n")
+    repo_dir = os.path.dirname(os.path.dirname(path))
+    refs = os.path.join(repo_dir, "refs")
+    refuse_links(repo_dir, cache)
+    if not os.path.lexists(refs):
+        os.mkdir(refs, 0o755)
+    write_no_follow(refs, "main", os.path.basename(path), cache)
+    write_no_follow(path, ".specdeploy-complete", revision + "\n", cache)
     print(f"{path} ({len(files) if files else 'all'} files, {size} bytes)")
 
 

@@ -55,14 +55,11 @@ def prepare_host(cfg: ServeConfig):
     root_dirs |= {cfg.datasets_dir: "755", SECRETS_DIR: "700"}
     for path, mode in root_dirs.items():
         files.directory(name=f"{path} (root)", path=path, user="root", group="root", mode=mode)
-    for path in (cfg.hf_home, cfg.server_home):
-        files.directory(
-            name=f"{path} ({cfg.service_user})",
-            path=path,
-            user=cfg.service_user,
-            group=cfg.service_user,
-            mode="750",
-        )
+    # the weights are root's, readable by the service's group only; the server writes only its home
+    files.directory(name=f"{cfg.hf_home} (root, read by {cfg.service_user})", path=cfg.hf_home,
+                    user="root", group=cfg.service_user, mode="750")  # fmt: skip
+    files.directory(name=f"{cfg.server_home} ({cfg.service_user})", path=cfg.server_home,
+                    user=cfg.service_user, group=cfg.service_user, mode="750")  # fmt: skip
 
 
 @deploy("Install pinned vLLM")

@@ -1,4 +1,5 @@
-"""Step 3: target and draft weights at their pinned revisions, into the host's HF cache."""
+"""Step 3: target and draft weights at their pinned revisions, into the host's HF cache: root's,
+read-only to the server."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import FindDirectories, FindFiles, FindLinks
 from pyinfra.operations import server
 
 from ..config import ServeConfig
@@ -69,9 +71,27 @@ def fetch_weights(cfg: ServeConfig) -> bool:
         )
         command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
-    owner = shlex.quote(f"{cfg.service_user}:{cfg.service_user}")
+    return True  # written by root, root's: the server only reads them (ReadOnlyPaths=)
+
+
+def foreign_entries(cfg: ServeConfig) -> list[str]:
+    """Everything under the HF cache that is not root's (files, directories, links)."""
+    found: list[str] = []
+    for kind in (FindFiles, FindDirectories, FindLinks):
+        found += host.get_fact(kind, path=cfg.hf_home, args=["!", "-user", "root"]) or []
+    return found
+
+
+@deploy("Weights are root's")
+def weights_are_roots(cfg: ServeConfig):
+    """Root writes the weights (downloads, refs, markers) and the server only reads them, so
+    nothing under the cache may be the service user's: a tree an older deploy gave it is taken
+    back once. `find -P` never follows a link and `chown -h` changes a link itself."""
+    foreign = foreign_entries(cfg)
+    if not foreign:
+        return  # the no-change path: every entry is root's already
+    hf_home = shlex.quote(cfg.hf_home)
     server.shell(
-        name="Weights belong to the service user",
-        commands=[f"chown -R {owner} {shlex.quote(cfg.hf_home)}"],
+        name=f"{cfg.hf_home}: {len(foreign)} entries back to root (the server only reads them)",
+        commands=[f"find -P {hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +"],
     )
-    return True

@@ -162,14 +162,16 @@ def test_hardening_directives_in_force(th, rendered, cfg):
         for line in run(
             th,
             f"systemctl show -p NoNewPrivileges -p ProtectSystem -p ProtectHome -p PrivateTmp "
-            f"-p ReadWritePaths -p User {rendered.name}",
+            f"-p ReadWritePaths -p ReadOnlyPaths -p User {rendered.name}",
         )
         .strip()
         .splitlines()
     )
     assert props["NoNewPrivileges"] == "yes" and props["ProtectSystem"] == "strict"
     assert props["ProtectHome"] == "yes" and props["PrivateTmp"] == "yes"
-    assert set(props["ReadWritePaths"].split()) == {cfg.server_home, cfg.hf_home}
+    # the server writes only its home; the weights are root's and read-only to it
+    assert set(props["ReadWritePaths"].split()) == {cfg.server_home}
+    assert cfg.hf_home in props["ReadOnlyPaths"].split()
     assert props["User"] == cfg.service_user
 
 
@@ -219,6 +221,21 @@ def test_what_root_later_uses_is_root_owned(th, cfg):
     # nothing inside the release venv either: root runs its python (pip, benchmarks)
     theirs = run(th, f"find {cfg.venv} -user {cfg.service_user} -print -quit")
     assert not theirs.strip(), f"{theirs.strip()} in {cfg.venv} belongs to {cfg.service_user}"
+
+
+def test_weights_are_roots_and_read_only_to_the_server(th, cfg):
+    """Root writes the weights (downloads, refs, markers): the service user owns nothing there and
+    can write nothing there; it reads them through the cache's group."""
+    top = th.file(cfg.hf_home)
+    assert (top.user, top.group, top.mode) == ("root", cfg.service_user, 0o750), (
+        f"{cfg.hf_home} is {top.user}:{top.group} {oct(top.mode)}, "
+        f"expected root:{cfg.service_user} 0o750"
+    )
+    quoted = shlex.quote(cfg.hf_home)
+    theirs = run(th, f"find -P {quoted} ! -user root -print -quit")
+    assert not theirs.strip(), f"{theirs.strip()} is not root's"
+    writable = run(th, f"find -P {quoted} ! -type l -perm /022 -print -quit")
+    assert not writable.strip(), f"{writable.strip()} is group/world-writable"
 
 
 def test_port_listening_on_configured_address(th, cfg):

@@ -160,7 +160,7 @@ def test_interrupted_weight_download_completes_on_rerun(deployed, hosts, ssh):
         f"{DRAFT_DIR}/snapshots/*/model.safetensors {blob}; "
         f"head -c {size // 3} /root/draft.full > {blob}.0badc0de.incomplete; "
         "rm -f /root/draft.full; "
-        f"chown -R vllm:vllm {DRAFT_DIR}",
+        f"chown -R root:root {DRAFT_DIR}",
     )
     before = show(ssh, host, "MainPID")
     result = run(

@@ -108,7 +108,7 @@ def plant_broken_draft(ssh, host):
         f"dst={HUB}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
         "for f in $dst/snapshots/*/*.safetensors; "
         "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
-        f"chown -R vllm:vllm $dst",
+        f"chown -R root:root $dst",
     )
 
 

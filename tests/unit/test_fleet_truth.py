@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,75 @@ def test_the_real_pyinfra_cli_refuses_no_wait_before_touching_a_host(deploy, tmp
     assert done.returncode != 0, out
     assert "--no-wait" in out and "one host at a time" in out, out[-2000:]
     assert "host data invalid" not in out and "vllm_version" not in out, out[-2000:]
+
+
+# --- root never trusts what the service user can write --------------------------------------------
+
+FETCH = runpy.run_path(str(REPO / "specdeploy/host_scripts/fetch_weights.py"))
+
+
+def test_the_download_script_replaces_a_planted_link_and_never_follows_it(tmp_path):
+    hub = tmp_path / "hub"
+    refs = hub / "models--org--m" / "refs"
+    refs.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    (refs / "main").symlink_to(victim)  # planted at the name root writes
+    FETCH["write_no_follow"](str(refs), "main", "a" * 40, str(hub))
+    assert victim.read_text() == "root's file\n"
+    assert not (refs / "main").is_symlink() and (refs / "main").read_text() == "a" * 40
+    assert sorted(p.name for p in refs.iterdir()) == ["main"]  # no temp file left
+
+
+def test_the_download_script_refuses_a_linked_directory_on_the_way(tmp_path):
+    hub = tmp_path / "hub"
+    elsewhere = tmp_path / "etc"
+    (elsewhere / "refs").mkdir(parents=True)
+    hub.mkdir()
+    (hub / "models--org--m").symlink_to(elsewhere)  # the repo dir points out of the cache
+    with pytest.raises(SystemExit) as refused:
+        FETCH["write_no_follow"](str(hub / "models--org--m" / "refs"), "main", "x", str(hub))
+    assert "symbolic link" in str(refused.value) and "refusing" in str(refused.value)
+    assert not (elsewhere / "refs" / "main").exists()
+    with pytest.raises(SystemExit):
+        FETCH["refuse_links"](str(tmp_path / "other"), str(hub))  # outside the cache
+
+
+def test_the_unit_lets_the_server_write_only_its_home(valid_data):
+    cfg = config_from_data(valid_data)
+    lines = render_unit(cfg).text.splitlines()
+    assert f"ReadWritePaths={cfg.server_home}" in lines
+    assert f"ReadOnlyPaths={cfg.hf_home}" in lines
+
+
+class FindHost:
+    """The three Find* facts of the HF cache, as `find ! -user root` would answer them."""
+
+    def __init__(self, foreign: dict[str, list[str]]):
+        self.foreign, self.asked = foreign, []
+
+    def get_fact(self, fact, **kwargs):
+        self.asked.append((fact.__name__, kwargs["args"]))
+        return self.foreign.get(fact.__name__, [])
+
+
+def test_a_root_owned_cache_schedules_nothing_and_a_foreign_entry_is_taken_back(
+    monkeypatch, valid_data
+):
+    from specdeploy.steps import weights
+
+    cfg = config_from_data(valid_data)
+    shells: list[list[str]] = []
+    monkeypatch.setattr(weights.server, "shell", lambda name, commands: shells.append(commands))
+    fake = FindHost({})
+    monkeypatch.setattr(weights, "host", fake)
+    weights.weights_are_roots._inner(cfg)
+    assert shells == []  # the no-change path
+    assert sorted(name for name, _ in fake.asked) == ["FindDirectories", "FindFiles", "FindLinks"]
+    assert all(args == ["!", "-user", "root"] for _, args in fake.asked)
+    fake = FindHost({"FindLinks": [f"{cfg.hf_home}/hub/models--x/snapshots/s/config.json"]})
+    monkeypatch.setattr(weights, "host", fake)
+    weights.weights_are_roots._inner(cfg)
+    assert shells == [
+        [f"find -P {cfg.hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +"]
+    ]
