@@ -166,6 +166,10 @@ class ServeConfig(BaseModel):
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.
+    # a measured host's watchdog: its deployed unit is restored by a systemd timer when the control
+    # node neither renews (before every sample) nor removes it within this many seconds; None:
+    # health_timeout_s + the warm-up + one benchmark's time limit, per sample (measure/harness.py)
+    measure_watchdog_s: PositiveInt | None = None
     # the false-verdict rate of every compare/tune/gate decision (measure/decisions.py)
     decision_alpha: float = Field(0.05, gt=0, lt=0.5)
     # runs per arm, each on a freshly started server. None (the default): sequential — start at

@@ -1,6 +1,7 @@
 """The server's lifecycle on the current host, at execution time (inside `python.call`): talk to it,
 wait until it is healthy, start a unit fresh, stop, restore the deployed unit or the kept rollback
-copy. Used by the serve path (health, rollback, gate) and by every measurement (compare, tune).
+copy, and the measurement watchdog that restores it when the control node is gone. Used by the
+serve path (health, rollback, gate) and by every measurement (compare, tune).
 
 Every command goes through `on_host` (the host's sudo settings). Planning-time unit changes are
 pyinfra operations in `steps/unit.py`; what runs here is what can only be decided mid-run.
@@ -26,6 +27,7 @@ class HealthError(RuntimeError):
 
 
 SAMPLED_HEALTH_TEMPERATURE = 0.8
+WARM_UP_TIMEOUT_S = 300  # the discarded warm-up completion of a measurement's fresh server
 
 
 # --- talking to the server ------------------------------------------------------------------------
@@ -178,7 +180,7 @@ def warm_up(cfg: ServeConfig, workload: Workload) -> None:
             "temperature": 0,
             "ignore_eos": True,
         },
-        timeout=300,
+        timeout=WARM_UP_TIMEOUT_S,
     )
 
 
@@ -302,3 +304,67 @@ def restore_previous(cfg: ServeConfig, name: str) -> str | None:
         )
     )
     return text
+
+
+# --- the measurement watchdog ---------------------------------------------------------------------
+
+
+def watchdog_prefix(cfg: ServeConfig) -> str:
+    return f"{cfg.service_name}-measure-watchdog"
+
+
+def watchdog_script(cfg: ServeConfig, unit: str) -> str:
+    """What the watchdog runs as root when it fires: restore_deployed's steps, without the
+    control node (no health wait: systemd brings the deployed unit up, status shows it)."""
+    measure = measure_unit_name(cfg)
+    q = shlex.quote
+    return "; ".join(
+        [
+            f"echo 'specdeploy watchdog: the measurement was neither finished nor renewed in "
+            f"time (control node gone?): restoring {unit}'",
+            f"systemctl stop {q(measure)}",
+            f"rm -f {q(cfg.unit_path(measure))}",
+            "systemctl daemon-reload",
+            f"systemctl reset-failed {q(measure)} {q(unit)} 2>/dev/null",
+            f"systemctl start {q(unit)}",
+        ]
+    )
+
+
+def arm_watchdog(cfg: ServeConfig, unit: str, seconds: int) -> str:
+    """(Re)arm the host's measurement watchdog: a transient systemd timer that puts `unit` back in
+    `seconds` unless the control node renews or removes it first, so production returns even when
+    the control node dies mid-measurement. A renewal starts the new timer before it stops the old
+    ones, so the host is never without one. Returns the new timer's name."""
+    prefix = watchdog_prefix(cfg)
+    name = f"{prefix}-{time.time_ns()}"
+    sh(
+        f"systemd-run --quiet --collect --unit={shlex.quote(name)} --on-active={int(seconds)}s "
+        f"--timer-property=AccuracySec=1s "  # the default accuracy is a minute
+        f"--description={shlex.quote(f'specdeploy: restore {unit} if the measurement stalls')} "
+        f"/bin/sh -c {shlex.quote(watchdog_script(cfg, unit))}"
+    )
+    _stop_watchdogs(prefix, keep=f"{name}.timer")
+    return f"{name}.timer"
+
+
+def disarm_watchdog(cfg: ServeConfig) -> None:
+    """The measurement ended on the host (the deployed unit is back): no watchdog is left."""
+    _stop_watchdogs(watchdog_prefix(cfg), keep=None)
+
+
+def _stop_watchdogs(prefix: str, *, keep: str | None) -> None:
+    pattern = shlex.quote(f"{prefix}-*.timer")
+    skip = f'[ "$t" = {shlex.quote(keep)} ] || ' if keep else ""
+    sh(
+        f"for t in $(systemctl list-units --all --plain --no-legend {pattern} | "
+        f"awk '{{print $1}}'); do {skip}systemctl stop \"$t\"; done; true",
+        check=False,
+    )
+
+
+def watchdog_timers(cfg: ServeConfig) -> list[str]:
+    """The watchdog timers loaded on the host now."""
+    pattern = shlex.quote(f"{watchdog_prefix(cfg)}-*.timer")
+    out = sh(f"systemctl list-units --all --plain --no-legend {pattern}", check=False)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]

@@ -7,6 +7,9 @@ Rules every measurement here follows:
   or prefix caching in the separate APC profile); memory, batching and model flags are identical;
 * the production units are stopped while measuring, and the unit the host was deployed with is
   started again and health-checked at the end, also when a measurement fails;
+* before production stops, the host gets a watchdog (server.arm_watchdog: a transient systemd
+  timer) that restores the deployed unit by itself if the control node goes quiet; it is renewed
+  before every sample and removed once the deployed unit is back;
 * every sample is a fresh server (stop, start, /health, a discarded warm-up completion), then one
   `vllm bench serve` with bench_args(): the same dataset, seed, rate, concurrency and prompt count;
 * automatic prefix caching is OFF in every speculative/baseline/k measurement; the APC profile is
@@ -27,8 +30,8 @@ from pathlib import Path
 from pyinfra import host, logger
 
 from .. import server
-from ..bench import run_bench
-from ..config import ServeConfig
+from ..bench import bench_time_limit, run_bench
+from ..config import ServeConfig, Workload
 from ..on_host import read_text
 from ..record import BenchResult, read_record
 from ..steps import weights
@@ -98,6 +101,21 @@ def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
     return record.unit.name, record.role
 
 
+WATCHDOG_GRACE_S = 60  # beyond what the next step may take: connection, unit file, bookkeeping
+
+
+def watchdog_seconds(cfg: ServeConfig, workload: Workload | None = None) -> int:
+    """How long a measured host waits for the control node before restoring production itself:
+    `measure_watchdog_s`, else what one sample may take (its server start, warm-up and benchmark,
+    each at its own time limit); with no workload, what the restore may take."""
+    if cfg.measure_watchdog_s:
+        return cfg.measure_watchdog_s
+    if workload is None:
+        return cfg.health_timeout_s + WATCHDOG_GRACE_S
+    sample_s = server.WARM_UP_TIMEOUT_S + bench_time_limit(cfg, workload)
+    return cfg.health_timeout_s + sample_s + WATCHDOG_GRACE_S
+
+
 def measure_plan(
     cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, conditions: dict
 ) -> list[BenchResult]:
@@ -134,6 +152,14 @@ def measure_plan(
     results = []
     try:
         for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
+            # armed before the first sample stops production, renewed before every other one
+            seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
+            timer = server.arm_watchdog(cfg, prod_unit, seconds)
+            if i == 0:
+                logger.info(
+                    f"{host.print_prefix}watchdog {timer}: {prod_unit} comes back by itself if "
+                    f"the control node is silent for {seconds} s (renewed before every sample)"
+                )
             results.append(
                 sample(
                     cfg,
@@ -146,7 +172,11 @@ def measure_plan(
                 )
             )
     finally:
-        restored = server.restore_deployed(cfg, prod_unit, prod_role)
+        server.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg))  # for the restore itself
+        try:
+            restored = server.restore_deployed(cfg, prod_unit, prod_role)
+        finally:
+            server.disarm_watchdog(cfg)
     cond = json.loads((out_dir / "conditions.json").read_text())
     cond.update(
         {

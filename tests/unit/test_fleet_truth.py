@@ -203,3 +203,87 @@ def test_a_root_owned_cache_schedules_nothing_and_a_foreign_entry_is_taken_back(
     assert shells == [
         [f"find -P {cfg.hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +"]
     ]
+
+
+# --- the measurement watchdog ---------------------------------------------------------------------
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "systemctl $*" >> "$LOG"
+if [ "$1" = list-units ]; then cat "$UNITS"; fi
+"""
+FAKE_SYSTEMD_RUN = """#!/bin/sh
+echo "systemd-run $*" >> "$LOG"
+for a in "$@"; do case "$a" in --unit=*) echo "${a#--unit=}.timer loaded active waiting x" \
+    >> "$UNITS";; esac; done
+"""
+
+
+@pytest.fixture
+def fake_systemd(tmp_path, monkeypatch):
+    """server.sh runs its commands here, against a systemctl/systemd-run that log their argv and
+    list the timers systemd-run started (the real ones: test_status_prometheus, on the sandbox)."""
+    from specdeploy import server
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("systemctl", FAKE_SYSTEMCTL), ("systemd-run", FAKE_SYSTEMD_RUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log, units = tmp_path / "log", tmp_path / "units"
+    units.write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log),
+           "UNITS": str(units)}  # fmt: skip
+
+    def sh(command, check=True, **kwargs):
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+        assert done.returncode == 0 or not check, done.stderr
+        return done.stdout
+
+    monkeypatch.setattr(server, "sh", sh)
+    return server, log
+
+
+def test_the_watchdog_is_renewed_without_a_gap_and_removed_at_the_end(fake_systemd, valid_data):
+    server, log = fake_systemd
+    cfg = config_from_data(valid_data)
+    first = server.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
+    assert first.startswith("specdeploy-vllm-measure-watchdog-") and first.endswith(".timer")
+    run_line = [line for line in log.read_text().splitlines() if line.startswith("systemd-run")]
+    assert len(run_line) == 1 and "--on-active=1234s" in run_line[0]
+    assert "AccuracySec=1s" in run_line[0] and "--collect" in run_line[0]
+    second = server.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
+    lines = log.read_text().splitlines()
+    started = lines.index(next(line for line in lines[2:] if line.startswith("systemd-run")))
+    stopped = lines.index(f"systemctl stop {first}")
+    assert started < stopped  # the new timer runs before the old one goes: never none
+    assert f"systemctl stop {second}" not in lines
+    server.disarm_watchdog(cfg)
+    assert f"systemctl stop {second}" in log.read_text().splitlines()
+
+
+def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(valid_data):
+    from specdeploy import server
+
+    cfg = config_from_data(valid_data)
+    script = server.watchdog_script(cfg, "specdeploy-vllm.service")
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    steps = [step.strip() for step in script.split(";")]
+    measure = "specdeploy-vllm-measure.service"
+    assert steps.index(f"systemctl stop {measure}") < steps.index(
+        "systemctl start specdeploy-vllm.service"
+    )
+    assert f"rm -f /etc/systemd/system/{measure}" in steps
+    assert "$" not in script and "%" not in script  # systemd would expand them in ExecStart
+
+
+def test_the_watchdog_time_covers_one_sample_or_the_host_data(valid_data):
+    from specdeploy.bench import bench_time_limit
+    from specdeploy.measure.harness import WATCHDOG_GRACE_S, watchdog_seconds
+    from specdeploy.server import WARM_UP_TIMEOUT_S
+
+    cfg = config_from_data(valid_data)
+    one_sample = cfg.health_timeout_s + WARM_UP_TIMEOUT_S + bench_time_limit(cfg, cfg.workload)
+    assert watchdog_seconds(cfg, cfg.workload) == one_sample + WATCHDOG_GRACE_S
+    assert watchdog_seconds(cfg) == cfg.health_timeout_s + WATCHDOG_GRACE_S  # the restore
+    short = config_from_data({**valid_data, "measure_watchdog_s": 45})
+    assert watchdog_seconds(short, short.workload) == watchdog_seconds(short) == 45
