@@ -2,10 +2,13 @@
 
 One deploy (reused: a re-run with nothing changed is a no-op) of the first sandbox host, bound to
 the bridge (`vllm_host = "0.0.0.0"`, so Prometheus on the control node reaches /metrics) and with an
-API key (so status and the scrape config must carry it from files/stdin). Then, with requests
-flowing: `specdeploy status` shows live figures and exits 0; Debian's Prometheus scrapes the host
-from the targets `specdeploy render` wrote, and every query of the shipped dashboard and rules
-returns data; a unit edited by hand is flagged as drift (exit 1) and, put back, is not.
+API key (so status and the scrape config must carry it from files/stdin), its target on the moving
+ref "main". Then, with requests flowing: `specdeploy status` shows live figures and exits 0;
+Debian's Prometheus scrapes the host from the targets `specdeploy render` wrote, and every query of
+the shipped dashboard and rules returns data; a unit edited by hand is flagged as drift (exit 1)
+and, put back, is not. After the mirror's main moves on, status and compare keep to the commit the
+record pinned; and a compare whose control process is killed mid-measurement gets production back
+from the host's own watchdog.
 """
 
 from __future__ import annotations
@@ -42,13 +45,15 @@ def monitored(sandbox_services, sandbox_fleet, sandbox_state_dir, tmp_path_facto
     """(inventory path, host, host address, reports dir) after deploying the first host."""
     work = tmp_path_factory.mktemp("status")
     host = sandbox_fleet["hosts"][0]
-    # only the monitored host: the other hosts of a larger fleet are not bound for Prometheus
+    # only the monitored host: the other hosts of a larger fleet are not bound for Prometheus; its
+    # target on the moving "main" (pinned by the deploy, its record says to which commit)
     inventory = work / "monitored.py"
     inventory.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         "sandbox = [\n"
-        f'    (n, {{**d, "vllm_host": "0.0.0.0", "vllm_api_key": {API_KEY!r}}})\n'
+        f'    (n, {{**d, "vllm_host": "0.0.0.0", "vllm_api_key": {API_KEY!r}, '
+        '"target_revision": "main"})\n'
         f'    for n, d in _base["sandbox"] if n == {host["name"]!r}\n'
         "]\n"
     )
@@ -313,3 +318,146 @@ def test_unreachable_host_beside_a_healthy_one(monitored, sandbox_fleet, tmp_pat
     assert entries["ghost"]["reachable"] is False and ghost in entries["ghost"]["why"]
     assert entries["ghost"]["checked_in_s"] <= 10.5
     assert seconds < 10 + 15, seconds  # the timeout plus Python start and inventory loading
+
+
+# --- after the rollout: the record's pins, and the measurement watchdog ---------------------------
+
+TARGET = "specdeploy-sandbox/tiny-llama-target"
+MEASURE_UNIT = "specdeploy-vllm-measure.service"
+WATCHDOGS = "specdeploy-vllm-measure-watchdog-*"
+CHEAP_COMPARE = {  # the fewest runs the plan allows: one per arm, no warm-up, no APC profile
+    "SPECDEPLOY_COMPARE_REPEATS": "1",
+    "SPECDEPLOY_COMPARE_WARMUP_RUNS": "0",
+    "SPECDEPLOY_COMPARE_APC_PROFILE": "false",
+}
+
+
+def record_of(sandbox_ssh, host) -> dict:
+    out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/deployment.json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+class MovedMain:
+    """The mirror's `main` of a repo one commit further (same tree, so nothing else differs), put
+    back afterwards: git plumbing on the mirror's own repository, index and work tree untouched."""
+
+    def __init__(self, repo_id: str, endpoint: str):
+        from specdeploy_sandbox import models
+
+        self.git = ["git", "-C", str(models.hub_dir() / "models" / repo_id)]
+        self.url = f"{endpoint}/api/models/{repo_id}/revision/main"
+
+    def out(self, *args: str) -> str:
+        env = {**os.environ, "GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@x.invalid",
+               "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "u@x.invalid"}  # fmt: skip
+        return subprocess.run(
+            [*self.git, *args], check=True, capture_output=True, text=True, env=env
+        ).stdout.strip()
+
+    def __enter__(self):
+        self.old = self.out("rev-parse", "refs/heads/main")
+        self.new = self.out("commit-tree", f"{self.old}^{{tree}}", "-p", self.old, "-m", "moved")
+        self.out("update-ref", "refs/heads/main", self.new, self.old)
+        served = requests.get(self.url, timeout=30).json()["sha"]
+        assert served == self.new, f"the mirror still serves {served} for main, not {self.new}"
+        return self
+
+    def __exit__(self, *exc):
+        self.out("update-ref", "refs/heads/main", self.old, self.new)
+
+
+def test_status_and_compare_keep_the_record_pins_after_main_moves(
+    monitored, sandbox_services, sandbox_ssh, tmp_path
+):
+    inventory, host, _, _ = monitored
+    pinned = record_of(sandbox_ssh, host)["revisions"]["target"]
+    assert pinned["requested"] == "main", pinned
+    with MovedMain(TARGET, sandbox_services["hf_endpoint"]) as main:
+        assert pinned["resolved"] == main.old != main.new
+        result = status(inventory, host, "--json", "--interval", "1")
+        assert result.returncode == 0, tail(result)
+        (entry,) = json.loads(result.stdout)
+        assert entry["unit"]["drift"] is False and entry["matches_data"], entry["problems"]
+
+        reports = tmp_path / "reports"
+        env = {**os.environ, **CHEAP_COMPARE, "SPECDEPLOY_REPORTS": str(reports),
+               "SPECDEPLOY_RUN": "pins"}  # fmt: skip
+        result = subprocess.run(
+            ["pyinfra", "-y", str(inventory), "deploys/compare.py", "--limit", host],
+            cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
+        )  # fmt: skip
+        assert result.returncode == 0, tail(result)
+    samples = sorted((reports / "pins" / "raw" / host).glob("[0-9]*.json"))
+    assert len(samples) == 2, samples  # baseline and speculative, one run each
+    for path in samples:
+        argv = json.loads(path.read_text())["specdeploy"]["unit_argv"]
+        assert argv[argv.index("--revision") + 1] == main.old, (path.name, argv)
+    conditions = json.loads((reports / "pins" / "raw" / host / "conditions.json").read_text())
+    assert conditions["restored_unit"] == "specdeploy-vllm.service"
+    assert conditions["restored_health"]["seconds_to_healthy"] >= 0
+    # the normal end removes the watchdog
+    left = sandbox_ssh(host, f"systemctl list-units --all --plain --no-legend '{WATCHDOGS}'")
+    assert left.stdout.strip() == "", left.stdout
+
+
+def test_watchdog_restores_production_when_the_control_node_dies(monitored, sandbox_ssh, tmp_path):
+    """The control process (the pyinfra run we started) is killed by its PID once the measurement
+    server is up and production is stopped: the host's own timer puts production back."""
+    inventory, host, _, _ = monitored
+    watchdog_s = 30
+    short = tmp_path / "watchdog.py"
+    short.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(inventory)!r})\n"
+        f"sandbox = [(n, {{**d, 'measure_watchdog_s': {watchdog_s}}})\n"
+        "           for n, d in _base['sandbox']]\n"
+    )
+    env = {**os.environ, **CHEAP_COMPARE, "SPECDEPLOY_REPORTS": str(tmp_path / "reports")}
+    log = (tmp_path / "compare.log").open("w")
+    control = subprocess.Popen(
+        ["pyinfra", "-y", str(short), "deploys/compare.py", "--limit", host],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+
+    def show(unit):
+        out = sandbox_ssh(host, f"systemctl show -p ActiveState --value {unit}").stdout
+        return out.strip()
+
+    try:
+        deadline = time.monotonic() + 300
+        while show(MEASURE_UNIT) not in ("activating", "active"):
+            assert control.poll() is None, (tmp_path / "compare.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the measurement never started"
+            time.sleep(1)
+        timers = sandbox_ssh(host, f"systemctl list-units --plain --no-legend '{WATCHDOGS}'")
+        assert ".timer" in timers.stdout, timers.stdout
+        assert show("specdeploy-vllm.service") != "active"  # production is off: measuring
+    finally:
+        control.kill()  # the control node dies: no finally of the harness runs
+        control.wait(timeout=30)
+        log.close()
+    killed = time.monotonic()
+    came_back = None
+    while time.monotonic() < killed + watchdog_s + 120:
+        health = sandbox_ssh(
+            host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+        ).stdout
+        if show("specdeploy-vllm.service") == "active" and health == "200":
+            came_back = time.monotonic() - killed
+            break
+        time.sleep(1)
+    assert came_back is not None, "production did not come back"
+    print(f"production healthy {came_back:.0f} s after the control process was killed")
+    assert show(MEASURE_UNIT) in ("inactive", ""), "the measurement server still runs"
+    unit_file = sandbox_ssh(host, f"test -e /etc/systemd/system/{MEASURE_UNIT}")
+    assert unit_file.returncode == 1, "the measurement unit was not removed"
+    journal = sandbox_ssh(host, f"journalctl --no-pager -u '{WATCHDOGS}'").stdout
+    assert "specdeploy watchdog" in journal, journal[-2000:]
+    # the killed run's lock: its pid is gone on this control host, so the next deploy takes it
+    # over; remove it here so later modules start clean
+    subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "unlock", str(inventory), "--limit", host],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
