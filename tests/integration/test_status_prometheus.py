@@ -72,6 +72,13 @@ def monitored(sandbox_services, sandbox_fleet, sandbox_state_dir, tmp_path_facto
     return inventory, host["name"], host["address"], reports
 
 
+def with_repo_path() -> dict:
+    """The environment with this checkout first on PYTHONPATH (and what was there kept: the
+    sandbox package, where it is not installed)."""
+    kept = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *([kept] if kept else [])])}
+
+
 def status(inventory, host, *args, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "specdeploy.cli", "status", str(inventory), "--limit", host, *args],
@@ -79,7 +86,7 @@ def status(inventory, host, *args, timeout=120):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=with_repo_path(),
     )
 
 
@@ -163,7 +170,7 @@ def test_status_prometheus_and_drift(monitored, sandbox_ssh, tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=with_repo_path(),
     )
     assert result.returncode == 0, tail(result)
     prom_dir = out / "prometheus"
@@ -308,7 +315,7 @@ def test_unreachable_host_beside_a_healthy_one(monitored, sandbox_fleet, tmp_pat
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=with_repo_path(),
     )
     seconds = time.monotonic() - started
     assert result.returncode == 1, tail(result)
@@ -459,5 +466,5 @@ def test_watchdog_restores_production_when_the_control_node_dies(monitored, sand
     subprocess.run(
         [sys.executable, "-m", "specdeploy.cli", "unlock", str(inventory), "--limit", host],
         cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=with_repo_path(),
     )  # fmt: skip
