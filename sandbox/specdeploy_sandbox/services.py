@@ -624,6 +624,7 @@ def start(
         "hf_mirror": _start_hf_mirror,
         "gateway": _start_gateway,
     }
+    restarted = False  # a service behind the gateway came back on a new port: a new gateway too
     try:
         for name in SERVICE_NAMES:
             listen = "127.0.0.1" if name == "hf_mirror" else host  # Olah only behind the gateway
@@ -631,6 +632,7 @@ def start(
             rec = old.pop(name, None)
             if (
                 rec
+                and not (name == "gateway" and restarted)
                 and _is_ours(rec)
                 and rec.get("host") == listen
                 and rec.get("mirrors_path", _mirrors_path(cache)) == _mirrors_path(cache)
@@ -645,6 +647,7 @@ def start(
             if rec:
                 _terminate(rec)
             port = want or _wanted_port(name, state, ports, listen)
+            restarted = True
             recs[name] = starters[name](state, venv, cache, listen, port)
             _note_internal(state, name, recs[name])
             _save_records(state, recs)
