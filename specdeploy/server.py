@@ -318,10 +318,12 @@ def watchdog_script(cfg: ServeConfig, unit: str) -> str:
     control node (no health wait: systemd brings the deployed unit up, status shows it)."""
     measure = measure_unit_name(cfg)
     q = shlex.quote
+    # no quotes: systemd-run re-quotes its command line into the transient unit, and a quoted
+    # word inside it came back split (the whole script ended up as echo's arguments)
     return "; ".join(
         [
-            f"echo 'specdeploy watchdog: the measurement was neither finished nor renewed in "
-            f"time (control node gone?): restoring {unit}'",
+            "echo specdeploy watchdog: the measurement was neither finished nor renewed in time, "
+            f"restoring {unit}",
             f"systemctl stop {q(measure)}",
             f"rm -f {q(cfg.unit_path(measure))}",
             "systemctl daemon-reload",

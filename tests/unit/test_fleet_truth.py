@@ -274,6 +274,7 @@ def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(val
     )
     assert f"rm -f /etc/systemd/system/{measure}" in steps
     assert "$" not in script and "%" not in script  # systemd would expand them in ExecStart
+    assert "'" not in script and '"' not in script  # systemd-run re-quotes the command line
 
 
 def test_the_watchdog_time_covers_one_sample_or_the_host_data(valid_data):
