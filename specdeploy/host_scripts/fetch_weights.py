@@ -158,6 +158,16 @@ def write_no_follow(directory, name, text, top):
         os.close(fd)
 
 
+def not_writable_by_others(directory):
+    """huggingface_hub's lock files come out 0666 (filelock's mode): nothing in the root-owned
+    cache may be writable by the service user, so they lose group/other write."""
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode & ~0o022)
+
+
 def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this host", margin="0"):
     from huggingface_hub import snapshot_download
 
@@ -200,6 +210,7 @@ def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this 
         os.mkdir(refs, 0o755)
     write_no_follow(refs, "main", os.path.basename(path), cache)
     write_no_follow(path, ".specdeploy-complete", revision + "\n", cache)
+    not_writable_by_others(os.path.join(cache, ".locks"))
     print(f"{path} ({len(files) if files else 'all'} files, {size} bytes)")
 
 

@@ -75,10 +75,13 @@ def fetch_weights(cfg: ServeConfig) -> bool:
 
 
 def foreign_entries(cfg: ServeConfig) -> list[str]:
-    """Everything under the HF cache that is not root's (files, directories, links)."""
+    """Everything under the HF cache that is not root's (files, directories, links) or that
+    others may write (files, directories; a link's own mode means nothing)."""
     found: list[str] = []
     for kind in (FindFiles, FindDirectories, FindLinks):
         found += host.get_fact(kind, path=cfg.hf_home, args=["!", "-user", "root"]) or []
+    for kind in (FindFiles, FindDirectories):
+        found += host.get_fact(kind, path=cfg.hf_home, args=["-perm", "/022"]) or []
     return found
 
 
@@ -86,12 +89,16 @@ def foreign_entries(cfg: ServeConfig) -> list[str]:
 def weights_are_roots(cfg: ServeConfig):
     """Root writes the weights (downloads, refs, markers) and the server only reads them, so
     nothing under the cache may be the service user's: a tree an older deploy gave it is taken
-    back once. `find -P` never follows a link and `chown -h` changes a link itself."""
+    back once, and what others may write loses that. `find -P` never follows a link and
+    `chown -h` changes a link itself."""
     foreign = foreign_entries(cfg)
     if not foreign:
         return  # the no-change path: every entry is root's already
     hf_home = shlex.quote(cfg.hf_home)
     server.shell(
         name=f"{cfg.hf_home}: {len(foreign)} entries back to root (the server only reads them)",
-        commands=[f"find -P {hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +"],
+        commands=[
+            f"find -P {hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +",
+            f"find -P {hf_home} -mindepth 1 ! -type l -perm /022 -exec chmod go-w {{}} +",
+        ],
     )

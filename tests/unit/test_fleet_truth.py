@@ -195,14 +195,31 @@ def test_a_root_owned_cache_schedules_nothing_and_a_foreign_entry_is_taken_back(
     monkeypatch.setattr(weights, "host", fake)
     weights.weights_are_roots._inner(cfg)
     assert shells == []  # the no-change path
-    assert sorted(name for name, _ in fake.asked) == ["FindDirectories", "FindFiles", "FindLinks"]
-    assert all(args == ["!", "-user", "root"] for _, args in fake.asked)
+    asked = sorted((name, tuple(args)) for name, args in fake.asked)
+    assert asked == sorted(
+        [(kind, ("!", "-user", "root")) for kind in ("FindDirectories", "FindFiles", "FindLinks")]
+        + [(kind, ("-perm", "/022")) for kind in ("FindDirectories", "FindFiles")]
+    )
     fake = FindHost({"FindLinks": [f"{cfg.hf_home}/hub/models--x/snapshots/s/config.json"]})
     monkeypatch.setattr(weights, "host", fake)
     weights.weights_are_roots._inner(cfg)
     assert shells == [
-        [f"find -P {cfg.hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +"]
+        [
+            f"find -P {cfg.hf_home} -mindepth 1 ! -user root -exec chown -h root:root {{}} +",
+            f"find -P {cfg.hf_home} -mindepth 1 ! -type l -perm /022 -exec chmod go-w {{}} +",
+        ]
     ]
+
+
+def test_the_download_script_leaves_no_lock_file_writable_by_others(tmp_path):
+    locks = tmp_path / ".locks" / "models--org--m"
+    locks.mkdir(parents=True)
+    lock = locks / "abc.lock"
+    lock.write_text("")
+    lock.chmod(0o666)  # as filelock leaves it (seen on the sandbox host)
+    (locks / "link.lock").symlink_to(tmp_path / "elsewhere")
+    FETCH["not_writable_by_others"](str(tmp_path / ".locks"))
+    assert lock.stat().st_mode & 0o777 == 0o644
 
 
 # --- the measurement watchdog ---------------------------------------------------------------------
