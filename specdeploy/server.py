@@ -318,16 +318,17 @@ def watchdog_script(cfg: ServeConfig, unit: str) -> str:
     control node (no health wait: systemd brings the deployed unit up, status shows it)."""
     measure = measure_unit_name(cfg)
     q = shlex.quote
-    # no quotes: systemd-run re-quotes its command line into the transient unit, and a quoted
-    # word inside it came back split (the whole script ended up as echo's arguments)
-    return "; ".join(
+    # no quotes and no ";": systemd-run writes the command into the transient unit file, and a
+    # daemon-reload (the harness installs units) re-reads it with ";" as a literal "\\;" (systemd
+    # 252, seen on the sandbox) and quoted words split: the whole script became echo's arguments
+    return " && ".join(
         [
             "echo specdeploy watchdog: the measurement was neither finished nor renewed in time, "
             f"restoring {unit}",
-            f"systemctl stop {q(measure)}",
+            f"(systemctl stop {q(measure)} || true)",
             f"rm -f {q(cfg.unit_path(measure))}",
             "systemctl daemon-reload",
-            f"systemctl reset-failed {q(measure)} {q(unit)} 2>/dev/null",
+            f"(systemctl reset-failed {q(measure)} {q(unit)} 2>/dev/null || true)",
             f"systemctl start {q(unit)}",
         ]
     )
