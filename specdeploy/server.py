@@ -316,7 +316,7 @@ def watchdog_prefix(cfg: ServeConfig) -> str:
 def watchdog_script(cfg: ServeConfig, unit: str) -> str:
     """What the watchdog runs as root when it fires: restore_deployed's steps, without the
     control node (no health wait: systemd brings the deployed unit up, status shows it)."""
-    measure = measure_unit_name(cfg)
+    measure = cfg.measure_unit
     q = shlex.quote
     # no quotes and no ";": systemd-run writes the command into the transient unit file, and a
     # daemon-reload (the harness installs units) re-reads it with ";" as a literal "\\;" (systemd
