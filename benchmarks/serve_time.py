@@ -57,7 +57,7 @@ def main() -> None:
     for h in state["hosts"]:
         out = subprocess.run(
             sandbox_hosts.ssh_command(
-                state, h["address"], "cat /var/lib/specdeploy/records/deployment.json"
+                state, h["address"], "cat /var/lib/specdeploy/records/specdeploy-vllm.json"
             ),
             capture_output=True,
             text=True,

@@ -84,7 +84,7 @@ def main() -> None:
 
         deploy = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
         run(deploy)
-        record = json.loads(on_host(state, "cat /var/lib/specdeploy/records/deployment.json"))
+        record = json.loads(on_host(state, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"))
         smoke = record["smoke"]
         request_set = record["workload"]["request_set"]
         print(
@@ -145,7 +145,9 @@ def main() -> None:
                 f"'speculation_gate': {gate!r}}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
             )
             run(["pyinfra", "-y", str(inventory), "deploys/serve.py"])
-            record = json.loads(on_host(state, "cat /var/lib/specdeploy/records/deployment.json"))
+            record = json.loads(
+                on_host(state, "cat /var/lib/specdeploy/records/specdeploy-vllm.json")
+            )
             g = record["gate"]
             print(
                 f"gate with {POOR}: host ends on the {record['role']} unit; passed {g['passed']}; "

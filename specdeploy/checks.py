@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
 from pyinfra import host as current_host
 
-from . import capabilities, release_checks, request_set_checks, revisions
+from . import capabilities, instances, release_checks, request_set_checks, revisions
 from .argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 from .config import FIELDS, ServeConfig, config_from_data
 from .facts import JsonFile
@@ -55,14 +56,23 @@ _FIELD_HINTS = {
     "vllm_host": 'use an IP address ("127.0.0.1", "0.0.0.0", "::1") or a plain host name',
     "hf_token": "use the token as issued: printable ASCII without quotes, backslashes or spaces",
     "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
+    "instances": 'set a number (>= 1) or a list such as [{"gpus": [0, 1], "port": 8001}]',
 }
 SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 
 
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|int|list\[\w+\])$")
+
+
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
+    seen = set()
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"])
+        # a union's members appear in the location (instances.constrained-int): the key is enough
+        field = ".".join(str(part) for part in item["loc"] if not _UNION_MEMBER.match(str(part)))
+        if field in seen:
+            continue
+        seen.add(field)
         if item["type"] == "missing":
             what = "missing"
         elif field in SECRET_FIELDS:
@@ -89,10 +99,27 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         problems += release_checks.check_draft_parallelism(host, cfg)[0]
     return (
         problems
+        + _check_instances(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
+
+
+def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
+    """A whole box (instances.py): what the host data alone decides (ports, listed devices); the
+    split against the host's GPUs or cores is checked while planning, from the facts."""
+    if cfg.instances is None:
+        return []
+    todo = "give every instance its own GPUs (cores for vllm-cpu) and port, or set instances = N"
+    problems = [Problem(host, "instances", p, todo) for p in instances.expand(cfg).problems]
+    for name in (instances.GPU_ENV, instances.CPU_ENV):
+        if name in cfg.vllm_env:
+            problems.append(
+                Problem(host, f"vllm_env.{name}", "is set by instances for each instance",
+                        "remove it from vllm_env (list each instance's gpus/cpus in instances)")
+            )  # fmt: skip
+    return problems
 
 
 def _version(host: str, data: dict[str, Any]) -> tuple[list[Problem], list[Problem]]:

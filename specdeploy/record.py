@@ -1,6 +1,6 @@
-"""The deployment record (`state_dir/records/deployment.json`): every decision a deploy made on a
-host, and what its smoke benchmark saw. One typed model, written by steps/record.py and read by the
-serve path (re-run decisions, the gate), measurements (which unit to restore), and `status`.
+"""The deployment record (`state_dir/records/<service_name>.json`): every decision a deploy made on
+a host, and what its smoke benchmark saw. One typed model, written by steps/record.py and read by
+the serve path (re-run decisions, the gate), measurements (which unit to restore), and `status`.
 
 The bench result (`BenchResult`) lives here too: one `vllm bench serve` JSON with specdeploy's own
 part (`BenchRun`, the "specdeploy" key on disk), written by bench.run_bench and read by the smoke
@@ -207,6 +207,38 @@ class DeploymentRecord(_Part):
 
 class RecordError(ValueError):
     pass
+
+
+def read_service_record(
+    current: str | dict | None,
+    legacy: str | dict | None,
+    *,
+    service_name: str,
+    where: str,
+    legacy_where: str,
+) -> DeploymentRecord | None:
+    """A service's record from its own file (`current`, cfg.record_path); when there is none, the
+    one record a release before per-service state wrote for the whole host (`legacy`,
+    cfg.legacy_record_path), but only if it names this service's unit — another service's record
+    is not this one's."""
+    record = read_record(current, where=where)
+    if record is not None:
+        return record
+    old = read_record(legacy, where=legacy_where)
+    stem = old.unit.name.removesuffix(".service").removesuffix("-baseline") if old else None
+    return old if stem == service_name else None
+
+
+def service_record(cfg, read, *, host: str) -> DeploymentRecord | None:
+    """`read_service_record` for a ServeConfig: `read(path)` returns a file's text or JSON (the
+    JsonFile fact at planning time, on_host.read_text at execution time)."""
+    return read_service_record(
+        read(cfg.record_path),
+        read(cfg.legacy_record_path),
+        service_name=cfg.service_name,
+        where=f"{host}: {cfg.record_path}",
+        legacy_where=f"{host}: {cfg.legacy_record_path}",
+    )
 
 
 def read_record(

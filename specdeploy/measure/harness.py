@@ -33,7 +33,7 @@ from .. import server
 from ..bench import bench_time_limit, run_bench
 from ..config import ServeConfig, Workload
 from ..on_host import read_text
-from ..record import BenchResult, read_record
+from ..record import BenchResult, service_record
 from ..steps import weights
 from ..timestamps import utc_iso
 from .arms import Arm, measure_unit
@@ -92,8 +92,7 @@ def sample(
 
 def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
     """(unit name, role) the host was deployed with, from its deployment record."""
-    where = f"{host.name}: {cfg.record_path}"
-    record = read_record(read_text(cfg.record_path, missing_ok=True), where=where)
+    record = service_record(cfg, lambda path: read_text(path, missing_ok=True), host=host.name)
     if record is None:
         raise RuntimeError(
             f"{host.name}: no deployment record at {cfg.record_path}; run deploys/serve.py first"

@@ -27,11 +27,10 @@ from ..capabilities import (
     PACKAGE_SYSTEM_DEPENDENCIES,
     alias_for,
 )
-from ..config import SECRETS_DIR, ServeConfig
+from ..config import SECRETS_DIR, UNIT_DIR, ServeConfig
 from ..facts import FreeDiskBytes, VllmVersion
 from ..host_scripts import source
-from ..on_host import TIME_LIMIT_GRACE_S, read_text, sh, with_time_limit
-from ..render import ROLES
+from ..on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 
 
 @deploy("Packages, service user and directories")
@@ -51,7 +50,8 @@ def prepare_host(cfg: ServeConfig):
         ensure_home=False,
     )
     root_dirs = {cfg.install_dir: "755", cfg.venvs_dir: "755", cfg.state_dir: "755"}
-    root_dirs |= {cfg.records_dir: "755", cfg.rollback_dir: "700", cfg.bench_dir: "700"}
+    root_dirs |= {cfg.records_dir: "755", cfg.rollback_dir: "700", cfg.bench_root: "700"}
+    root_dirs |= {cfg.bench_dir: "700"}
     root_dirs |= {cfg.datasets_dir: "755", SECRETS_DIR: "700"}
     for path, mode in root_dirs.items():
         files.directory(name=f"{path} (root)", path=path, user="root", group="root", mode=mode)
@@ -178,17 +178,20 @@ def venv_of(argv: list[str] | None, cfg: ServeConfig) -> str | None:
 
 
 def venvs_in_use(cfg: ServeConfig) -> set[str]:
-    """Release venvs named by this service's installed units and their rollback copies."""
-    names = [cfg.unit_names[role] for role in ROLES]
-    paths = [cfg.unit_path(n) for n in names] + [cfg.kept_unit_path(n) for n in names]
-    texts = [read_text(path, missing_ok=True) for path in paths]
-    argvs = [unit_exec_argv(text) for text in texts if text]
+    """Release venvs named by ANY unit on the host (every service's, every instance's: the venvs
+    are shared, so each unit is one reference), their rollback copies and the units staged for a
+    swap, plus this deploy's own."""
+    quoted = shlex.quote
+    sources = [f"{UNIT_DIR}/*.service", f"{quoted(cfg.rollback_dir)}/*.service"]
+    sources.append(f"{SECRETS_DIR}/staged-*.service")
+    lines = sh(f"grep -h -s '^ExecStart=' {' '.join(sources)}; true", check=False)
+    argvs = [unit_exec_argv(line) for line in lines.splitlines() if line.strip()]
     return {venv for venv in (venv_of(argv, cfg) for argv in argvs) if venv} | {cfg.venv}
 
 
 def prune_venvs(cfg: ServeConfig) -> list[str]:
-    """Execution time, after a verified deploy: remove release venvs that neither the installed nor
-    the kept (rollback) units use. Returns the removed paths."""
+    """Execution time, after a verified deploy: remove release venvs that no installed, kept
+    (rollback) or staged unit of any service on the host uses. Returns the removed paths."""
     keep = venvs_in_use(cfg)
     listed = sh(f"find {shlex.quote(cfg.venvs_dir)} -mindepth 1 -maxdepth 1 -type d", check=False)
     removed = [path for path in listed.split() if path not in keep]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from pyinfra import host
@@ -9,8 +10,8 @@ from pyinfra import host
 from .. import datasets
 from ..bench import summarize
 from ..config import ServeConfig
-from ..on_host import write_text
-from ..record import BenchResult, DeploymentRecord
+from ..on_host import read_text, sh, write_text
+from ..record import BenchResult, DeploymentRecord, read_service_record
 from ..render import RenderedUnit
 from ..timestamps import utc_iso
 
@@ -93,4 +94,10 @@ def write_record(cfg: ServeConfig, unit: RenderedUnit, **decisions) -> Deploymen
     world-readable (the record holds no secret)."""
     record = build_record(cfg, unit, **decisions)
     write_text(cfg.record_path, record.to_json(), mode="644")
+    # migrated: the host-wide record of an older release goes once this service has its own
+    legacy = read_text(cfg.legacy_record_path, missing_ok=True)
+    if legacy and read_service_record(
+        None, legacy, service_name=cfg.service_name, where="", legacy_where=cfg.legacy_record_path
+    ):
+        sh(f"rm -f -- {shlex.quote(cfg.legacy_record_path)}")
     return record

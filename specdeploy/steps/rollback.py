@@ -90,13 +90,22 @@ def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:
 
 
 def verify_or_rollback(
-    verify, cfg: ServeConfig, rendered: RenderedUnit, *, change=None, changed=None, **kwargs
+    verify,
+    cfg: ServeConfig,
+    rendered: RenderedUnit,
+    *,
+    change=None,
+    changed=None,
+    lock_cfg: ServeConfig | None = None,
+    **kwargs,
 ):
     """python.call target, one host at a time: unless an earlier host of this run failed, swap in
     the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
     `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
-    deploy lock and raise with a true account of the host's state."""
+    deploy lock (`lock_cfg`'s: a whole box's instances run under the host's lock) and raise with a
+    true account of the host's state."""
     unit = rendered.name
+    lock_cfg = lock_cfg or cfg
     if change is not None:
         changed = change.changed
     changed = changed or (lambda: False)
@@ -106,7 +115,7 @@ def verify_or_rollback(
         message = GATE.held_back_message(host.name, unit, state, restart=restart)
         _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
                  "after": message.split(": ", 1)[1]})  # fmt: skip
-        lock.release_now(cfg)
+        lock.release_now(lock_cfg)
         raise HeldBack(message)
     try:
         if change is not None:
@@ -145,7 +154,7 @@ def verify_or_rollback(
             ) from error
         finally:
             _report(entry)
-            lock.release_now(cfg)
+            lock.release_now(lock_cfg)
 
 
 def restart_for(change, unit: str) -> None:

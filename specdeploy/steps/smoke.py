@@ -12,9 +12,11 @@ from ..timestamps import utc_stamp
 
 
 def smoke(cfg: ServeConfig, tokenizer_path: str) -> BenchResult:
-    name = f"smoke-{utc_stamp()}"
+    # an instance of a whole box names itself: its results sit beside the others' in one folder
+    own = f"{cfg.instance_name}-" if cfg.instance_name else ""
+    name = f"smoke-{own}{utc_stamp()}"
     result = run_bench(
         cfg, tokenizer=tokenizer_path, name=name, local=host_reports_dir(host.name) / f"{name}.json"
     )
-    logger.info(format_summary(host.name, result))
+    logger.info(format_summary(f"{host.name} {cfg.instance_name or ''}".strip(), result))
     return result

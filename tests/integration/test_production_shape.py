@@ -123,7 +123,7 @@ def host_bytes(host: str, command: str) -> bytes:
 
 
 def record_of(ssh, host):
-    return json.loads(ssh(host, "cat /var/lib/specdeploy/records/deployment.json"))
+    return json.loads(ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"))
 
 
 def main_pid(ssh, host):
@@ -198,7 +198,7 @@ def test_no_secret_anywhere_it_could_leak(first, ssh, secrets_in_play):
         "process list during the deploy": "\n".join(first["ps"]),
         "journal": ssh(host, "journalctl --no-pager -o cat"),
         "unit": ssh(host, f"cat /etc/systemd/system/{UNIT}"),
-        "record": ssh(host, "cat /var/lib/specdeploy/records/deployment.json"),
+        "record": ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"),
         "world-readable files under /tmp and /var/tmp": host_bytes(
             host, "find /tmp /var/tmp -type f -perm -o=r -exec cat {} + 2>/dev/null"
         ).decode(errors="replace"),

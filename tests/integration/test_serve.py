@@ -51,7 +51,9 @@ def config_for(host):
 
 
 def record_of(sandbox_ssh, host):
-    return json.loads(ssh(sandbox_ssh, host, "cat /var/lib/specdeploy/records/deployment.json"))
+    return json.loads(
+        ssh(sandbox_ssh, host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json")
+    )
 
 
 def service_state(sandbox_ssh, host):

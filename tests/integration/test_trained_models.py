@@ -109,7 +109,7 @@ def deployed(host):
 
 
 def record_of(sandbox_ssh, host):
-    out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/deployment.json")
+    out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

@@ -86,13 +86,13 @@ ROOMS = [
         "record", "reports", "facts", "host_scripts", "problems",
     ],
     [
-        "argv", "memory_model", "revisions", "render", "gpu_checks", "preflight", "checks",
-        "release_checks", "request_set_checks", "migrate",
+        "argv", "memory_model", "instances", "revisions", "render", "gpu_checks", "preflight",
+        "checks", "release_checks", "request_set_checks", "migrate",
     ],
     ["server", "bench"],
     ["steps"],
     ["measure"],
-    ["serve"],
+    ["serve", "serve_box"],
     ["status", "status_table", "monitoring", "rollout"],
     ["cli"],
 ]  # fmt: skip

