@@ -78,7 +78,7 @@ def cmd_render(args) -> int:
 
 def write_monitoring(args, out: Path, configs: dict) -> None:
     """Prometheus file_sd targets, scrape config, rules, Grafana dashboard (monitoring.py)."""
-    from .monitoring import write_prometheus
+    from .monitoring import BALANCER_JOB, write_prometheus
 
     hosts = [
         (name, sorted(groups), data, configs[name])
@@ -93,7 +93,13 @@ def write_monitoring(args, out: Path, configs: dict) -> None:
     )
     print(
         f"prometheus: wrote {out / 'prometheus'}: {summary['targets']} target(s) in job(s) "
-        f"{', '.join(summary['jobs']) or '-'}; TPOT/acceptance baselines for "
+        f"{', '.join(summary['jobs']) or '-'}"
+        + (
+            f", {summary['balancers']} balancer(s) in job {BALANCER_JOB}"
+            if summary["balancers"]
+            else ""
+        )
+        + "; TPOT/acceptance baselines for "
         f"{', '.join(summary['baselines']) or 'no host'} (from {args.reports})"
     )
 

@@ -186,6 +186,9 @@ class ServeConfig(BaseModel):
     instances: PositiveInt | list[InstanceSpec] | None = None
     # instances of one host that a rolling update takes out of the balancer at once
     max_unavailable_instances: PositiveInt = 1
+    # the balancer's own Prometheus exporter (HAProxy's prometheus-exporter service, on vllm_host):
+    # which backends are up, for the alert on a backend down; instances' /metrics stay their own
+    balancer_metrics_port: int = Field(default=8404, ge=1, le=65535)
     # Set by instances.py on each instance's own config (never host data): its name, which also
     # keys its cache directory; None for a host's own (single-server) config.
     instance_name: str | None = Field(default=None, pattern=UNIT_STEM)

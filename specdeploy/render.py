@@ -172,10 +172,12 @@ class RenderedFile:
     text: str
 
 
-def balancer_bind(cfg: ServeConfig) -> str:
-    """HAProxy's `bind` for vllm_port (IPv6 literals in brackets)."""
+def balancer_bind(cfg: ServeConfig, port: int | None = None) -> str:
+    """HAProxy's `bind` for vllm_port (or `port`, on the same address; IPv6 literals in
+    brackets)."""
     address = cfg.vllm_host or "0.0.0.0"
-    return f"[{address}]:{cfg.vllm_port}" if ":" in address else f"{address}:{cfg.vllm_port}"
+    port = port or cfg.vllm_port
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, RenderedUnit]:
@@ -184,7 +186,11 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
     servers = [{"name": m.name, "address": m.cfg.base_url.removeprefix("http://")} for m in members]
     bind = balancer_bind(cfg)
     config = _env.get_template("haproxy.cfg.j2").render(
-        cfg=cfg, servers=servers, bind=bind, timeout_s=max(cfg.health_timeout_s, 600)
+        cfg=cfg,
+        servers=servers,
+        bind=bind,
+        metrics_bind=balancer_bind(cfg, cfg.balancer_metrics_port),
+        timeout_s=max(cfg.health_timeout_s, 600),
     )
     unit = _env.get_template("balancer.service.j2").render(
         cfg=cfg, bind=bind, runtime_dir=cfg.balancer_socket.split("/")[2]

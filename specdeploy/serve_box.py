@@ -23,23 +23,16 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import files, python
 
 from . import instances, server
-from .config import UNIT_DIR, ServeConfig, parse_int_list
+from .config import UNIT_DIR, ServeConfig
 from .facts import Accelerators, JsonFile, ServiceActive
+from .instances import CPU_IDS_COMMAND, parse_cpu_ids
 from .measure import gate
 from .problems import ConfigError, Problem
 from .record import service_record
 from .render import render_unit
+from .server import drain_timeout_s
 from .steps import balancer, dataset, install, lock, unit, weights
 from .steps.rollback import RolledBack, out_of_service_width, verify_or_rollback, width_text
-
-# the cores this host lets processes run on (a container's cpuset too), as the kernel lists them
-CPU_IDS_COMMAND = "grep -m1 '^Cpus_allowed_list:' /proc/self/status | cut -f2"
-
-
-def parse_cpu_ids(text: str | None) -> list[int]:
-    """'0-3,8' -> [0, 1, 2, 3, 8] (the Cpus_allowed_list format)."""
-    return parse_int_list((text or "").strip())
-
 
 # serve.py's steps, handed over by serve.serve (serve imports this module, so not the reverse):
 # check_gpus (check_gpus_first), preflight (run_preflight), verify (verify_and_record)
@@ -81,13 +74,6 @@ def instance_dirs(cfg: ServeConfig, layout: instances.Layout):
 def preflight_all(layout: instances.Layout, also_own: tuple[str, ...]) -> None:
     for member in layout.instances:
         STEPS["preflight"](member.cfg, also_own)
-
-
-def drain_timeout_s(cfg: ServeConfig) -> float:
-    """How long a drained instance's requests in flight may take to finish: one request of the
-    workload's output length at the smoke floor rate, at least 60 s, at most health_timeout_s."""
-    one_request = cfg.workload.output_len / cfg.smoke_min_tokens_per_s
-    return min(max(60.0, one_request), float(cfg.health_timeout_s))
 
 
 def surplus_units(cfg: ServeConfig, layout: instances.Layout) -> list[str]:

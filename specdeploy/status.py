@@ -5,6 +5,7 @@ vs the pin; the installed unit vs the one the host data renders now (argv diff k
 secrets env file changed or not, a unit edited on disk but not reloaded); service state, since
 when, restarts; the deployment record (time, role, k, smoke TPOT); live figures from two /metrics
 scrapes `interval` seconds apart (metrics.live_figures); GPU memory used (nvidia-smi, if any).
+A whole box (host data `instances`): the same per instance, and its balancer (status_box.py).
 
 Every read on a host is a pyinfra fact over pyinfra's own connection, so `_sudo`/`_su_user` and the
 SSH settings in host data apply as they do for a deploy. The API key (host data `vllm_api_key`)
@@ -126,7 +127,7 @@ class HostProbe:
 
     def __init__(self, state, host, interval: float):
         self.state, self.host, self.interval = state, host, interval
-        self.last_scrape: tuple[float, str] | None = None
+        self.last_scrape: dict[str, tuple[float, str | None]] = {}  # per server URL
         self.step = "connecting"
 
     def fact(self, cls, **kwargs):
@@ -140,47 +141,26 @@ class HostProbe:
             return cls().process([])
         return value
 
-    def read(self) -> dict:
-        from pyinfra.api.exceptions import ConnectError
+    def scrape(self, cfg) -> tuple[float, str | None]:
+        got = self.fact(HttpGet, url=f"{cfg.base_url}/metrics", timeout=10, _stdin=curl_config(cfg))
+        ok = got["exit"] == 0 and got["http"] == 200
+        return time.monotonic(), got["body"] if ok else None
+
+    def prime(self, cfgs: list) -> None:
+        """A first /metrics scrape of each server that has none from the last round, then one
+        interval for all of them (a whole box's instances share it)."""
+        new = [c for c in cfgs if c.base_url not in self.last_scrape]
+        for c in new:
+            self.last_scrape[c.base_url] = self.scrape(c)
+        if new:
+            time.sleep(self.interval)
+
+    def read_server(self, cfg, out: dict) -> None:
+        """One server (the host's, or one instance of a whole box): its record, unit drift,
+        service, /health and live figures, into `out` (its problems into out["problems"])."""
         from pyinfra.facts.files import Sha1File
 
-        host = self.host
-        out: dict[str, Any] = {
-            "host": host.name,
-            "groups": sorted(host.groups),
-            "reachable": None,
-            "problems": [],
-        }
-        problems = out["problems"]
-        try:
-            cfg = check_config(host.name, host.data.dict())
-        except ConfigError as error:
-            cfg = None
-            problems.append(f"host data invalid: {str(error).splitlines()[0]}")
-        self.step = "connecting"
-        try:
-            host.connect(show_errors=False, raise_exceptions=True)
-        except ConnectError as error:
-            out["reachable"] = False
-            out["why"] = f"{ssh_target(host)}: {error.args[0] if error.args else error}"
-            problems.append(f"unreachable: {out['why']}")
-            return out
-        out["reachable"] = True
-        if cfg is None:
-            return out
-
-        self.step = "reading the install and unit"
-        installed = self.fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
-        out["vllm"] = {
-            "package": cfg.vllm_package,
-            "pinned": cfg.vllm_version,
-            "installed": installed,
-        }
-        if installed != cfg.vllm_version:
-            problems.append(
-                f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
-            )
-
+        host, problems = self.host, out["problems"]
         record = service_record(cfg, lambda path: self.fact(JsonFile, path=path), host=host.name)
         out["record"] = _record_summary(record)
         if record is None:
@@ -243,16 +223,12 @@ class HostProbe:
                 f"{url}/health: {health['http'] or health['body'][-200:] or 'no answer'}"
             )
 
-        def scrape() -> tuple[float, str | None]:
-            got = self.fact(HttpGet, url=f"{url}/metrics", timeout=10, _stdin=auth)
-            ok = got["exit"] == 0 and got["http"] == 200
-            return time.monotonic(), got["body"] if ok else None
-
-        before = self.last_scrape or scrape()
-        if self.last_scrape is None:
-            time.sleep(self.interval)
-        now = scrape()
-        self.last_scrape = now if now[1] is not None else None
+        before = self.last_scrape.get(url) or (time.monotonic(), None)
+        now = self.scrape(cfg)
+        if now[1] is not None:
+            self.last_scrape[url] = now
+        else:
+            self.last_scrape.pop(url, None)
         if now[1] is None:
             problems.append(f"{url}/metrics could not be scraped")
             out["live"] = None
@@ -264,15 +240,61 @@ class HostProbe:
             }
             if expected.role == "speculative" and not out["live"]["since_start"]["speculative"]:
                 problems.append("/metrics has no vllm:spec_decode_* counters: speculation is off")
-
-        self.step = "reading GPU memory"
-        out["gpu"] = self.fact(GpuMemory)
         out["healthy"] = (
             service["active"] == "active" and health["http"] == 200 and out["live"] is not None
         )
-        out["matches_data"] = (
-            installed == cfg.vllm_version and not drift["drift"] and not drift["env_file"]
-        )
+        out["matches_unit"] = not drift["drift"] and not drift["env_file"]
+
+    def read(self) -> dict:
+        from pyinfra.api.exceptions import ConnectError
+
+        host = self.host
+        out: dict[str, Any] = {
+            "host": host.name,
+            "groups": sorted(host.groups),
+            "reachable": None,
+            "problems": [],
+        }
+        problems = out["problems"]
+        try:
+            cfg = check_config(host.name, host.data.dict())
+        except ConfigError as error:
+            cfg = None
+            problems.append(f"host data invalid: {str(error).splitlines()[0]}")
+        self.step = "connecting"
+        try:
+            host.connect(show_errors=False, raise_exceptions=True)
+        except ConnectError as error:
+            out["reachable"] = False
+            out["why"] = f"{ssh_target(host)}: {error.args[0] if error.args else error}"
+            problems.append(f"unreachable: {out['why']}")
+            return out
+        out["reachable"] = True
+        if cfg is None:
+            return out
+
+        self.step = "reading the install and unit"
+        installed = self.fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
+        out["vllm"] = {
+            "package": cfg.vllm_package,
+            "pinned": cfg.vllm_version,
+            "installed": installed,
+        }
+        if installed != cfg.vllm_version:
+            problems.append(
+                f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
+            )
+
+        if cfg.instances is None:
+            self.prime([cfg])
+            self.read_server(cfg, out)
+        else:  # a whole box: one entry per instance, and the balancer (status_box.py)
+            from .status_box import read_box
+
+            read_box(self, cfg, out)
+        self.step = "reading GPU memory"
+        out["gpu"] = out.get("gpu") or self.fact(GpuMemory)
+        out["matches_data"] = installed == cfg.vllm_version and out.pop("matches_unit")
         return out
 
 
@@ -326,7 +348,7 @@ class Fleet:
                 result["why"] = why
                 result["problems"] = [f"unreachable: {why}"]
             probe.host.connected = False  # reconnect from scratch next round
-            probe.last_scrape = None
+            probe.last_scrape = {}
         except Exception as error:  # a report, never a traceback
             result = {
                 **base,

@@ -1,5 +1,11 @@
 """deploys/compare.py and deploys/tune.py: measure every host under its deploy lock, then write the
-fleet report."""
+fleet report.
+
+A whole box (host data `instances`) is measured on ONE instance, the last: it is drained on the
+balancer (no new requests, those in flight answered, then maintenance), measured on its own GPUs
+(or cores) and port with its own measurement unit, brought back on its deployed unit healthy
+(measure_plan's finally) and put back in the balancer, while the other instances keep serving on
+vllm_port. Its conditions (so summary.json and summary.md) name the instance and its devices."""
 
 from __future__ import annotations
 
@@ -7,8 +13,10 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
+from .. import instances, server
 from ..checks import host_config_as_deployed
 from ..config import DATA_DEFAULTS, ServeConfig
+from ..problems import ConfigError, Problem
 from ..reports import raw_dir, run_dir
 from ..steps import dataset, lock
 from ..steps.rollback import out_of_service_width, refuse_no_wait, width_text
@@ -20,13 +28,50 @@ from .plans import compare_measurement, tune_measurement
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
 
-def _measure(cfg: ServeConfig, *, kind: str, plan: list[tuple[Arm, bool]], cond: dict) -> None:
+def measured_instance(cfg: ServeConfig) -> instances.Instance | None:
+    """Planning time: the instance of a whole box that compare/tune measure (the last one, split
+    from the facts as the deploy split it); None for a host with one server."""
+    if cfg.instances is None:
+        return None
+    layout = instances.expand(cfg, instances.available_devices(cfg, host.get_fact))
+    if layout.problems:
+        todo = "fix instances (deploys/serve.py refuses this split too)"
+        raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
+    return layout.instances[-1]
+
+
+def box_conditions(cfg: ServeConfig, member: instances.Instance) -> dict:
+    return {
+        "instance": member.name,
+        "instance_port": member.port,
+        "devices": member.devices_text,
+        "instances": len(cfg.instances) if isinstance(cfg.instances, list) else cfg.instances,
+        "balancer": {"drained": True, "vllm_port": cfg.vllm_port},
+    }
+
+
+def _measure(
+    cfg: ServeConfig,
+    *,
+    kind: str,
+    plan: list[tuple[Arm, bool]],
+    cond: dict,
+    box: ServeConfig | None = None,
+) -> None:
+    """`cfg`: the host's, or the measured instance's config when `box` (the host's) is given."""
     out = raw_dir(kind, host.name)
+    name = cfg.service_name
     try:
+        if box is not None:  # the balancer stops sending it requests; the others serve
+            server.drain(box, name, timeout_s=server.drain_timeout_s(box))
         measure_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
     except Exception:
-        lock.release_now(cfg)  # the host is back on its deployed unit (measure_plan's finally)
+        lock.release_now(box or cfg)  # back on its deployed unit (measure_plan's finally)
+        if box is not None and server.is_healthy(cfg):
+            server.undrain(box, name)  # healthy again: serving beats a half-measured host
         raise
+    if box is not None:
+        server.undrain(box, name)  # measure_plan's finally health-checked its deployed unit
 
 
 def _write_report(kind: str) -> None:
@@ -68,17 +113,23 @@ def measurement_deploy(kind: str):
     def _measure_fleet():
         refuse_no_wait()  # --no-wait would take every host off its unit at once
         cfg = host_config_as_deployed()  # the record's pins: what the host really serves
-        plan, cond, what = make_plan(cfg)
+        member = measured_instance(cfg)  # a whole box: one instance, drained; None: the host
+        measured = member.cfg if member else cfg
+        plan, cond, what = make_plan(measured)
+        if member is not None:
+            cond = {**cond, **box_conditions(cfg, member)}
+            what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
         dataset.ship_request_set(cfg)  # the request set every arm replays
         # a measured host is off its deployed unit: at most rollout_max_parallel hosts at once
         python.call(
             name=f"{what}, {width_text(cfg)}",
             function=_measure,
-            cfg=cfg,
+            cfg=measured,
             kind=kind,
             plan=plan,
             cond=cond,
+            box=cfg if member else None,
             **out_of_service_width(cfg),
         )
         lock.release(name="Release the host's deploy lock", cfg=cfg)

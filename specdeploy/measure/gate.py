@@ -7,6 +7,7 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from pyinfra import host, logger
@@ -17,7 +18,7 @@ from ..config import ServeConfig
 from ..record import BenchResult, DeploymentRecord
 from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
-from ..server import start_fresh, switch_enabled, warm_up
+from ..server import start_fresh, switch_enabled, wait_healthy, warm_up
 from ..timestamps import utc_iso, utc_stamp
 from .decisions import RANDOM_REQUESTS_WARNING, acceptance_summary, run_order, run_values
 from .gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
@@ -52,14 +53,20 @@ def speculation_gate(
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
     disabled."""
     gate_cfg = cfg.speculation_gate
+    baseline = render_unit(cfg, "baseline")
+    key = _box_key(cfg, rendered, baseline)
+    if key in _BOX_DECISIONS:  # another instance of this box measured it in this run
+        return _apply(
+            cfg, rendered, baseline, _shared(_BOX_DECISIONS[key], cfg, rendered, baseline)
+        )
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    # the order depends on the arms' names alone (baseline first), not on the host
-    order = run_order(["baseline", "speculative"], gate_cfg.runs, mode="alternate")
+    units = {"baseline": baseline, "speculative": rendered}
     out = host_reports_dir(host.name)
     stamp = utc_stamp()
-    baseline = render_unit(cfg, "baseline")
-    units = {"baseline": baseline, "speculative": rendered}
+    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
+    # the order depends on the arms' names alone (baseline first), not on the host
+    order = run_order(list(units), gate_cfg.runs, mode="alternate")
     results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
     files: dict[str, list[str]] = {"baseline": [], "speculative": []}
     checked: dict = {}
@@ -68,7 +75,7 @@ def speculation_gate(
         speculative = arm == "speculative"
         checked = start_fresh(cfg, units[arm], speculative=speculative, install=not speculative)
         warm_up(cfg, cfg.workload)
-        name = f"gate-{stamp}-{i:02d}-{arm}"
+        name = f"gate-{own}{stamp}-{i:02d}-{arm}"
         results[arm].append(
             run_bench(
                 cfg,
@@ -99,7 +106,15 @@ def speculation_gate(
             "median TPOT of each run as one value, production units (prefix caching as deployed)",
         }
     )
+    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
+        devices = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES") or cfg.vllm_env.get(
+            "VLLM_CPU_OMP_THREADS_BIND"
+        )
+        decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
+                                "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
+    if key is not None:
+        _BOX_DECISIONS[key] = decision
     if decision["passed"] or gate_cfg.on_fail != "baseline":
         if order["order"][-1] != "speculative":
             checked = start_fresh(cfg, rendered, speculative=True, install=False)
@@ -109,6 +124,45 @@ def speculation_gate(
     switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
     checked = start_fresh(cfg, baseline, speculative=False, install=False)
     return baseline, checked, decision
+
+
+# A whole box: the first instance rolled measures the gate on its own GPUs (drained meanwhile); the
+# box's other instances of the same run take its decision (same config, workload and settings; only
+# the port and devices differ), so a box is measured once, not once per instance.
+_BOX_DECISIONS: dict[tuple, dict] = {}
+
+
+def _box_key(cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit) -> tuple | None:
+    if not cfg.instance_name:
+        return None
+    shared = fingerprint(cfg, rendered, baseline)
+    shared.pop("speculative_unit_sha256"), shared.pop("baseline_unit_sha256")
+    box = cfg.instance_name.rsplit("-", 1)[0]  # instances.instance_name: <service>-<i>
+    return (host.name, box, json.dumps(shared, sort_keys=True))
+
+
+def _shared(measured: dict, cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit):
+    """The measuring instance's decision as this instance's record keeps it: its own fingerprint
+    (so a re-run settles on it), the numbers and the instance that measured them."""
+    logger.info(
+        f"{host.print_prefix}speculation gate: {measured['reason']} (measured on "
+        f"{measured['measured']['instance']} in this run)"
+    )
+    return {
+        **measured,
+        "fingerprint": fingerprint(cfg, rendered, baseline),
+        "speculative_unit_sha256": rendered.sha256,
+        "baseline_unit_sha256": baseline.sha256,
+        "shared_from": measured["measured"]["instance"],
+    }
+
+
+def _apply(cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit, decision: dict):
+    """This instance on the unit the shared decision picks, healthy."""
+    if decision["passed"] or decision["on_fail"] != "baseline":  # it serves already: no restart
+        return rendered, wait_healthy(cfg, rendered.name, speculative=True), decision
+    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
+    return baseline, start_fresh(cfg, baseline, speculative=False), decision
 
 
 class GateFailed(RuntimeError):

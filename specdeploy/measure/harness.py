@@ -7,7 +7,7 @@ Rules every measurement here follows:
   or prefix caching in the separate APC profile); memory, batching and model flags are identical;
 * the production units are stopped while measuring, and the unit the host was deployed with is
   started again and health-checked at the end, also when a measurement fails;
-* before production stops, the host gets a watchdog (server.arm_watchdog: a transient systemd
+* before production stops, the host gets a watchdog (watchdog.arm_watchdog: a transient systemd
   timer) that restores the deployed unit by itself if the control node goes quiet; it is renewed
   before every sample and removed once the deployed unit is back;
 * every sample is a fresh server (stop, start, /health, a discarded warm-up completion), then one
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
-from .. import server
+from .. import server, watchdog
 from ..bench import bench_time_limit, run_bench
 from ..config import ServeConfig, Workload
 from ..on_host import read_text
@@ -153,7 +153,7 @@ def measure_plan(
         for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
             # armed before the first sample stops production, renewed before every other one
             seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
-            timer = server.arm_watchdog(cfg, prod_unit, seconds)
+            timer = watchdog.arm_watchdog(cfg, prod_unit, seconds)
             if i == 0:
                 logger.info(
                     f"{host.print_prefix}watchdog {timer}: {prod_unit} comes back by itself if "
@@ -171,11 +171,11 @@ def measure_plan(
                 )
             )
     finally:
-        server.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg))  # for the restore itself
+        watchdog.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg))  # for the restore itself
         try:
             restored = server.restore_deployed(cfg, prod_unit, prod_role)
         finally:
-            server.disarm_watchdog(cfg)
+            watchdog.disarm_watchdog(cfg)
     cond = json.loads((out_dir / "conditions.json").read_text())
     cond.update(
         {

@@ -103,6 +103,13 @@ def _conditions_lines(cond: dict) -> list[str]:
         f"- measured {cond.get('started_at')} – {cond.get('finished_at')} ({cond.get('seconds')} "
         f"s); host left on `{cond.get('restored_unit')}` ({cond.get('restored_role')}), healthy",
     ]
+    if cond.get("instance"):  # a whole box: one instance measured, the others serving meanwhile
+        lines.append(
+            f"- whole box: measured instance `{cond['instance']}` alone ({cond.get('devices')}, "
+            f"port {cond.get('instance_port')}), drained from the balancer while the other "
+            f"{(cond.get('instances') or 1) - 1} kept serving on port "
+            f"{(cond.get('balancer') or {}).get('vllm_port')}; back in the balancer once healthy"
+        )
     return lines
 
 

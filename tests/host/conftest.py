@@ -14,6 +14,7 @@ Without --inventory this directory is not collected, so a plain `pytest tests` s
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -69,10 +70,25 @@ def _fleet(config) -> dict[str, dict]:
     return cached
 
 
+def _whole_box(data: dict) -> int:
+    """How many instances the host data asks for (0: one server, as without the key)."""
+    instances = data.get("instances")
+    return len(instances) if isinstance(instances, list) else int(instances or 0)
+
+
 def pytest_generate_tests(metafunc):
-    if "host_name" in metafunc.fixturenames:
-        names = list(_fleet(metafunc.config))
-        metafunc.parametrize("host_name", names, ids=names, scope="session")
+    """Every server test runs once per server: a host's one, or each instance of a whole box
+    (`host/N`); a test of `box_name` (the balancer) once per whole box."""
+    fleet = _fleet(metafunc.config)
+    if "box_name" in metafunc.fixturenames:  # host_name given directly: no `server` needed
+        boxes = [name for name, data in fleet.items() if _whole_box(data)]
+        metafunc.parametrize("host_name", boxes, ids=boxes, scope="session")
+    elif "server" in metafunc.fixturenames:
+        servers = [
+            (name, i) for name, data in fleet.items() for i in range(_whole_box(data)) or [None]
+        ]
+        ids = [name if i is None else f"{name}/{i}" for name, i in servers]
+        metafunc.parametrize("server", servers, ids=ids, scope="session")
 
 
 def ssh_config_text(hosts: dict[str, dict]) -> str:
@@ -115,6 +131,17 @@ def ssh_config(fleet, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def host_name(server) -> str:
+    """The host of the server under test (a balancer test is given it directly)."""
+    return server[0]
+
+
+@pytest.fixture(scope="session")
+def box_name(host_name) -> str:
+    return host_name
+
+
+@pytest.fixture(scope="session")
 def host_data(fleet, host_name) -> dict:
     return fleet[host_name]
 
@@ -134,7 +161,32 @@ def th(host_name, host_data, ssh_config):
 
 
 @pytest.fixture(scope="session")
-def host_cfg(host_name, host_data):
+def box_cfg(host_name, host_data):
+    """The host's own config (a whole box's: the balancer's, on vllm_port)."""
     from specdeploy.checks import check_config
 
     return check_config(host_name, host_data)
+
+
+@pytest.fixture(scope="session")
+def box_layout(th, box_cfg):
+    """A whole box's instances, split from the host's GPUs or cores as the deploy split them."""
+    from specdeploy import instances
+
+    def get_fact(cls, **kwargs):  # the deploy's facts, read with their own commands
+        out = th.run(f"sh -c {shlex.quote(cls().command(**kwargs))}")
+        return cls().process(out.stdout.splitlines())
+
+    return instances.expand(box_cfg, instances.available_devices(box_cfg, get_fact))
+
+
+@pytest.fixture(scope="session")
+def instance(request, server, box_layout):
+    """The whole box's instance under test, or None for a host with one server."""
+    return None if server[1] is None else box_layout.instances[server[1]]
+
+
+@pytest.fixture(scope="session")
+def host_cfg(request, server, box_cfg):
+    """The server's config: the host's, or its instance's (own unit, port, devices, record)."""
+    return box_cfg if server[1] is None else request.getfixturevalue("instance").cfg

@@ -280,8 +280,9 @@ def test_weights_present_at_pinned_revisions(th, cfg, record):
             )
 
 
-def test_secret_files_root_0600(th, cfg):
-    paths = [cfg.env_file] + ([cfg.hf_token_file] if cfg.hf_token else [])
+def test_secret_files_root_0600(th, cfg, box_cfg):
+    # the HF token is the host's (downloads are; a whole box's instances share them)
+    paths = [cfg.env_file] + ([box_cfg.hf_token_file] if cfg.hf_token else [])
     for path in paths:
         f = th.file(path)
         assert f.exists, f"{path} missing"

@@ -130,25 +130,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def dashboard_queries(prom_dir: Path) -> dict[str, str]:
+def balancer_query(expr: str) -> bool:
+    """A query of a whole box's balancer (HAProxy's exporter): no data on a single-server host;
+    tests/unit/test_balancer_prometheus.py runs those on a real HAProxy and Prometheus."""
+    return "specdeploy-balancer" in expr or "haproxy_" in expr
+
+
+def dashboard_queries(prom_dir: Path, *, balancer: bool = False) -> dict[str, str]:
     dashboard = json.loads((prom_dir / "grafana-dashboard.json").read_text())
     queries = {}
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             expr = target["expr"].replace("$__rate_interval", "1m").replace("$host", ".*")
-            queries[f"dashboard {panel['title']!r} {target['refId']}"] = expr
+            if balancer_query(expr) == balancer:
+                queries[f"dashboard {panel['title']!r} {target['refId']}"] = expr
     for variable in dashboard["templating"]["list"]:  # label_values(SERIES, LABEL): the series
-        if variable["type"] == "query":
+        if variable["type"] == "query" and not balancer:
             match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
             queries[f"dashboard variable {variable['name']}"] = match.group(1)
     return queries
 
 
-def rule_queries(prom_dir: Path) -> dict[str, str]:
+def rule_queries(prom_dir: Path, *, balancer: bool = False) -> dict[str, str]:
     queries = {}
     for rules_file in ("rules.yml", "baselines.yml"):
         for group in yaml.safe_load((prom_dir / rules_file).read_text())["groups"]:
             for rule in group["rules"]:
+                if balancer_query(rule["expr"]) != balancer:
+                    continue
                 if "record" in rule:
                     queries[f"recorded {rule['record']}"] = rule["record"]
                     if "labels" not in rule:  # baselines: `vector(c)` gets its host from `labels`

@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,3 +215,103 @@ def test_an_instance_that_cannot_start_is_rolled_back_while_the_other_serves(
     assert ssh(host, f"cat /etc/systemd/system/{UNITS[1]}") == unit_before
     assert BROKEN_DRAFT not in ssh(host, f"cat /etc/systemd/system/{UNITS[0]}")
     assert balancer_stat(ssh, host) == {INSTANCES[0]: "UP", INSTANCES[1]: "UP"}
+
+
+# --- seeing it and measuring it (the observe side) ---------------------------------------------
+
+
+def as_deployed(tmp_path, host, ssh, sandbox_services) -> Path:
+    """The box's inventory with the k its instances serve now (the k change above, if it ran; the
+    rolled-back test leaves box-1 untouched), so status finds no drift."""
+    k = record(ssh, host, INSTANCES[1])["speculative_config"]["num_speculative_tokens"]
+    return inventory(
+        tmp_path, host, speculative_config=spec(sandbox_services, num_speculative_tokens=k)
+    )
+
+
+def test_compare_measures_one_instance_while_the_box_serves(
+    first, host, ssh, tmp_path, sandbox_services
+):
+    """deploys/compare.py on the box with the fewest runs its plan allows (1 + 1, no warm-up, no
+    APC profile: the verdict is "too few runs"): the last instance is drained and measured on its
+    own cores while requests to vllm_port keep succeeding through the other; then it is back."""
+    path = as_deployed(tmp_path, host, ssh, sandbox_services)
+    run = f"test-whole-box-compare-{os.getpid()}"
+    settings = {"REPEATS": "1", "WARMUP_RUNS": "0", "APC_PROFILE": "0"}
+    env = {"SPECDEPLOY_RUN": run, **{f"SPECDEPLOY_COMPARE_{k}": v for k, v in settings.items()}}
+    before = main_pid(ssh, host, UNITS[0])
+    with ClientLoop(ssh, host, "tiny-llama") as loop:
+        result = subprocess.run(["pyinfra", "-y", str(path), "deploys/compare.py"], cwd=REPO,
+                                capture_output=True, text=True, timeout=900,
+                                env={**os.environ, **env})  # fmt: skip
+        log = loop.stop()
+    assert result.returncode == 0, tail(result)
+    requests = [line.split()[1] for line in log if line.startswith("req ")]
+    samples = [line.split()[1:] for line in log if line.startswith("up ")]
+    assert len(requests) > 10 and set(requests) == {"200"}, requests
+    assert all(s[0] == "200" for s in samples), "box-0 stopped answering while box-1 was measured"
+    assert any(s[1] != "200" for s in samples), "box-1 was never restarted for its samples"
+    assert main_pid(ssh, host, UNITS[0]) == before  # the serving instance was not touched
+    summary = json.loads((REPO / "reports" / run / "summary.json").read_text())
+    cond = summary["hosts"][host]["conditions"]
+    assert (cond["instance"], cond["instance_port"]) == (INSTANCES[1], PORTS[INSTANCES[1]])
+    assert cond["devices"].startswith("cores ") and cond["restored_unit"] == UNITS[1]
+    assert (
+        f"measured instance `{INSTANCES[1]}` alone"
+        in (REPO / "reports" / run / "summary.md").read_text()
+    )
+    runs = [
+        json.loads(p.read_text())
+        for p in sorted((REPO / "reports" / run / "raw" / host).glob("0*.json"))
+    ]
+    assert sorted(r["specdeploy"]["arm"] for r in runs) == ["baseline", "speculative"]
+    for r in runs:  # on box-1's own port and cores
+        argv = " ".join(r["specdeploy"]["unit_argv"])
+        assert f"--port {PORTS[INSTANCES[1]]}" in argv, argv
+    deadline = time.monotonic() + 30
+    while balancer_stat(ssh, host) != {INSTANCES[0]: "UP", INSTANCES[1]: "UP"}:
+        assert time.monotonic() < deadline, balancer_stat(ssh, host)
+        time.sleep(1)
+    assert code(ssh, host, PORTS[INSTANCES[1]]) == "200"
+
+
+def test_status_and_the_host_suite_show_both_instances(
+    first, host, ssh, tmp_path, sandbox_services
+):
+    path = as_deployed(tmp_path, host, ssh, sandbox_services)
+    result = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(path), "--json", "--interval", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+    )  # fmt: skip
+    (entry,) = json.loads(result.stdout)
+    assert result.returncode == 0 and entry["ok"], json.dumps(entry, indent=1)[-3000:]
+    assert [e["name"] for e in entry["instances"]] == INSTANCES
+    assert [e["port"] for e in entry["instances"]] == list(PORTS.values())
+    assert all(e["healthy"] and e["service"]["active"] == "active" for e in entry["instances"])
+    balancer = entry["balancer"]
+    assert (balancer["up"], balancer["total"], balancer["health"]) == (2, 2, 200), balancer
+    assert balancer["config_drift"] is False
+    table = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(path), "--interval", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+    )  # fmt: skip
+    for name in INSTANCES:
+        assert re.search(rf"^{re.escape(host)}/{name}\s+yes\s+active", table.stdout, re.M), (
+            table.stdout
+        )
+    assert re.search(
+        rf"^{re.escape(host)}/balancer\s+yes\s+active r\d+, 2/2 up", table.stdout, re.M
+    )
+    suite = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/host",
+         "--inventory", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=os.environ.copy(),
+    )  # fmt: skip
+    assert suite.returncode == 0, tail(suite, 120)
+    for test in ("test_instance_runs_on_its_own_devices", "test_health_and_models_answer"):
+        for i in range(2):
+            assert re.search(rf"{test}\[{re.escape(host)}/{i}\] PASSED", suite.stdout), test
+    balancer_tests = ("unit_and_config", "lists_every_instance_up", "answers_on_vllm_port",
+                      "exporter_says_every_instance_up")  # fmt: skip
+    for test in (f"test_balancer_{name}" for name in balancer_tests):
+        assert re.search(rf"{test}\[{re.escape(host)}\] PASSED", suite.stdout), test

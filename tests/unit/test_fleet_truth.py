@@ -239,7 +239,7 @@ for a in "$@"; do case "$a" in --unit=*) echo "${a#--unit=}.timer loaded active 
 def fake_systemd(tmp_path, monkeypatch):
     """server.sh runs its commands here, against a systemctl/systemd-run that log their argv and
     list the timers systemd-run started (the real ones: test_status_prometheus, on the sandbox)."""
-    from specdeploy import server
+    from specdeploy import watchdog
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -256,33 +256,33 @@ def fake_systemd(tmp_path, monkeypatch):
         assert done.returncode == 0 or not check, done.stderr
         return done.stdout
 
-    monkeypatch.setattr(server, "sh", sh)
-    return server, log
+    monkeypatch.setattr(watchdog, "sh", sh)
+    return watchdog, log
 
 
 def test_the_watchdog_is_renewed_without_a_gap_and_removed_at_the_end(fake_systemd, valid_data):
-    server, log = fake_systemd
+    watchdog, log = fake_systemd
     cfg = config_from_data(valid_data)
-    first = server.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
+    first = watchdog.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
     assert first.startswith("specdeploy-vllm-measure-watchdog-") and first.endswith(".timer")
     run_line = [line for line in log.read_text().splitlines() if line.startswith("systemd-run")]
     assert len(run_line) == 1 and "--on-active=1234s" in run_line[0]
     assert "AccuracySec=1s" in run_line[0] and "--collect" in run_line[0]
-    second = server.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
+    second = watchdog.arm_watchdog(cfg, "specdeploy-vllm.service", 1234)
     lines = log.read_text().splitlines()
     started = lines.index(next(line for line in lines[2:] if line.startswith("systemd-run")))
     stopped = lines.index(f"systemctl stop {first}")
     assert started < stopped  # the new timer runs before the old one goes: never none
     assert f"systemctl stop {second}" not in lines
-    server.disarm_watchdog(cfg)
+    watchdog.disarm_watchdog(cfg)
     assert f"systemctl stop {second}" in log.read_text().splitlines()
 
 
 def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(valid_data):
-    from specdeploy import server
+    from specdeploy import watchdog
 
     cfg = config_from_data(valid_data)
-    script = server.watchdog_script(cfg, "specdeploy-vllm.service")
+    script = watchdog.watchdog_script(cfg, "specdeploy-vllm.service")
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
     steps = [step.strip() for step in script.split(" && ")]
     measure = "specdeploy-vllm-measure.service"

@@ -83,17 +83,17 @@ def test_no_import_cycle_inside_the_package():
 ROOMS = [
     [
         "config", "capabilities", "datasets", "on_host", "timestamps", "inventory", "metrics",
-        "record", "reports", "facts", "host_scripts", "problems",
+        "record", "reports", "facts", "balancer_stat", "host_scripts", "problems",
     ],
     [
         "argv", "memory_model", "instances", "revisions", "render", "gpu_checks", "preflight",
         "checks", "release_checks", "request_set_checks", "migrate",
     ],
-    ["server", "bench"],
+    ["server", "watchdog", "bench"],
     ["steps"],
     ["measure"],
     ["serve", "serve_box"],
-    ["status", "status_table", "monitoring", "rollout"],
+    ["status", "status_box", "status_table", "monitoring", "rollout"],
     ["cli"],
 ]  # fmt: skip
 

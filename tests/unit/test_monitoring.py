@@ -158,6 +158,8 @@ def test_dashboard_queries_filter_by_host():
     for expr in exprs:
         for selector in re.findall(r"(?:vllm|specdeploy):[a-z0-9_:]+(\{[^}]*\})?", expr):
             assert 'host=~"$host"' in selector, expr
+        for selector in re.findall(r"haproxy_[a-z_]+(\{[^}]*\})?", expr):  # a box's balancer
+            assert 'host=~"$host"' in selector and 'job="specdeploy-balancer"' in selector, expr
     names = {v["name"] for v in dashboard["templating"]["list"]}
     assert names == {"datasource", "host"}
 
@@ -179,4 +181,131 @@ def test_promtool_accepts_rules_and_rendered_config(tmp_path, valid_data):
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout and "SUCCESS: 2 rules found" in result.stdout
+    assert "SUCCESS: 17 rules found" in result.stdout and "SUCCESS: 2 rules found" in result.stdout
+
+
+# --- a whole box (issue 23) -------------------------------------------------------------------
+
+
+def test_whole_box_targets_per_instance_and_its_balancer(tmp_path, valid_data):
+    data = {**valid_data, "vllm_host": "0.0.0.0", "instances": 2, "ssh_hostname": "10.0.0.7"}
+    single = {**valid_data, "vllm_host": "0.0.0.0", "ssh_hostname": "10.0.0.8"}
+    summary = write_prometheus(
+        tmp_path, [host("box", data), host("one", single)], reports=tmp_path / "r", warn=print
+    )
+    assert summary["targets"] == 3 and summary["balancers"] == 1
+    targets = json.loads((tmp_path / "targets/specdeploy-vllm.json").read_text())
+    assert [t["targets"] for t in targets] == [
+        ["10.0.0.7:8001"],
+        ["10.0.0.7:8002"],
+        ["10.0.0.8:8000"],
+    ]
+    names = [t["labels"].get("instance_name") for t in targets]
+    assert names == ["specdeploy-vllm-0", "specdeploy-vllm-1", None]  # a single server: unchanged
+    assert targets[0]["labels"]["host"] == "box"
+    (balancer,) = json.loads((tmp_path / "targets/specdeploy-balancer.json").read_text())
+    assert balancer == {"targets": ["10.0.0.7:8404"], "labels": {"host": "box", "group": ",gpu,"}}
+    jobs = {j["job_name"]: j for j in yaml.safe_load((tmp_path / "prometheus.yml").read_text())[
+        "scrape_configs"]}  # fmt: skip
+    assert jobs["specdeploy-balancer"]["file_sd_configs"] == [
+        {"files": ["targets/specdeploy-balancer.json"]}
+    ]
+    assert "authorization" not in jobs["specdeploy-balancer"]
+
+
+def test_whole_box_on_loopback_gets_no_target(tmp_path, valid_data):
+    warnings = []
+    data = {**valid_data, "instances": 2}  # vllm_host 127.0.0.1
+    summary = write_prometheus(
+        tmp_path, [host("box", data)], reports=tmp_path, warn=warnings.append
+    )
+    assert summary["skipped_loopback"] == ["box"] and summary["balancers"] == 0
+    assert not (tmp_path / "targets/specdeploy-balancer.json").exists()
+
+
+PROMEX = REPO / "tests/unit/data/haproxy-2.6/promex_one_down.txt"
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
+)
+def test_backend_down_alert_on_haproxys_own_series(tmp_path):
+    """promtool's rule test on the series HAProxy 2.6's exporter printed with one instance down
+    (data/haproxy-2.6/promex_one_down.txt): DOWN alerts after 2m, MAINT (a drained instance) and
+    UP do not."""
+    recorded = {}
+    for line in PROMEX.read_text().splitlines():
+        match = re.fullmatch(r'haproxy_server_status\{proxy="instances",server="([^"]+)",'
+                             r'state="(\w+)"\} (\d)', line)  # fmt: skip
+        if match:
+            recorded[(match.group(1), match.group(2))] = int(match.group(3))
+    assert recorded[("specdeploy-vllm-0", "DOWN")] == 1 and recorded[("specdeploy-vllm-1", "UP")]
+
+    def series(server, state, value):
+        labels = f'job="specdeploy-balancer",host="box",proxy="instances",server="{server}"'
+        return {"series": f'haproxy_server_status{{{labels},state="{state}"}}',
+                "values": f"{value}x10"}  # fmt: skip
+
+    inputs = [series(s, state, v) for (s, state), v in recorded.items()]
+    inputs.append(series("specdeploy-vllm-1", "MAINT", 1))  # as if drained, for the test
+    inputs.append({"series": 'up{job="specdeploy-balancer",host="box"}', "values": "1x10"})
+    test = {
+        "rule_files": [str(monitoring_dir() / "rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "1m",
+                        "alertname": "SpecdeployBalancerBackendDown",
+                        "exp_alerts": [],
+                    },  # fmt: skip
+                    {
+                        "eval_time": "3m",
+                        "alertname": "SpecdeployBalancerBackendDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "job": "specdeploy-balancer",
+                                    "host": "box",
+                                    "proxy": "instances",
+                                    "server": "specdeploy-vllm-0",
+                                    "state": "DOWN",
+                                    "severity": "warning",
+                                },
+                                "exp_annotations": {
+                                    "summary": "box: instance specdeploy-vllm-0 is down in its "
+                                    "balancer",
+                                    "description": "The balancer's /health check of "
+                                    "specdeploy-vllm-0 fails, so it sends that instance no "
+                                    "requests: the host serves with less capacity. Run "
+                                    "`specdeploy status`.",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "3m", "alertname": "SpecdeployBalancerDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_exporter_port_is_no_instances(valid_data):
+    from specdeploy import instances
+
+    listed = [{"gpus": [0], "port": 8404}, {"gpus": [1], "port": 8002}]
+    cfg = config_from_data({**valid_data, "instances": listed})
+    assert instances.expand(cfg).problems == [
+        "specdeploy-vllm-0 port 8404 is also the balancer's metrics (balancer_metrics_port)'s"
+    ]
+    moved = config_from_data({**valid_data, "instances": listed, "balancer_metrics_port": 9404})
+    assert instances.expand(moved).problems == []

@@ -1,0 +1,112 @@
+"""A whole box's split and per-instance preflight on 8-GPU `nvidia-smi` outputs (issue 23).
+
+The fixtures `constructed_8gpu_*.json` in data/nvidia-smi-h200/ are CONSTRUCTED (their README and
+benchmarks/gpu_preflight/box_fixtures.py say how): the recorded H200 format and memory figures
+repeated for GPUs 0-7. They hold what the `Accelerators` fact prints when asked about every
+instance's units; each instance's own call (serve.run_preflight with `service_units` of the
+instance's config) prints only its own `@@unit` parts, which `as_asked` keeps. The host data is the
+recorded server's (test_gpu_preflight.running: Qwen3-8B + Qwen3-0.6B architecture, util 0.55).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specdeploy import instances
+from specdeploy.facts import Accelerators, parse_accelerators
+from specdeploy.preflight import evaluate
+from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def as_asked(name: str, units: list[str]) -> list[str]:
+    """The fixture's output as the fact prints it when asked about `units` only."""
+    out, keep = [], True
+    for line in fixture(name)["output"]:
+        if line.startswith("@@unit "):
+            keep = line.split(" ", 1)[1] in units
+        elif line.startswith("@@"):
+            keep = True
+        if keep:
+            out.append(line)
+    return out
+
+
+def box(valid_data, n: int, tp: int):
+    one = running(valid_data)
+    args = [*one.vllm_extra_args, "--tensor-parallel-size", str(tp)]
+    return one.model_copy(update={"instances": n, "vllm_extra_args": args})
+
+
+def verdicts(cfg, name: str) -> dict[str, object]:
+    """Each instance's preflight on the fixture, as serve_box.preflight_all runs it."""
+    gpus = [g.index for g in parse_accelerators(fixture(name)["output"]).gpus]
+    layout = instances.expand(cfg, gpus)
+    assert layout.problems == []
+    out = {}
+    for member in layout.instances:
+        units = member.cfg.service_units
+        assert fixture(name)["command"].startswith(Accelerators().command(units=[]))
+        info = parse_accelerators(as_asked(name, units))
+        out[member.name] = evaluate(member.cfg, TARGET, DRAFT, info, RAM)
+    return out
+
+
+def test_the_fixtures_are_eight_h200s_marked_constructed():
+    for name in ("constructed_8gpu_idle", "constructed_8gpu_4x_tp2"):
+        assert fixture(name)["kind"] == "constructed"
+        info = parse_accelerators(fixture(name)["output"])
+        assert [g.index for g in info.gpus] == list(range(8))
+        assert {g.name for g in info.gpus} == {"NVIDIA H200"}
+        assert len({g.uuid for g in info.gpus}) == 8
+    serving = parse_accelerators(fixture("constructed_8gpu_4x_tp2")["output"])
+    assert [p.pid for p in serving.gpus[5].processes] == [1203, 4242]
+    assert serving.gpus[5].processes[1].unit is None  # another process, no unit
+
+
+@pytest.mark.parametrize("tp, n", [(1, 8), (2, 4)])
+def test_idle_box_split_and_every_instance_fits(valid_data, tp, n):
+    results = verdicts(box(valid_data, n, tp), "constructed_8gpu_idle")
+    assert list(results) == [f"specdeploy-vllm-{i}" for i in range(n)]
+    for i, result in enumerate(results.values()):
+        assert result.problems == [] and result.warnings == []
+        assert result.memory["gpus_used"] == [f"GPU {g}" for g in range(i * tp, (i + 1) * tp)]
+        assert result.memory["device_memory_other_bytes"] == 0
+
+
+def test_serving_box_each_instance_frees_only_its_own(valid_data):
+    results = verdicts(box(valid_data, 4, 2), "constructed_8gpu_4x_tp2")
+    first, second, third, fourth = results.values()
+    # a serving instance: its own workers' memory is freed by its restart
+    assert first.problems == []
+    assert first.memory["device_memory_own_bytes"] == {"specdeploy-vllm-0.service": 79264 * MIB}
+    assert first.memory["device_memory_other_bytes"] == 9 * MIB
+    assert second.problems == [] and second.memory["gpus_used"] == ["GPU 2", "GPU 3"]
+    # the restarting one: what its new engine holds so far is its own too
+    assert fourth.problems == []
+    assert fourth.memory["device_memory_own_bytes"] == {"specdeploy-vllm-3.service": 9000 * MIB}
+    # another process on GPU 5 stays in use: instance 2 would not start beside it
+    (problem,) = third.problems
+    assert problem.startswith(
+        "vLLM would refuse to start: GPU 5 has 62.01 GiB in use by other processes "
+        "(77.41 GiB by specdeploy-vllm-2.service, which the restart frees)"
+    )
+
+
+def test_serving_box_resplit_counts_the_neighbours(valid_data):
+    """The same box re-split to 8 x TP 1: instance 1 of the new split gets GPU 1, where the old
+    instance 0 (a neighbour, still serving) has a worker: in use. Instance 0 keeps GPU 0: its
+    own."""
+    results = verdicts(box(valid_data, 8, 1), "constructed_8gpu_4x_tp2")
+    assert results["specdeploy-vllm-0"].problems == []
+    (problem,) = results["specdeploy-vllm-1"].problems
+    assert "GPU 1 has 77.42 GiB in use, so only 62.49 GiB" in problem
+    assert results["specdeploy-vllm-1"].memory["device_memory_own_bytes"] == {}
+    assert results["specdeploy-vllm-2"].memory["device_memory_own_bytes"] == {}
+    # the new instance 3 (GPU 3) finds the old instance 1's worker there: in use as well
+    assert results["specdeploy-vllm-3"].problems
+    # the old instance 3's GPUs (6, 7) hold its 9000 MiB so far: the new 6 and 7 still fit
+    assert results["specdeploy-vllm-6"].problems == []
+    assert results["specdeploy-vllm-6"].memory["device_memory_other_bytes"] == (9000 + 9) * MIB
