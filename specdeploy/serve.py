@@ -25,12 +25,12 @@ from pyinfra.operations import python
 from . import instances, server
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
-from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .facts import Accelerators, JsonFile, MemoryBytes, VllmVersion
 from .measure import gate
 from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, service_record
 from .render import RenderedUnit, render_unit
-from .serve_box import refuse_if_whole_box, serve_box
+from .serve_box import refuse_if_whole_box, serve_box, verify_needed
 from .steps import dataset, install, lock, record, smoke, unit, weights
 from .steps.rollback import (
     out_of_service_width,
@@ -158,21 +158,7 @@ def serve(role: str = "speculative"):
         run_preflight(cfg)  # weights already there: refuse now, before any operation runs
 
     change = unit.install_unit(cfg, rendered)
-    active = host.get_fact(ServiceActive, unit=rendered.name)
-    up_to_date = (
-        previous is not None
-        and previous.unit.sha256 == rendered.sha256
-        and not gate.gate_pending(cfg, previous)
-    )
-    stale_workload = dataset.workload_changes(previous, cfg)
-    if stale_workload:
-        logger.warning(
-            f"{host.print_prefix}the record's workload differs from the host data "
-            f"({', '.join(stale_workload)}): health, smoke and record run again, no restart"
-        )
-    # the record names the refs this run pinned (status, compare and tune read them back): a ref
-    # asked for differently but resolving to the same commit rewrites the record, no restart
-    stale_pins = previous is not None and previous.revisions != pins
+    needed = verify_needed(cfg, rendered, previous, change=change, pins=pins, shipped=shipped)
     parallel = out_of_service_width(cfg)
 
     # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
@@ -186,14 +172,7 @@ def serve(role: str = "speculative"):
         rendered=rendered,
         started=started,
         pins=pins,
-        _if=lambda: (
-            change.pending()
-            or not up_to_date
-            or active != "active"
-            or bool(stale_workload)
-            or stale_pins
-            or bool(shipped and shipped.did_change())
-        ),
+        _if=needed,
         **parallel,
     )
     lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

@@ -157,6 +157,36 @@ def roll_box(
         server.sh("systemctl disable -q " + " ".join(surplus) + " 2>/dev/null; true", check=False)
 
 
+def verify_needed(own: ServeConfig, rendered, previous, *, change, pins: dict, shipped):
+    """Whether a server's restart-health-smoke-record call must run (read when pyinfra runs it):
+    its unit or env file is changing, the record's unit, gate, workload or pins differ from this
+    run's, or it is not active. Shared by the single server (serve.py) and each instance here."""
+    active = host.get_fact(ServiceActive, unit=rendered.name)
+    up_to_date = (
+        previous is not None
+        and previous.unit.sha256 == rendered.sha256
+        and not gate.gate_pending(own, previous)
+    )
+    stale_workload = dataset.workload_changes(previous, own)
+    if stale_workload:
+        logger.warning(
+            f"{host.print_prefix}{own.service_name}: the record's workload differs from the "
+            f"host data ({', '.join(stale_workload)}): health, smoke and record run again, "
+            "no restart"
+        )
+    # the record names the refs this run pinned (status, compare and tune read them back): a ref
+    # asked for differently but resolving to the same commit rewrites the record, no restart
+    stale_pins = previous is not None and previous.revisions != pins
+    return lambda: (
+        change.pending()
+        or not up_to_date
+        or active != "active"
+        or bool(stale_workload)
+        or stale_pins
+        or bool(shipped and shipped.did_change())
+    )
+
+
 def serve_box(cfg: ServeConfig, pins: dict, started: float, role: str, **steps) -> None:
     """serve.serve for a host with `instances` set (see the module's docstring); `steps`: serve's
     check_gpus, preflight and verify."""
@@ -191,25 +221,9 @@ def serve_box(cfg: ServeConfig, pins: dict, started: float, role: str, **steps) 
     for plan in plans:
         own, rendered, previous = plan["member"].cfg, plan["rendered"], plan["previous"]
         change = unit.install_unit(own, rendered)
-        active = host.get_fact(ServiceActive, unit=rendered.name)
-        up_to_date = (
-            previous is not None
-            and previous.unit.sha256 == rendered.sha256
-            and not gate.gate_pending(own, previous)
-        )
-        stale = dataset.workload_changes(previous, own)
-        if stale:
-            logger.warning(
-                f"{host.print_prefix}{own.service_name}: the record's workload differs from the "
-                f"host data ({', '.join(stale)}): health, smoke and record run again, no restart"
-            )
         plan["change"] = change
-        plan["needed"] = lambda change=change, ok=up_to_date, active=active, stale=stale: (
-            change.pending()
-            or not ok
-            or active != "active"
-            or bool(stale)
-            or bool(shipped and shipped.did_change())
+        plan["needed"] = verify_needed(
+            own, rendered, previous, change=change, pins=pins, shipped=shipped
         )
     python.call(
         name=(
