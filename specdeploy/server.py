@@ -94,7 +94,8 @@ def parse_poll(output: str) -> tuple[bool, str, int]:
 
 
 def poll(cfg: ServeConfig, unit: str) -> tuple[bool, str, int]:
-    return parse_poll(sh(poll_command(cfg, unit), check=False))
+    command = poll_command(cfg, unit)
+    return parse_poll(sh(command, check=False))
 
 
 # --- healthy --------------------------------------------------------------------------------------
