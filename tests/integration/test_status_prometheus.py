@@ -349,7 +349,7 @@ CHEAP_COMPARE = {  # the fewest runs the plan allows: one per arm, no warm-up, n
 
 
 def record_of(sandbox_ssh, host) -> dict:
-    out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/deployment.json")
+    out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
