@@ -15,6 +15,7 @@ import time
 
 from pyinfra import host, logger
 
+from .balancer_stat import BACKEND, parse_balancer_stat
 from .config import ServeConfig, Workload
 from .facts import ServiceActive
 from .metrics import spec_decode_counters
@@ -338,8 +339,6 @@ def restore_previous(cfg: ServeConfig, name: str) -> str | None:
 
 # --- the local balancer of a whole box (HAProxy's runtime API on its admin socket) ----------------
 
-BACKEND = "instances"  # templates/haproxy.cfg.j2
-
 
 def balancer(cfg: ServeConfig, command: str) -> str:
     """One HAProxy runtime API command on the host's admin socket (root-only); its answer."""
@@ -349,17 +348,9 @@ def balancer(cfg: ServeConfig, command: str) -> str:
 
 
 def parse_stat(text: str) -> dict[str, dict[str, str]]:
-    """`show stat` CSV -> {server name: its columns} for the instances backend."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        return {}
-    columns = lines[0][2:].split(",")
-    rows = [dict(zip(columns, line.split(","), strict=False)) for line in lines[1:]]
-    return {
-        row["svname"]: row
-        for row in rows
-        if row.get("pxname") == BACKEND and row.get("svname") not in ("FRONTEND", "BACKEND")
-    }
+    """`show stat` CSV -> {server name: its columns} for the instances backend (the parser of the
+    BalancerServers fact, on the runtime API's answer)."""
+    return parse_balancer_stat([*text.splitlines(), "@@rc 0"])["servers"]
 
 
 def balancer_servers(cfg: ServeConfig) -> dict[str, dict[str, str]]:
