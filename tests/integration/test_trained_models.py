@@ -73,27 +73,31 @@ POOR = "specdeploy-sandbox/pycode-draft-poor"
 
 
 POOR_PROMPTS = 4  # per run: the poor draft is ~10-25 % slower at every k, 4 requests show it
+COMPARE_PROMPTS = 8  # per run: the good draft halves TPOT; 8 requests show it in every run
+
+
+def short_inventory(path: Path, host: str, num_prompts: int, **data) -> Path:
+    """An inventory of `host` alone with the sandbox's workload cut to `num_prompts` requests per
+    run (the measurements' runs are what the suite pays for), plus `data`."""
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
+        f"_workload = {{**_group['workload'], 'num_prompts': {num_prompts}}}\n"
+        f"sandbox = [(n, {{**d, 'workload': _workload, **{data!r}}})\n"
+        f"           for n, d in _base['sandbox'] if n == {host!r}]\n"
+    )
+    return path
 
 
 def poor_inventory(path: Path, host: str, sandbox_services, sandbox_ssh, **data) -> Path:
-    """An inventory of `host` alone serving the poor draft (same k and method), the sandbox's
-    workload with POOR_PROMPTS requests per run (the gate's and tune's runs are what the suite
-    pays for), plus `data`."""
+    """`host` alone serving the poor draft (same k and method), POOR_PROMPTS requests per run."""
     spec = {
         **record_of(sandbox_ssh, host)["speculative_config"],
         "model": POOR,
         "revision": sandbox_services["models"][POOR]["main"],
     }
-    data = {"speculative_config": spec, **data}
-    path.write_text(
-        "import runpy\n"
-        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
-        f"_workload = {{**_group['workload'], 'num_prompts': {POOR_PROMPTS}}}\n"
-        f"sandbox = [(n, {{**d, 'workload': _workload, **{data!r}}})\n"
-        f"           for n, d in _base['sandbox'] if n == {host!r}]\n"
-    )
-    return path
+    return short_inventory(path, host, POOR_PROMPTS, speculative_config=spec, **data)
 
 
 @pytest.fixture(scope="module")
@@ -155,11 +159,13 @@ def mad(xs):
 
 
 @pytest.fixture(scope="module")
-def compare_run(deployed, host):
+def compare_run(deployed, host, tmp_path_factory):
     """deploys/compare.py with its default run count (sequential: from 4 + 4, the fewest at which
-    the permutation test can reach alpha = 0.05, up to 8 + 8) and the APC profile, no warm-up
-    run."""
-    return measure("compare", host, WARMUP_RUNS=0, APC_PROFILE=1, APC_REPEATS=1)[0]
+    the permutation test can reach alpha = 0.05, up to 8 + 8), COMPARE_PROMPTS requests per run,
+    no warm-up run and no APC profile (its plumbing is checked on the tiny pair, in
+    test_whole_box.py's compare)."""
+    inventory = short_inventory(tmp_path_factory.mktemp("compare") / "c.py", host, COMPARE_PROMPTS)
+    return measure("compare", host, inventory, WARMUP_RUNS=0, APC_PROFILE=0)[0]
 
 
 def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host, sandbox_ssh):
@@ -205,7 +211,7 @@ def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, san
     assert set(summary["hosts"]) == {host}
     h = summary["hosts"][host]
     runs = raw_runs(compare_run, host)
-    # rounds alternate which arm goes first, then the APC profile; APC off outside the profile
+    # rounds alternate which arm goes first; APC off in every run
     assert [r["specdeploy"]["arm"] for r in runs] == [
         "baseline",
         "speculative",
@@ -215,16 +221,12 @@ def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, san
         "speculative",
         "speculative",
         "baseline",
-        "apc-off",
-        "apc-on",
     ]
     for r in runs:
         assert r["failed"] == 0 and r["specdeploy"]["fresh_server"]
+        assert r["completed"] == COMPARE_PROMPTS
         argv = r["specdeploy"]["unit_argv"]
-        if r["specdeploy"]["arm"] == "apc-on":
-            assert "--enable-prefix-caching" in argv
-        else:
-            assert "--no-enable-prefix-caching" in argv
+        assert "--no-enable-prefix-caching" in argv
         assert ("--speculative-config" in argv) == (r["specdeploy"]["arm"] == "speculative")
     base, spec = arm(runs, "baseline"), arm(runs, "speculative")
     sa = spec[0]["specdeploy"]["unit_argv"]
@@ -260,15 +262,7 @@ def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, san
         )
     for r in base:
         assert "spec_decode_acceptance_rate" not in r
-    # the APC profile is separate and used a shared-prefix dataset
-    apc = h["apc_profile"]
-    on, off = arm(runs, "apc-on")[0], arm(runs, "apc-off")[0]
-    assert "prefix_repetition" in on["specdeploy"]["command"]
-    assert apc["ratios_on_over_off"]["ttft"]["ratio"] == pytest.approx(
-        on[KEYS["ttft"]] / off[KEYS["ttft"]]
-    )
-    assert apc["prefix_cache_hit_rate_on"] > 0
-    assert off["specdeploy"]["prefix_cache"].get("hits", 0) == 0
+    assert "apc_profile" not in h or not h["apc_profile"]
     # one host: the fleet ratio is that host's own
     assert summary["fleet"]["ratios"]["tpot"]["ratio"] == pytest.approx(
         h["ratios"]["tpot"]["ratio"]
@@ -279,7 +273,7 @@ def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, san
     )
     assert "permutation test" in md
     assert "Stopped by a significant look" in md and "| 4 | 0.0286 | 0.0286 | decide now |" in md
-    for chart in ("latency.png", "ratios.png", "apc.png"):
+    for chart in ("latency.png", "ratios.png"):
         assert (compare_run / chart).stat().st_size > 5000
     # the measurement unit is gone and the deployed unit serves again
     gone = sandbox_ssh(host, "test -e /etc/systemd/system/specdeploy-vllm-measure.service")
