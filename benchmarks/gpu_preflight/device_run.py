@@ -8,6 +8,9 @@ question the fact asks, `systemctl show -p ControlGroup --value UNIT`. The `Acce
 command then runs unchanged (plan.json's `command`). Where the cgroup cannot be made, the fact's
 unit part is replaced by the server's process group (`mode: "pids"`, recorded).
 
+A plan with `layouts` (box_plan.py: a whole box, issue 23) also has each layout decided by
+`instances.expand` on the GPU list the fact read at idle: the split, its problems, the idle GPUs.
+
 States, each with the fact's raw output and `preflight.evaluate` of every planned config on it:
 idle; own server running; own server + another process holding HOG_GIB; after the restart (the old
 server stopped, the same config started again, healthy: the check `verify_and_record` makes); after
@@ -30,6 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
 from device_common import complete, kill_group, log, start_server
 
+from specdeploy import instances
 from specdeploy.config import config_from_data
 from specdeploy.facts import parse_accelerators
 from specdeploy.preflight import evaluate
@@ -209,6 +213,35 @@ def wait_below(mib: int, tries: int = 120) -> int:
     return used_mib()
 
 
+def decide_layouts(layouts: dict, gpus: list[dict]) -> dict:
+    """What the deploy's planning decides for each box layout on this host's GPUs (the fact's)."""
+    available = [g["index"] for g in gpus]
+    out = {}
+    for name, data in layouts.items():
+        cfg = config_from_data(data)
+        layout = instances.expand(cfg, available)
+        out[name] = {
+            "gpus": available,
+            "problems": layout.problems,
+            "idle": layout.idle,
+            "uneven_note": instances.uneven_note(cfg, layout),
+            "instances": [
+                {
+                    "name": m.name,
+                    "port": m.port,
+                    "devices": list(m.devices),
+                    "env": {k: m.cfg.vllm_env.get(k) for k in (instances.GPU_ENV,)},
+                }
+                for m in layout.instances
+            ],  # fmt: skip
+            "idle_without_instances": (
+                instances.idle_without_instances(cfg, available) if cfg.instances is None else None
+            ),
+        }
+        log(f"layout {name}: {out[name]['instances'] or out[name]['problems']}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", required=True)
@@ -239,7 +272,10 @@ def main() -> None:
             run.models[role] = plan["model_facts_recorded"][role]
             run.event(f"ModelSnapshot fact failed for the {role}: the recorded facts stand in")
     run.summary["model_facts"] = run.models
-    run.state("idle")
+    idle = run.state("idle")
+    if plan.get("layouts"):
+        run.summary["layouts"] = decide_layouts(plan["layouts"], idle["fact"]["gpus"])
+        run.save()
     first, ok = run.start("first", deadline - 200)
     held = None
     try:

@@ -10,9 +10,11 @@ Two sources:
   `"composed"`. `own_server_plus_other_60g` is `own_server_plus_other_20g` with the other process's
   21090 MiB edited to 61440 MiB (60 GiB) and memory.used raised by the same 40350 MiB: synthesized.
 - `summary.json` of the device run (benchmarks/gpu_preflight/device_run.py): the current command's
-  own output, as the device printed it. Marked `"recorded"`.
+  own output, as the device printed it. Marked `"recorded"`. PREFIX names them (`device`: the
+  single server's run, device/; `device_box`: the whole box's instance `box-0`, box_device/), and
+  the fact's units are the ones that run asked about (its `plan_units`).
 
-Usage: python -m benchmarks.gpu_preflight.fixtures [SUMMARY_JSON]     (from the repo root)
+Usage: python -m benchmarks.gpu_preflight.fixtures [SUMMARY_JSON [PREFIX]]     (from the repo root)
 """
 
 from __future__ import annotations
@@ -73,13 +75,15 @@ def _sixty(out: list[str]) -> list[str]:
     return edited
 
 
-def fixture(output: list[str], kind: str, note: str, command: str | None = None) -> dict:
+def fixture(
+    output: list[str], kind: str, note: str, command: str | None = None, units=UNITS
+) -> dict:
     fact = Accelerators()
-    current = fact.command(units=UNITS)
+    current = fact.command(units=units)
     return {
         "kind": kind,
         "note": note,
-        "arg": {"units": UNITS},
+        "arg": {"units": units},
         "command": command or current,
         "output": output,
         "fact": fact.process(output).model_dump(),
@@ -109,10 +113,14 @@ def main() -> None:
     }
     if len(sys.argv) > 1:
         summary = json.loads(Path(sys.argv[1]).read_text())
+        prefix = sys.argv[2] if len(sys.argv) > 2 else "device"
+        units = summary.get("plan_units", UNITS)
+        if prefix != "device":
+            fixtures = {}  # the composed ones are written by the plain call
         for state in summary["states"]:
             note = f"recorded on the H200 by device_run.py, mode {state['mode']}"
-            fixtures[f"device_{state['state']}"] = fixture(
-                state["output"], "recorded", note, command=state["command"]
+            fixtures[f"{prefix}_{state['state']}"] = fixture(
+                state["output"], "recorded", note, command=state["command"], units=units
             )
     for name, value in fixtures.items():
         path = DATA / f"{name}.json"

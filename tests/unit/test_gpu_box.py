@@ -110,3 +110,52 @@ def test_serving_box_resplit_counts_the_neighbours(valid_data):
     # the old instance 3's GPUs (6, 7) hold its 9000 MiB so far: the new 6 and 7 still fit
     assert results["specdeploy-vllm-6"].problems == []
     assert results["specdeploy-vllm-6"].memory["device_memory_other_bytes"] == (9000 + 9) * MIB
+
+
+# Recorded on one H200 (benchmarks/gpu_preflight/box_device/, `device_box_*.json`): a box of one
+# instance, `box-0`, started from its own rendered argv and environment, its memory in the cgroup of
+# its own unit `box-0.service`.
+
+BOX_UNITS = ["box-0.service", "box-0-baseline.service", "box-0-measure.service"]
+
+
+def one_gpu_box(valid_data, **more):
+    return running(valid_data).model_copy(update={"service_name": "box", "instances": 1, **more})
+
+
+def test_recorded_box_fixtures_ask_about_the_instances_units():
+    for state in ("idle", "own_server", "own_server_plus_other_40g", "after_restart"):
+        f = fixture(f"device_box_{state}")
+        assert f["kind"] == "recorded" and f["arg"]["units"] == BOX_UNITS
+
+
+def test_recorded_gpu_list_splits_one_instance_and_refuses_two(valid_data):
+    gpus = [g.index for g in parse_accelerators(fixture("device_box_idle")["output"]).gpus]
+    assert gpus == [0]
+    (member,) = instances.expand(one_gpu_box(valid_data), gpus).instances
+    assert (member.name, member.port, member.devices) == ("box-0", 8001, (0,))
+    assert member.cfg.vllm_env[instances.GPU_ENV] == "0" and member.cfg.service_units == BOX_UNITS
+    two = instances.expand(one_gpu_box(valid_data, instances=2), gpus)
+    assert two.problems == [
+        "instances = 2 x 1 GPUs each needs 2 GPUs but the host has 1 (0) "
+        "(tensor x pipeline parallel = 1 per instance)"
+    ]
+    assert instances.idle_without_instances(running(valid_data), gpus) == []
+
+
+def test_recorded_instance_frees_its_own_memory_and_counts_the_rest(valid_data):
+    (member,) = instances.expand(one_gpu_box(valid_data), [0]).instances
+    serving = parse_accelerators(fixture("device_box_own_server")["output"])
+    assert [(p.unit, p.used_bytes // MIB) for p in serving.gpus[0].processes] == [
+        ("box-0.service", 79264)
+    ]
+    result = evaluate(member.cfg, TARGET, DRAFT, serving, RAM)
+    assert result.problems == [] and result.memory["memory_in_use"] == (
+        "GPU 0: 0.01 GiB in use by other processes, 77.41 GiB by box-0.service, which the restart "
+        "frees"
+    )
+    beside = parse_accelerators(fixture("device_box_own_server_plus_other_40g")["output"])
+    assert evaluate(member.cfg, TARGET, DRAFT, beside, RAM).problems == []
+    wide = member.cfg.model_copy(update={"gpu_memory_utilization": 0.92})
+    (problem,) = evaluate(wide, TARGET, DRAFT, beside, RAM).problems
+    assert "GPU 0 has 40.61 GiB in use by other processes (77.41 GiB by box-0.service" in problem
