@@ -140,6 +140,7 @@ def render_unit(
         systemd_quote(f"{n}={v}", expands_dollar=False)
         for n, v in sorted(service_environment(cfg).items())
     ]
+    affinity = cpu_affinity(cfg)  # this room's own reading of the config first, then argv's
     argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
     text = _env.get_template("vllm.service.j2").render(
         cfg=cfg,
@@ -151,7 +152,7 @@ def render_unit(
         env_file=cfg.env_file,
         environment=environment,
         exec_start=exec_start(argv),
-        cpu_affinity=cpu_affinity(cfg),
+        cpu_affinity=affinity,
     )
     return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from typing import Protocol
 
 from pyinfra import host, logger
 
@@ -20,11 +21,18 @@ from .config import ServeConfig, Workload
 from .facts import ServiceActive
 from .metrics import spec_decode_counters
 from .on_host import journal_tail, read_text, sh, sh_status, write_text
-from .render import RenderedUnit
 
 
 class HealthError(RuntimeError):
     pass
+
+
+class UnitFile(Protocol):
+    """A unit as start_fresh installs and starts it: render.RenderedUnit, which sits above this
+    module (the lifecycle needs a unit's name and text, not how they were rendered)."""
+
+    name: str
+    text: str
 
 
 SAMPLED_HEALTH_TEMPERATURE = 0.8
@@ -261,7 +269,7 @@ def stop(units: list[str]) -> None:
 
 
 def start_fresh(
-    cfg: ServeConfig, unit: RenderedUnit, *, speculative: bool, install: bool = True
+    cfg: ServeConfig, unit: UnitFile, *, speculative: bool, install: bool = True
 ) -> dict:
     """Stop every server on the port, (re)write the unit, start it, wait until healthy: the
     host's commands one after the other, then the wait."""
