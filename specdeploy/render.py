@@ -79,10 +79,14 @@ def _env_file_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class RenderedUnit:
+    """A unit as rendered: its role, name, argv and text, and where it is installed (like a
+    RenderedFile, so whoever writes it needs no config)."""
+
     role: str
     name: str
     argv: list[str]
     text: str
+    path: str
 
     @property
     def sha256(self) -> str:
@@ -154,7 +158,9 @@ def render_unit(
         exec_start=exec_start(argv),
         cpu_affinity=affinity,
     )
-    return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
+    return RenderedUnit(
+        role=measurement_arm or role, name=name, argv=argv, text=text, path=cfg.unit_path(name)
+    )
 
 
 def cpu_affinity(cfg: ServeConfig) -> str | None:
@@ -198,7 +204,7 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
     )
     return (
         RenderedFile(cfg.balancer_config_path, config),
-        RenderedUnit(role="balancer", name=cfg.balancer_unit, argv=[], text=unit),
+        RenderedUnit("balancer", cfg.balancer_unit, [], unit, cfg.unit_path(cfg.balancer_unit)),
     )
 
 

@@ -29,9 +29,10 @@ class HealthError(RuntimeError):
 
 class UnitFile(Protocol):
     """A unit as start_fresh installs and starts it: render.RenderedUnit, which sits above this
-    module (the lifecycle needs a unit's name and text, not how they were rendered)."""
+    module (the lifecycle needs a unit's name, path and text, not how they were rendered)."""
 
     name: str
+    path: str
     text: str
 
 
@@ -276,7 +277,7 @@ def start_fresh(
     name, stop_all = shlex.quote(unit.name), stop_command(cfg.service_units)
     sh(stop_all, check=False)
     if install:
-        write_text(cfg.unit_path(unit.name), unit.text, mode="644")
+        write_text(unit.path, unit.text, mode="644")
         sh("systemctl daemon-reload")
     sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
     return wait_healthy(cfg, unit.name, speculative=speculative)
