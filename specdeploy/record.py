@@ -113,7 +113,7 @@ def bench_result(source: BenchResult | dict) -> BenchResult:
 
 
 class SmokeSummary(_Part):
-    """bench.summarize() of the smoke run, as the record keeps it."""
+    """bench_summary.summarize() of the smoke run, as the record keeps it."""
 
     completed: Number | None = None
     request_throughput: Number | None = None

@@ -79,10 +79,14 @@ def _env_file_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class RenderedUnit:
+    """A unit as rendered: its role, name, argv and text, and where it is installed (like a
+    RenderedFile, so whoever writes it needs no config)."""
+
     role: str
     name: str
     argv: list[str]
     text: str
+    path: str
 
     @property
     def sha256(self) -> str:
@@ -140,6 +144,7 @@ def render_unit(
         systemd_quote(f"{n}={v}", expands_dollar=False)
         for n, v in sorted(service_environment(cfg).items())
     ]
+    affinity = cpu_affinity(cfg)  # this room's own reading of the config first, then argv's
     argv = serve_argv(cfg, speculative=role == "speculative", prefix_caching=prefix_caching)
     text = _env.get_template("vllm.service.j2").render(
         cfg=cfg,
@@ -151,9 +156,11 @@ def render_unit(
         env_file=cfg.env_file,
         environment=environment,
         exec_start=exec_start(argv),
-        cpu_affinity=cpu_affinity(cfg),
+        cpu_affinity=affinity,
     )
-    return RenderedUnit(role=measurement_arm or role, name=name, argv=argv, text=text)
+    return RenderedUnit(
+        role=measurement_arm or role, name=name, argv=argv, text=text, path=cfg.unit_path(name)
+    )
 
 
 def cpu_affinity(cfg: ServeConfig) -> str | None:
@@ -197,7 +204,7 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
     )
     return (
         RenderedFile(cfg.balancer_config_path, config),
-        RenderedUnit(role="balancer", name=cfg.balancer_unit, argv=[], text=unit),
+        RenderedUnit("balancer", cfg.balancer_unit, [], unit, cfg.unit_path(cfg.balancer_unit)),
     )
 
 

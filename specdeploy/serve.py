@@ -90,8 +90,11 @@ def verify_and_record(
     *,
     pins: dict | None = None,
     run_smoke: bool = True,
+    gate_input: gate.GateInput | None = None,
 ) -> DeploymentRecord:
-    """Health check, smoke benchmark and deployment record (runs at execution time)."""
+    """Health check, smoke benchmark and deployment record (runs at execution time). `gate_input`:
+    the speculation gate's units and fingerprint, fixed while planning (gate.gate_input; None: no
+    gate for this unit)."""
     snaps, pre = run_preflight(cfg)
     verify_started = time.monotonic()
     checked = server.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
@@ -108,8 +111,10 @@ def verify_and_record(
                 f"{host.name}: spec-decode counters did not grow during the smoke benchmark"
             )
     decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
-    if result is not None and rendered.role == "speculative" and cfg.speculation_gate is not None:
-        rendered, checked, decision = gate.speculation_gate(cfg, rendered, snaps["target"]["path"])
+    if result is not None and gate_input is not None:
+        rendered, checked, decision = gate.speculation_gate(
+            cfg, gate_input, snaps["target"]["path"]
+        )
     server.enable_only(cfg, rendered.role)
     removed = install.prune_venvs(cfg)  # verified: older releases can go
     entry = record.write_record(
@@ -172,6 +177,7 @@ def serve(role: str = "speculative"):
         rendered=rendered,
         started=started,
         pins=pins,
+        gate_input=gate.gate_input(cfg, rendered),
         _if=needed,
         **parallel,
     )

@@ -134,7 +134,8 @@ def roll_box(
             member = plan["member"]
             try:
                 verify_or_rollback(STEPS["verify"], member.cfg, plan["rendered"],
-                                   change=plan["change"], lock_cfg=cfg, **kwargs)  # fmt: skip
+                                   change=plan["change"], lock_cfg=cfg,
+                                   gate_input=plan["gate_input"], **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
                 # its old config, the rest of the batch as they were or verified
@@ -205,7 +206,8 @@ def serve_box(cfg: ServeConfig, pins: dict, started: float, role: str, **steps) 
         )
         rendered = gate.gate_settled_unit(own, render_unit(own, role), previous)
         unit.show_unit_diff(own, rendered)
-        plans.append({"member": member, "rendered": rendered, "previous": previous})
+        plans.append({"member": member, "rendered": rendered, "previous": previous,
+                      "gate_input": gate.gate_input(own, rendered)})  # fmt: skip
 
     install.prepare_host(cfg)
     instance_dirs(cfg, layout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from typing import Protocol
 
 from pyinfra import host, logger
 
@@ -20,11 +21,19 @@ from .config import ServeConfig, Workload
 from .facts import ServiceActive
 from .metrics import spec_decode_counters
 from .on_host import journal_tail, read_text, sh, sh_status, write_text
-from .render import RenderedUnit
 
 
 class HealthError(RuntimeError):
     pass
+
+
+class UnitFile(Protocol):
+    """A unit as start_fresh installs and starts it: render.RenderedUnit, which sits above this
+    module (the lifecycle needs a unit's name, path and text, not how they were rendered)."""
+
+    name: str
+    path: str
+    text: str
 
 
 SAMPLED_HEALTH_TEMPERATURE = 0.8
@@ -261,14 +270,14 @@ def stop(units: list[str]) -> None:
 
 
 def start_fresh(
-    cfg: ServeConfig, unit: RenderedUnit, *, speculative: bool, install: bool = True
+    cfg: ServeConfig, unit: UnitFile, *, speculative: bool, install: bool = True
 ) -> dict:
     """Stop every server on the port, (re)write the unit, start it, wait until healthy: the
     host's commands one after the other, then the wait."""
     name, stop_all = shlex.quote(unit.name), stop_command(cfg.service_units)
     sh(stop_all, check=False)
     if install:
-        write_text(cfg.unit_path(unit.name), unit.text, mode="644")
+        write_text(unit.path, unit.text, mode="644")
         sh("systemctl daemon-reload")
     sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
     return wait_healthy(cfg, unit.name, speculative=speculative)

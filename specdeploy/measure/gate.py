@@ -8,13 +8,14 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyinfra import host, logger
 
 from .. import datasets
 from ..bench import run_bench
-from ..config import ServeConfig
+from ..config import ServeConfig, SpeculationGate
 from ..record import BenchResult, DeploymentRecord
 from ..render import RenderedUnit, render_unit
 from ..reports import host_reports_dir
@@ -42,8 +43,35 @@ def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedU
     )
 
 
+@dataclass(frozen=True)
+class GateInput:
+    """What the gate measures and what its decision depends on, fixed while planning (the units are
+    rendered then): the two production units, the gate's settings and their fingerprint."""
+
+    speculative: RenderedUnit
+    baseline: RenderedUnit
+    settings: SpeculationGate
+    alpha: float
+    fingerprint: dict
+
+
+def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
+    """Planning time: the gate's input when it runs for this unit (a speculative unit with
+    `speculation_gate` set), else None."""
+    if rendered.role != "speculative" or cfg.speculation_gate is None:
+        return None
+    baseline = render_unit(cfg, "baseline")
+    return GateInput(
+        rendered,
+        baseline,
+        cfg.speculation_gate,
+        cfg.decision_alpha,
+        fingerprint(cfg, rendered, baseline),
+    )
+
+
 def speculation_gate(
-    cfg: ServeConfig, rendered: RenderedUnit, tokenizer: str
+    cfg: ServeConfig, units: GateInput, tokenizer: str
 ) -> tuple[RenderedUnit, dict | None, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
@@ -52,28 +80,26 @@ def speculation_gate(
     Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
     disabled."""
-    gate_cfg = cfg.speculation_gate
-    baseline = render_unit(cfg, "baseline")
-    key = _box_key(cfg, rendered, baseline)
+    gate_cfg = units.settings
+    rendered, baseline = units.speculative, units.baseline
+    arms = {"baseline": baseline, "speculative": rendered}
+    # the order depends on the arms' names alone (baseline first), not on the host
+    order = run_order(list(arms), gate_cfg.runs, mode="alternate")
+    key = _box_key(cfg, units)
     if key in _BOX_DECISIONS:  # another instance of this box measured it in this run
-        return _apply(
-            cfg, rendered, baseline, _shared(_BOX_DECISIONS[key], cfg, rendered, baseline)
-        )
+        return _apply(cfg, units, _shared(_BOX_DECISIONS[key], units))
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    units = {"baseline": baseline, "speculative": rendered}
     out = host_reports_dir(host.name)
     stamp = utc_stamp()
     own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
-    # the order depends on the arms' names alone (baseline first), not on the host
-    order = run_order(list(units), gate_cfg.runs, mode="alternate")
     results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
     files: dict[str, list[str]] = {"baseline": [], "speculative": []}
     checked: dict = {}
     for i, arm in enumerate(order["order"]):
         # the baseline unit is written for its runs; the speculative one is already installed
         speculative = arm == "speculative"
-        checked = start_fresh(cfg, units[arm], speculative=speculative, install=not speculative)
+        checked = start_fresh(cfg, arms[arm], speculative=speculative, install=not speculative)
         warm_up(cfg, cfg.workload)
         name = f"gate-{own}{stamp}-{i:02d}-{arm}"
         results[arm].append(
@@ -91,11 +117,11 @@ def speculation_gate(
         run_values(results["baseline"], "tpot"),
         max_tpot_ratio=gate_cfg.max_tpot_ratio,
         on_fail=gate_cfg.on_fail,
-        alpha=cfg.decision_alpha,
+        alpha=units.alpha,
     )
     decision.update(
         {
-            "fingerprint": fingerprint(cfg, rendered, baseline),
+            "fingerprint": units.fingerprint,
             "decided_at": utc_iso(),
             "run_order": order,
             "speculative_unit_sha256": rendered.sha256,
@@ -132,16 +158,16 @@ def speculation_gate(
 _BOX_DECISIONS: dict[tuple, dict] = {}
 
 
-def _box_key(cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit) -> tuple | None:
+def _box_key(cfg: ServeConfig, units: GateInput) -> tuple | None:
     if not cfg.instance_name:
         return None
-    shared = fingerprint(cfg, rendered, baseline)
+    shared = dict(units.fingerprint)
     shared.pop("speculative_unit_sha256"), shared.pop("baseline_unit_sha256")
     box = cfg.instance_name.rsplit("-", 1)[0]  # instances.instance_name: <service>-<i>
     return (host.name, box, json.dumps(shared, sort_keys=True))
 
 
-def _shared(measured: dict, cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit):
+def _shared(measured: dict, units: GateInput):
     """The measuring instance's decision as this instance's record keeps it: its own fingerprint
     (so a re-run settles on it), the numbers and the instance that measured them."""
     logger.info(
@@ -150,15 +176,16 @@ def _shared(measured: dict, cfg: ServeConfig, rendered: RenderedUnit, baseline: 
     )
     return {
         **measured,
-        "fingerprint": fingerprint(cfg, rendered, baseline),
-        "speculative_unit_sha256": rendered.sha256,
-        "baseline_unit_sha256": baseline.sha256,
+        "fingerprint": units.fingerprint,
+        "speculative_unit_sha256": units.speculative.sha256,
+        "baseline_unit_sha256": units.baseline.sha256,
         "shared_from": measured["measured"]["instance"],
     }
 
 
-def _apply(cfg: ServeConfig, rendered: RenderedUnit, baseline: RenderedUnit, decision: dict):
+def _apply(cfg: ServeConfig, units: GateInput, decision: dict):
     """This instance on the unit the shared decision picks, healthy."""
+    rendered, baseline = units.speculative, units.baseline
     if decision["passed"] or decision["on_fail"] != "baseline":  # it serves already: no restart
         return rendered, wait_healthy(cfg, rendered.name, speculative=True), decision
     switch_enabled(cfg, disable=rendered.name, enable=baseline.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..bench import format_curve
+from ..bench_summary import format_curve
 from .choose import CHOOSE_K_RULE
 from .decisions import METRICS
 from .tune_flow import SHARED_SERVER_NOTE

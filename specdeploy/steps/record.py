@@ -8,7 +8,7 @@ import time
 from pyinfra import host
 
 from .. import datasets
-from ..bench import summarize
+from ..bench_summary import summarize
 from ..config import ServeConfig
 from ..on_host import read_text, sh, write_text
 from ..record import BenchResult, DeploymentRecord, read_service_record

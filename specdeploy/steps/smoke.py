@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 
-from ..bench import format_summary, run_bench
+from ..bench import run_bench
+from ..bench_summary import format_summary
 from ..config import ServeConfig
 from ..record import BenchResult
 from ..reports import host_reports_dir

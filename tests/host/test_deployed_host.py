@@ -16,7 +16,6 @@ from specdeploy.argv import (
     SHORT_SPECULATIVE_FLAGS,
     argv_diff,
     flag_value,
-    launcher,
     serve_argv,
     unit_exec_argv,
 )
@@ -133,7 +132,7 @@ def test_no_deprecated_flags(installed_argv):
 
 
 def test_argv_starts_with_the_venv_launcher(installed_argv, cfg):
-    assert installed_argv[: len(launcher(cfg)) + 1] == launcher(cfg) + ["serve"]
+    assert installed_argv[: len(cfg.vllm_cli) + 1] == cfg.vllm_cli + ["serve"]
 
 
 def test_loaded_unit_is_the_file_on_disk(th, rendered):

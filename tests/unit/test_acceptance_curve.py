@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specdeploy.bench import format_summary, not_enough_data, summarize
+from specdeploy.bench_summary import format_summary, not_enough_data, summarize
 from specdeploy.measure import report
 from specdeploy.metrics import (
     acceptance,

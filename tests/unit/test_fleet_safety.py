@@ -58,7 +58,13 @@ def fleet(monkeypatch, valid_data):
     monkeypatch.setattr(rollback, "server", fake_server)
     monkeypatch.setattr(rollback, "unit_exec_argv", lambda text: ["/venv/bin/python"])
     cfg = config_from_data(valid_data)
-    unit = RenderedUnit(name="specdeploy-vllm.service", text="", argv=[], role="speculative")
+    unit = RenderedUnit(
+        name="specdeploy-vllm.service",
+        text="",
+        argv=[],
+        role="speculative",
+        path="/etc/systemd/system/specdeploy-vllm.service",
+    )
 
     def run_host(name, verify):
         current.name, current.print_prefix = name, f"[{name}] "
@@ -311,7 +317,9 @@ def test_unit_change_applies_only_what_differs(monkeypatch, valid_data):
     )
     monkeypatch.setattr(unit_step, "write_text", lambda path, text, mode: done.append(path))
     cfg = config_from_data(valid_data)
-    rendered = RenderedUnit(name="u.service", text="", argv=[], role="speculative")
+    rendered = RenderedUnit(
+        name="u.service", text="", argv=[], role="speculative", path="/etc/systemd/system/u.service"
+    )
     stage = SimpleNamespace(did_change=lambda: False)
     same = unit_step.UnitChange(cfg, rendered, False, False, stage_op=stage)
     assert not same.pending() and same.apply() is False and not same.changed()

@@ -83,7 +83,7 @@ def test_no_import_cycle_inside_the_package():
 ROOMS = [
     [
         "config", "capabilities", "datasets", "on_host", "timestamps", "inventory", "metrics",
-        "record", "reports", "facts", "balancer_stat", "host_scripts", "problems",
+        "record", "bench_summary", "reports", "facts", "balancer_stat", "host_scripts", "problems",
     ],
     [
         "argv", "memory_model", "instances", "revisions", "render", "gpu_checks", "preflight",

@@ -170,7 +170,9 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
 
     monkeypatch.setattr(gate, "run_bench", bench)
     rendered = render_unit(member.cfg, "speculative")
-    final, _, decision = gate.speculation_gate(member.cfg, rendered, "tok")
+    final, _, decision = gate.speculation_gate(
+        member.cfg, gate.gate_input(member.cfg, rendered), "tok"
+    )
     assert final.name in ("specdeploy-vllm-0.service", "specdeploy-vllm-0-baseline.service")
     assert {u for u, _ in started} - {"switch"} == {
         "specdeploy-vllm-0.service",
@@ -183,7 +185,9 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
     # a single server's gate files are named as before
     names.clear()
     one = config_from_data({**valid_data, "speculation_gate": {"runs": 2, "max_tpot_ratio": 0.95}})
-    _, _, decision = gate.speculation_gate(one, render_unit(one, "speculative"), "tok")
+    _, _, decision = gate.speculation_gate(
+        one, gate.gate_input(one, render_unit(one, "speculative")), "tok"
+    )
     assert "measured" not in decision and all(n.startswith("gate-2") for n in names)
 
 
@@ -214,9 +218,13 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
     monkeypatch.setattr(gate, "run_bench", bench)
-    one = gate.speculation_gate(first.cfg, render_unit(first.cfg, "speculative"), "tok")
+    one = gate.speculation_gate(
+        first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok"
+    )
     calls.clear()
-    two = gate.speculation_gate(second.cfg, render_unit(second.cfg, "speculative"), "tok")
+    two = gate.speculation_gate(
+        second.cfg, gate.gate_input(second.cfg, render_unit(second.cfg, "speculative")), "tok"
+    )
     assert set(benches) == {"specdeploy-vllm-0"} and len(benches) == 6  # measured once
     decision = two[2]
     assert decision["passed"] is one[2]["passed"] is faster

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.bench import summarize
+from specdeploy.bench_summary import summarize
 from specdeploy.metrics import acceptance
 from specdeploy.record import DeploymentRecord, RecordError, bench_result, read_record
 

@@ -112,7 +112,7 @@ class Lifecycle:
 def plans(cfg, needed=(True, True, True, True)):
     layout = instances.expand(cfg, list(range(4)))
     return [
-        {"member": m, "rendered": None, "change": None, "needed": lambda n=n: n}
+        {"member": m, "rendered": None, "gate_input": None, "change": None, "needed": lambda n=n: n}
         for m, n in zip(layout.instances, needed, strict=True)
     ]
 
