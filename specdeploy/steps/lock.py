@@ -48,7 +48,7 @@ from pyinfra.context import ctx_host
 
 from ..bench import bench_time_limit
 from ..config import LOCK_PARENT_DIR, ServeConfig
-from ..on_host import read_text, sh, sh_status
+from ..on_host import sh, sh_status
 from ..timestamps import utc_iso
 
 LEASE_GRACE_S = 120  # beyond the step it covers: connections, unit files, bookkeeping
@@ -142,9 +142,28 @@ def takeover_reason(fields: dict, now: datetime | None, *, here: str | None = No
     return None
 
 
-def read_lock(cfg: ServeConfig) -> dict | None:
-    text = read_text(cfg.lock_path, missing_ok=True)
-    return parse_holder(text) if text and text.strip() else None
+def peek_command(lock_path: str, *, parent: str = LOCK_PARENT_DIR) -> str:
+    """Planning time: the lock's line and the host's clock, never through a symlink (the line of
+    a planted link's target is not read, nor shown)."""
+    directory = lock_path.rsplit("/", 1)[0]
+    path = shlex.quote(lock_path)
+    checks = " ".join(
+        f"if [ -L {p} ]; then echo {shlex.quote(REFUSED)} {p} is a symbolic link; exit 0; fi;"
+        for p in (shlex.quote(q) for q in dict.fromkeys([parent, directory, lock_path]))
+    )
+    return (
+        f"{checks} if [ -f {path} ]; then head -n 1 {path}; "
+        f"echo {HOST_NOW} $(date -u +{ISO}); fi; true"
+    )
+
+
+def read_lock(cfg: ServeConfig) -> tuple[dict | None, datetime | None]:
+    """(the lock's fields, or {"refused": why}, or None when free; the host's clock)."""
+    text = sh(peek_command(cfg.lock_path), check=False).strip()
+    if text.startswith(REFUSED):
+        return {"refused": text[len(REFUSED) :].strip()}, None
+    line, now = split_answer(text)
+    return (parse_holder(line) if line.strip() else None), now
 
 
 REFUSED = "SPECDEPLOY-LOCK-REFUSED:"
@@ -187,12 +206,21 @@ def acquire_command(
         f"install -d -m 755 -o root -g root {parent} && "
         f"install -d -m 700 -o root -g root {lock_dir}"
     )
+    # an existing directory someone else made is refused, not taken back: `install -d` would
+    # chown it silently, and what was planted inside could not be trusted
     owned = (
         f'[ "$(stat -c %u:%a {lock_dir})" = 0:700 ] || '
-        f"{{ {refuse} {lock_dir} is not root-owned mode 0700; exit 0; }}"
+        f"{{ {refuse} {lock_dir} is $(stat -c %U:%a {lock_dir}), not root:700; exit 0; }}"
+    )
+    parent_owned = (
+        f'[ "$(stat -c %u {parent})" = 0 ] && [ -z "$(find {parent} -maxdepth 0 -perm /022)" ] || '
+        f"{{ {refuse} {parent} is $(stat -c %U:%a {parent}), not root-owned and closed to "
+        "others; exit 0; }"
     )
     return (
-        f"{checks} {make_dirs} || {{ {refuse} cannot create {lock_dir} as root; exit 0; }}; "
+        f"{checks} if [ -e {parent} ]; then {parent_owned}; fi; "
+        f"if [ -e {lock_dir} ]; then {owned}; fi; "
+        f"{make_dirs} || {{ {refuse} cannot create {lock_dir} as root; exit 0; }}; "
         f"{owned}; {_expiry(lease_s)}"
         f"if ( set -C; {_write_line(line)} > {path} ) 2>/dev/null; "
         f"then echo {ACQUIRED}; "
@@ -336,15 +364,16 @@ def install_failure_hook(state) -> None:
 def held_message(cfg: ServeConfig, fields: dict) -> str:
     if "refused" in fields:
         return (
-            f"{host.name}: the deploy lock {cfg.lock_path} was refused, not followed: "
-            f"{fields['refused']}. Someone other than root made it; find out who, remove it as "
-            "root, and run again."
+            f"{host.name}: deploy lock: {fields['refused']}, so it was refused and not followed "
+            "(nothing was read or written through it, nothing on the host changed) — someone "
+            f"other than root made it: find out who, remove it as root (`rm {cfg.lock_path}`; "
+            f"the directory must be root's, mode 0700), and run again"
         )
     return (
-        f"{host.name}: another deploy holds the deploy lock {cfg.lock_path}: {describe(fields)}. "
-        "Wait for it to finish (or for its lease to run out). If that deploy is gone, remove the "
-        "lock: "
-        f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {cfg.lock_path}` on the host)."
+        f"{host.name}: deploy lock: another deploy holds {cfg.lock_path}: {describe(fields)} — "
+        "wait for it to finish (or for its lease to run out); if that deploy is gone, remove the "
+        f"lock: `specdeploy unlock INVENTORY --limit {host.name}` (or `rm {cfg.lock_path}` on "
+        "the host)"
     )
 
 
@@ -353,8 +382,7 @@ def acquire(cfg: ServeConfig):
     """First operation of a deploy: take the host's deploy lock (reports no change)."""
     install_failure_hook(host.state)
     if not host.state.is_executing:
-        fields = read_lock(cfg)  # the control node's clock: a warning only
-        now = datetime.now(UTC)
+        fields, now = read_lock(cfg)  # a warning only: the lock is taken at execution time
         if fields and fields.get("holder") != holder_id() and not takeover_reason(fields, now):
             logger.warning(f"{host.print_prefix}{held_message(cfg, fields)}")
         return

@@ -176,6 +176,8 @@ def test_lock_commands_take_refuse_and_release_for_real(tmp_path):
     assert out.startswith(lock.REFUSED) and "symbolic link" in out and "mallory" not in out
     sh(lock.release_command(path, "mallory@x:1"))
     assert os.path.islink(path) and victim.read_text() == "holder=mallory@x:1\n"
+    # the planning-time read does not follow it either
+    assert sh(lock.peek_command(path, parent=str(parent))).startswith(lock.REFUSED)
     # a symlinked lock directory is refused too
     os.unlink(path)
     os.rmdir(parent / "locks")
@@ -413,3 +415,16 @@ def test_lease_is_written_renewed_and_lost_for_real(tmp_path):
     assert os.path.exists(path)
     sh(lock.remove_if_unchanged_command(path, other))
     assert not os.path.exists(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_lock_directory_someone_else_made_is_refused_not_taken_back(tmp_path):
+    parent = tmp_path / "run"
+    (parent / "locks").mkdir(parents=True)
+    os.chmod(parent / "locks", 0o755)
+    os.chown(parent / "locks", 65534, 65534)  # nobody: an unprivileged user planted it
+    path = str(parent / "locks" / "svc.deploy.lock")
+    out = sh(lock.acquire_command(path, "holder=me@ctl:1", lease_s=60, parent=str(parent)))
+    assert out.startswith(lock.REFUSED) and "not root:700" in out, out
+    assert not os.path.exists(path)  # nothing written in it
+    assert (parent / "locks").stat().st_uid == 65534  # nor taken back silently
