@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -332,45 +331,13 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
     assert ssh(broken, f"test -e {LOCK} && echo held || echo free").strip() == "free"
 
 
-SAMPLES = "/root/health-timeline"
-
-
-def start_sampler(ssh, host) -> str:
-    """On the host: `<epoch.ns> <health code>` every 0.5 s into SAMPLES (the containers share the
-    kernel's clock, so the hosts' timelines merge). Returns its pid."""
-    loop = (
-        "while :; do c=$(curl -s -o /dev/null -m 0.4 -w %{http_code} "
-        f'http://127.0.0.1:8000/health); echo "$(date +%s.%N) $c" >> {SAMPLES}; sleep 0.5; done'
-    )
-    command = f"rm -f {SAMPLES}; nohup sh -c {shlex.quote(loop)} >/dev/null 2>&1 & echo $!"
-    return ssh(host, command).strip()
-
-
-def stop_sampler(ssh, host, pid) -> list[tuple[float, bool]]:
-    ssh(host, f"kill {pid}", check=False)
-    text = ssh(host, f"cat {SAMPLES}; rm -f {SAMPLES}")
-    return [(float(t), code == "200") for t, code in (line.split() for line in text.splitlines())]
-
-
-def both_down(timelines: dict[str, list[tuple[float, bool]]]) -> list[float]:
-    """Sampled instants at which every host's latest sample said down."""
-    events = sorted((t, name, up) for name, samples in timelines.items() for t, up in samples)
-    latest: dict[str, bool] = {}
-    found = []
-    for t, name, up in events:
-        latest[name] = up
-        if len(latest) == len(timelines) and not any(latest.values()):
-            found.append(t)
-    return found
-
-
 def k_of(ssh, host) -> int:
     argv = unit_exec_argv(ssh(host, f"cat {UNIT}"))
     return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
 
 
 def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
-    sandbox_services, sandbox_fleet, ssh, tmp_path
+    sandbox_services, sandbox_fleet, ssh, health_timeline, tmp_path
 ):
     """The documented command, not `specdeploy rollout`. First a k change on both hosts of a
     2-host run (back to the base inventory's k: the tests above left them on other values), with
@@ -389,17 +356,12 @@ def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
         spec = {**cfg_of(pair[0]).speculative_config, "num_speculative_tokens": new_k}
         overrides = {h: {"speculative_config": spec} for h in pair}
     before = {h: state_of(ssh, h) for h in pair}
-    samplers = {h: start_sampler(ssh, h) for h in pair}
-    try:
+    with health_timeline(pair) as timeline:
         result = run("pyinfra", "-y", str(write_inventory(tmp_path, overrides)), "deploys/serve.py",
                      *limit)  # fmt: skip
-    finally:
-        timelines = {h: stop_sampler(ssh, h, pid) for h, pid in samplers.items()}
     assert result.returncode == 0, tail(result)
-    for host, samples in timelines.items():
-        assert len(samples) > 10 and samples[0][1] and samples[-1][1], (host, samples[:3])
-        assert not all(up for _, up in samples), f"{host} was never seen down: it did not restart"
-    assert both_down(timelines) == [], timelines
+    timeline.assert_one_down_at_a_time()
+    print({h: f"down {timeline.down_seconds(h):.1f} s" for h in pair})
     for host in pair:
         assert state_of(ssh, host)["MainPID"] != before[host]["MainPID"]
         record = json.loads(ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"))
