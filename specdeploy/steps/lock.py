@@ -91,7 +91,12 @@ def step_lease(cfg: ServeConfig, step_s: int | None = None) -> int:
 def parse_holder(text: str) -> dict:
     """`holder=root@ctl:123 since=2024-...Z command=...` -> dict."""
     fields = {}
-    for part in shlex.split(text.strip().splitlines()[0]) if text.strip() else []:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    try:
+        parts = shlex.split(first)
+    except ValueError:  # not a line this module wrote (an unbalanced quote): read it plainly
+        parts = first.split()
+    for part in parts:
         if "=" in part:
             key, value = part.split("=", 1)
             fields[key] = value
