@@ -179,6 +179,10 @@ class ServeConfig(BaseModel):
     # most this many hosts at once; the first failure stops the hosts after it (serve.py). One
     # value per run: pyinfra takes the operation's parallelism from all hosts alike.
     rollout_max_parallel: PositiveInt = 1
+    # the deploy lock's lease (steps/lock.py): a lock not renewed for this long is taken over (with
+    # a warning) by the next deploy from any control host. None: health_timeout_s + the smoke
+    # benchmark's time limit + a margin; pip installs, downloads and samples renew it for their own
+    lock_lease_s: PositiveInt | None = None
 
     # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
     # (instances.py). None: one server on vllm_port, exactly as without the key. N: GPUs split

@@ -198,7 +198,18 @@ def main(hf_home, repo, revision, timeout="auto", min_mb_per_s="10", host="this 
     else:
         advice = "raise download_timeout_s in the host's data"
     watchdog = arm(limit, what, advice, watchdog)
-    path = snapshot_download(repo_id=repo, revision=revision, cache_dir=cache, allow_patterns=files)
+    try:
+        path = snapshot_download(
+            repo_id=repo, revision=revision, cache_dir=cache, allow_patterns=files
+        )
+    except Exception as error:  # a repo or revision the endpoint does not serve, a refusal
+        watchdog.cancel()
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        sys.exit(
+            f"{what} failed: {type(error).__name__}: {first} — check that {repo} has revision "
+            f"{revision} on the endpoint (hf_endpoint, HF_ENDPOINT: "
+            f"{os.environ.get('HF_ENDPOINT', 'huggingface.co')}) and that the token may read it"
+        )
     watchdog.cancel()
     # This cache serves one deployment, offline (HF_HUB_OFFLINE=1). Code paths in vLLM that load a
     # model without its revision (e.g. the draft tokenizer under use_heterogeneous_vocab) resolve

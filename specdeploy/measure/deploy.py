@@ -61,6 +61,7 @@ def _measure(
     """`cfg`: the host's, or the measured instance's config when `box` (the host's) is given."""
     out = raw_dir(kind, host.name)
     name = cfg.service_name
+    lock.renew_held(lock.lease_seconds(box or cfg))  # this host's turn: LockLost before any change
     try:
         if box is not None:  # the balancer stops sending it requests; the others serve
             server.drain(box, name, timeout_s=server.drain_timeout_s(box))

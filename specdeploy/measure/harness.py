@@ -34,7 +34,7 @@ from ..bench import bench_time_limit, run_bench
 from ..config import ServeConfig, Workload
 from ..on_host import read_text
 from ..record import BenchResult, service_record
-from ..steps import weights
+from ..steps import lock, weights
 from ..timestamps import utc_iso
 from .arms import Arm, measure_unit
 
@@ -153,6 +153,7 @@ def measure_plan(
         for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
             # armed before the first sample stops production, renewed before every other one
             seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
+            lock.renew_held(lock.step_lease(cfg, seconds))  # the deploy lock outlasts the sample
             timer = watchdog.arm_watchdog(cfg, prod_unit, seconds)
             if i == 0:
                 logger.info(

@@ -31,6 +31,7 @@ from ..config import SECRETS_DIR, UNIT_DIR, ServeConfig
 from ..facts import FreeDiskBytes, VllmVersion
 from ..host_scripts import source
 from ..on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
+from . import lock
 
 
 @deploy("Packages, service user and directories")
@@ -87,6 +88,7 @@ def install_vllm(cfg: ServeConfig):
     )
     # The host's `timeout` stops pip at the limit; pyinfra's `_timeout` (per command) is the
     # backstop for a connection that hangs, and the operation's name says which key to raise.
+    lock.renew(name="Deploy lock lease: the install", seconds=lock.step_lease(cfg, limit))
     server.shell(
         name=f"pip install {pin} into {cfg.venv} (found {installed or 'nothing'}; "
         f"time limit install_timeout_s = {limit} s)",

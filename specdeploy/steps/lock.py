@@ -21,11 +21,16 @@ Both lock operations report "No changes" (they change no configuration), so a no
 run of zero changes. They only act while pyinfra executes; during planning (`--dry`, or a run
 without `-y`) the acquire operation only reads the lock and warns when someone else holds it.
 
-Stale locks: the lock lives in /run (tmpfs), so a reboot clears it. A lock whose recorded control
-host is this one and whose pid no longer runs here is taken over with a warning. A lock left by
-another control host (a CI runner that died) cannot be judged from here: remove it after checking
-that deploy is really gone, `specdeploy unlock INVENTORY --limit HOST` (or `rm` the file on the
-host as root).
+A lease: the lock line also says until when it holds (`expires=`, the host's clock, which
+writes and judges it alike): `lock_lease_s` (default: health_timeout_s plus the smoke benchmark's
+time limit plus a margin, the longest step of a deploy). The deploy renews it when a longer step
+starts (pip install, a download) and when a host's turn in the rolling restart comes; a
+measurement renews it before every sample. A lease that expired is taken over from any control host
+with a warning naming the old holder (a CI runner that died needs no manual unlock); a renewal that
+finds the lock taken over fails the host before it changes anything more. A lock from this control
+host whose pid no longer runs here is taken over at once; one whose pid still runs is never taken
+over. The lock lives in /run (tmpfs), so a reboot clears it; `specdeploy unlock INVENTORY --limit
+HOST` (or `rm` as root) removes one by hand.
 """
 
 from __future__ import annotations
@@ -34,19 +39,35 @@ import getpass
 import os
 import shlex
 import socket
+from datetime import UTC, datetime
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host
 
+from ..bench import bench_time_limit
 from ..config import LOCK_PARENT_DIR, ServeConfig
-from ..on_host import read_text, sh, sh_status
+from ..on_host import sh, sh_status
 from ..timestamps import utc_iso
+
+LEASE_GRACE_S = 120  # beyond the step it covers: connections, unit files, bookkeeping
+ISO = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class LockHeld(RuntimeError):
     pass
+
+
+class LockLost(RuntimeError):
+    """A renewal found the lock no longer this process's: its lease ran out and another deploy
+    took it over."""
+
+
+def lease_seconds(cfg: ServeConfig) -> int:
+    """How long a lock holds without renewal: `lock_lease_s`, else the longest step between two
+    renewals — a server start (health_timeout_s) and the smoke benchmark at its time limit."""
+    return cfg.lock_lease_s or cfg.health_timeout_s + bench_time_limit(cfg) + LEASE_GRACE_S
 
 
 def control_host() -> str:
@@ -62,10 +83,20 @@ def holder_id() -> str:
     return f"{user}@{control_host()}:{os.getpid()}"
 
 
+def step_lease(cfg: ServeConfig, step_s: int | None = None) -> int:
+    """The lease a renewal sets before a step that may take `step_s` (its own time limit)."""
+    return max(lease_seconds(cfg), (step_s or 0) + LEASE_GRACE_S)
+
+
 def parse_holder(text: str) -> dict:
     """`holder=root@ctl:123 since=2024-...Z command=...` -> dict."""
     fields = {}
-    for part in shlex.split(text.strip().splitlines()[0]) if text.strip() else []:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    try:
+        parts = shlex.split(first)
+    except ValueError:  # not a line this module wrote (an unbalanced quote): read it plainly
+        parts = first.split()
+    for part in parts:
         if "=" in part:
             key, value = part.split("=", 1)
             fields[key] = value
@@ -76,40 +107,99 @@ def parse_holder(text: str) -> dict:
     return fields
 
 
-def describe(fields: dict) -> str:
-    return f"{fields.get('who')} (pid {fields.get('pid')}, since {fields.get('since')})"
-
-
-def _holder_is_stale(fields: dict) -> bool:
-    """Only decidable for a lock taken from this control host: its process is gone."""
-    if fields.get("controlhost") != control_host() or not fields.get("pid"):
-        return False
+def parse_time(text: str | None) -> datetime | None:
     try:
-        os.kill(fields["pid"], 0)
+        return datetime.strptime(text or "", ISO).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def describe(fields: dict) -> str:
+    lease = f", lease until {fields['expires']}" if fields.get("expires") else ""
+    return f"{fields.get('who')} (pid {fields.get('pid')}, since {fields.get('since')}{lease})"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:
         return False
-    return False
+    except PermissionError:
+        return True
+    return True
 
 
-def read_lock(cfg: ServeConfig) -> dict | None:
-    text = read_text(cfg.lock_path, missing_ok=True)
-    return parse_holder(text) if text and text.strip() else None
+def takeover_reason(fields: dict, now: datetime | None, *, here: str | None = None,
+                    alive=pid_alive) -> str | None:  # fmt: skip
+    """Why someone else's lock may be taken over, or None (it holds). `now`: the host's clock.
+    A process of this control host that still runs keeps its lock whatever its lease says (it is
+    alive: it renews); one that is gone, or a lease that expired (from any control host), is
+    taken over."""
+    here = here or control_host()
+    pid = fields.get("pid")
+    if fields.get("controlhost") == here and pid:
+        if alive(pid):
+            return None
+        return "that process is no longer running on this control host"
+    expires = parse_time(fields.get("expires"))
+    if expires is not None and now is not None and expires <= now:
+        return f"its lease expired at {fields['expires']} (host clock {now.strftime(ISO)})"
+    return None
+
+
+def peek_command(lock_path: str, *, parent: str = LOCK_PARENT_DIR) -> str:
+    """Planning time: the lock's line and the host's clock, never through a symlink (the line of
+    a planted link's target is not read, nor shown)."""
+    directory = lock_path.rsplit("/", 1)[0]
+    path = shlex.quote(lock_path)
+    checks = " ".join(
+        f"if [ -L {p} ]; then echo {shlex.quote(REFUSED)} {p} is a symbolic link; exit 0; fi;"
+        for p in (shlex.quote(q) for q in dict.fromkeys([parent, directory, lock_path]))
+    )
+    return (
+        f"{checks} if [ -f {path} ]; then head -n 1 {path}; "
+        f"echo {HOST_NOW} $(date -u +{ISO}); fi; true"
+    )
+
+
+def read_lock(cfg: ServeConfig) -> tuple[dict | None, datetime | None]:
+    """(the lock's fields, or {"refused": why}, or None when free; the host's clock)."""
+    text = sh(peek_command(cfg.lock_path), check=False).strip()
+    if text.startswith(REFUSED):
+        return {"refused": text[len(REFUSED) :].strip()}, None
+    line, now = split_answer(text)
+    return (parse_holder(line) if line.strip() else None), now
 
 
 REFUSED = "SPECDEPLOY-LOCK-REFUSED:"
 ACQUIRED = "ACQUIRED"
+RENEWED = "RENEWED"
+HOST_NOW = "SPECDEPLOY-HOST-NOW:"
 
-# Locks this process took, per host name: released by release_now and by the failure hook.
-_HELD: dict[str, set[str]] = {}
+# Locks this process took, per host name (path -> its line without the expiry): released by
+# release_now and by the failure hook, renewed by renew_held.
+_HELD: dict[str, dict[str, str]] = {}
 
 
-def acquire_command(lock_path: str, line: str, *, parent: str = LOCK_PARENT_DIR) -> str:
+def _expiry(lease_s: int | None) -> str:
+    """Shell: `exp` set to the host's now + lease_s, ISO UTC (empty without a lease)."""
+    if lease_s is None:
+        return "exp=; "
+    return f'exp=" expires=$(date -u -d "@$(( $(date +%s) + {int(lease_s)} ))" +{ISO})"; '
+
+
+def _write_line(line: str) -> str:
+    return f"printf '%s%s\\n' {shlex.quote(line)} \"$exp\""
+
+
+def acquire_command(
+    lock_path: str, line: str, *, lease_s: int | None = None, parent: str = LOCK_PARENT_DIR
+) -> str:
     """The host command that takes the lock: prints ACQUIRED, or the holder's line, or REFUSED
     with why. The directory is made root-owned 0700 here (so only root can create anything in it),
     and a symlink anywhere on the way is refused, never followed; `set -C` opens with O_EXCL,
-    which fails on an existing file and on a symlink alike."""
+    which fails on an existing file and on a symlink alike. With `lease_s` the line gets
+    `expires=` (the host's clock); a held lock's line is followed by the host's clock."""
     directory = lock_path.rsplit("/", 1)[0]
     path, lock_dir, parent = (shlex.quote(p) for p in (lock_path, directory, parent))
     refuse = f"echo {shlex.quote(REFUSED)}"
@@ -121,17 +211,50 @@ def acquire_command(lock_path: str, line: str, *, parent: str = LOCK_PARENT_DIR)
         f"install -d -m 755 -o root -g root {parent} && "
         f"install -d -m 700 -o root -g root {lock_dir}"
     )
+    # an existing directory someone else made is refused, not taken back: `install -d` would
+    # chown it silently, and what was planted inside could not be trusted
     owned = (
         f'[ "$(stat -c %u:%a {lock_dir})" = 0:700 ] || '
-        f"{{ {refuse} {lock_dir} is not root-owned mode 0700; exit 0; }}"
+        f"{{ {refuse} {lock_dir} is $(stat -c %U:%a {lock_dir}), not root:700; exit 0; }}"
+    )
+    parent_owned = (
+        f'[ "$(stat -c %u {parent})" = 0 ] && [ -z "$(find {parent} -maxdepth 0 -perm /022)" ] || '
+        f"{{ {refuse} {parent} is $(stat -c %U:%a {parent}), not root-owned and closed to "
+        "others; exit 0; }"
     )
     return (
-        f"{checks} {make_dirs} || {{ {refuse} cannot create {lock_dir} as root; exit 0; }}; "
-        f"{owned}; "
-        f"if ( set -C; printf '%s\\n' {shlex.quote(line)} > {path} ) 2>/dev/null; "
+        f"{checks} if [ -e {parent} ]; then {parent_owned}; fi; "
+        f"if [ -e {lock_dir} ]; then {owned}; fi; "
+        f"{make_dirs} || {{ {refuse} cannot create {lock_dir} as root; exit 0; }}; "
+        f"{owned}; {_expiry(lease_s)}"
+        f"if ( set -C; {_write_line(line)} > {path} ) 2>/dev/null; "
         f"then echo {ACQUIRED}; "
         f"elif [ -L {path} ] || [ ! -f {path} ]; then {refuse} {path} is not a regular file; "
-        f"else cat {path}; fi"
+        f"else head -n 1 {path}; echo {HOST_NOW} $(date -u +{ISO}); fi"
+    )
+
+
+def renew_command(lock_path: str, holder: str, line: str, lease_s: int) -> str:
+    """Rewrite the lock's expiry if (and only if) it is a regular file naming `holder`: a new file
+    (O_EXCL) renamed over it, so a reader never sees half a line; prints RENEWED, or the line of
+    whoever holds it now."""
+    path, me = shlex.quote(lock_path), shlex.quote(f"holder={holder} ")
+    new = shlex.quote(lock_path + ".renew")
+    return (
+        f"{_expiry(lease_s)}"
+        f"if [ -f {path} ] && [ ! -L {path} ] && grep -qF -- {me} {path}; then rm -f {new} && "
+        f"( set -C; {_write_line(line)} > {new} ) && mv -f {new} {path} && echo {RENEWED}; "
+        f"else head -n 1 {path} 2>/dev/null; true; fi"
+    )
+
+
+def remove_if_unchanged_command(lock_path: str, seen: str) -> str:
+    """Remove a stale lock only if its line is still the one judged stale (another deploy taking
+    it over at the same moment has written its own)."""
+    path = shlex.quote(lock_path)
+    return (
+        f'if [ -f {path} ] && [ ! -L {path} ] && [ "$(head -n 1 {path})" = {shlex.quote(seen)} ]; '
+        f"then rm -f {path}; fi"
     )
 
 
@@ -141,41 +264,70 @@ def release_command(lock_path: str, holder: str) -> str:
     return f"if [ -f {path} ] && [ ! -L {path} ] && grep -qF -- {me} {path}; then rm -f {path}; fi"
 
 
+def split_answer(text: str) -> tuple[str, datetime | None]:
+    """The acquire command's answer for a held lock: (its line, the host's clock)."""
+    lines, now = [], None
+    for entry in text.strip().splitlines():
+        if entry.startswith(HOST_NOW):
+            now = parse_time(entry[len(HOST_NOW) :].strip())
+        else:
+            lines.append(entry)
+    return (lines[0] if lines else ""), now
+
+
 def try_acquire(cfg: ServeConfig) -> dict | None:
     """Take the lock; None when taken, else the holder's fields (lock held by someone else), or
     {"refused": why} when the lock's place is not what root alone controls."""
-    path = shlex.quote(cfg.lock_path)
     me = holder_id()
     line = shlex.join([f"holder={me}", f"since={utc_iso()}", f"host={host.name}"])
-    command = acquire_command(cfg.lock_path, line)
+    command = acquire_command(cfg.lock_path, line, lease_s=lease_seconds(cfg))
     fields: dict = {}
     for _ in range(2):
         _ok, out, _ = sh_status(command)
         text = out.strip()
         if text == ACQUIRED:
-            _HELD.setdefault(host.name, set()).add(cfg.lock_path)
+            _HELD.setdefault(host.name, {})[cfg.lock_path] = line
             return None
         if text.startswith(REFUSED):
             return {"refused": text[len(REFUSED) :].strip()}
-        fields = parse_holder(out) if text else {}
+        seen, now = split_answer(text)
+        fields = parse_holder(seen) if seen else {}
         if fields.get("holder") == me:
-            _HELD.setdefault(host.name, set()).add(cfg.lock_path)
-            return None  # re-entrant: this process already holds it
-        if fields and _holder_is_stale(fields):
+            return None  # re-entrant: this process already holds it (and renews it)
+        reason = takeover_reason(fields, now) if fields else None
+        if reason:
             logger.warning(
-                f"{host.print_prefix}taking over stale deploy lock of {describe(fields)}: "
-                "that process is no longer running on this control host"
+                f"{host.print_prefix}taking over the deploy lock {cfg.lock_path} of "
+                f"{describe(fields)}: {reason}"
             )
-            sh(f"rm -f {path}")  # a regular file in a root-only directory (checked above)
+            sh(remove_if_unchanged_command(cfg.lock_path, seen))
             continue
         return fields
     return fields
 
 
+def renew_held(seconds: int) -> None:
+    """Execution time: every lock this process holds on the current host lasts `seconds` more
+    (step_lease). Raises LockLost when one was taken over meanwhile: the caller stops before it
+    changes anything more."""
+    if not _HELD:
+        return  # nothing taken by this process (a measurement's unit tests, say)
+    for path, line in sorted(_HELD.get(host.name, {}).items()):
+        out = sh(renew_command(path, holder_id(), line, int(seconds)))
+        if out.strip() != RENEWED:
+            _HELD[host.name].pop(path, None)
+            who = describe(parse_holder(out)) if out.strip() else "nobody (it was removed)"
+            raise LockLost(
+                f"{host.name}: the deploy lock {path} is no longer this deploy's: its lease ran "
+                f"out and it is now held by {who}. Nothing more was changed here; run again when "
+                "that deploy is done (raise lock_lease_s if a step takes longer than the lease)"
+            )
+
+
 def release_path(lock_path: str) -> None:
     """Remove the lock at `lock_path` on the current host if (and only if) this process holds it."""
     sh(release_command(lock_path, holder_id()), check=False)
-    _HELD.get(host.name, set()).discard(lock_path)
+    _HELD.get(host.name, {}).pop(lock_path, None)
 
 
 def release_now(cfg: ServeConfig) -> None:
@@ -217,14 +369,16 @@ def install_failure_hook(state) -> None:
 def held_message(cfg: ServeConfig, fields: dict) -> str:
     if "refused" in fields:
         return (
-            f"{host.name}: the deploy lock {cfg.lock_path} was refused, not followed: "
-            f"{fields['refused']}. Someone other than root made it; find out who, remove it as "
-            "root, and run again."
+            f"{host.name}: deploy lock: {fields['refused']}, so it was refused and not followed "
+            "(nothing was read or written through it, nothing on the host changed) — someone "
+            f"other than root made it: find out who, remove it as root (`rm {cfg.lock_path}`; "
+            f"the directory must be root's, mode 0700), and run again"
         )
     return (
-        f"{host.name}: another deploy holds the deploy lock {cfg.lock_path}: {describe(fields)}. "
-        "Wait for it to finish. If that deploy is gone, remove the lock: "
-        f"`specdeploy unlock INVENTORY --limit {host.name}` (or `rm {cfg.lock_path}` on the host)."
+        f"{host.name}: deploy lock: another deploy holds {cfg.lock_path}: {describe(fields)} — "
+        "wait for it to finish (or for its lease to run out); if that deploy is gone, remove the "
+        f"lock: `specdeploy unlock INVENTORY --limit {host.name}` (or `rm {cfg.lock_path}` on "
+        "the host)"
     )
 
 
@@ -233,13 +387,23 @@ def acquire(cfg: ServeConfig):
     """First operation of a deploy: take the host's deploy lock (reports no change)."""
     install_failure_hook(host.state)
     if not host.state.is_executing:
-        fields = read_lock(cfg)
-        if fields and fields.get("holder") != holder_id() and not _holder_is_stale(fields):
+        fields, now = read_lock(cfg)  # a warning only: the lock is taken at execution time
+        if fields and fields.get("holder") != holder_id() and not takeover_reason(fields, now):
             logger.warning(f"{host.print_prefix}{held_message(cfg, fields)}")
         return
     fields = try_acquire(cfg)
     if fields is not None:
         yield StringCommand(f"echo {shlex.quote(held_message(cfg, fields))} >&2; exit 75")
+
+
+@operation()
+def renew(seconds: int):
+    """Before a step longer than the lease (pip install, a download): the locks this process holds
+    here last `seconds` more (reports no change)."""
+    if host.state.is_executing:
+        renew_held(seconds)
+    return
+    yield  # a generator that yields nothing
 
 
 @operation()

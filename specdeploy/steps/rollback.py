@@ -117,6 +117,7 @@ def verify_or_rollback(
                  "after": message.split(": ", 1)[1]})  # fmt: skip
         lock.release_now(lock_cfg)
         raise HeldBack(message)
+    lock.renew_held(lock.lease_seconds(lock_cfg))  # this host's turn: LockLost before any change
     try:
         if change is not None:
             restart_for(change, unit)

@@ -13,6 +13,7 @@ from pyinfra.operations import server
 from ..config import ServeConfig
 from ..facts import FreeDiskBytes, ModelSnapshot
 from ..host_scripts import source
+from . import lock
 from .secrets import Secret, secret_file
 
 
@@ -63,6 +64,10 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     env += f"HF_HOME={shlex.quote(cfg.hf_home)} "
     script = shlex.quote(source("fetch_weights"))
     limit = str(cfg.download_timeout_s or "auto")  # the script stops itself at its limit
+    # downloads may outlast the lease: renewed for all of them (3600 s each where the script sizes
+    # its own limit)
+    seconds = (cfg.download_timeout_s or 3600) * len(missing)
+    lock.renew(name="Deploy lock lease: the downloads", seconds=lock.step_lease(cfg, seconds))
     for role, repo, rev in missing:
         # the script sizes what it will fetch and refuses below that + min_free_disk_gb; it stops
         # itself at its time limit

