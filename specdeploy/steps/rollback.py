@@ -1,6 +1,6 @@
 """The rolling restart and its health-gated rollback: swap + restart + steps 6-8 (health, smoke,
 record) of one host run through `verify_or_rollback`, in ONE `python.call` that pyinfra runs host by
-host (`_serial`, or `rollout_max_parallel` hosts at a time via `_parallel`; serve.py).
+host (`_serial`, or `max_unavailable` hosts at a time via `_parallel`; serve.py).
 
 pyinfra runs an operation on every host before the next, so a planned restart operation would
 restart the whole fleet before the first health check. Here the restart of a host happens inside
@@ -208,30 +208,39 @@ def refuse_no_wait(argv: list[str] | None = None) -> None:
     if pyinfra_cli_params(argv).get("no_wait"):
         raise NoWaitRefused(
             "pyinfra --no-wait: refused — this deploy restarts and measures servers "
-            "one host at a time (rollout_max_parallel) and --no-wait would run every host's "
+            "one host at a time (max_unavailable) and --no-wait would run every host's "
             "restart at once; run it without --no-wait (--serial is fine)"
         )
 
 
-_PARALLEL: dict[int, tuple[str, int]] = {}  # id(pyinfra state) -> (first host, its setting)
+_PARALLEL: dict[int, tuple[str, int | str]] = {}  # id(pyinfra state) -> (first host, its setting)
+
+
+def hosts_at_once(max_unavailable: int | str, hosts_in_run: int) -> int:
+    """`max_unavailable` as a number of hosts: N, or N % of the run's hosts rounded down and at
+    least 1 (a budget of none would restart nothing)."""
+    if isinstance(max_unavailable, int):
+        return max_unavailable
+    return max(1, hosts_in_run * int(max_unavailable.rstrip("%")) // 100)
 
 
 def out_of_service_width(cfg: ServeConfig) -> dict:
     """How many hosts may be out of service at once (a rolling restart, a compare or tune taking a
     host off its deployed unit), as pyinfra execution arguments: `_serial` for one host at a time
-    (the default), `_parallel=N` for N (`rollout_max_parallel`). pyinfra takes them from all hosts
-    of one operation alike, so two hosts with different values stop the run here, before anything
-    runs."""
-    n = cfg.rollout_max_parallel
-    first = _PARALLEL.setdefault(id(host.state), (host.name, n))
-    if first[1] != n:
+    (the default), `_parallel=N` for N (`max_unavailable`, a percentage of the hosts this run
+    connected to). pyinfra takes them from all hosts of one operation alike, so two hosts with
+    different values stop the run here, before anything runs."""
+    setting = cfg.max_unavailable
+    first = _PARALLEL.setdefault(id(host.state), (host.name, setting))
+    if first[1] != setting:
         raise PyinfraError(
-            f"{host.name}: rollout_max_parallel is {n}, but {first[0]} of the same run has "
-            f"{first[1]}: set one value for every host of a run (group_data/all.py)"
+            f"{host.name}: max_unavailable is {setting!r}, but {first[0]} of the same run has "
+            f"{first[1]!r}: set one value for every host of a run (group_data/all.py)"
         )
+    n = hosts_at_once(setting, len(host.state.activated_hosts) or 1)
     return {"_serial": True} if n == 1 else {"_parallel": n}
 
 
 def width_text(cfg: ServeConfig) -> str:
-    n = cfg.rollout_max_parallel
+    n = hosts_at_once(cfg.max_unavailable, len(host.state.activated_hosts) or 1)
     return "one host at a time" if n == 1 else f"{n} hosts at a time"

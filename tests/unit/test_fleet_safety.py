@@ -15,6 +15,7 @@ import pytest
 from pyinfra.api.exceptions import PyinfraError
 
 from specdeploy import bench
+from specdeploy.checks import check_host as check_data
 from specdeploy.config import LOCK_DIR, config_from_data
 from specdeploy.record import RecordedWorkload
 from specdeploy.render import RenderedUnit
@@ -128,20 +129,48 @@ def test_gate_names_verify_only_hosts_not_verified():
     assert text.startswith("c: not verified: a failed first")
 
 
+def run_state(hosts: int):
+    return SimpleNamespace(activated_hosts=set(range(hosts)))
+
+
 def test_out_of_service_width_is_serial_by_default_and_one_value_per_run(monkeypatch, valid_data):
-    """The rolling restart and every compare/tune measurement take at most rollout_max_parallel
-    hosts off their deployed unit at once."""
+    """The rolling restart and every compare/tune measurement take at most max_unavailable hosts
+    off their deployed unit at once."""
     monkeypatch.setattr(rollback, "_PARALLEL", {})
-    state = object()
+    state = run_state(4)
     monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h1", state=state))
     assert rollback.out_of_service_width(config_from_data(valid_data)) == {"_serial": True}
     monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h2", state=state))
-    wide = config_from_data({**valid_data, "rollout_max_parallel": 3})
-    with pytest.raises(PyinfraError, match="h2: rollout_max_parallel is 3, but h1 .* has 1"):
+    wide = config_from_data({**valid_data, "max_unavailable": 3})
+    with pytest.raises(PyinfraError, match="h2: max_unavailable is 3, but h1 .* has 1"):
         rollback.out_of_service_width(wide)
-    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h3", state=object()))
+    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h3", state=run_state(4)))
     assert rollback.out_of_service_width(wide) == {"_parallel": 3}
     assert rollback.width_text(wide) == "3 hosts at a time"
+
+
+@pytest.mark.parametrize(
+    ("setting", "hosts", "at_once"),
+    [("25%", 8, 2), ("25%", 200, 50), ("10%", 3, 1), ("100%", 5, 5), ("50%", 1, 1), (2, 200, 2)],
+)
+def test_max_unavailable_as_a_share_of_the_run(monkeypatch, valid_data, setting, hosts, at_once):
+    monkeypatch.setattr(rollback, "_PARALLEL", {})
+    monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h1", state=run_state(hosts)))
+    cfg = config_from_data({**valid_data, "max_unavailable": setting})
+    width = rollback.out_of_service_width(cfg)
+    assert width == ({"_serial": True} if at_once == 1 else {"_parallel": at_once})
+
+
+@pytest.mark.parametrize("bad", ["0%", "150%", "25 %", "a%", 0, -1])
+def test_max_unavailable_refuses_what_is_no_budget(valid_data, bad):
+    problems = check_data("h1", {**valid_data, "max_unavailable": bad})
+    assert any(p.field.startswith("max_unavailable") for p in problems), problems
+
+
+def test_the_old_key_is_refused_with_the_new_name(valid_data):
+    problems = check_data("h1", {**valid_data, "rollout_max_parallel": 3})
+    (problem,) = [p for p in problems if p.field == "rollout_max_parallel"]
+    assert "max_unavailable" in problem.todo
 
 
 # --- the deploy lock's commands ---------------------------------------------------------------
