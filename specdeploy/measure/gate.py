@@ -188,8 +188,9 @@ def _apply(cfg: ServeConfig, units: GateInput, decision: dict):
     rendered, baseline = units.speculative, units.baseline
     if decision["passed"] or decision["on_fail"] != "baseline":  # it serves already: no restart
         return rendered, wait_healthy(cfg, rendered.name, speculative=True), decision
-    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
-    return baseline, start_fresh(cfg, baseline, speculative=False), decision
+    checked = start_fresh(cfg, baseline, speculative=False)  # writes its baseline unit first
+    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)  # copies that unit
+    return baseline, checked, decision
 
 
 class GateFailed(RuntimeError):

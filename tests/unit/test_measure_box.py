@@ -236,5 +236,6 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         assert calls == [("healthy", "specdeploy-vllm-1.service")]  # not restarted
     else:
         assert two[0].name == "specdeploy-vllm-1-baseline.service"
-        assert calls == [("switch", "specdeploy-vllm-1-baseline.service"),
-                         ("start", "specdeploy-vllm-1-baseline.service")]  # fmt: skip
+        # started first: its baseline unit is written there, and switch_enabled copies it
+        assert calls == [("start", "specdeploy-vllm-1-baseline.service"),
+                         ("switch", "specdeploy-vllm-1-baseline.service")]  # fmt: skip
