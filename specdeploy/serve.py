@@ -91,10 +91,11 @@ def verify_and_record(
     pins: dict | None = None,
     run_smoke: bool = True,
     gate_input: gate.GateInput | None = None,
+    box_gate: gate.BoxGate | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark and deployment record (runs at execution time). `gate_input`:
     the speculation gate's units and fingerprint, fixed while planning (gate.gate_input; None: no
-    gate for this unit)."""
+    gate for this unit). `box_gate`: a whole box's rolling restart, which gates the box once."""
     snaps, pre = run_preflight(cfg)
     verify_started = time.monotonic()
     checked = server.wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
@@ -113,7 +114,7 @@ def verify_and_record(
     decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     if result is not None and gate_input is not None:
         rendered, checked, decision = gate.speculation_gate(
-            cfg, gate_input, snaps["target"]["path"]
+            cfg, gate_input, snaps["target"]["path"], box_gate
         )
     server.enable_only(cfg, rendered.role)
     removed = install.prune_venvs(cfg)  # verified: older releases can go

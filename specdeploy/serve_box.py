@@ -125,6 +125,7 @@ def roll_box(
     serving = server.is_active(cfg.balancer_unit) == "active"
     todo = [plan for plan in plans if plan["needed"]()]
     width = cfg.max_unavailable_instances
+    box_gate = gate.BoxGate()  # the first instance gated decides for the others
     for start in range(0, len(todo), width):
         batch = todo[start : start + width]
         if serving:
@@ -135,7 +136,8 @@ def roll_box(
             try:
                 verify_or_rollback(STEPS["verify"], member.cfg, plan["rendered"],
                                    change=plan["change"], lock_cfg=cfg,
-                                   gate_input=plan["gate_input"], **kwargs)  # fmt: skip
+                                   gate_input=plan["gate_input"], box_gate=box_gate,
+                                   **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
                 # its old config, the rest of the batch as they were or verified

@@ -8,7 +8,7 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyinfra import host, logger
@@ -70,12 +70,30 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
     )
 
 
+@dataclass
+class BoxGate:
+    """A whole box's gate within one rolling restart (serve_box.roll_box, one call per host): the
+    first instance rolled measures on its own GPUs, drained meanwhile; the box's other instances
+    take its decision (same config, workload and settings; only the port and devices differ), so
+    a box is measured once, not once per instance."""
+
+    decisions: dict[str, dict] = field(default_factory=dict)  # shared fingerprint -> decision
+
+    @staticmethod
+    def key(units: GateInput) -> str:
+        """The fingerprint without the units' hashes (they name the instance's port)."""
+        shared = dict(units.fingerprint)
+        shared.pop("speculative_unit_sha256"), shared.pop("baseline_unit_sha256")
+        return json.dumps(shared, sort_keys=True)
+
+
 def speculation_gate(
-    cfg: ServeConfig, units: GateInput, tokenizer: str
+    cfg: ServeConfig, units: GateInput, tokenizer: str, box: BoxGate | None = None
 ) -> tuple[RenderedUnit, dict | None, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
-    (gate_rule.gate_decision).
+    (gate_rule.gate_decision). `box`: a whole box's rolling restart, where an instance measured
+    earlier in it decides for this one.
 
     Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
     and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
@@ -85,9 +103,9 @@ def speculation_gate(
     arms = {"baseline": baseline, "speculative": rendered}
     # the order depends on the arms' names alone (baseline first), not on the host
     order = run_order(list(arms), gate_cfg.runs, mode="alternate")
-    key = _box_key(cfg, units)
-    if key in _BOX_DECISIONS:  # another instance of this box measured it in this run
-        return _apply(cfg, units, _shared(_BOX_DECISIONS[key], units))
+    key = BoxGate.key(units) if box is not None else None
+    if key is not None and key in box.decisions:  # another instance of this box measured it
+        return _apply(cfg, units, _shared(box.decisions[key], units))
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
     out = host_reports_dir(host.name)
@@ -140,7 +158,7 @@ def speculation_gate(
                                 "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     if key is not None:
-        _BOX_DECISIONS[key] = decision
+        box.decisions[key] = decision
     if decision["passed"] or gate_cfg.on_fail != "baseline":
         if order["order"][-1] != "speculative":
             checked = start_fresh(cfg, rendered, speculative=True, install=False)
@@ -150,21 +168,6 @@ def speculation_gate(
     switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
     checked = start_fresh(cfg, baseline, speculative=False, install=False)
     return baseline, checked, decision
-
-
-# A whole box: the first instance rolled measures the gate on its own GPUs (drained meanwhile); the
-# box's other instances of the same run take its decision (same config, workload and settings; only
-# the port and devices differ), so a box is measured once, not once per instance.
-_BOX_DECISIONS: dict[tuple, dict] = {}
-
-
-def _box_key(cfg: ServeConfig, units: GateInput) -> tuple | None:
-    if not cfg.instance_name:
-        return None
-    shared = dict(units.fingerprint)
-    shared.pop("speculative_unit_sha256"), shared.pop("baseline_unit_sha256")
-    box = cfg.instance_name.rsplit("-", 1)[0]  # instances.instance_name: <service>-<i>
-    return (host.name, box, json.dumps(shared, sort_keys=True))
 
 
 def _shared(measured: dict, units: GateInput):

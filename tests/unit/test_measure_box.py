@@ -202,7 +202,6 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
     cfg = box(valid_data, speculation_gate={"runs": 3, "max_tpot_ratio": 0.95})
     first, second = instances.expand(cfg, [0, 1, 2, 3]).instances
     calls, benches = [], []
-    monkeypatch.setattr(gate, "_BOX_DECISIONS", {})
     monkeypatch.setattr(gate, "host", SimpleNamespace(name="h", print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
     monkeypatch.setattr(gate, "warm_up", lambda cfg, workload: None)
@@ -218,12 +217,16 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
     monkeypatch.setattr(gate, "run_bench", bench)
+    rolling = gate.BoxGate()  # one rolling restart of the box (serve_box.roll_box)
     one = gate.speculation_gate(
-        first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok"
+        first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok", rolling
     )
     calls.clear()
     two = gate.speculation_gate(
-        second.cfg, gate.gate_input(second.cfg, render_unit(second.cfg, "speculative")), "tok"
+        second.cfg,
+        gate.gate_input(second.cfg, render_unit(second.cfg, "speculative")),
+        "tok",
+        rolling,
     )
     assert set(benches) == {"specdeploy-vllm-0"} and len(benches) == 6  # measured once
     decision = two[2]
