@@ -179,6 +179,8 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
         "specdeploy-vllm-0-baseline.service",
     }
     assert {p for u, p in started if u != "switch"} == {8001}
+    # 2 + 2 runs cannot pass: the fall-back after B S S B keeps the last run's baseline server
+    assert started[-2:] == [("specdeploy-vllm-0-baseline.service", 8001), ("switch", 0)]
     assert all(n.startswith("gate-specdeploy-vllm-0-") for n in names)
     assert decision["measured"] == {"instance": "specdeploy-vllm-0", "devices": "0-1",
                                     "port": 8001}  # fmt: skip
