@@ -20,11 +20,9 @@ import json
 import sys
 
 from benchmarks.gpu_preflight.plan import CONFIGS as SINGLE
-from benchmarks.gpu_preflight.plan import D06, HF_HOME, HOG_GIB, MODELS, T8
+from benchmarks.gpu_preflight.plan import plan_for
 from specdeploy import instances
-from specdeploy.argv import serve_args
 from specdeploy.checks import check_config
-from specdeploy.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
 
 DEVICE_GPUS = [0]  # what the plan expects; the runner decides the layouts on the fact's own list
 
@@ -46,32 +44,14 @@ def build() -> dict:
     boxes = {name: box_data(single) for name, single in SINGLE.items()}
     layout = instances.expand(check_config("box", boxes["redeploy"]), DEVICE_GPUS)
     (member,) = layout.instances
-    own = member.cfg
-    return {
-        "configs": {name: member_data(data) for name, data in boxes.items()},
-        "layouts": {
-            "instances_1": boxes["redeploy"],
-            "instances_2": box_data(SINGLE["redeploy"], instances=2),
-            "listed_gpu_1": box_data(SINGLE["redeploy"], instances=[{"gpus": [1], "port": 8001}]),
-            "unset": {**boxes["redeploy"], "instances": None},
-        },
-        "serve": serve_args(own, speculative=True, prefix_caching=False),
-        "env": own.vllm_env,
-        "port": own.vllm_port,
-        "served_model_name": "m",
-        "unit": own.unit_names["speculative"],
-        "units": own.service_units,
-        "command": accelerator_command(own.service_units),
-        "base_command": ACCELERATOR_COMMAND,
-        "model_facts_commands": {
-            role: ModelSnapshot().command(hf_home=HF_HOME, repo=repo, revision="main")
-            for role, repo in (("target", T8), ("draft", D06))
-        },
-        "hog_gib": HOG_GIB,
-        "model_facts_recorded": {
-            role: MODELS[repo] for role, repo in (("target", T8), ("draft", D06))
-        },
+    plan = plan_for(member.cfg, {name: member_data(data) for name, data in boxes.items()})
+    plan["layouts"] = {
+        "instances_1": boxes["redeploy"],
+        "instances_2": box_data(SINGLE["redeploy"], instances=2),
+        "listed_gpu_1": box_data(SINGLE["redeploy"], instances=[{"gpus": [1], "port": 8001}]),
+        "unset": {**boxes["redeploy"], "instances": None},
     }
+    return plan
 
 
 if __name__ == "__main__":

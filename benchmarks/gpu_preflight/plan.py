@@ -33,12 +33,13 @@ MODELS = json.loads(
 HOG_GIB = 40  # the other process beside the running server (60 GiB: the unit tests)
 
 
-def build() -> dict:
-    cfgs = {name: check_config(name, data) for name, data in CONFIGS.items()}
-    running = cfgs["redeploy"]
+def plan_for(running, configs: dict) -> dict:
+    """The device run's plan for the server of config `running` (its rendered argv, environment,
+    port and unit names, the fact's command for those units), and the host data `configs` the
+    preflight is asked about beside it."""
     units = running.service_units
     return {
-        "configs": CONFIGS,
+        "configs": configs,
         "serve": serve_args(running, speculative=True, prefix_caching=False),
         "env": running.vllm_env,
         "port": running.vllm_port,
@@ -58,6 +59,10 @@ def build() -> dict:
             role: MODELS[repo] for role, repo in (("target", T8), ("draft", D06))
         },
     }
+
+
+def build() -> dict:
+    return plan_for(check_config("redeploy", CONFIGS["redeploy"]), CONFIGS)
 
 
 if __name__ == "__main__":

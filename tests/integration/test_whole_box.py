@@ -142,6 +142,21 @@ class ClientLoop:
         self.ssh(self.host, f"touch {LOOP}/stop", check=False)
 
 
+def split_log(log: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The client loop's log: each request's HTTP code, each sample's two /health codes."""
+    requests = [line.split()[1] for line in log if line.startswith("req ")]
+    return requests, [line.split()[1:] for line in log if line.startswith("up ")]
+
+
+def assert_rolled_one_at_a_time(log: list[str]) -> None:
+    """Every request through the balancer answered, the two instances never down at one sample,
+    and each of them down at some sample (it really restarted)."""
+    requests, samples = split_log(log)
+    assert len(requests) > 20 and set(requests) == {"200"}, requests
+    assert all("200" in s for s in samples), "both instances were down at once"
+    assert any(s[0] != "200" for s in samples) and any(s[1] != "200" for s in samples)
+
+
 @pytest.fixture(scope="module")
 def first(host, tmp_path_factory):
     started = time.monotonic()
@@ -244,11 +259,7 @@ def test_a_k_change_rolls_one_instance_at_a_time_and_no_request_fails(
         result = deploy(inventory(tmp_path, host, speculative_config=new))
         log = loop.stop()
     assert result.returncode == 0, tail(result)
-    requests = [line.split()[1] for line in log if line.startswith("req ")]
-    samples = [line.split()[1:] for line in log if line.startswith("up ")]
-    assert len(requests) > 20 and set(requests) == {"200"}, requests
-    assert all("200" in s for s in samples), "both instances were down at once"
-    assert any(s[0] != "200" for s in samples) and any(s[1] != "200" for s in samples)
+    assert_rolled_one_at_a_time(log)
     for unit in UNITS:
         assert main_pid(ssh, host, unit) != before[unit]  # restarted, each in its turn
     for name in INSTANCES:
@@ -268,7 +279,7 @@ def test_an_instance_that_cannot_start_is_rolled_back_while_the_other_serves(
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "ROLLED BACK" in output and f"not touched: {INSTANCES[1]}" in output, tail(result)
-    requests = [line.split()[1] for line in log if line.startswith("req ")]
+    requests, _ = split_log(log)
     assert len(requests) > 5 and set(requests) == {"200"}, requests
     # box-0 serves its previous config again, box-1 never restarted, the balancer has both
     assert code(ssh, host, PORTS[INSTANCES[0]]) == "200"
@@ -311,8 +322,7 @@ def measure_on_the_box(kind, path, ssh, host, **settings):
                                 env={**os.environ, **env})  # fmt: skip
         log = loop.stop()
     assert result.returncode == 0, tail(result)
-    requests = [line.split()[1] for line in log if line.startswith("req ")]
-    samples = [line.split()[1:] for line in log if line.startswith("up ")]
+    requests, samples = split_log(log)
     assert len(requests) > 10 and set(requests) == {"200"}, requests
     assert all(s[0] == "200" for s in samples), "box-0 stopped answering while box-1 was measured"
     assert any(s[1] != "200" for s in samples), "box-1 was never restarted for its samples"
@@ -454,11 +464,7 @@ def test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follo
         result = deploy(path)
         log = loop.stop()
     assert result.returncode == 0, tail(result)
-    requests = [line.split()[1] for line in log if line.startswith("req ")]
-    samples = [line.split()[1:] for line in log if line.startswith("up ")]
-    assert len(requests) > 20 and set(requests) == {"200"}, requests
-    assert all("200" in s for s in samples), "both instances were down at once"
-    assert any(s[0] != "200" for s in samples) and any(s[1] != "200" for s in samples)
+    assert_rolled_one_at_a_time(log)
     measured, follower = (record(ssh, host, name) for name in INSTANCES)
     g = measured["gate"]
     assert g["passed"] is False and g["action"] == "switch to baseline", g["reason"]
