@@ -19,11 +19,10 @@ Usage: python -m benchmarks.gpu_preflight.box_fixtures     (from the repo root)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from benchmarks.gpu_preflight.fixtures import DATA, write
 from specdeploy.facts import Accelerators
 
-DATA = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "nvidia-smi-h200"
 GPUS = 8
 SERVER_MIB = 79264  # device_own_server.json: the rendered server's engine on one GPU
 CONTEXT_MIB = 9  # memory.used above the listed processes on that GPU (79273 - 79264)
@@ -104,10 +103,7 @@ def main() -> None:
             "pid 4242 (no unit) holding 62 GiB on GPU 5",
         ),
     }
-    for name, value in fixtures.items():
-        path = DATA / f"{name}.json"
-        path.write_text(json.dumps(value, indent=1) + "\n")
-        print(f"{path.relative_to(DATA.parents[3])}: {value['kind']}")
+    write(fixtures)
 
 
 if __name__ == "__main__":

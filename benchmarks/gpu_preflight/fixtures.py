@@ -90,6 +90,14 @@ def fixture(
     }
 
 
+def write(fixtures: dict[str, dict]) -> None:
+    """Each fixture as data/nvidia-smi-h200/<name>.json (also box_fixtures.py's)."""
+    for name, value in fixtures.items():
+        path = DATA / f"{name}.json"
+        path.write_text(json.dumps(value, indent=1) + "\n")
+        print(f"{path.relative_to(DATA.parents[3])}: {value['kind']}")
+
+
 def main() -> None:
     fixtures = {
         "idle": fixture(composed("idle"), "composed", "nothing running (2026-12-01)"),
@@ -122,10 +130,7 @@ def main() -> None:
             fixtures[f"{prefix}_{state['state']}"] = fixture(
                 state["output"], "recorded", note, command=state["command"], units=units
             )
-    for name, value in fixtures.items():
-        path = DATA / f"{name}.json"
-        path.write_text(json.dumps(value, indent=1) + "\n")
-        print(f"{path.relative_to(DATA.parents[3])}: {value['kind']}")
+    write(fixtures)
 
 
 if __name__ == "__main__":
