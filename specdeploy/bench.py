@@ -16,8 +16,9 @@ from pyinfra import host
 
 from . import datasets, server
 from .config import ServeConfig, Workload
+from .host_scripts import source
 from .metrics import acceptance, prefix_cache_counters, spec_decode_counters
-from .on_host import TIME_LIMIT_GRACE_S, HostCommandError, read_text, sh, with_time_limit
+from .on_host import KILL_AFTER_S, TIME_LIMIT_GRACE_S, TIMED_OUT, HostCommandError, read_text, sh
 from .record import BenchResult, BenchRun
 from .timestamps import utc_iso
 
@@ -73,6 +74,10 @@ def bench_args(
         "--metric-percentiles",
         METRIC_PERCENTILES,
         "--disable-tqdm",
+        # every caller starts the benchmark on a server it health-checked (and warmed): bench's own
+        # "initial test run" would add one unmeasured request inside the counters' window
+        "--ready-check-timeout-sec",
+        "0",
         "--save-result",
         "--save-detailed",  # keep per-request latencies: noise bands need the samples
         "--result-dir",
@@ -114,6 +119,138 @@ def bench_timeout_message(cfg: ServeConfig, name: str, workload: Workload | None
     )
 
 
+class PendingBench:
+    """One `vllm bench serve` on the host, started before its server is up: vLLM's CLI imports take
+    seconds of CPU (about 5 s on a 2-core host), which now overlap the server's start instead of
+    following it. It waits for the go file (host_scripts/bench_launcher.py); `run()` reads the
+    server's counters, starts it and waits; leaving the `with` block unrun ends it (its own process
+    group, by PID). Every benchmark (smoke, compare, tune, gate) runs this way."""
+
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        *,
+        tokenizer: str,
+        name: str,
+        workload: Workload | None = None,
+        extra: list[str] | tuple[str, ...] = (),
+    ):
+        self.cfg, self.name, self.workload = cfg, name, workload
+        self.limit = bench_time_limit(cfg, workload)
+        self.message = bench_timeout_message(cfg, name, workload)
+        args = bench_args(
+            cfg,
+            base_url=cfg.base_url,
+            tokenizer=tokenizer,
+            result_dir=cfg.bench_dir,
+            result_filename=f"{name}.json",
+            workload=workload,
+            label=name,
+        ) + list(extra)
+        self.args = args
+        self.argv = cfg.vllm_cli + args  # what vLLM's CLI runs (recorded as the command)
+        self.dir = f"{cfg.bench_dir}/{name}.run"  # root-only: go file, exit status, output
+        self.pid: str | None = None
+        self.done = False
+
+    def start(self) -> PendingBench:
+        env = {"HF_HOME": self.cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        env |= self.cfg.vllm_env
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        d = shlex.quote(self.dir)
+        launcher = [self.argv[0], "-c", source("bench_launcher"), f"{self.dir}/go"]
+        # the host's `timeout` covers the wait for the server too: it can never outlive its run
+        waits = self.cfg.health_timeout_s + server.WARM_UP_TIMEOUT_S
+        inner = (
+            f"timeout -k {KILL_AFTER_S} {self.limit + waits} "
+            f"{shlex.join(launcher + self.args)}; echo $? > {d}/rc"
+        )
+        # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
+        # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file).
+        self.pid = sh(
+            f"rm -rf {d} && mkdir -m 700 {d} && IFS= read -r OPENAI_API_KEY && "
+            f"export OPENAI_API_KEY {assignments} && "
+            f"{{ nohup setsid sh -c {shlex.quote(inner)} </dev/null >{d}/log 2>&1 & echo $!; }}",
+            stdin=(self.cfg.vllm_api_key or "") + "\n",
+        ).strip()
+        return self
+
+    def __enter__(self) -> PendingBench:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if not self.done:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """End it unrun (its process group: the session setsid gave it), and its files."""
+        self.done = True
+        if self.pid and self.pid.isdigit():
+            d = shlex.quote(self.dir)
+            sh(f"kill -TERM -- -{self.pid} 2>/dev/null; rm -rf {d}", check=False)
+
+    def _wait(self) -> None:
+        """Go, then wait on the host for its exit status, at most the time limit (then it is
+        ended); a failure raises with its output's last lines."""
+        d = shlex.quote(self.dir)
+        rc = sh(
+            f"touch {d}/go; if timeout {self.limit} sh -c 'until [ -s {d}/rc ]; do sleep 0.1; "
+            f"done'; then cat {d}/rc; else kill -TERM -- -{self.pid} 2>/dev/null; "
+            f"echo {TIMED_OUT}; fi",
+            timeout=self.limit + TIME_LIMIT_GRACE_S,
+        ).strip()
+        if rc == "0":
+            return
+        if rc == str(TIMED_OUT):
+            raise BenchTimeout(self.message)
+        log = sh(f"tail -n 60 {d}/log", check=False)
+        raise HostCommandError(
+            f"{host.name}: benchmark {self.name}: `vllm bench serve` failed (exit {rc}):\n{log}"
+        )
+
+    def run(self, *, local: Path, meta: dict | None = None) -> BenchResult:
+        """The benchmark against the running server; its JSON fetched to `local` with specdeploy's
+        part (BenchRun: server counters, prefix cache, command, ...meta) added."""
+        cfg, result_path = self.cfg, f"{self.cfg.bench_dir}/{self.name}.json"
+        before = server.request(cfg, "/metrics")
+        started = time.monotonic()
+        try:
+            self._wait()
+        except TimeoutError:  # pyinfra's backstop, for a connection that hangs
+            raise BenchTimeout(self.message) from None
+        finally:
+            self.done = True
+            sh(f"rm -rf {shlex.quote(self.dir)}", check=False)
+        seconds = time.monotonic() - started
+        after = server.request(cfg, "/metrics")
+        text = read_text(result_path)
+        sh(f"rm -f {shlex.quote(result_path)}", check=False)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
+        prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
+        run = BenchRun.model_validate(
+            {
+                **(meta or {}),
+                "host": host.name,
+                "server_counters": acceptance(
+                    spec_decode_counters(before), spec_decode_counters(after)
+                ),
+                "prefix_cache": prefix
+                | {
+                    "hit_rate": prefix["hits"] / prefix["queries"]
+                    if prefix.get("queries")
+                    else None
+                },
+                "bench_seconds": round(seconds, 1),
+                "command": self.argv,
+                "finished_at": utc_iso(),
+            }
+        )
+        result = BenchResult.model_validate(json.loads(text) | {"specdeploy": run})
+        local.write_text(result.to_json())
+        return result
+
+
 def run_bench(
     cfg: ServeConfig,
     *,
@@ -124,66 +261,6 @@ def run_bench(
     extra: list[str] | tuple[str, ...] = (),
     meta: dict | None = None,
 ) -> BenchResult:
-    """The one way any benchmark runs on a host (smoke, compare, tune, gate): one `vllm bench
-    serve` on the host against the running server; its JSON is fetched to `local` with
-    specdeploy's part (BenchRun: server counters, prefix cache, command, ...meta) added."""
-    result_path = f"{cfg.bench_dir}/{name}.json"
-    # the command line first (bench's own work), then the host: counters, benchmark, counters
-    limit, message = bench_time_limit(cfg, workload), bench_timeout_message(cfg, name, workload)
-    args = bench_args(
-        cfg,
-        base_url=cfg.base_url,
-        tokenizer=tokenizer,
-        result_dir=cfg.bench_dir,
-        result_filename=f"{name}.json",
-        workload=workload,
-        label=name,
-    ) + list(extra)
-    argv = cfg.vllm_cli + args
-    env = {"HF_HOME": cfg.hf_home, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env |= cfg.vllm_env
-    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    before = server.request(cfg, "/metrics")
-    started = time.monotonic()
-    # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
-    # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file). The host's
-    # `timeout` stops it at the limit; pyinfra's is the backstop for a connection that hangs.
-    command = (
-        f"IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; {assignments} {shlex.join(argv)}"
-    )
-    try:
-        sh(
-            with_time_limit(command, limit, message),
-            stdin=(cfg.vllm_api_key or "") + "\n",
-            timeout=limit + TIME_LIMIT_GRACE_S,
-        )
-    except TimeoutError:
-        raise BenchTimeout(message) from None
-    except HostCommandError as error:
-        if message in str(error).partition("failed:\n")[2]:  # on stderr, not in the command
-            raise BenchTimeout(message) from None
-        raise
-    seconds = time.monotonic() - started
-    after = server.request(cfg, "/metrics")
-    text = read_text(result_path)
-    sh(f"rm -f {shlex.quote(result_path)}", check=False)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    pc_before, pc_after = prefix_cache_counters(before), prefix_cache_counters(after)
-    prefix = {k: pc_after.get(k, 0.0) - pc_before.get(k, 0.0) for k in pc_after}
-    run = BenchRun.model_validate(
-        {
-            **(meta or {}),
-            "host": host.name,
-            "server_counters": acceptance(
-                spec_decode_counters(before), spec_decode_counters(after)
-            ),
-            "prefix_cache": prefix
-            | {"hit_rate": prefix["hits"] / prefix["queries"] if prefix.get("queries") else None},
-            "bench_seconds": round(seconds, 1),
-            "command": argv,
-            "finished_at": utc_iso(),
-        }
-    )
-    result = BenchResult.model_validate(json.loads(text) | {"specdeploy": run})
-    local.write_text(result.to_json())
-    return result
+    """A benchmark started and run at once, against a server already up (nothing to overlap)."""
+    with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload, extra=extra) as bench:
+        return bench.run(local=local, meta=meta)

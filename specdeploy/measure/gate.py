@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pyinfra import host, logger
 
 from .. import datasets
-from ..bench import run_bench
+from ..bench import PendingBench
 from ..config import ServeConfig, SpeculationGate
 from ..record import BenchResult, DeploymentRecord
 from ..render import RenderedUnit, render_unit
@@ -117,18 +117,13 @@ def speculation_gate(
     for i, arm in enumerate(order["order"]):
         # the baseline unit is written for its runs; the speculative one is already installed
         speculative = arm == "speculative"
-        checked = start_fresh(cfg, arms[arm], speculative=speculative, install=not speculative)
-        warm_up(cfg, cfg.workload)
         name = f"gate-{own}{stamp}-{i:02d}-{arm}"
-        results[arm].append(
-            run_bench(
-                cfg,
-                tokenizer=tokenizer,
-                name=name,
-                local=out / f"{name}.json",
-                meta={"arm": arm, "gate": True, "index": i},
+        with PendingBench(cfg, tokenizer=tokenizer, name=name) as bench:  # imports while it starts
+            checked = start_fresh(cfg, arms[arm], speculative=speculative, install=not speculative)
+            warm_up(cfg, cfg.workload)
+            results[arm].append(
+                bench.run(local=out / f"{name}.json", meta={"arm": arm, "gate": True, "index": i})
             )
-        )
         files[arm].append(str(out / f"{name}.json"))
     decision = gate_decision(
         run_values(results["speculative"], "tpot"),

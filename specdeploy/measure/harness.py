@@ -30,7 +30,7 @@ from pathlib import Path
 from pyinfra import host, logger
 
 from .. import server, watchdog
-from ..bench import bench_time_limit, run_bench
+from ..bench import PendingBench, bench_time_limit
 from ..config import ServeConfig, Workload
 from ..on_host import read_text
 from ..record import BenchResult, service_record
@@ -57,36 +57,31 @@ def sample(
     t0 = time.monotonic()
     workload = arm.workload or cfg.workload
     checked = {}
-    if not same_server:
-        checked = server.start_fresh(cfg, unit, speculative=arm.speculative)
-        server.warm_up(cfg, workload)
-    logger.info(
-        f"{host.print_prefix}sample {index:02d} "
-        f"{arm.label}{' (warm-up, discarded)' if warmup else ''}"
-    )
-    meta = {
-        "arm": arm.label,
-        "index": index,
-        "warmup": warmup,
-        "speculative": arm.speculative,
-        "prefix_caching": arm.prefix_caching,
-        "unit_argv": unit.argv,
-        "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
-        "seconds_to_healthy": checked.get("seconds_to_healthy"),
-        "fresh_server": not same_server,
-        "seed": workload.seed,
-    }
-    result = run_bench(
-        cfg,
-        tokenizer=tokenizer,
-        name=f"{index:02d}-{arm.label}",
-        local=out_dir / f"{index:02d}-{arm.label}.json",
-        workload=workload,
-        extra=tuple(arm.bench_extra) + tuple(extra),
-        meta=meta,
-    )
+    name = f"{index:02d}-{arm.label}"
+    extra = tuple(arm.bench_extra) + tuple(extra)
+    with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload, extra=extra) as bench:
+        if not same_server:  # the benchmark's imports run while this server starts
+            checked = server.start_fresh(cfg, unit, speculative=arm.speculative)
+            server.warm_up(cfg, workload)
+        logger.info(
+            f"{host.print_prefix}sample {index:02d} "
+            f"{arm.label}{' (warm-up, discarded)' if warmup else ''}"
+        )
+        meta = {
+            "arm": arm.label,
+            "index": index,
+            "warmup": warmup,
+            "speculative": arm.speculative,
+            "prefix_caching": arm.prefix_caching,
+            "unit_argv": unit.argv,
+            "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
+            "seconds_to_healthy": checked.get("seconds_to_healthy"),
+            "fresh_server": not same_server,
+            "seed": workload.seed,
+        }
+        result = bench.run(local=out_dir / f"{name}.json", meta=meta)
     result.run.sample_seconds = round(time.monotonic() - t0, 1)
-    (out_dir / f"{index:02d}-{arm.label}.json").write_text(result.to_json())
+    (out_dir / f"{name}.json").write_text(result.to_json())
     return result
 
 

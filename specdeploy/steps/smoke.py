@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 
-from ..bench import run_bench
+from ..bench import PendingBench
 from ..bench_summary import format_summary
 from ..config import ServeConfig
 from ..record import BenchResult
@@ -12,12 +12,15 @@ from ..reports import host_reports_dir
 from ..timestamps import utc_stamp
 
 
-def smoke(cfg: ServeConfig, tokenizer_path: str) -> BenchResult:
+def smoke_bench(cfg: ServeConfig, tokenizer_path: str) -> PendingBench:
+    """The smoke's benchmark, to be started as the server starts (bench.PendingBench)."""
     # an instance of a whole box names itself: its results sit beside the others' in one folder
     own = f"{cfg.instance_name}-" if cfg.instance_name else ""
-    name = f"smoke-{own}{utc_stamp()}"
-    result = run_bench(
-        cfg, tokenizer=tokenizer_path, name=name, local=host_reports_dir(host.name) / f"{name}.json"
-    )
+    return PendingBench(cfg, tokenizer=tokenizer_path, name=f"smoke-{own}{utc_stamp()}")
+
+
+def smoke(cfg: ServeConfig, bench: PendingBench) -> BenchResult:
+    """Run the started smoke benchmark against the healthy server; print its summary."""
+    result = bench.run(local=host_reports_dir(host.name) / f"{bench.name}.json")
     logger.info(format_summary(f"{host.name} {cfg.instance_name or ''}".strip(), result))
     return result

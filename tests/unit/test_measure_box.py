@@ -168,7 +168,7 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
         tpot = 5.0 if meta["arm"] == "speculative" else 10.0
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(gate, "run_bench", bench)
+    monkeypatch.setattr(gate, "PendingBench", started_early(bench))
     rendered = render_unit(member.cfg, "speculative")
     final, _, decision = gate.speculation_gate(
         member.cfg, gate.gate_input(member.cfg, rendered), "tok"
@@ -191,6 +191,25 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
         one, gate.gate_input(one, render_unit(one, "speculative")), "tok"
     )
     assert "measured" not in decision and all(n.startswith("gate-2") for n in names)
+
+
+def started_early(bench):
+    """A stand-in for bench.PendingBench whose run() returns `bench(...)`'s result."""
+
+    class Pending:
+        def __init__(self, c, *, tokenizer, name, **kw):
+            self.c, self.tokenizer, self.name = c, tokenizer, name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *, local, meta):
+            return bench(self.c, tokenizer=self.tokenizer, name=self.name, local=local, meta=meta)
+
+    return Pending
 
 
 @pytest.mark.parametrize("faster", [True, False])
@@ -218,7 +237,7 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         tpot = fast if meta["arm"] == "speculative" else slow
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(gate, "run_bench", bench)
+    monkeypatch.setattr(gate, "PendingBench", started_early(bench))
     rolling = gate.BoxGate()  # one rolling restart of the box (serve_box.roll_box)
     one = gate.speculation_gate(
         first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok", rolling

@@ -1,9 +1,11 @@
-"""The health poll: one command per poll, its output read back (server.poll_command, parse_poll)."""
+"""The health poll: one host command waits until the server answers, fails or restarts
+(server.poll_command), its output read back (parse_poll)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -11,21 +13,9 @@ from specdeploy import server
 from specdeploy.config import config_from_data
 
 
-@pytest.mark.parametrize(
-    "curl_status, output, expected",
-    [
-        (0, "healthy\n", (True, "active", 0)),
-        (7, "activating\n2\n", (False, "activating", 2)),
-        (7, "failed\n0\n", (False, "failed", 0)),
-    ],
-)
-def test_one_command_says_healthy_or_the_units_state_and_restarts(
-    tmp_path, valid_data, curl_status, output, expected
-):
-    """The command runs in a shell with curl and systemctl stand-ins on PATH: when /health
-    answers, systemctl is not asked at all."""
-    state, restarts = (output.split() + ["", ""])[:2] if curl_status else ("", "")
-    (tmp_path / "curl").write_text(f"#!/bin/sh\nexit {curl_status}\n")
+def run_poll(tmp_path, valid_data, *, curl: str, state: str, restarts: int, at_start: int = 0):
+    """poll_command in a shell with curl and systemctl stand-ins on PATH; (parsed, log, seconds)."""
+    (tmp_path / "curl").write_text(f"#!/bin/sh\n{curl}\n")
     (tmp_path / "systemctl").write_text(
         "#!/bin/sh\n"
         'echo "$@" >> "$LOG"\n'
@@ -36,21 +26,59 @@ def test_one_command_says_healthy_or_the_units_state_and_restarts(
     cfg = config_from_data(valid_data)
     log = tmp_path / "log"
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG": str(log)}
+    started = time.monotonic()
+    command = server.poll_command(cfg, "specdeploy-vllm.service", restarts_at_start=at_start)
     done = subprocess.run(
-        ["sh", "-c", server.poll_command(cfg, "specdeploy-vllm.service")],
+        ["sh", "-c", command],
         capture_output=True,
         text=True,
         env=env,
+        timeout=server.POLL_SLICE_S + 10,
     )
-    assert server.parse_poll(done.stdout) == expected
     asked = log.read_text().splitlines() if log.exists() else []
-    if curl_status == 0:
-        assert asked == []
-    else:
-        assert asked == [
-            "is-active specdeploy-vllm.service",
-            "show -p NRestarts --value specdeploy-vllm.service",
-        ]
+    return server.parse_poll(done.stdout), asked, time.monotonic() - started
+
+
+def test_a_server_already_up_is_healthy_without_asking_systemd(tmp_path, valid_data):
+    parsed, asked, _ = run_poll(tmp_path, valid_data, curl="exit 0", state="active", restarts=0)
+    assert parsed == (True, "active", 0) and asked == []
+
+
+def test_the_host_keeps_looking_until_health_answers(tmp_path, valid_data):
+    """/health answers on the third look: one command, a fraction of a second per look."""
+    count = tmp_path / "count"
+    curl = f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}; [ "$n" -ge 2 ]'
+    parsed, asked, seconds = run_poll(tmp_path, valid_data, curl=curl, state="activating",
+                                      restarts=0)  # fmt: skip
+    assert parsed == (True, "active", 0)
+    assert count.read_text().strip() == "3" and len(asked) == 4  # two looks at the unit
+    assert seconds < 3
+
+
+@pytest.mark.parametrize(
+    "state, restarts, at_start, expected",
+    [
+        ("failed", 0, 0, (False, "failed", 0)),
+        ("activating", 2, 1, (False, "activating", 2)),  # systemd restarted it: a crash loop
+    ],
+)
+def test_a_failed_or_restarted_unit_ends_the_wait_at_once(
+    tmp_path, valid_data, state, restarts, at_start, expected
+):
+    parsed, asked, seconds = run_poll(tmp_path, valid_data, curl="exit 7", state=state,
+                                      restarts=restarts, at_start=at_start)  # fmt: skip
+    assert parsed == expected and seconds < 3
+    assert asked[-2:] == [
+        "is-active specdeploy-vllm.service",
+        "show -p NRestarts --value specdeploy-vllm.service",
+    ]
+
+
+def test_a_server_still_starting_is_reported_after_one_slice(tmp_path, valid_data, monkeypatch):
+    monkeypatch.setattr(server, "POLL_SLICE_S", 1)
+    parsed, _, seconds = run_poll(tmp_path, valid_data, curl="exit 7", state="activating",
+                                  restarts=0)  # fmt: skip
+    assert parsed == (False, "activating", 0) and 0.9 < seconds < 3
 
 
 def test_no_output_is_an_unknown_state():

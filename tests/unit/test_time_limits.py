@@ -18,7 +18,7 @@ from specdeploy.config import (
     config_from_data,
 )
 from specdeploy.host_scripts import fetch_weights, source
-from specdeploy.on_host import HostCommandError, with_time_limit
+from specdeploy.on_host import with_time_limit
 from specdeploy.steps import install, lock
 
 
@@ -199,15 +199,21 @@ def test_bench_limit_is_output_tokens_at_the_floor_rate_plus_the_start(
 
 @pytest.fixture
 def bench_host(monkeypatch, valid_data, tmp_path):
+    """run_bench against a stand-in `sh`: the launch answers a PID, the host's wait answers
+    `wait()` (an exit status, or it raises)."""
     cfg = config_from_data(valid_data)
-    sent = {}
+    sent = []
     monkeypatch.setattr(bench, "host", types.SimpleNamespace(name="h1"))
     monkeypatch.setattr(bench.server, "request", lambda cfg, path: "")
 
-    def run(failure):
+    def run(wait):
         def sh(command, **kw):
-            sent.update(command=command, **kw)
-            raise failure(command)
+            sent.append((command, kw))
+            if "setsid" in command:
+                return "4242\n"
+            if command.startswith("touch"):
+                return wait()
+            return "Traceback ...\n"  # the output's tail
 
         monkeypatch.setattr(bench, "sh", sh)
         with pytest.raises(Exception) as caught:
@@ -221,17 +227,28 @@ def test_bench_past_its_limit_names_host_step_and_key(bench_host):
     cfg, sent, run = bench_host
     limit = bench.bench_time_limit(cfg)
     message = bench.bench_timeout_message(cfg, "smoke-1")
-    host_side = run(lambda cmd: HostCommandError(f"h1: `{cmd[:300]}` failed:\n{message}\n"))
+    host_side = run(lambda: "124\n")
     assert isinstance(host_side, bench.BenchTimeout) and str(host_side) == message
-    assert sent["command"].startswith(f"timeout -k 30 {limit} sh -c ")
-    assert sent["timeout"] == limit + 60 and sent["stdin"] == "\n"
+    (launch, launch_kw), (wait, wait_kw) = sent[:2]
+    # started ahead of its server: the host's own limit also covers the server's start + warm-up
+    assert f"timeout -k 30 {limit + cfg.health_timeout_s + 300} " in launch
+    assert launch_kw["stdin"] == "\n" and "nohup setsid sh -c" in launch
+    # after go, the wait on the host is the benchmark's limit; past it, its process group ends
+    assert f"timeout {limit} sh -c" in wait and "kill -TERM -- -4242" in wait
+    assert wait_kw["timeout"] == limit + 60
+    assert sent[-1][0].startswith("rm -rf ") and sent[-1][0].endswith("smoke-1.run")
     assert message.startswith("h1: benchmark smoke-1: `vllm bench serve` ran past 1720 s")
     assert "lower smoke_min_tokens_per_s" in message
     # pyinfra's own backstop (a hung connection) says the same
-    assert str(run(lambda cmd: TimeoutError())) == message
-    # any other failure stays what it was
-    other = run(lambda cmd: HostCommandError(f"h1: `{cmd[:300]}` failed:\nTraceback ...\n"))
+    assert str(run(tt_timeout)) == message
+    # any other failure stays what it was, with the output's last lines
+    other = run(lambda: "1\n")
     assert not isinstance(other, bench.BenchTimeout)
+    assert "failed (exit 1)" in str(other) and "Traceback" in str(other)
+
+
+def tt_timeout():
+    raise TimeoutError
 
 
 def test_snapshot_size_from_the_hubs_file_metadata(monkeypatch):
