@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import shlex
 import time
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
 
 from . import datasets, server
 from .config import ServeConfig, Workload
@@ -119,6 +120,20 @@ def bench_timeout_message(cfg: ServeConfig, name: str, workload: Workload | None
     )
 
 
+def end_stale_command(cfg: ServeConfig) -> str:
+    """Shell text that ends every benchmark still waiting in this service's bench_dir: one whose
+    control node died before its go (the deploy lock lets one deploy or measurement of a service
+    run at a time, so none of them is anyone's now). Its process group is ended only while that
+    PID still runs the launcher of that very directory."""
+    b = shlex.quote(cfg.bench_dir)
+    return (
+        f'for d in {b}/*.run; do [ -d "$d" ] || continue; p=$(cat "$d/pid" 2>/dev/null); '
+        'if [ -n "$p" ] && tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF "$d/go"; '
+        'then kill -TERM -$p; echo "ended a benchmark an earlier run left waiting: $d"; fi; '
+        'rm -rf "$d"; done; '
+    )
+
+
 class PendingBench:
     """One `vllm bench serve` on the host, started before its server is up: vLLM's CLI imports take
     seconds of CPU (about 5 s on a 2-core host), which now overlap the server's start instead of
@@ -149,7 +164,8 @@ class PendingBench:
         ) + list(extra)
         self.args = args
         self.argv = cfg.vllm_cli + args  # what vLLM's CLI runs (recorded as the command)
-        self.dir = f"{cfg.bench_dir}/{name}.run"  # root-only: go file, exit status, output
+        # root-only: go file, exit status, output, PID; its own name, never another run's
+        self.dir = f"{cfg.bench_dir}/{name}.{secrets.token_hex(4)}.run"
         self.pid: str | None = None
         self.done = False
 
@@ -162,17 +178,22 @@ class PendingBench:
         # the host's `timeout` covers the wait for the server too: it can never outlive its run
         waits = self.cfg.health_timeout_s + server.WARM_UP_TIMEOUT_S
         inner = (
-            f"timeout -k {KILL_AFTER_S} {self.limit + waits} "
+            # --foreground: timeout stays in the group setsid made, so ending that group ends it all
+            f"timeout --foreground -k {KILL_AFTER_S} {self.limit + waits} "
             f"{shlex.join(launcher + self.args)}; echo $? > {d}/rc"
         )
         # An --api-key server needs the key on the benchmark's requests: `vllm bench` reads
         # OPENAI_API_KEY, which the shell reads from stdin (never argv, never a file).
-        self.pid = sh(
-            f"rm -rf {d} && mkdir -m 700 {d} && IFS= read -r OPENAI_API_KEY && "
+        out = sh(
+            f"{end_stale_command(self.cfg)}mkdir -m 700 {d} && IFS= read -r OPENAI_API_KEY && "
             f"export OPENAI_API_KEY {assignments} && "
-            f"{{ nohup setsid sh -c {shlex.quote(inner)} </dev/null >{d}/log 2>&1 & echo $!; }}",
+            f"{{ nohup setsid sh -c {shlex.quote(inner)} </dev/null >{d}/log 2>&1 & "
+            f"echo $! > {d}/pid; echo $!; }}",
             stdin=(self.cfg.vllm_api_key or "") + "\n",
-        ).strip()
+        ).splitlines()
+        for line in out[:-1]:
+            logger.warning(f"{host.print_prefix}{line}")
+        self.pid = out[-1].strip() if out else None
         return self
 
     def __enter__(self) -> PendingBench:
@@ -183,11 +204,12 @@ class PendingBench:
             self.cancel()
 
     def cancel(self) -> None:
-        """End it unrun (its process group: the session setsid gave it), and its files."""
+        """End it unrun (its process group: the session setsid gave it; and the PID itself, in case
+        setsid has not made that group yet), and its files."""
         self.done = True
         if self.pid and self.pid.isdigit():
             d = shlex.quote(self.dir)
-            sh(f"kill -TERM -- -{self.pid} 2>/dev/null; rm -rf {d}", check=False)
+            sh(f"kill -TERM -{self.pid} {self.pid} 2>/dev/null; rm -rf {d}", check=False)
 
     def _wait(self) -> None:
         """Go, then wait on the host for its exit status, at most the time limit (then it is
@@ -195,7 +217,7 @@ class PendingBench:
         d = shlex.quote(self.dir)
         rc = sh(
             f"touch {d}/go; if timeout {self.limit} sh -c 'until [ -s {d}/rc ]; do sleep 0.1; "
-            f"done'; then cat {d}/rc; else kill -TERM -- -{self.pid} 2>/dev/null; "
+            f"done'; then cat {d}/rc; else kill -TERM -{self.pid} 2>/dev/null; "
             f"echo {TIMED_OUT}; fi",
             timeout=self.limit + TIME_LIMIT_GRACE_S,
         ).strip()

@@ -3,7 +3,7 @@ a host, and what its smoke benchmark saw. One typed model, written by steps/reco
 the serve path (re-run decisions, the gate), measurements (which unit to restore), and `status`.
 
 The bench result (`BenchResult`) lives here too: one `vllm bench serve` JSON with specdeploy's own
-part (`BenchRun`, the "specdeploy" key on disk), written by bench.run_bench and read by the smoke
+part (`BenchRun`, the "specdeploy" key on disk), written by bench.PendingBench and read by the smoke
 step, the record, the gate and every measurement; its summary (`SmokeSummary`) is the record's
 `smoke`.
 
@@ -47,6 +47,7 @@ class BenchRun(_Part):
     server_counters: ServerCounters | None = None
     prefix_cache: dict[str, Number | None] = Field(default_factory=dict)
     bench_seconds: float | None = None
+    # vLLM's CLI command line (bench_launcher.py hands it to vLLM's own CLI entry point)
     command: list[str] = Field(default_factory=list)
     finished_at: str | None = None
     arm: str | None = None

@@ -231,12 +231,16 @@ def test_bench_past_its_limit_names_host_step_and_key(bench_host):
     assert isinstance(host_side, bench.BenchTimeout) and str(host_side) == message
     (launch, launch_kw), (wait, wait_kw) = sent[:2]
     # started ahead of its server: the host's own limit also covers the server's start + warm-up
-    assert f"timeout -k 30 {limit + cfg.health_timeout_s + 300} " in launch
+    assert f"timeout --foreground -k 30 {limit + cfg.health_timeout_s + 300} " in launch
     assert launch_kw["stdin"] == "\n" and "nohup setsid sh -c" in launch
     # after go, the wait on the host is the benchmark's limit; past it, its process group ends
-    assert f"timeout {limit} sh -c" in wait and "kill -TERM -- -4242" in wait
+    assert f"timeout {limit} sh -c" in wait and "kill -TERM -4242" in wait
     assert wait_kw["timeout"] == limit + 60
-    assert sent[-1][0].startswith("rm -rf ") and sent[-1][0].endswith("smoke-1.run")
+    assert (
+        sent[-1][0].startswith("rm -rf ")
+        and sent[-1][0].endswith(".run")
+        and "smoke-1." in sent[-1][0]
+    )
     assert message.startswith("h1: benchmark smoke-1: `vllm bench serve` ran past 1720 s")
     assert "lower smoke_min_tokens_per_s" in message
     # pyinfra's own backstop (a hung connection) says the same
