@@ -7,9 +7,10 @@ records, units and venv references (issue 21 item 6). It runs with `vllm_api_key
 deploy (the balancer passes the key through; it is in the root-only env files alone). Each behaviour
 is measured once: the deploy (health + smoke per instance, the balancer), a no-op re-run, a k change
 rolled one instance at a time under a client loop on the balancer, an instance whose new config
-cannot start, rolled back while the other serves, compare (with the APC profile) and tune on one
-drained instance, and last the speculation gate, which leaves the box on its baseline units. The
-module stops the box at the end.
+cannot start, rolled back while the other serves, compare (with the APC profile) on one drained
+instance (tune takes the same measurement path, measure/deploy.py: its box report is checked in
+tests/unit/test_measure_box.py), and last the speculation gate, which leaves the box on its
+baseline units. The module stops the box at the end.
 """
 
 from __future__ import annotations
@@ -424,24 +425,6 @@ def test_status_and_the_host_suite_show_both_instances(
                       "exporter_says_every_instance_up")  # fmt: skip
     for test in (f"test_balancer_{name}" for name in balancer_tests):
         assert re.search(rf"{test}\[{re.escape(host)}\] PASSED", suite.stdout), test
-
-
-def test_tune_measures_one_instance_while_the_box_serves(
-    first, host, ssh, tmp_path, sandbox_services
-):
-    """deploys/tune.py on the box with the fewest runs its plan allows (the sweep over one k, 1 run
-    each, no warm-up: baseline and k1, the verdict "too few runs"): measured on the drained last
-    instance while the other serves, as compare is; the report names the instance, its cores and
-    port."""
-    path = as_deployed(tmp_path, host, ssh, sandbox_services)
-    out, runs, result = measure_on_the_box("tune", path, ssh, host, METHOD="sweep", K="1",
-                                           REPEATS="1", WARMUP_RUNS="0")  # fmt: skip
-    assert [r["specdeploy"]["arm"] for r in runs] == ["baseline", "k1"]
-    h = json.loads((out / "summary.json").read_text())["hosts"][host]
-    assert h["conditions"]["ks"] == [1] and h["choice"]["recommended_k"] is None
-    assert "too few runs" in h["choice"]["verdict"], h["choice"]["verdict"]
-    assert f"port {PORTS[INSTANCES[1]]}" in (out / "summary.md").read_text()
-    assert f"{host}: " in result.stdout  # the recommendation printed
 
 
 def test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follows(

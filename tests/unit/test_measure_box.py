@@ -7,6 +7,8 @@ sandbox test, tests/integration/test_whole_box.py, runs them for real under a cl
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -144,6 +146,21 @@ def test_the_report_says_which_instance_and_devices(tmp_path):
         "- whole box: measured instance `box-1` alone (GPUs 4,5, port 8102), drained from the "
         "balancer while the other 3 kept serving on port 8100; back in the balancer once healthy"
     ) in text
+
+
+def test_the_tune_report_of_a_box_says_which_instance_it_measured(tmp_path):
+    """deploys/tune.py on a whole box goes through compare's measurement path (measure/deploy.py:
+    the last instance drained, measured, put back; test_whole_box.py's compare shows it on the
+    sandbox). Its report, rebuilt here from a real run's raw files (the sandbox's box, tune_k 1,
+    one run per arm, 2026-12-01), names the instance, its cores and port, and its verdict."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data/box_tune_run", run)
+    summary = report.write(run, "tune")
+    h = summary["hosts"]["sd0a72-h1"]
+    assert (h["conditions"]["instance"], h["conditions"]["instance_port"]) == ("box-1", 8102)
+    assert h["choice"]["recommended_k"] is None and "too few runs" in h["choice"]["verdict"]
+    text = (run / "summary.md").read_text()
+    assert "measured instance `box-1` alone (cores 1, port 8102), drained from the balancer" in text
 
 
 def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch, tmp_path):
