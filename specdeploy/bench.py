@@ -211,38 +211,33 @@ class PendingBench:
             d = shlex.quote(self.dir)
             sh(f"kill -TERM -{self.pid} {self.pid} 2>/dev/null; rm -rf {d}", check=False)
 
-    def _wait(self) -> None:
-        """Go, then wait on the host for its exit status, at most the time limit (then it is
-        ended); a failure raises with its output's last lines."""
-        d = shlex.quote(self.dir)
-        rc = sh(
-            f"touch {d}/go; if timeout {self.limit} sh -c 'until [ -s {d}/rc ]; do sleep 0.1; "
-            f"done'; then cat {d}/rc; else kill -TERM -{self.pid} 2>/dev/null; "
-            f"echo {TIMED_OUT}; fi",
-            timeout=self.limit + TIME_LIMIT_GRACE_S,
-        ).strip()
-        if rc == "0":
-            return
-        if rc == str(TIMED_OUT):
-            raise BenchTimeout(self.message)
-        log = sh(f"tail -n 60 {d}/log", check=False)
-        raise HostCommandError(
-            f"{host.name}: benchmark {self.name}: `vllm bench serve` failed (exit {rc}):\n{log}"
-        )
-
     def run(self, *, local: Path, meta: dict | None = None) -> BenchResult:
         """The benchmark against the running server; its JSON fetched to `local` with specdeploy's
         part (BenchRun: server counters, prefix cache, command, ...meta) added."""
         cfg, result_path = self.cfg, f"{self.cfg.bench_dir}/{self.name}.json"
         before = server.request(cfg, "/metrics")
         started = time.monotonic()
-        try:
-            self._wait()
+        d = shlex.quote(self.dir)
+        try:  # go, then wait on the host for its exit status, at most the time limit (then ended)
+            rc = sh(
+                f"touch {d}/go; if timeout {self.limit} sh -c 'until [ -s {d}/rc ]; do sleep 0.1; "
+                f"done'; then cat {d}/rc; else kill -TERM -{self.pid} 2>/dev/null; "
+                f"echo {TIMED_OUT}; fi",
+                timeout=self.limit + TIME_LIMIT_GRACE_S,
+            ).strip()
+            if rc == str(TIMED_OUT):
+                raise BenchTimeout(self.message)
+            if rc != "0":  # a failure comes back with its output's last lines
+                log = sh(f"tail -n 60 {d}/log", check=False)
+                raise HostCommandError(
+                    f"{host.name}: benchmark {self.name}: `vllm bench serve` failed (exit {rc}):"
+                    f"\n{log}"
+                )
         except TimeoutError:  # pyinfra's backstop, for a connection that hangs
             raise BenchTimeout(self.message) from None
         finally:
             self.done = True
-            sh(f"rm -rf {shlex.quote(self.dir)}", check=False)
+            sh(f"rm -rf {d}", check=False)
         seconds = time.monotonic() - started
         after = server.request(cfg, "/metrics")
         text = read_text(result_path)
