@@ -150,7 +150,7 @@ class PendingBench:
         workload: Workload | None = None,
         extra: list[str] | tuple[str, ...] = (),
     ):
-        self.cfg, self.name, self.workload = cfg, name, workload
+        self.cfg, self.name = cfg, name
         self.limit = bench_time_limit(cfg, workload)
         self.message = bench_timeout_message(cfg, name, workload)
         args = bench_args(
