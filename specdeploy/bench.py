@@ -267,17 +267,3 @@ class PendingBench:
         local.write_text(result.to_json())
         return result
 
-
-def run_bench(
-    cfg: ServeConfig,
-    *,
-    tokenizer: str,
-    name: str,
-    local: Path,
-    workload: Workload | None = None,
-    extra: list[str] | tuple[str, ...] = (),
-    meta: dict | None = None,
-) -> BenchResult:
-    """A benchmark started and run at once, against a server already up (nothing to overlap)."""
-    with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload, extra=extra) as bench:
-        return bench.run(local=local, meta=meta)

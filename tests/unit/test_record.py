@@ -55,8 +55,8 @@ def test_a_new_record_keeps_the_workload_sampling():
     assert json.loads(record.to_json())["workload"]["top_p"] == 0.9
 
 
-# One `vllm bench serve` result as run_bench leaves it: vLLM's JSON (keys specdeploy does not read
-# included) and specdeploy's part.
+# One `vllm bench serve` result as bench.PendingBench leaves it: vLLM's JSON (keys specdeploy
+# does not read included) and specdeploy's part.
 BENCH = {
     "date": "20261201-120000",
     "request_rate": "inf",

@@ -199,8 +199,8 @@ def test_bench_limit_is_output_tokens_at_the_floor_rate_plus_the_start(
 
 @pytest.fixture
 def bench_host(monkeypatch, valid_data, tmp_path):
-    """run_bench against a stand-in `sh`: the launch answers a PID, the host's wait answers
-    `wait()` (an exit status, or it raises)."""
+    """A benchmark started and run at once against a stand-in `sh`: the launch answers a PID, the
+    host's wait answers `wait()` (an exit status, or it raises)."""
     cfg = config_from_data(valid_data)
     sent = []
     monkeypatch.setattr(bench, "host", types.SimpleNamespace(name="h1"))
@@ -217,7 +217,8 @@ def bench_host(monkeypatch, valid_data, tmp_path):
 
         monkeypatch.setattr(bench, "sh", sh)
         with pytest.raises(Exception) as caught:
-            bench.run_bench(cfg, tokenizer="/t", name="smoke-1", local=tmp_path / "r.json")
+            with bench.PendingBench(cfg, tokenizer="/t", name="smoke-1") as started:
+                started.run(local=tmp_path / "r.json")
         return caught.value
 
     return cfg, sent, run
