@@ -266,4 +266,3 @@ class PendingBench:
         result = BenchResult.model_validate(json.loads(text) | {"specdeploy": run})
         local.write_text(result.to_json())
         return result
-
