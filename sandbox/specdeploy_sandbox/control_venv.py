@@ -4,6 +4,7 @@ argv to vLLM's own parser run in it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -29,6 +30,15 @@ def _version(python: Path, dist: str) -> str | None:
 def ensure(cache_dir: str | os.PathLike | None = None) -> Path:
     """Returns the venv's python, installing or repairing the venv when needed (idempotent)."""
     cache = Path(cache_dir or wheelhouse.cache_dir_default())
+    cache.mkdir(parents=True, exist_ok=True)
+    # one installer at a time (two test processes, a test beside the model generator): the second
+    # finds the venv the first made
+    with open(cache / "venv-vllm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(cache)
+
+
+def _ensure(cache: Path) -> Path:
     venv = venv_dir(cache)
     python = venv / "bin" / "python"
     installed = _version(python, PACKAGE) if python.exists() else None

@@ -36,6 +36,7 @@ the deploy removes them afterwards.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -136,8 +137,14 @@ def ensure(
     Returns the wheelhouse directory.
     """
     cache = Path(cache_dir or cache_dir_default())
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "wheelhouse.lock", "w") as lock:  # two test fleets coming up: one download
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(cache, _source_args(source_args), requirements, pip)
+
+
+def _ensure(cache: Path, src: list[str], requirements: Sequence[str], pip) -> Path:
     wh = wheelhouse_dir(cache)
-    src = _source_args(source_args)
     have = downloaded(cache, src)
     missing = [r for r in requirements if r not in have]
     if not missing:

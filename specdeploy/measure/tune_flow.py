@@ -17,7 +17,8 @@ discarded warm-up runs, the deployed unit restored at the end):
    (4 for 2-3 k at alpha 0.05, 5 for 4-5 k after extensions). When no k is predicted faster than
    the baseline's pin run, only the predicted best is confirmed (3 + 3 runs at alpha 0.05 can
    show it faster, so "leave speculation off" then comes from the measured runs, not from too
-   few of them).
+   few of them); its neighbours are measured only when the confirm runs show it faster than the
+   baseline after all (the rank test at decision_alpha, not a lower median).
    When the measured best is at an edge of that window and tune_k goes further, the next k is added
    (with more runs of the current best beside it), at most MAX_EXTENSIONS times.
 
@@ -43,7 +44,7 @@ from .arms import Arm
 from .choose import choose_k, min_runs_for_choose_k
 from .decisions import run_values
 from .predict import best_k, json_rows, predict, run_from_bench
-from .stats import DEFAULT_ALPHA, median
+from .stats import DEFAULT_ALPHA, median, rank_test
 
 PIN_MIDDLE_FROM = 5
 MAX_EXTENSIONS = 2
@@ -191,8 +192,10 @@ def predict_plan(
         nxt = next_k(window, ks, tpot)
         if nxt is None or extensions >= MAX_EXTENSIONS:
             break
-        if off and median(tpot[predicted_best]) >= median(tpot[0]):
-            break  # as predicted, not even the best k beats the baseline: none further will
+        if off and not _shown_faster(tpot[predicted_best], tpot[0], cfg.decision_alpha):
+            # as predicted, not even the best k is shown faster than the baseline, so its slower
+            # neighbours are not measured: a median below the baseline's by noise is no reason
+            break
         # the measured best sits at an edge of the window: measure one k further, with the best
         extensions += 1
         best = min(window, key=lambda k: median(_tpot_by_k(read())[k]))
@@ -203,6 +206,11 @@ def predict_plan(
         window = sorted({*window, nxt})
     state.update(confirm_k=window, extensions=extensions, prefix_cache=_prefix_cache(read()))
     record(state)
+
+
+def _shown_faster(spec: Sequence[float], base: Sequence[float], alpha: float) -> bool:
+    """The one-sided rank test says `spec`'s TPOTs are lower than `base`'s at `alpha`."""
+    return bool(spec and base) and rank_test(spec, base, alternative="less")["p_value"] <= alpha
 
 
 def predicted_off(rows: Sequence[Mapping], best: int) -> str | None:

@@ -302,3 +302,47 @@ def test_a_draft_predicted_slower_than_the_baseline_confirms_only_its_best_k(cfg
     assert d["speculation"] == "off" and d["recommended_k"] is None
     assert d["reachable"]["vs_baseline"] is True and "too few" not in d["verdict"]
     assert d["per_k"][1]["p_faster_than_baseline"] == 1.0 and d["per_k"][1]["ratio_to_baseline"] > 1
+
+
+def runs_in_order(per_k):
+    """A fake server's TPOT as a list per k, one value per sample of that k in plan order (the
+    last value repeats): a noise pattern written out instead of a jitter cycle."""
+    seen = Counter()
+
+    def tpot(k):
+        seen[k] += 1
+        values = per_k.get(k, [true_tpot(k)])
+        return values[min(seen[k], len(values)) - 1]
+
+    return tpot
+
+
+def test_a_predicted_off_k_below_the_baseline_by_noise_is_not_extended(cfg, monkeypatch):
+    """Predicted off, then the confirm runs put k1's median under the baseline's by noise (9.9 vs
+    10.0 ms, one-sided p = 0.35): not shown faster, so its slower neighbours are not measured
+    (a lower median alone once extended the window: the trained tune test saw it in CI)."""
+    monkeypatch.setattr(sys.modules[__name__], "RATES", [0.02] * 7)
+    tpot = runs_in_order({0: [10.0, 10.5, 9.6], 1: [10.3, 9.8, 9.9], 3: [11.0]})
+    host, records = FakeHost(tpot, jitter=(0.0,)), []
+    order = host.run(plan_for(cfg, host, records, ks=[1, 2, 3], repeats=None, warmup_runs=0))
+    rec = records[-1]
+    assert rec["predicted_off"] and rec["confirm_k"] == [1] and rec["extensions"] == 0
+    assert [a for a, _ in order] == ["baseline", "k1", "k3", "baseline", "k1", "k1", "baseline"]
+    d = flow_summary(host.results, rec, {"decision_alpha": 0.05})["decision"]
+    assert d["speculation"] == "off" and d["per_k"][1]["p_faster_than_baseline"] > 0.05
+
+
+def test_a_predicted_off_k_shown_faster_after_all_is_extended(cfg, monkeypatch):
+    """Predicted off from the pin runs, but five runs each show k1 faster than the baseline (p =
+    7/252 at 0.05): the prediction was wrong, so the window grows to k2 as for any measured best
+    at an edge."""
+    monkeypatch.setattr(sys.modules[__name__], "RATES", [0.02] * 7)
+    tpot = runs_in_order(
+        {0: [10.0, 10.5, 9.6, 10.2, 10.4], 1: [10.3, 9.0, 9.1, 9.2, 9.0], 2: [12.0], 3: [11.0]}
+    )
+    host, records = FakeHost(tpot, jitter=(0.0,)), []
+    host.run(plan_for(cfg, host, records, ks=[1, 2, 3], repeats=5, warmup_runs=0))
+    rec = records[-1]
+    assert rec["predicted_off"] and rec["extensions"] >= 1 and rec["confirm_k"][:2] == [1, 2]
+    counts = Counter(r["specdeploy"]["arm"] for r in host.results)
+    assert counts["k2"] >= 5, counts
