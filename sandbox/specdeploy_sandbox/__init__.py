@@ -150,81 +150,96 @@ def up(hosts: int = 3, services: bool | None = None, assets: str = "tests") -> d
             subnet = ipaddress.ip_network(st["subnet"])
             _hosts.ensure_bridge(prefix, st["bridge_ip"], subnet)
 
-        log.info("image: Debian base root filesystem (debootstrap once, then cached) ...")
-        base = _rootfs.ensure_base()  # debootstrap (cached) before the parallel part
-        log.info("image: ready (%.0fs)", time.monotonic() - t0)
-        st["base_rootfs"] = str(base)
-        if _services_enabled(services):  # hosts' apt source: the gateway's Debian repository
-            st["debian_repo_url"] = _services().debian_repo_url(st)
+        svc = _services() if _services_enabled(services) else None
+        assets_pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            return _up_hosts_and_services(st, hosts, svc, assets, assets_pool, t0)
+        finally:
+            assets_pool.shutdown(wait=True)
 
-        by_index = {h["index"]: h for h in st.get("hosts", [])}
-        keep, extra = {}, []
-        for idx, h in by_index.items():
-            if idx <= hosts and _hosts.host_alive(h):
-                keep[idx] = h
-            elif idx > hosts:
-                extra.append(h)
-        for h in extra:
-            log.info("%s: removing (fleet shrinks to %d)", h["name"], hosts)
-            _hosts.teardown_host(prefix, h["name"], h.get("nspawn_pid"))
-        todo = [i for i in range(1, hosts + 1) if i not in keep]
-        log.info("hosts: %d to start, %d running ...", len(todo), len(keep))
 
-        def bring_up(idx: int) -> dict:
-            return _hosts.create_host(st, idx)
+def _up_hosts_and_services(st, hosts, svc, assets, assets_pool, t0) -> dict:
+    """The rest of `up`, under its lock: the services' assets are fetched and built on
+    `assets_pool` while the image is made and the hosts boot (neither needs the other)."""
+    prefix = st["prefix"]
+    prepared = None
+    if svc is not None and hasattr(svc, "prepare_assets"):
+        prepared = assets_pool.submit(svc.prepare_assets, assets=assets)
+    log.info("image: Debian base root filesystem (debootstrap once, then cached) ...")
+    base = _rootfs.ensure_base()  # debootstrap (cached) before the parallel part
+    log.info("image: ready (%.0fs)", time.monotonic() - t0)
+    st["base_rootfs"] = str(base)
+    if svc is not None:  # hosts' apt source: the gateway's Debian repository
+        st["debian_repo_url"] = svc.debian_repo_url(st)
 
-        created: list[dict] = []
-        errors: list[BaseException] = []
-        if todo:
-            with ThreadPoolExecutor(max_workers=len(todo)) as ex:
-                for fut in [ex.submit(bring_up, i) for i in todo]:
-                    try:
-                        created.append(fut.result())
-                    except BaseException as e:
-                        errors.append(e)
-        st["hosts"] = sorted(list(keep.values()) + created, key=lambda h: h["index"])
-        _hosts.write_known_hosts(st)
-        _state.save(st)
-        if errors:
-            raise SandboxError(f"{len(errors)} host(s) failed to start: {errors[0]}") from errors[0]
+    by_index = {h["index"]: h for h in st.get("hosts", [])}
+    keep, extra = {}, []
+    for idx, h in by_index.items():
+        if idx <= hosts and _hosts.host_alive(h):
+            keep[idx] = h
+        elif idx > hosts:
+            extra.append(h)
+    for h in extra:
+        log.info("%s: removing (fleet shrinks to %d)", h["name"], hosts)
+        _hosts.teardown_host(prefix, h["name"], h.get("nspawn_pid"))
+    todo = [i for i in range(1, hosts + 1) if i not in keep]
+    log.info("hosts: %d to start, %d running ...", len(todo), len(keep))
 
-        def ready(h: dict) -> dict:
-            h["system_state"] = _hosts.wait_ready(st, h["name"], h["address"], h["nspawn_pid"])
-            h["failed_units"] = (
-                _hosts.failed_units(st, h["address"]) if h["system_state"] == "degraded" else []
-            )
-            return h
+    def bring_up(idx: int) -> dict:
+        return _hosts.create_host(st, idx)
 
-        with ThreadPoolExecutor(max_workers=len(st["hosts"])) as ex:
-            futs = [ex.submit(ready, h) for h in st["hosts"]]
-            for f in futs:
+    created: list[dict] = []
+    errors: list[BaseException] = []
+    if todo:
+        with ThreadPoolExecutor(max_workers=len(todo)) as ex:
+            for fut in [ex.submit(bring_up, i) for i in todo]:
                 try:
-                    f.result()
+                    created.append(fut.result())
                 except BaseException as e:
                     errors.append(e)
-        st["updated"] = time.time()
-        _state.save(st)
-        if errors:
-            raise SandboxError(f"{len(errors)} host(s) did not boot: {errors[0]}") from errors[0]
-        log.info(
-            "sandbox %s: %d host(s) up in %.1fs", prefix, len(st["hosts"]), time.monotonic() - t0
-        )
+    st["hosts"] = sorted(list(keep.values()) + created, key=lambda h: h["index"])
+    _hosts.write_known_hosts(st)
+    _state.save(st)
+    if errors:
+        raise SandboxError(f"{len(errors)} host(s) failed to start: {errors[0]}") from errors[0]
 
-        svc = _services() if _services_enabled(services) else None
-        if svc is not None and hasattr(svc, "start"):
-            st.pop("services_error", None)
+    def ready(h: dict) -> dict:
+        h["system_state"] = _hosts.wait_ready(st, h["name"], h["address"], h["nspawn_pid"])
+        h["failed_units"] = (
+            _hosts.failed_units(st, h["address"]) if h["system_state"] == "degraded" else []
+        )
+        return h
+
+    with ThreadPoolExecutor(max_workers=len(st["hosts"])) as ex:
+        futs = [ex.submit(ready, h) for h in st["hosts"]]
+        for f in futs:
             try:
-                extra_state = _call_service(svc.start, st, assets=assets) or {}
-            except Exception as e:
-                st["services_error"] = f"{type(e).__name__}: {e}"
-                _state.save(st)
-                raise SandboxError(f"sandbox hosts are up, but services.start failed: {e}") from e
-            st["services"] = dict(extra_state)
-            for k, v in extra_state.items():
-                if k not in _CORE_KEYS:
-                    st[k] = v
+                f.result()
+            except BaseException as e:
+                errors.append(e)
+    st["updated"] = time.time()
+    _state.save(st)
+    if errors:
+        raise SandboxError(f"{len(errors)} host(s) did not boot: {errors[0]}") from errors[0]
+    log.info("sandbox %s: %d host(s) up in %.1fs", prefix, len(st["hosts"]), time.monotonic() - t0)
+
+    if svc is not None and hasattr(svc, "start"):
+        st.pop("services_error", None)
+        try:
+            if prepared is not None:
+                prepared.result()
+            done = {"ensure_assets": False} if prepared is not None else {}
+            extra_state = _call_service(svc.start, st, assets=assets, **done) or {}
+        except Exception as e:
+            st["services_error"] = f"{type(e).__name__}: {e}"
             _state.save(st)
-        return st
+            raise SandboxError(f"sandbox hosts are up, but services.start failed: {e}") from e
+        st["services"] = dict(extra_state)
+        for k, v in extra_state.items():
+            if k not in _CORE_KEYS:
+                st[k] = v
+        _state.save(st)
+    return st
 
 
 def status() -> dict:

@@ -31,8 +31,8 @@ def ensure(cache_dir: str | os.PathLike | None = None) -> Path:
     """Returns the venv's python, installing or repairing the venv when needed (idempotent)."""
     cache = Path(cache_dir or wheelhouse.cache_dir_default())
     cache.mkdir(parents=True, exist_ok=True)
-    # one installer at a time (two test processes, a test beside the model generator): the second
-    # finds the venv the first made
+    # one installer at a time (two fleets coming up, a test beside the model generator): the
+    # second finds the venv the first made
     with open(cache / "venv-vllm.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _ensure(cache)

@@ -100,8 +100,10 @@ START_TIMEOUT_S = 60.0
 
 
 def wanted(assets: str = "tests") -> dict:
-    """What a fleet brought up for `assets` fetches and builds: the wheelhouse's requirements and
-    whether the fault-injection wheel is built (both model sets always: the mirror serves both)."""
+    """What a fleet brought up for `assets` fetches and builds: the wheelhouse's requirements,
+    whether the fault-injection wheel is built, the model sets, and whether the draft's variants
+    (the gated copy, the multi-format repo: both made from the tiny draft) are made. The demo
+    deploys the trained pair and nothing else."""
     if assets not in ASSETS:
         raise ValueError(f"assets must be one of {ASSETS}, not {assets!r}")
     demo = assets == "demo"
@@ -110,8 +112,39 @@ def wanted(assets: str = "tests") -> dict:
         if demo
         else wheelhouse_mod.DEFAULT_REQUIREMENTS,
         "broken_release": not demo,
-        "model_sets": tuple(models_mod.MODEL_SETS),
+        "model_sets": ("trained",) if demo else tuple(models_mod.MODEL_SETS),
+        "draft_variants": not demo,
     }
+
+
+def prepare_assets(
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    source_args: str | list[str] | None = None,
+    assets: str = "tests",
+) -> None:
+    """Fetch and build what the services serve for `assets` (`wanted`), each part once: wheels,
+    the fault-injection wheel, the model sets, the draft's variants, the servers' venv. Needs no
+    host: `up` runs it while the image is built and the hosts boot."""
+    cache = _cache_dir(cache_dir)
+    need = wanted(assets)
+    _step(
+        "wheels",
+        " + ".join(need["requirements"]) + " (downloaded once, then cached)",
+        lambda: wheelhouse_mod.ensure(cache, source_args, need["requirements"]),
+    )
+    if need["broken_release"]:
+        wheelhouse_mod.ensure_broken_release(cache)
+    for model_set in need["model_sets"]:
+        _step(
+            "models",
+            f"the {model_set} pair (generated once, then cached)",
+            lambda model_set=model_set: models_mod.ensure(cache, model_set=model_set),
+        )
+    if need["draft_variants"]:
+        _ensure_gated_repo(cache)
+        multiformat.ensure(cache)
+    ensure_mirror_venv(cache)
 
 
 def _step(what: str, message: str, run):
@@ -582,25 +615,12 @@ def start(
     sdir = services_dir(state)
     sdir.mkdir(parents=True, exist_ok=True)
 
-    repos: dict[str, dict] = {}
     need = wanted(assets)
     if ensure_assets:
-        _step(
-            "wheels",
-            " + ".join(need["requirements"]) + " (downloaded once, then cached)",
-            lambda: wheelhouse_mod.ensure(cache, source_args, need["requirements"]),
-        )
-        if need["broken_release"]:
-            wheelhouse_mod.ensure_broken_release(cache)
+        prepare_assets(cache, source_args=source_args, assets=assets)
+    repos: dict[str, dict] = {}
     for model_set in need["model_sets"]:
-        if ensure_assets:
-            manifest = _step(
-                "models",
-                f"the {model_set} pair (generated once, then cached)",
-                lambda model_set=model_set: models_mod.ensure(cache, model_set=model_set),
-            )
-        else:
-            manifest = models_mod.load_manifest(cache, model_set)
+        manifest = models_mod.load_manifest(cache, model_set)
         if manifest is None:
             raise RuntimeError(
                 f"no model manifest at {models_mod.manifest_path(cache, model_set)}; "
@@ -610,8 +630,7 @@ def start(
     t0 = time.monotonic()
     log.info("services: wheelhouse index, HF mirror, gateway ...")
     venv = ensure_mirror_venv(cache)
-    _ensure_gated_repo(cache)
-    formats = multiformat.ensure(cache) if ensure_assets else multiformat.load(cache)
+    formats = multiformat.load(cache) if need["draft_variants"] else None
     state.setdefault("hf_gated_token", "hf_sandbox_" + secrets.token_hex(16))
     if ports and "gateway" in ports:
         state["gateway_port"] = int(ports["gateway"]) or _free_port(host)
@@ -670,7 +689,10 @@ def start(
         "pip_install_args": ["--index-url", wh["url"], "--trusted-host", host],
         "hf_endpoint": gw["url"],
         "debian_repo_url": gw["debian_url"],
-        "hf_gated": {"repo": gated_repo(), "token": state["hf_gated_token"]},
+        "hf_gated": {
+            "repo": gated_repo() if need["draft_variants"] else None,  # the demo's has none
+            "token": state["hf_gated_token"],
+        },
         # the draft's weights in every format real repos ship: what a host download leaves out
         "hf_multiformat": {k: formats[k] for k in ("repo", "main", "files")} if formats else {},
         "models": {

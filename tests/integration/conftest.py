@@ -10,16 +10,6 @@ Unless `SPECDEPLOY_STATE_DIR` is set, the tests use their own state dir
 fleet is never touched. The fixture exports `SPECDEPLOY_STATE_DIR` so that
 subprocesses (`pyinfra inventories/sandbox.py ...`) see the same fleet.
 
-`make test` runs the suite as two pytest processes side by side
-(tests/run_fleets.py), `SPECDEPLOY_TEST_FLEET=a` and `=b`: each runs only its
-share (`FLEET_OF`: an integration module's fleet; the unit tests go with b) on
-a fleet of its own, state dir `/run/specdeploy/sandbox-test-a` (or `-b`), its
-own prefix and free service ports. Modules that share a host (`extra_host`)
-share a fleet. Bringing a fleet up holds a machine-wide lock, so a cold cache
-is built once, by the first. (Not pytest-xdist: pyinfra_cli's gevent
-monkey-patching, which importing `specdeploy.inventory` brings in, blocks an
-xdist worker's own queue forever.)
-
 If `services.start` fails, the hosts are still usable: `sandbox_fleet`
 records the error in `state["services_error"]` and only the
 `sandbox_services` fixture fails.
@@ -27,8 +17,6 @@ records the error in `state["services_error"]` and only the
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import itertools
 import os
 import shlex
@@ -40,26 +28,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FLEET = os.environ.get("SPECDEPLOY_TEST_FLEET", "")  # "a" or "b" under tests/run_fleets.py
-TEST_STATE_DIR = "/run/specdeploy/sandbox-test" + (f"-{FLEET}" if FLEET else "")
-UP_LOCK = Path("/run/specdeploy/sandbox-test.up.lock")
-
-# Which fleet runs a module under tests/run_fleets.py; anything not named (the unit tests) runs on
-# b. Measured module times on a 2-core machine: trained 772 s, whole box 538, rollout 334,
-# production 256, status 244, hardening 177, serve 82, units ~100.
-FLEET_OF = {
-    "test_trained_models": "a",
-    "test_status_prometheus": "a",
-    "test_hardening": "a",
-    "test_serve": "a",
-    "test_vllm_argparse_probe": "a",
-}
-FLEETS = ("a", "b")
-
-if FLEET:  # a second fleet beside the first: free ports for its services, unless told
-    for _var in ("SPECDEPLOY_WHEELHOUSE_PORT", "SPECDEPLOY_GATEWAY_PORT"):
-        os.environ.setdefault(_var, "0")
-
+TEST_STATE_DIR = "/run/specdeploy/sandbox-test"
 
 # These tests check plumbing, not model behaviour: the fast random pair unless a test (or the
 # caller) asks for the trained one (group_data/sandbox.py, integration/test_trained_models.py).
@@ -80,17 +49,7 @@ def _sandbox_unavailable() -> str | None:
     return None
 
 
-def fleet_of(item) -> str:
-    return FLEET_OF.get(item.path.stem, "b")
-
-
 def pytest_collection_modifyitems(config, items):
-    if FLEET:
-        if FLEET not in FLEETS:
-            raise pytest.UsageError(f"SPECDEPLOY_TEST_FLEET={FLEET!r}: one of {FLEETS}")
-        mine = [i for i in items if fleet_of(i) == FLEET]
-        config.hook.pytest_deselected(items=[i for i in items if i not in mine])
-        items[:] = mine
     reason = None
     for item in items:
         if item.get_closest_marker("sandbox") is None:
@@ -107,15 +66,6 @@ def pytest_collection_modifyitems(config, items):
 
 def _keep() -> bool:
     return os.environ.get("SPECDEPLOY_KEEP_SANDBOX", "") == "1"
-
-
-@contextlib.contextmanager
-def _up_lock():
-    """One fleet comes up at a time: two test processes never build the same cold cache twice."""
-    UP_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(UP_LOCK, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 @pytest.fixture(scope="session")
@@ -151,8 +101,7 @@ def sandbox_fleet(request, sandbox_state_dir):
 
     request.addfinalizer(finalize)  # registered first: also runs if up() fails
     try:
-        with _up_lock():
-            st = sandbox.up(n)
+        st = sandbox.up(n)
     except sandbox.SandboxError as e:
         st = sandbox.load_state()
         if not st or "services_error" not in st:
@@ -239,16 +188,14 @@ class ExtraHost:
         import specdeploy_sandbox as sandbox
 
         if self.name is None:
-            with _up_lock():
-                self.name = sandbox.up(self.size + 1)["hosts"][-1]["name"]
+            self.name = sandbox.up(self.size + 1)["hosts"][-1]["name"]
         return self.name
 
     def release(self) -> None:
         import specdeploy_sandbox as sandbox
 
         if self.name is not None:
-            with _up_lock():
-                sandbox.up(self.size)
+            sandbox.up(self.size)
             self.name = None
 
 

@@ -101,6 +101,10 @@ def test_services_fetch_what_their_fleet_is_for(tmp_path, monkeypatch, assets):
         lambda c, model_set: asked["models"].append(model_set) or {"repos": {}},
     )
 
+    variants = []
+    monkeypatch.setattr(services, "_ensure_gated_repo", lambda c: variants.append("gated"))
+    monkeypatch.setattr(services.multiformat, "ensure", lambda c: variants.append("multiformat"))
+
     def stop(cache):
         raise Stop  # the servers are not started here
 
@@ -109,7 +113,11 @@ def test_services_fetch_what_their_fleet_is_for(tmp_path, monkeypatch, assets):
         services.start({"state_dir": str(tmp_path)}, cache_dir=tmp_path, assets=assets)
     assert asked["wheels"] == [services.wanted(assets)["requirements"]]
     assert asked["broken"] == (assets == "tests")
-    assert asked["models"] == ["tiny", "trained"]
+    # the demo deploys the trained pair; the tiny pair and its draft's variants are the tests'
+    if assets == "demo":
+        assert asked["models"] == ["trained"] and variants == []
+    else:
+        assert asked["models"] == ["tiny", "trained"] and variants == ["gated", "multiformat"]
 
 
 def test_the_control_venv_needs_only_its_release(tmp_path, monkeypatch):
