@@ -420,6 +420,17 @@ def _start_wheelhouse(state: dict, venv: Path, cache: Path, host: str, port: int
     )
 
 
+def _served_target(cache: Path) -> str:
+    """A target repo the mirror serves (the tiny one where built: the demo builds only the
+    trained pair), for its health check."""
+    for model_set in models_mod.MODEL_SETS:
+        manifest = models_mod.load_manifest(cache, model_set) or {}
+        for repo_id, info in manifest.get("repos", {}).items():
+            if info.get("role") in ("target", "trained-target"):
+                return repo_id
+    return models_mod.TARGET
+
+
 def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int) -> dict:
     """Olah on loopback; its redirects and LFS links name the gateway, which hosts reach."""
     sdir = services_dir(state)
@@ -455,7 +466,7 @@ def _start_hf_mirror(state: dict, venv: Path, cache: Path, host: str, port: int)
         marker=str(conf),
         host=host,
         port=port,
-        health_url=f"{base}/api/models/{models_mod.TARGET}/revision/main",
+        health_url=f"{base}/api/models/{_served_target(cache)}/revision/main",
         extra={"url": base, "mirrors_path": hubs},
     )
 
