@@ -363,12 +363,13 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
     """deploys/tune.py's default flow (predict, then confirm; runs per arm from the rule) with
     tune_k 2-4 and the poor draft (on the host since the gate test deployed it: run with -k
     "gate or tune"). The pin phase measures the baseline, k=2 and k=4 on fresh servers; L(3)
-    comes from their pooled per-position acceptance; every k is predicted slower than the
-    baseline, so only the predicted best k is confirmed against it, 3 + 3 runs in rotating rounds
-    (the one-sided test can reach 1/20 = 0.05: the rule can decide). Which k that is (2 or 4: both
-    lose, by amounts within the machine's noise) is read from the pin runs, not assumed.
-    Recommendation "leave speculation off" because that k is not shown faster: its p, recomputed
-    here from the raw JSONs, is above alpha."""
+    comes from their pooled per-position acceptance. When every k is predicted slower than the
+    baseline, only the predicted best k is confirmed against it, 3 + 3 runs in rotating rounds
+    (the one-sided test can reach 1/20 = 0.05: the rule can decide); when one pin run lands under
+    the baseline's by noise, the best and its neighbour are confirmed, 4 runs each. Which path,
+    and which k (2 or 4), is read from the pin runs, not assumed.
+    Recommendation "leave speculation off" because no confirmed k is shown faster: each p,
+    recomputed here from the raw JSONs, is above alpha."""
     inventory = poor_inventory(tmp_path / "poor-tune.py", host, sandbox_services, sandbox_ssh)
     out, printed = measure("tune", host, inventory, METHOD="predict", K="2-4", WARMUP_RUNS=0)
     raw = [json.loads(f.read_text()) for f in sorted((out / "raw" / host).glob("[0-9]*.json"))]
@@ -394,40 +395,48 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
         assert rows[k]["acceptance_length"] == pytest.approx(r["spec_decode_acceptance_length"])
     assert rows[3]["acceptance_length_source"] == "per-position rates"
     assert rows[3]["acceptance_length"] == pytest.approx(1 + sum(rates[:3]))
-    # the baseline's pin run beats every k, measured (2, 4) or predicted (3)
     assert rows[0]["tpot_ms"] == pytest.approx(raw[0]["median_tpot_ms"])
-    assert min(rows[k]["tpot_ms"] for k in (2, 3, 4)) > rows[0]["tpot_ms"], rows
     best = min((2, 3, 4), key=lambda k: rows[k]["tpot_ms"])  # the predicted best, from the pins
     assert best in (2, 4), rows  # L(3) sits between its neighbours': so does its TPOT
-    assert prediction["predicted_best_k"] == best and prediction["confirm_k"] == [best]
-    assert prediction["runs_per_arm"] == 3 and prediction["predicted_off"]
-    # confirmed against the baseline up to 3 + 3 runs, rounds rotating which goes first
-    assert arms[3:] == ["baseline", f"k{best}", f"k{best}", "baseline"], arms
+    assert prediction["predicted_best_k"] == best
+    # One pin run each of a draft this poor lands either side of the baseline's (the machine's
+    # noise is larger than the difference): which path the flow takes is read from the pins.
+    if min(rows[k]["tpot_ms"] for k in (2, 3, 4)) > rows[0]["tpot_ms"]:
+        # predicted off: only the best k is confirmed, 3 + 3 runs, rounds rotating who goes first
+        assert prediction["confirm_k"] == [best] and prediction["predicted_off"]
+        assert prediction["runs_per_arm"] == 3
+        assert arms[3:] == ["baseline", f"k{best}", f"k{best}", "baseline"], arms
+        assert "Only the predicted best was confirmed" in (out / "summary.md").read_text()
+    else:  # predicted faster: the best and its neighbour, the runs choose_k needs for two k
+        assert best in prediction["confirm_k"] and 3 in prediction["confirm_k"], prediction
+        assert prediction["runs_per_arm"] == 4 and not prediction.get("predicted_off")
+    confirmed = prediction["confirm_k"]
 
-    # the decision, from the measured runs' median TPOTs
+    # the decision, from the measured runs' median TPOTs: no confirmed k is shown faster
     tpot = {
         label: [r["median_tpot_ms"] for r in raw if r["specdeploy"]["arm"] == label]
-        for label in ("baseline", f"k{best}")
+        for label in ("baseline", *(f"k{k}" for k in confirmed))
     }
-    p = rank_p_less(tpot[f"k{best}"], tpot["baseline"])
-    assert p > 0.05, tpot
     h = json.loads((out / "summary.json").read_text())["hosts"][host]
     c = h["choice"]
+    for k in confirmed:
+        p = rank_p_less(tpot[f"k{k}"], tpot["baseline"])
+        assert p > 0.05, tpot
+        assert c["per_k"][str(k)]["p_faster_than_baseline"] == pytest.approx(p)
+        ratio = statistics.median(tpot[f"k{k}"]) / statistics.median(tpot["baseline"])
+        assert c["per_k"][str(k)]["ratio_to_baseline"] == pytest.approx(ratio)
     assert c["speculation"] == "off" and c["recommended_k"] is None, c["verdict"]
     assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
-    assert c["per_k"][str(best)]["p_faster_than_baseline"] == pytest.approx(p)
-    ratio = statistics.median(tpot[f"k{best}"]) / statistics.median(tpot["baseline"])
-    assert c["per_k"][str(best)]["ratio_to_baseline"] == pytest.approx(ratio) and ratio > 1
     assert h["host_data_change"] is None
     assert "leave speculation off: no k is significantly faster than the baseline" in printed
 
     flow = {row["k"]: row for row in h["predict_flow"]["rows"]}
     assert flow[3]["predicted_tpot_ms"] == pytest.approx(rows[3]["tpot_ms"])
-    assert flow[best]["measured_runs"] == 3 and flow[0]["measured_runs"] == 3
-    assert flow[6 - best]["measured_runs"] == 1  # the other pinned k: its pin run alone
-    assert flow[3]["role"] == "predicted only" and flow[3]["measured_runs"] == 0
+    for k in (0, 2, 3, 4):  # the pin runs count: the other pinned k keeps its one run
+        assert flow[k]["measured_runs"] == arms.count(f"k{k}" if k else "baseline"), flow
+    if 3 not in confirmed:
+        assert flow[3]["role"] == "predicted only"
     md = (out / "summary.md").read_text()
     assert "predicted, then confirmed" in md and "none: leave speculation off" in md
-    assert "Only the predicted best was confirmed" in md
     active = sandbox_ssh(host, f"systemctl is-active {UNIT}")
     assert active.stdout.strip() == "active"
