@@ -151,11 +151,8 @@ def up(hosts: int = 3, services: bool | None = None, assets: str = "tests") -> d
             _hosts.ensure_bridge(prefix, st["bridge_ip"], subnet)
 
         svc = _services() if _services_enabled(services) else None
-        assets_pool = ThreadPoolExecutor(max_workers=1)
-        try:
+        with ThreadPoolExecutor(max_workers=1) as assets_pool:  # waits for it, even on errors
             return _up_hosts_and_services(st, hosts, svc, assets, assets_pool, t0)
-        finally:
-            assets_pool.shutdown(wait=True)
 
 
 def _up_hosts_and_services(st, hosts, svc, assets, assets_pool, t0) -> dict:
