@@ -236,3 +236,52 @@ def test_vocab_mismatch_fails_preflight_before_touching_service(
     assert (
         record["vocab"]["draft_vocab_size"] == 3072 and record["vocab"]["target_vocab_size"] == 4096
     )
+
+
+def test_a_short_live_tune_predicts_from_its_pins_and_restores_production(
+    first_deploy, hosts, sandbox_ssh, tmp_path
+):
+    """deploys/tune.py live, as short as its default flow allows: predict over k 1-3 (pins: the
+    baseline, k=1 and k=3, each on a fresh server with prefix caching off; k=2's acceptance length
+    from their pooled per-position acceptance), one run per arm (tune_repeats = 1), no warm-up run.
+    One run per arm is too few for any verdict, and the report says so instead of recommending a
+    k; production is back on its deployed unit, untouched. The flow's decisions on enough runs of
+    real acceptance are replayed from a live trained-pair run in tests/unit/test_tune_replay.py."""
+    host = hosts[0]
+    before = service_state(sandbox_ssh, host)
+    unit_before = ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service")
+    env = {"SPECDEPLOY_REPORTS": str(tmp_path), "SPECDEPLOY_RUN": "tune",
+           "SPECDEPLOY_TUNE_K": "1-3", "SPECDEPLOY_TUNE_METHOD": "predict",
+           "SPECDEPLOY_TUNE_REPEATS": "1", "SPECDEPLOY_TUNE_WARMUP_RUNS": "0"}  # fmt: skip
+    import subprocess
+
+    result = subprocess.run(
+        ["pyinfra", "-y", "inventories/sandbox.py", "deploys/tune.py", "--limit", host],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, **env},
+    )  # fmt: skip
+    assert result.returncode == 0, tail(result)
+    out = tmp_path / "tune"
+    runs = [json.loads(p.read_text()) for p in sorted((out / "raw" / host).glob("[0-9]*.json"))]
+    arms = [r["specdeploy"]["arm"] for r in runs]
+    assert arms[:3] == ["baseline", "k1", "k3"], arms  # the pin phase
+    for r in runs:
+        assert r["specdeploy"]["fresh_server"] and r["completed"] > 0 and r["failed"] == 0
+        assert "--no-enable-prefix-caching" in r["specdeploy"]["unit_argv"]
+    prediction = json.loads((out / "raw" / host / "prediction.json").read_text())
+    assert prediction["pinned_k"] == [1, 3]
+    rates = prediction["per_position_acceptance"]
+    rows = {row["k"]: row for row in prediction["rows"]}
+    assert rows[2]["acceptance_length_source"] == "per-position rates"
+    assert rows[2]["acceptance_length"] == pytest.approx(1 + sum(rates[:2]))
+    assert rows[0]["tpot_ms"] == pytest.approx(runs[0]["median_tpot_ms"])
+    choice = json.loads((out / "summary.json").read_text())["hosts"][host]["choice"]
+    assert choice["recommended_k"] is None and "too few" in choice["verdict"], choice["verdict"]
+    assert "predicted, then confirmed" in (out / "summary.md").read_text()
+    # production: the same unit file, active and healthy again (restarted after the measurement)
+    assert ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service") == (
+        unit_before
+    )
+    after = service_state(sandbox_ssh, host)
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    assert ssh(sandbox_ssh, host, health) == "200"
