@@ -190,7 +190,7 @@ def _override_inventory(tmp_path, host, speculative_config):
     return path
 
 
-def _pyinfra(inventory, *args, timeout=DEPLOY_TIMEOUT):
+def _pyinfra(inventory, *args, timeout=DEPLOY_TIMEOUT, env=None):
     import subprocess
 
     return subprocess.run(
@@ -199,7 +199,7 @@ def _pyinfra(inventory, *args, timeout=DEPLOY_TIMEOUT):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=os.environ.copy(),
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -253,12 +253,7 @@ def test_a_short_live_tune_predicts_from_its_pins_and_restores_production(
     env = {"SPECDEPLOY_REPORTS": str(tmp_path), "SPECDEPLOY_RUN": "tune",
            "SPECDEPLOY_TUNE_K": "1-3", "SPECDEPLOY_TUNE_METHOD": "predict",
            "SPECDEPLOY_TUNE_REPEATS": "1", "SPECDEPLOY_TUNE_WARMUP_RUNS": "0"}  # fmt: skip
-    import subprocess
-
-    result = subprocess.run(
-        ["pyinfra", "-y", "inventories/sandbox.py", "deploys/tune.py", "--limit", host],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, **env},
-    )  # fmt: skip
+    result = _pyinfra("inventories/sandbox.py", "deploys/tune.py", "--limit", host, env=env)
     assert result.returncode == 0, tail(result)
     out = tmp_path / "tune"
     runs = [json.loads(p.read_text()) for p in sorted((out / "raw" / host).glob("[0-9]*.json"))]
