@@ -54,7 +54,8 @@ def rank_p_less(a, b):
 @pytest.fixture(scope="module")
 def replay():
     """predict_plan driven by the live run's results: each arm it asks for gets that arm's next
-    recorded run. Returns (the runs in the order asked, the prediction states it recorded)."""
+    recorded run. Returns (the recorded runs in index order, the runs in the order the flow asked
+    for them, the prediction states it recorded)."""
     cfg = config_from_data(VALID)  # what the flow reads of it: decision_alpha (0.05, as live)
     runs = recorded()
     queues: dict[str, deque] = {}
@@ -134,6 +135,8 @@ def test_the_decision_leaves_speculation_off_recomputed_from_the_raw_jsons(repla
     assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
     assert h["host_data_change"] is None
     flow = {row["k"]: row for row in h["predict_flow"]["rows"]}
+    predicted = {row["k"]: row for row in json.loads((RAW / "prediction.json").read_text())["rows"]}
+    assert flow[3]["predicted_tpot_ms"] == pytest.approx(predicted[3]["tpot_ms"])
     for k in (0, 2, 3, 4):  # the pin runs count: k=2 keeps its one pin run
         label = f"k{k}" if k else "baseline"
         assert flow[k]["measured_runs"] == sum(r["specdeploy"]["arm"] == label for r in asked)
