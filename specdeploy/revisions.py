@@ -36,6 +36,14 @@ def is_commit(revision: str) -> bool:
     return bool(_COMMIT.match(revision))
 
 
+def snapshot_dir(cfg: ServeConfig, repo: str, revision: str) -> str | None:
+    """Where huggingface_hub keeps `repo` at commit `revision` in the host's cache (the download
+    step puts it there); None for a moving ref, whose commit is known only once resolved."""
+    if not is_commit(revision):
+        return None
+    return f"{cfg.hf_home}/hub/models--{repo.replace('/', '--')}/snapshots/{revision}"
+
+
 def pin_key(endpoint: str | None, repo: str, revision: str) -> str:
     return f"{endpoint or 'https://huggingface.co'}|{repo}|{revision}"
 

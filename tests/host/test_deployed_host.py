@@ -17,6 +17,7 @@ from specdeploy.argv import (
     argv_diff,
     flag_value,
     serve_argv,
+    served_speculative_config,
     unit_exec_argv,
 )
 from specdeploy.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
@@ -109,16 +110,19 @@ def test_unit_argv_is_the_rendered_one(installed_argv, rendered, unit_file):
     )
 
 
-def test_speculative_config_json(installed_argv, rendered, cfg):
+def test_speculative_config_json(th, installed_argv, rendered, cfg):
     if rendered.role != "speculative":
         assert "--speculative-config" not in installed_argv, "the baseline unit must not speculate"
         return
     text = flag_value(installed_argv, "--speculative-config")
     assert text is not None, "ExecStart has no --speculative-config"
-    assert json.loads(text) == cfg.speculative_config, (
-        f"--speculative-config is {text}, "
-        f"host data says {json.dumps(cfg.speculative_config, sort_keys=True)}"
+    served = served_speculative_config(cfg)
+    assert json.loads(text) == served, (
+        f"--speculative-config is {text}, host data says {json.dumps(served, sort_keys=True)}"
     )
+    if served.get("model") != cfg.speculative_config.get("model"):  # a pinned draft, by its path
+        marker = shlex.quote(f"{served['model']}/.specdeploy-complete")
+        assert run(th, f"test -f {marker} && echo complete").strip() == "complete"
 
 
 def test_no_deprecated_flags(installed_argv):

@@ -23,6 +23,25 @@ def test_baseline_differs_only_in_speculative_config(valid_data):
     assert json.loads(spec[i + 1]) == valid_data["speculative_config"]
 
 
+def test_a_pinned_draft_is_served_from_its_snapshot_directory(valid_data):
+    """vLLM finds the target's local copy offline by itself, not the draft's: a draft pinned to a
+    commit is named by its directory in the host's cache (the record keeps repo id and commit); a
+    moving ref, not resolved yet, keeps the repo id; the rest of the JSON is the host data's."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    valid_data["speculative_config"]["revision"] = sha
+    cfg = config_from_data(valid_data)
+    args = serve_args(cfg)
+    served = json.loads(args[args.index("--speculative-config") + 1])
+    draft = valid_data["speculative_config"]["model"]
+    expected = f"{cfg.hf_home}/hub/models--{draft.replace('/', '--')}/snapshots/{sha}"
+    assert served == {**valid_data["speculative_config"], "model": expected}
+    assert cfg.speculative_config["model"] == draft  # what the record says
+    valid_data["speculative_config"]["revision"] = "main"
+    cfg = config_from_data(valid_data)
+    args = serve_args(cfg)
+    assert json.loads(args[args.index("--speculative-config") + 1]) == cfg.speculative_config
+
+
 def test_argv_never_carries_removed_flags(valid_data):
     argv = serve_argv(config_from_data(valid_data))
     assert not [
