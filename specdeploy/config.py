@@ -181,8 +181,8 @@ class ServeConfig(BaseModel):
     smoke_min_tokens_per_s: PositiveFloat = 5.0
     speculation_gate: SpeculationGate | None = None
     # Hosts of one run the plain `pyinfra INVENTORY deploys/serve.py` (and compare, tune) takes out
-    # of service at once: N, or "N%" of the run's hosts (rounded down, at least 1; hosts serving
-    # nothing yet start at once); the first failure stops the hosts after it. One value per run.
+    # of service at once: N, or "N%" of the run's hosts (rounded down, at least 1); the first
+    # failure stops the hosts after it (serve.py). One value per run (pyinfra's _parallel).
     max_unavailable: HostBudget = 1
     # the deploy lock's lease (steps/lock.py): unrenewed this long, the next deploy takes it over
     # with a warning. None: health_timeout_s + the smoke's time limit + a margin

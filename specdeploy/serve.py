@@ -7,11 +7,9 @@ facts.
 
 The plain `pyinfra INVENTORY deploys/serve.py` is a rolling update: everything that can take a
 server down (swap in the unit and env file, restart, health, smoke, record, rollback) is ONE
-`python.call` per host that pyinfra runs host by host (`_serial`), or `max_unavailable` hosts at a
-time (`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Hosts
-where the service is not active (new, or down) are taken out of service by nothing: the same call
-runs on them first, all at once. Everything before it (packages, venv, weights, preflight, staging)
-runs on all hosts at once and stops nothing.
+`python.call` that pyinfra runs host by host (`_serial`), or `max_unavailable` hosts at a time
+(`_parallel`); the first host that fails stops the hosts after it (steps/rollback.py). Everything
+before it (packages, venv, weights, preflight, staging) runs on all hosts at once and stops nothing.
 pyinfra's `--no-wait` runs each host's operations on its own and would ignore that: the deploy
 refuses it while planning (rollback.refuse_no_wait).
 """
@@ -28,7 +26,7 @@ from pyinfra.operations import python
 from . import instances, server
 from .checks import host_config_and_pins
 from .config import DATA_DEFAULTS, ServeConfig
-from .facts import Accelerators, JsonFile, MemoryBytes, ServiceActive, VllmVersion
+from .facts import Accelerators, JsonFile, MemoryBytes, VllmVersion
 from .measure import gate
 from .preflight import check_gpus, evaluate
 from .record import DeploymentRecord, service_record
@@ -41,8 +39,6 @@ from .steps.rollback import (
     verify_or_rollback,
     width_text,
 )
-
-START_WHERE_NOT_SERVING = "Start (hosts where the service is not active yet: all at once)"
 
 
 def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()):
@@ -174,21 +170,20 @@ def serve(role: str = "speculative"):
     change = unit.install_unit(cfg, rendered)
     needed = verify_needed(cfg, rendered, previous, change=change, pins=pins, shipped=shipped)
     parallel = out_of_service_width(cfg)
-    serving = any(host.get_fact(ServiceActive, unit=u) == "active" for u in cfg.unit_names.values())
 
-    # This host's swap + restart + health + smoke + record, or its rollback; an earlier failed host
-    # of this run holds it back untouched (steps/rollback.py). max_unavailable bounds the hosts a
-    # run takes OUT of service: hosts where the service is not active (new, or down) lose nothing
-    # by starting, so they start at once, before the rolling restart of the hosts that serve.
-    call = dict(function=verify_or_rollback, verify=verify_and_record, change=change, cfg=cfg,
-                  rendered=rendered, started=started, pins=pins,
-                  gate_input=gate.gate_input(cfg, rendered))  # fmt: skip
-    python.call(name=f"{START_WHERE_NOT_SERVING}, health check, smoke benchmark, deployment record",
-                _if=lambda: not serving and needed(), **call)  # fmt: skip
+    # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
+    # an earlier failed host of this run holds it back untouched (steps/rollback.py).
     python.call(
         name=f"Restart ({width_text(cfg)}), health check, smoke benchmark, deployment record",
-        _if=lambda: serving and needed(),
-        **call,
+        function=verify_or_rollback,
+        verify=verify_and_record,
+        change=change,
+        cfg=cfg,
+        rendered=rendered,
+        started=started,
+        pins=pins,
+        gate_input=gate.gate_input(cfg, rendered),
+        _if=needed,
         **parallel,
     )
     lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

@@ -6,14 +6,11 @@ the key set are shown on the whole box (test_whole_box.py), whose first deploy s
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
-from specdeploy.serve import START_WHERE_NOT_SERVING
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -21,7 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 UNIT = "specdeploy-vllm.service"
 HUB = "/var/lib/specdeploy/hf/hub"
 DRAFT_DIR = f"{HUB}/models--specdeploy-sandbox--tiny-llama-draft"
-OPERATION = f"specdeploy: serve vLLM with speculative decoding | {START_WHERE_NOT_SERVING}"
 
 
 def tail(result, n=80):
@@ -63,45 +59,6 @@ def code(ssh, host, path, key=None):
         f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:8000{path}",
         check=False,
     )
-
-
-def start_window(ssh, host) -> tuple[float, float]:
-    """(when systemd last started the unit, when that server then said it was up), epoch s."""
-    out = ssh(host, f"journalctl -u {UNIT} -o short-unix --no-pager | grep -E "
-              "'systemd\\[1\\]: Started|Application startup complete'")  # fmt: skip
-    lines = out.splitlines()
-    last = max(i for i, line in enumerate(lines) if "systemd[1]: Started" in line)
-    up = next(line for line in lines[last:] if "Application startup complete" in line)
-    return float(lines[last].split()[0]), float(up.split()[0])
-
-
-def started_at_once(output: str) -> set[str]:
-    """The hosts the deploy's all-at-once start operation (serve.py) ran on (pyinfra's output)."""
-    parts = output.split(f"--> Starting operation: {OPERATION}", 1)
-    block = parts[1].split("--> Starting", 1)[0] if len(parts) == 2 else ""
-    return set(re.findall(r"\[(\S+)\] Success", block))
-
-
-def test_hosts_serving_nothing_start_at_once(deployed, hosts, ssh):
-    """max_unavailable bounds the hosts a run takes out of service: on a fleet where the service is
-    not active anywhere (this session's first deploy, or stopped here when a kept fleet already
-    served), the plain deploy starts every host's server at once instead of host by host: each
-    host's start begins before the other's server is up. (The rolling restart of serving hosts,
-    one at a time, is test_rollout's.)"""
-    result = deployed
-    output = result.stdout + result.stderr
-    if started_at_once(output) != set(hosts):  # a kept fleet served already: stop it first
-        for host in hosts:
-            ssh(host, f"systemctl stop {UNIT}")
-        result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py")
-        assert result.returncode == 0, tail(result)
-        assert started_at_once(result.stdout + result.stderr) == set(hosts), tail(result)
-    windows = {host: start_window(ssh, host) for host in hosts}
-    last_start = max(start for start, _ in windows.values())
-    first_up = min(up for _, up in windows.values())
-    assert last_start < first_up, f"the hosts started one after the other: {windows}"
-    for host in hosts:
-        assert code(ssh, host, "/health") == "200"
 
 
 def test_sigkilled_server_comes_back_via_systemd_restart(deployed, hosts, ssh):
