@@ -71,8 +71,9 @@ def served_speculative_config(cfg: ServeConfig) -> dict:
     huggingface.co" errors in the journal, a 2 s retry, and the check for an lm_head of its own
     skipped). The record keeps the repo id and the commit; the path names both."""
     spec = dict(cfg.speculative_config)
-    if cfg.draft_model and spec.get("method") == "draft_model":
-        spec["model"] = snapshot_dir(cfg, cfg.draft_model, cfg.draft_revision) or spec["model"]
+    for role, repo, revision in cfg.hub_models:
+        if role == "draft":
+            spec["model"] = snapshot_dir(cfg, repo, revision) or spec["model"]
     return spec
 
 

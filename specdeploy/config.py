@@ -22,11 +22,9 @@ from pydantic import (
     field_validator,
 )
 
-# vLLM's own default (CacheConfig.gpu_memory_utilization); we write it out explicitly so the unit
-# and the deployment record show the mechanism that was chosen.
 MIB = 1 << 20
 GIB = 1 << 30
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's own, written out: unit and record show it
 VLLM_MIN_BATCHED_TOKENS = 2048
 
 UNIT_DIR = "/etc/systemd/system"
@@ -260,8 +258,7 @@ class ServeConfig(BaseModel):
 
     @property
     def base_url(self) -> str:
-        """The server's URL as seen from the host itself (a wildcard bind is reached on
-        loopback)."""
+        """The server's URL from the host itself (a wildcard bind is reached on loopback)."""
         if self.vllm_host in ("0.0.0.0", ""):
             address = "127.0.0.1"
         elif self.vllm_host == "::":
@@ -294,10 +291,8 @@ class ServeConfig(BaseModel):
     def memory_mechanism(self) -> tuple[str, float | int]:
         if self.kv_cache_memory_bytes is not None:
             return ("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
-        return (
-            "gpu_memory_utilization",
-            self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
-        )
+        utilization = self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        return ("gpu_memory_utilization", utilization)
 
     @property
     def draft_model(self) -> str | None:
@@ -306,6 +301,15 @@ class ServeConfig(BaseModel):
     @property
     def draft_revision(self) -> str:
         return self.speculative_config.get("revision") or "main"
+
+    @property
+    def hub_models(self) -> list[tuple[str, str, str]]:
+        """(role, repo, revision) of every checkpoint the deploy downloads and the server loads:
+        the target, and the draft when it is a model of its own (method draft_model)."""
+        models = [("target", self.target_model, self.target_revision)]
+        if self.draft_model and self.speculative_config.get("method") == "draft_model":
+            models.append(("draft", self.draft_model, self.draft_revision))
+        return models
 
     # Where things live on the host: every path the deploy uses, in one place.
     @property
@@ -343,16 +347,12 @@ class ServeConfig(BaseModel):
         return f"{self.state_dir}/records"  # root-owned, like everything below
 
     @property
-    def record_path(self) -> str:
-        """One record per service (and per instance of a whole box): two services on one host
-        never overwrite each other's."""
+    def record_path(self) -> str:  # per service (and instance): never another service's
         return f"{self.records_dir}/{self.service_name}.json"
 
     @property
-    def legacy_record_path(self) -> str:
-        """Where releases before per-service state wrote the host's one record: read when
-        `record_path` is absent and the record names this service's unit (record.py)."""
-        return f"{self.records_dir}/deployment.json"
+    def legacy_record_path(self) -> str:  # the one record of releases before per-service state
+        return f"{self.records_dir}/deployment.json"  # read when record_path is absent (record.py)
 
     @property
     def rollback_dir(self) -> str:
@@ -391,8 +391,7 @@ class ServeConfig(BaseModel):
         return f"{self.service_name}-measure.service"  # compare/tune/gate's measurement instance
 
     @property
-    def service_units(self) -> list[str]:
-        """Every unit this service runs a server as: speculative, baseline, measurement."""
+    def service_units(self) -> list[str]:  # every unit it serves as: speculative, baseline, measure
         return [*self.unit_names.values(), self.measure_unit]
 
     # The local balancer of a whole box (instances = ...): its own unit, root-owned config and

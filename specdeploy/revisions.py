@@ -50,10 +50,7 @@ def pin_key(endpoint: str | None, repo: str, revision: str) -> str:
 
 def moving_refs(cfg: ServeConfig) -> list[tuple[str, str, str]]:
     """(role, repo, revision) of every model whose revision is not a commit sha."""
-    models = [("target", cfg.target_model, cfg.target_revision)]
-    if cfg.draft_model and cfg.speculative_config.get("method") == "draft_model":
-        models.append(("draft", cfg.draft_model, cfg.draft_revision))
-    return [(role, repo, rev) for role, repo, rev in models if not is_commit(rev)]
+    return [(role, repo, rev) for role, repo, rev in cfg.hub_models if not is_commit(rev)]
 
 
 def _resolve(cfg: ServeConfig, repo: str, revision: str) -> str:

@@ -17,18 +17,10 @@ from . import lock
 from .secrets import Secret, secret_file
 
 
-def models(cfg: ServeConfig) -> list[tuple[str, str, str]]:
-    """(role, repo, revision) for every model the server loads."""
-    pairs = [("target", cfg.target_model, cfg.target_revision)]
-    if cfg.draft_model and cfg.speculative_config.get("method") == "draft_model":
-        pairs.append(("draft", cfg.draft_model, cfg.draft_revision))
-    return pairs
-
-
 def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
     return {
         role: host.get_fact(ModelSnapshot, hf_home=cfg.hf_home, repo=repo, revision=rev)
-        for role, repo, rev in models(cfg)
+        for role, repo, rev in cfg.hub_models
     }
 
 
@@ -44,7 +36,7 @@ def download_token(cfg: ServeConfig):
 def fetch_weights(cfg: ServeConfig) -> bool:
     """Schedules downloads for missing snapshots; returns True when any was missing."""
     present = snapshots(cfg)
-    missing = [(role, repo, rev) for role, repo, rev in models(cfg) if present[role] is None]
+    missing = [(role, repo, rev) for role, repo, rev in cfg.hub_models if present[role] is None]
     if not missing:
         return False
     free = host.get_fact(FreeDiskBytes, path=cfg.hf_home)

@@ -25,7 +25,6 @@ from specdeploy.host_scripts import source
 from specdeploy.record import read_record
 from specdeploy.render import render_unit, secrets
 from specdeploy.revisions import as_deployed
-from specdeploy.steps.weights import models
 
 
 def run(th, command: str) -> str:
@@ -269,7 +268,7 @@ def test_spec_decode_counters_present(th, cfg, rendered):
 
 
 def test_weights_present_at_pinned_revisions(th, cfg, record):
-    for role, repo, revision in models(cfg):
+    for role, repo, revision in cfg.hub_models:
         args = " ".join(shlex.quote(a) for a in (cfg.hf_home, repo, revision))
         facts = json.loads(run(th, f"python3 -c {shlex.quote(source('model_facts'))} {args}"))
         assert facts is not None, f"{role} {repo}@{revision} is not completely in {cfg.hf_home}"

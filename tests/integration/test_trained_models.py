@@ -6,7 +6,12 @@ the shipped request set: figures that mean something.
 - the request set is shipped root-owned and sha256-verified, and its sha256 and rows are recorded;
 - deploys/compare.py, replaying that request set, finds speculation faster than the baseline with
   the good draft (TPOT ratio below 1 with its whole noise band);
-- with the poor draft the speculation gate keeps the host on the baseline, for the reason recorded.
+- with the poor draft the speculation gate keeps the host on the baseline, for the reason recorded;
+  without the gate (and with the good draft) the host serves speculatively again.
+
+The module's first deploy is the gated one (poor draft): the good draft's deploy that follows is
+both the way back from the baseline and the deploy the smoke and compare tests read, so the module
+pays for one server start and smoke fewer than measuring the gate last would.
 
 deploys/tune.py's flow on this pair (the poor draft, k 2-4) is replayed from a live run of this
 module in tests/unit/test_tune_replay.py: its 9-15 fresh-server runs cost the suite 7-11 minutes,
@@ -90,14 +95,21 @@ def short_inventory(path: Path, host: str, num_prompts: int, **data) -> Path:
     return path
 
 
-def poor_inventory(path: Path, host: str, sandbox_services, sandbox_ssh, **data) -> Path:
-    """`host` alone serving the poor draft (same k and method), POOR_PROMPTS requests per run."""
-    spec = {
-        **record_of(sandbox_ssh, host)["speculative_config"],
-        "model": POOR,
-        "revision": sandbox_services["models"][POOR]["main"],
-    }
-    return short_inventory(path, host, POOR_PROMPTS, speculative_config=spec, **data)
+def poor_inventory(path: Path, host: str, revision: str, **data) -> Path:
+    """`host` alone serving the poor draft (the trained pair's k and method; `revision`: the
+    mirror's commit of it), POOR_PROMPTS requests per run, plus `data`."""
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
+        f"_workload = {{**_group['workload'], 'num_prompts': {POOR_PROMPTS}}}\n"
+        "_spec = {**_group['speculative_config'], "
+        f"'model': {POOR!r}, 'revision': {revision!r}}}\n"
+        "sandbox = [(n, {**d, 'workload': _workload, 'speculative_config': _spec, "
+        f"**{data!r}}})\n"
+        f"           for n, d in _base['sandbox'] if n == {host!r}]\n"
+    )
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +117,26 @@ def host(sandbox_services, sandbox_fleet):
     return sandbox_fleet["hosts"][0]["name"]
 
 
+GATE = {"max_tpot_ratio": 0.95, "on_fail": "baseline"}
+
+
 @pytest.fixture(scope="module")
-def deployed(host):
+def gated(host, sandbox_services, tmp_path_factory):
+    """The module's first deploy: the poor draft behind the speculation gate (POOR_PROMPTS requests
+    per run). Returns its inventory."""
+    revision = sandbox_services["models"][POOR]["main"]
+    inventory = poor_inventory(
+        tmp_path_factory.mktemp("gate") / "poor.py", host, revision, speculation_gate=GATE
+    )
+    result = pyinfra(inventory, "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    return inventory
+
+
+@pytest.fixture(scope="module")
+def deployed(gated, host):
+    """The trained pair with the good draft and the sandbox's whole workload, no gate: after the
+    gated deploy, the way back to speculation."""
     result = pyinfra(INVENTORY, "deploys/serve.py", "--limit", host)
     assert result.returncode == 0, tail(result)
     return result
@@ -116,6 +146,59 @@ def record_of(sandbox_ssh, host):
     out = sandbox_ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ssh):
+    """The gate's default 3 + 3 fresh-server runs in alternating rounds, each run's median TPOT one
+    value: the poor draft is not shown faster than 0.95 x the baseline, so the host ends on the
+    baseline unit with the evidence recorded; a re-run keeps that decision (no re-measurement, no
+    restart). First in the module: the tests below deploy the good draft without the gate."""
+    inventory = gated
+    record = record_of(sandbox_ssh, host)
+    g = record["gate"]
+    assert record["role"] == "baseline" and record["unit"]["name"] == UNIT_BASELINE, g
+    assert g["passed"] is False and g["action"] == "switch to baseline"
+    assert g["runs"] == {"speculative": 3, "baseline": 3}
+    assert g["run_order"]["order"] == ["baseline", "speculative", "speculative", "baseline"] + [
+        "baseline",
+        "speculative",
+    ]
+    # the decision's numbers, recomputed from the raw bench JSONs of its six runs
+    medians = {
+        a: [json.loads((REPO / p).read_text())["median_tpot_ms"] for p in g["files"][a]]
+        for a in ("speculative", "baseline")
+    }
+    ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
+    assert g["ratio"] == pytest.approx(ratio) and ratio > 0.95, medians
+    assert "required <= 0.95" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
+    assert g["fingerprint"]["max_tpot_ratio"] == 0.95 and g["decided_at"]
+    active = sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}")
+    assert active.stdout.strip() == "active"
+    enabled = sandbox_ssh(
+        host, f"systemctl is-enabled {UNIT_BASELINE}; systemctl is-enabled {UNIT} || true"
+    )
+    assert enabled.stdout.split() == ["enabled", "disabled"]
+
+    # a re-run keeps the decision: no re-measurement, no restart
+    pid = sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout
+    again = pyinfra(inventory, "deploys/serve.py")
+    assert again.returncode == 0, tail(again)
+    assert "speculation gate" not in again.stdout + again.stderr
+    assert sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout == pid
+
+
+def test_without_the_gate_the_host_serves_speculatively_again(deployed, host, sandbox_ssh):
+    """The good draft's deploy after the gated one: the speculative unit serves and is the only
+    one enabled, and the record no longer carries a gate decision."""
+    assert sandbox_ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active"
+    enabled = sandbox_ssh(
+        host, f"systemctl is-enabled {UNIT}; systemctl is-enabled {UNIT_BASELINE} || true"
+    )
+    assert enabled.stdout.split() == ["enabled", "disabled"]
+    record = record_of(sandbox_ssh, host)
+    assert record["role"] == "speculative" and record["unit"]["name"] == UNIT
+    assert not record.get("gate"), record.get("gate")
+    assert record["speculative_config"]["model"] != POOR
 
 
 def test_smoke_figures_are_real_and_acceptance_falls_with_position(deployed, host, sandbox_ssh):
@@ -292,58 +375,3 @@ def raw_runs(run_dir, host):
 
 def arm(runs, label):
     return [r for r in runs if r["specdeploy"]["arm"] == label and not r["specdeploy"]["warmup"]]
-
-
-def test_gate_falls_back_to_baseline_with_the_poor_draft(
-    deployed, host, sandbox_ssh, sandbox_services, tmp_path
-):
-    """The gate's default 3 + 3 fresh-server runs in alternating rounds, each run's median TPOT one
-    value: the poor draft is not shown faster than 0.95 x the baseline, so the host ends on the
-    baseline unit with the evidence recorded; a re-run keeps that decision (no re-measurement, no
-    restart); without the gate the host serves speculatively again."""
-    gate = {"max_tpot_ratio": 0.95, "on_fail": "baseline"}
-    inventory = poor_inventory(
-        tmp_path / "poor.py", host, sandbox_services, sandbox_ssh, speculation_gate=gate
-    )
-    result = pyinfra(inventory, "deploys/serve.py")
-    assert result.returncode == 0, tail(result)
-    record = record_of(sandbox_ssh, host)
-    g = record["gate"]
-    assert record["role"] == "baseline" and record["unit"]["name"] == UNIT_BASELINE, g
-    assert g["passed"] is False and g["action"] == "switch to baseline"
-    assert g["runs"] == {"speculative": 3, "baseline": 3}
-    assert g["run_order"]["order"] == ["baseline", "speculative", "speculative", "baseline"] + [
-        "baseline",
-        "speculative",
-    ]
-    # the decision's numbers, recomputed from the raw bench JSONs of its six runs
-    medians = {
-        a: [json.loads((REPO / p).read_text())["median_tpot_ms"] for p in g["files"][a]]
-        for a in ("speculative", "baseline")
-    }
-    ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
-    assert g["ratio"] == pytest.approx(ratio) and ratio > 0.95, medians
-    assert "required <= 0.95" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
-    assert g["fingerprint"]["max_tpot_ratio"] == 0.95 and g["decided_at"]
-    active = sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}")
-    assert active.stdout.strip() == "active"
-    enabled = sandbox_ssh(
-        host, f"systemctl is-enabled {UNIT_BASELINE}; systemctl is-enabled {UNIT} || true"
-    )
-    assert enabled.stdout.split() == ["enabled", "disabled"]
-
-    # a re-run keeps the decision: no re-measurement, no restart
-    pid = sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout
-    again = pyinfra(inventory, "deploys/serve.py")
-    assert again.returncode == 0, tail(again)
-    assert "speculation gate" not in again.stdout + again.stderr
-    assert sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout == pid
-
-    # without the gate (and with the good draft) the host goes back to speculation (its smoke
-    # benchmark at POOR_PROMPTS requests: what is checked here is the switch, not the figures)
-    back_inventory = short_inventory(tmp_path / "back.py", host, POOR_PROMPTS)
-    back = pyinfra(back_inventory, "deploys/serve.py")
-    assert back.returncode == 0, tail(back)
-    assert sandbox_ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active"
-    disabled = sandbox_ssh(host, f"systemctl is-enabled {UNIT_BASELINE} || true")
-    assert disabled.stdout.strip() == "disabled"
