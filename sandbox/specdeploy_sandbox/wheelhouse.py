@@ -82,7 +82,7 @@ def marker_path(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or cache_dir_default()) / MARKER_NAME
 
 
-def _source_args(source_args: str | Sequence[str] | None) -> list[str]:
+def pip_sources(source_args: str | Sequence[str] | None) -> list[str]:
     if source_args is None:
         source_args = os.environ.get("SPECDEPLOY_PIP_SOURCE_ARGS", "")
     if isinstance(source_args, str):
@@ -99,7 +99,7 @@ def downloaded(
         marker = json.loads(marker_path(cache_dir).read_text())
     except (OSError, ValueError):
         return []
-    if marker.get("source_args") != _source_args(source_args):
+    if marker.get("source_args") != pip_sources(source_args):
         return []
     wh = wheelhouse_dir(cache_dir)
     files = marker.get("files") or []
@@ -140,7 +140,7 @@ def ensure(
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "wheelhouse.lock", "w") as lock:  # two test fleets coming up: one download
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _ensure(cache, _source_args(source_args), requirements, pip)
+        return _ensure(cache, pip_sources(source_args), requirements, pip)
 
 
 def _ensure(cache: Path, src: list[str], requirements: Sequence[str], pip) -> Path:

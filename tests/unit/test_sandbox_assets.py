@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,6 +133,59 @@ def test_the_control_venv_needs_only_its_release(tmp_path, monkeypatch):
         control_venv.ensure(tmp_path)
     assert asked == [wheelhouse.DEMO_REQUIREMENTS]
     assert f"{control_venv.PACKAGE}=={control_venv.VERSION}" == wheelhouse.PINNED_RELEASE
+
+
+def test_the_models_build_while_the_wheels_download(tmp_path, monkeypatch):
+    """The wheels' download waits here until the models have started: it finishes only because
+    the models build beside it (one after the other, this would time out)."""
+    import threading
+
+    models_started = threading.Event()
+
+    def wheels(cache, source_args, requirements):
+        assert models_started.wait(timeout=10), "the models waited for the wheels"
+
+    def models(cache, model_set):
+        models_started.set()
+        return {"repos": {}}
+
+    monkeypatch.setattr(services.wheelhouse_mod, "ensure", wheels)
+    monkeypatch.setattr(services.wheelhouse_mod, "ensure_broken_release", lambda c: None)
+    monkeypatch.setattr(services.models_mod, "ensure", models)
+    monkeypatch.setattr(services, "_ensure_gated_repo", lambda c: None)
+    monkeypatch.setattr(services.multiformat, "ensure", lambda c: None)
+    monkeypatch.setattr(services, "ensure_mirror_venv", lambda c: None)
+    services.prepare_assets(tmp_path, assets="demo")
+    assert models_started.is_set()
+
+
+def test_the_model_generator_venv_needs_no_wheelhouse(tmp_path, monkeypatch):
+    """venv-train: its four pinned requirements from pip's sources, no wheelhouse, no byte-compile;
+    made once (a marker holds what it was made with)."""
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        if command[1:3] == ["-m", "venv"]:
+            (Path(command[3]) / "bin").mkdir(parents=True)
+            (Path(command[3]) / "bin" / "python").write_text("")
+        return subprocess.CompletedProcess(command, 0)
+
+    def no_wheelhouse(*args, **kwargs):
+        raise AssertionError("the generator's venv asked for the wheelhouse")
+
+    monkeypatch.setattr(control_venv.subprocess, "run", run)
+    monkeypatch.setattr(control_venv.wheelhouse, "ensure", no_wheelhouse)
+    python = control_venv.ensure_training(tmp_path, source_args=["--index-url", "http://x/simple"])
+    assert python == tmp_path / "venv-train" / "bin" / "python"
+    install = commands[-1]
+    assert install[:4] == [str(python), "-m", "pip", "install"] and "--no-compile" in install
+    assert install[-len(control_venv.TRAINING_REQUIREMENTS) :] == list(
+        control_venv.TRAINING_REQUIREMENTS
+    )
+    assert ["--index-url", "http://x/simple"] == install[install.index("--index-url") :][:2]
+    assert all("==" in r for r in control_venv.TRAINING_REQUIREMENTS)  # pinned: reproducible models
+    assert control_venv.ensure_training(tmp_path) == python and len(commands) == 2  # no-op now
 
 
 def test_the_demo_brings_its_fleet_up_for_the_demo(monkeypatch, capsys):
