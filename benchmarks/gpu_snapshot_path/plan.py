@@ -19,6 +19,7 @@ import json
 import sys
 
 from benchmarks.gpu_payoff.make_models import COMMON
+from benchmarks.gpu_payoff.make_models import DRAFT as QWEN3_0_6B
 from specdeploy.argv import serve_args, speculative_json, unit_exec_argv
 from specdeploy.checks import check_config
 from specdeploy.facts import CudaBootInfo
@@ -37,15 +38,7 @@ CONFIGS = {
         "num_key_value_heads": 8,
         "tie_word_embeddings": True,
     },
-    DRAFT: COMMON
-    | {
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": True,
-    },
+    DRAFT: QWEN3_0_6B,  # gpu_payoff's draft: Qwen/Qwen3-0.6B's shape
 }
 
 
