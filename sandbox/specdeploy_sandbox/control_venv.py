@@ -83,9 +83,10 @@ def training_venv_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def training_install_command(venv: Path, source_args: list[str]) -> list[str]:
-    """pip install of TRAINING_REQUIREMENTS into `venv` from the wheelhouse's sources (pip's own
-    configuration unless SPECDEPLOY_PIP_SOURCE_ARGS says otherwise). --no-compile: only root runs
-    it, and Python writes the .pyc of what it imports (about half of pip's time otherwise)."""
+    """pip install of TRAINING_REQUIREMENTS into `venv` from the sources the wheelhouse downloads
+    from (pip's own configuration unless SPECDEPLOY_PIP_SOURCE_ARGS says otherwise), not from the
+    wheelhouse. --no-compile: only root runs it, and Python writes the .pyc of what it imports
+    (about half of pip's time otherwise)."""
     return [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
             "--no-compile", "-q", *source_args, *TRAINING_REQUIREMENTS]  # fmt: skip
 
