@@ -82,37 +82,49 @@ def training_venv_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or wheelhouse.cache_dir_default()) / "venv-train"
 
 
-def training_install_command(venv: Path, source_args: list[str]) -> list[str]:
-    """pip install of TRAINING_REQUIREMENTS into `venv` from the sources the wheelhouse downloads
-    from (pip's own configuration unless SPECDEPLOY_PIP_SOURCE_ARGS says otherwise), not from the
-    wheelhouse. --no-compile: only root runs it, and Python writes the .pyc of what it imports
-    (about half of pip's time otherwise)."""
-    return [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-            "--no-compile", "-q", *source_args, *TRAINING_REQUIREMENTS]  # fmt: skip
+def pinned_venv(
+    venv: Path,
+    requirements: tuple[str, ...],
+    *,
+    log: Path,
+    pip_args: tuple[str, ...] = (),
+    ready: Path | None = None,
+) -> Path:
+    """`venv` holding `requirements` from pip's sources, made once: a marker holds what it was made
+    with (and `ready`, a file the install makes, must exist too). Returns its python. The model
+    generator's venv and the mirror's (services.py) are made this way."""
+    python, marker = venv / "bin" / "python", venv / ".specdeploy-requirements"
+    wanted = "\n".join(requirements) + "\n"
+    if python.exists() and marker.is_file() and marker.read_text() == wanted:
+        if ready is None or ready.exists():
+            return python
+    with open(log, "w") as fh:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=fh,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+        command = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
+                   *pip_args, *requirements]  # fmt: skip
+        proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"installing {requirements} into {venv} failed; see {log}")
+    marker.write_text(wanted)
+    return python
 
 
 def ensure_training(
     cache_dir: str | os.PathLike | None = None, source_args: str | list[str] | None = None
 ) -> Path:
-    """Returns the model generator's python, installing its venv once (idempotent: a marker holds
-    the requirements it was made with)."""
+    """Returns the model generator's python, installing its venv once, from the sources the
+    wheelhouse downloads from (pip's own configuration unless SPECDEPLOY_PIP_SOURCE_ARGS says
+    otherwise), not from the wheelhouse. --no-compile: only root runs it, and Python writes the .pyc
+    of what it imports (about half of pip's time otherwise)."""
     cache = Path(cache_dir or wheelhouse.cache_dir_default())
     cache.mkdir(parents=True, exist_ok=True)
-    venv = training_venv_dir(cache)
-    python, marker = venv / "bin" / "python", venv / ".specdeploy-requirements"
-    wanted = "\n".join(TRAINING_REQUIREMENTS) + "\n"
     with open(cache / "venv-train.lock", "w") as lock:  # two fleets coming up: one install
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if python.exists() and marker.is_file() and marker.read_text() == wanted:
-            return python
-        log = cache / "venv-train.log"
-        with open(log, "w") as fh:
-            if not python.exists():
-                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=fh,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-            command = training_install_command(venv, wheelhouse.pip_sources(source_args))
-            proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"installing {TRAINING_REQUIREMENTS} into {venv} failed; see {log}")
-        marker.write_text(wanted)
-    return python
+        return pinned_venv(
+            training_venv_dir(cache),
+            TRAINING_REQUIREMENTS,
+            log=cache / "venv-train.log",
+            pip_args=("--no-compile", "-q", *wheelhouse.pip_sources(source_args)),
+        )

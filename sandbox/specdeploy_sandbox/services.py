@@ -68,7 +68,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -76,9 +75,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import control_venv, multiformat, rootfs
 from . import debian_repo as debian_repo_mod
 from . import models as models_mod
-from . import multiformat, rootfs
 from . import wheelhouse as wheelhouse_mod
 
 log = logging.getLogger(__name__)
@@ -194,34 +193,10 @@ def _record_path(state: dict) -> Path:
 def ensure_mirror_venv(cache_dir: str | os.PathLike | None = None) -> Path:
     """Create `$SPECDEPLOY_CACHE/venv-mirror` with pinned olah + pypiserver once."""
     venv = _cache_dir(cache_dir) / "venv-mirror"
-    marker = venv / ".specdeploy-requirements"
-    wanted = "\n".join(MIRROR_VENV_REQUIREMENTS) + "\n"
-    if marker.is_file() and marker.read_text() == wanted and (venv / "bin" / "olah-cli").exists():
-        return venv
     log = _cache_dir(cache_dir) / "venv-mirror.log"
-    with open(log, "w") as fh:
-        if not (venv / "bin" / "python").exists():
-            subprocess.run(
-                [sys.executable, "-m", "venv", str(venv)],
-                check=True,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        proc = subprocess.run(
-            [
-                str(venv / "bin" / "python"),
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                *MIRROR_VENV_REQUIREMENTS,
-            ],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode != 0:
-        raise RuntimeError(f"installing {MIRROR_VENV_REQUIREMENTS} into {venv} failed; see {log}")
-    marker.write_text(wanted)
+    control_venv.pinned_venv(
+        venv, MIRROR_VENV_REQUIREMENTS, log=log, ready=venv / "bin" / "olah-cli"
+    )
     return venv
 
 
