@@ -21,6 +21,7 @@ a short live tune runs in test_serve.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -117,7 +118,22 @@ def host(sandbox_services, sandbox_fleet):
     return sandbox_fleet["hosts"][0]["name"]
 
 
-GATE = {"max_tpot_ratio": 0.95, "on_fail": "baseline"}
+# The margin an operator would ask of speculation here: 20 % faster. The poor draft's TPOT is about
+# the baseline's (1.0-1.1x, run spreads of 10-20 % on this machine): at the default 0.95 the gate's
+# own error rate (a false "keep", up to alpha = 5 % at the margin, ~1 % at 1.0x) would make this
+# test flaky; at 0.8 it is below 0.3 % even at 1.0x with 20 % spreads.
+MARGIN = 0.8
+GATE = {"max_tpot_ratio": MARGIN, "on_fail": "baseline"}
+
+
+def one_sided_p(faster: list[float], slower: list[float]) -> float:
+    """The exact permutation test on ranks, written out here (not specdeploy's stats): the share of
+    all splits of the pooled values whose rank sum for the first arm is at most the observed one."""
+    pooled = sorted(faster + slower)
+    rank = {v: i + 1 for i, v in enumerate(pooled)}  # run medians: no ties
+    observed = sum(rank[v] for v in faster)
+    splits = list(itertools.combinations(range(1, len(pooled) + 1), len(faster)))
+    return sum(sum(split) <= observed for split in splits) / len(splits)
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +166,11 @@ def record_of(sandbox_ssh, host):
 
 def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ssh):
     """The gate's default 3 + 3 fresh-server runs in alternating rounds, each run's median TPOT one
-    value: the poor draft is not shown faster than 0.95 x the baseline, so the host ends on the
-    baseline unit with the evidence recorded; a re-run keeps that decision (no re-measurement, no
-    restart). First in the module: the tests below deploy the good draft without the gate."""
+    value: the poor draft is not shown faster than MARGIN x the baseline (the decision's p-value,
+    recomputed here from the raw JSONs, is above alpha; its point ratio is noise-sized and not
+    asserted), so the host ends on the baseline unit with the evidence recorded; a re-run keeps
+    that decision (no re-measurement, no restart). First in the module: the tests below deploy the
+    good draft without the gate."""
     inventory = gated
     record = record_of(sandbox_ssh, host)
     g = record["gate"]
@@ -169,9 +187,11 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
         for a in ("speculative", "baseline")
     }
     ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
-    assert g["ratio"] == pytest.approx(ratio) and ratio > 0.95, medians
-    assert "required <= 0.95" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
-    assert g["fingerprint"]["max_tpot_ratio"] == 0.95 and g["decided_at"]
+    assert g["ratio"] == pytest.approx(ratio), medians
+    p = one_sided_p([x / MARGIN for x in medians["speculative"]], medians["baseline"])
+    assert g["p_value"] == pytest.approx(p) and p > g["alpha"] == 0.05, (p, medians)
+    assert f"required <= {MARGIN}" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
+    assert g["fingerprint"]["max_tpot_ratio"] == MARGIN and g["decided_at"]
     active = sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}")
     assert active.stdout.strip() == "active"
     enabled = sandbox_ssh(
