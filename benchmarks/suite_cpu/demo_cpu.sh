@@ -2,14 +2,18 @@
 # benchmarks/suite_cpu/demo_cpu.sh LOG: `make demo` as on a new machine (an empty sandbox cache of
 # its own, no pip cache, its own state dir), with the machine's busy core-seconds and steal from
 # /proc/stat over the whole run, and a 5-s timeline in LOG.cpu (epoch, busy %, steal % of one core).
-# It removes that cache and state dir first and leaves the demo's fleet up (`specdeploy-sandbox
-# down` with the same SPECDEPLOY_STATE_DIR removes it).
+# It takes down a fleet left in that state dir by an earlier run, removes the cache and state dir,
+# and leaves the demo's fleet up (`specdeploy-sandbox down` with the same SPECDEPLOY_STATE_DIR
+# removes it). Runs from the checkout it lives in, whatever the current directory.
 set -u
-LOG=$1
+LOG=$(realpath -m "$1")
+cd "$(dirname "$0")/../.." || exit 1
 CACHE=${DEMO_CACHE:-/var/cache/specdeploy-newmachine}
 STATE=${DEMO_STATE_DIR:-/run/specdeploy/demo-new}
 HZ=$(getconf CLK_TCK)
 snap() { read -r _ a b c _ _ f g h _ < /proc/stat; echo "$((a + b + c + f + g)) $h"; }
+# an earlier run's fleet first: removing its state dir alone would leave its hosts running
+SPECDEPLOY_CACHE=$CACHE SPECDEPLOY_STATE_DIR=$STATE specdeploy-sandbox down >/dev/null 2>&1
 rm -rf "$CACHE" "$STATE" "$LOG.cpu"
 (
   read -r pb ps <<<"$(snap)"
