@@ -164,7 +164,7 @@ def record_of(sandbox_ssh, host):
     return json.loads(out.stdout)
 
 
-def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ssh):
+def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ssh, record_replay):
     """The gate's default 3 + 3 fresh-server runs in alternating rounds, each run's median TPOT one
     value: the poor draft is not shown faster than MARGIN x the baseline (the decision's p-value,
     recomputed here from the raw JSONs, is above alpha; its point ratio is noise-sized and not
@@ -205,6 +205,14 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
     assert again.returncode == 0, tail(again)
     assert "speculation gate" not in again.stdout + again.stderr
     assert sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout == pid
+    # tests/unit/test_gate_replay.py replays the decision from these: the six runs' bench JSONs
+    # (gate/<host>/<file name>, names as g["files"] has them) and the record the gate wrote
+    bench_files = {
+        f"gate/{host}/{Path(path).name}": REPO / path
+        for arm_files in g["files"].values()
+        for path in arm_files
+    }
+    record_replay("trained_gate", {**bench_files, "record.json": record})
 
 
 def test_without_the_gate_the_host_serves_speculatively_again(deployed, host, sandbox_ssh):
@@ -271,7 +279,9 @@ def compare_run(deployed, host, tmp_path_factory):
     return measure("compare", host, inventory, WARMUP_RUNS=0, APC_PROFILE=0)[0]
 
 
-def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host, sandbox_ssh):
+def test_compare_finds_speculation_faster_with_the_good_draft(
+    compare_run, host, sandbox_ssh, record_replay
+):
     """The sequential compare's first look, four fresh-server runs per arm in alternating rounds,
     replaying the shipped request set: every speculative run's TPOT below every baseline run's,
     so the exact permutation test gives its smallest p, 2 / C(8, 4) = 2/70, at or below the first
@@ -305,6 +315,11 @@ def test_compare_finds_speculation_faster_with_the_good_draft(compare_run, host,
     # the deployed speculative unit serves again afterwards
     active = sandbox_ssh(host, "systemctl is-active specdeploy-vllm.service")
     assert active.stdout.strip() == "active"
+    # tests/unit/test_compare_replay.py replays the stop at 4 + 4 from these: every raw file of
+    # the host (NN-<arm>.json, conditions.json) and the report's summary.json
+    raw = compare_run / "raw" / host
+    raw_files = {f"raw/{host}/{p.name}": p for p in sorted(raw.iterdir()) if p.is_file()}
+    record_replay("trained_compare", {**raw_files, "summary.json": compare_run / "summary.json"})
 
 
 def test_compare_report_numbers_equal_the_raw_bench_jsons(compare_run, host, sandbox_ssh):
