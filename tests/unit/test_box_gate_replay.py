@@ -145,7 +145,7 @@ def test_the_box_is_the_live_one(replay):
     assert list(done) == box["instances"]
     for name, (member, _, _) in done.items():
         assert member.cfg.vllm_port == box["ports"][name]
-        assert records[name]["unit"]["name"].startswith(f"{name}")
+        assert records[name]["unit"]["name"] in (f"{name}.service", f"{name}-baseline.service")
 
 
 def test_the_measuring_instance_asks_for_exactly_the_live_runs_in_their_order(replay):
