@@ -17,7 +17,6 @@ records the error in `state["services_error"]` and only the
 
 from __future__ import annotations
 
-import itertools
 import os
 import shlex
 import shutil
@@ -26,6 +25,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.timeline import Timeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_STATE_DIR = "/run/specdeploy/sandbox-test"
@@ -207,17 +208,18 @@ def extra_host(sandbox_services, sandbox_fleet):
     host.release()
 
 
-class HealthTimeline:
+class HealthTimeline(Timeline):
     """Each host samples its own /health every 0.5 s (`<epoch.ns> <code>` lines, a nohup loop on
     the host, so the control node's load does not skew it); the containers share the kernel's
-    clock, so the hosts' timelines merge into one. `with timeline:` around a run, then ask."""
+    clock, so the hosts' timelines merge into one. `with timeline:` around a run, then ask (the
+    verdict is tests/timeline.py's, which the fast tier replays on the raw text kept in `raw`)."""
 
     PATH = "/root/specdeploy-health-timeline"
 
     def __init__(self, ssh, hosts: list[str], port: int = 8000):
+        super().__init__()
         self.ssh, self.hosts, self.port = ssh, hosts, port
         self.pids: dict[str, str] = {}
-        self.samples: dict[str, list[tuple[float, bool]]] = {}
 
     def __enter__(self):
         loop = (
@@ -234,35 +236,7 @@ class HealthTimeline:
     def __exit__(self, *exc):
         for host, pid in self.pids.items():
             self.ssh(host, f"kill {pid}", check=False)  # the loop this fixture started
-            text = self.ssh(host, f"cat {self.PATH}; rm -f {self.PATH}")
-            self.samples[host] = [
-                (float(t), code == "200") for t, code in (ln.split() for ln in text.splitlines())
-            ]
-
-    def all_down(self) -> list[float]:
-        """Sampled instants at which every host's latest sample said down."""
-        events = sorted((t, h, up) for h, samples in self.samples.items() for t, up in samples)
-        latest: dict[str, bool] = {}
-        found = []
-        for t, name, up in events:
-            latest[name] = up
-            if len(latest) == len(self.samples) and not any(latest.values()):
-                found.append(t)
-        return found
-
-    def down_seconds(self, host: str) -> float:
-        """Sampled time the host was down (from each down sample to the next sample)."""
-        samples = self.samples[host]
-        return sum(b[0] - a[0] for a, b in itertools.pairwise(samples) if not a[1])
-
-    def assert_one_down_at_a_time(self) -> None:
-        """Up before and after, each host down at some point (really restarted or stopped), never
-        all at once."""
-        for host, samples in self.samples.items():
-            assert len(samples) > 10 and samples[0][1] and samples[-1][1], (host, samples[:3])
-            assert not all(up for _, up in samples), f"{host} was never seen down"
-        both = self.all_down()
-        assert both == [], f"all hosts down at {both[:5]} (of {len(both)} sampled instants)"
+            self.add(host, self.ssh(host, f"cat {self.PATH}; rm -f {self.PATH}"))
 
 
 @pytest.fixture(scope="session")

@@ -340,7 +340,7 @@ def k_of(ssh, host) -> int:
 
 
 def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
-    sandbox_services, sandbox_fleet, ssh, health_timeline, tmp_path
+    sandbox_services, sandbox_fleet, ssh, health_timeline, record_replay, tmp_path
 ):
     """The documented command, not `specdeploy rollout`. First a k change on both hosts of a
     2-host run (back to the base inventory's k: the tests above left them on other values), with
@@ -365,8 +365,10 @@ def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
     assert result.returncode == 0, tail(result)
     timeline.assert_one_down_at_a_time()
     print({h: f"down {timeline.down_seconds(h):.1f} s" for h in pair})
+    restarted = {"before": {h: before[h]["MainPID"] for h in pair}, "after": {}}
     for host in pair:
-        assert state_of(ssh, host)["MainPID"] != before[host]["MainPID"]
+        restarted["after"][host] = state_of(ssh, host)["MainPID"]
+        assert restarted["after"][host] != before[host]["MainPID"]
         record = json.loads(ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json"))
         assert record["speculative_config"]["num_speculative_tokens"] == new_k == k_of(ssh, host)
 
@@ -396,3 +398,15 @@ def test_plain_pyinfra_run_restarts_host_by_host_and_stops_at_the_first_failure(
     for host in pair:
         assert ssh(host, f"test -e {LOCK} && echo held || echo free").strip() == "free"
         assert ssh(host, "stat -c %U:%a /run/specdeploy/locks").strip() == "root:700"
+    # the fast tier replays the timeline's verdict on these raw samples (test_timeline_replay.py)
+    record_replay("rolling_timeline", {
+        **{f"timeline/{h}.txt": timeline.raw[h] for h in pair},
+        "run.json": {
+            "hosts": pair,
+            "new_k": new_k,
+            "down_seconds": {h: timeline.down_seconds(h) for h in pair},
+            "k_change_main_pids": restarted,
+            "failure": {"rolled_back": first, "not_restarted": second,
+                        "main_pids_before": {h: before[h]["MainPID"] for h in pair}},
+        },
+    })  # fmt: skip

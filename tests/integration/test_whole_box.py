@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.instances import CPU_IDS_COMMAND
 from tests.integration.test_rollout import BROKEN_DRAFT, plant_broken_draft
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
@@ -428,7 +429,7 @@ def test_status_and_the_host_suite_show_both_instances(
 
 
 def test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follows(
-    first, host, ssh, tmp_path, sandbox_services
+    first, host, ssh, tmp_path, sandbox_services, record_replay
 ):
     """`speculation_gate` on the box, runs = 2 (the least its schema allows): the first instance
     rolled is drained and gated on its own cores while the other serves (the client loop sees no
@@ -448,7 +449,8 @@ def test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follo
         log = loop.stop()
     assert result.returncode == 0, tail(result)
     assert_rolled_one_at_a_time(log)
-    measured, follower = (record(ssh, host, name) for name in INSTANCES)
+    raw_records = {name: ssh(host, f"cat {RECORDS}/{name}.json") for name in INSTANCES}
+    measured, follower = (json.loads(raw_records[name]) for name in INSTANCES)
     g = measured["gate"]
     assert g["passed"] is False and g["action"] == "switch to baseline", g["reason"]
     assert g["runs"] == {"speculative": 2, "baseline": 2} and "too few runs" in g["reason"]
@@ -481,3 +483,17 @@ def test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follo
     assert [main_pid(ssh, host, u) for u in BASELINE_UNITS] == pids
     changed = re.findall(r"\[(\S+)\] (Success|Changed)", again.stdout)
     assert changed == [], f"operations ran on a re-run: {changed}\n{tail(again)}"
+    # the fast tier replays the box's shared decision on these files (test_box_gate_replay.py)
+    bench = {f"bench/{Path(f).name}": REPO / f for fs in g["files"].values() for f in fs}
+    record_replay("box_gate", {
+        **{f"records/{name}.json": raw_records[name] for name in INSTANCES},
+        **bench,
+        "box.json": {
+            "instances": INSTANCES,  # in the order the rolling restart takes them
+            "ports": PORTS,
+            "service_name": SERVICE,
+            "vllm_port": PORT,
+            "speculation_gate": gate,
+            "cpus_allowed_list": ssh(host, CPU_IDS_COMMAND).strip(),  # what the box split
+        },
+    })  # fmt: skip
