@@ -124,7 +124,13 @@ WINGS: dict[str, Wing] = {
         "fleet rollout: the host suite, --dry, locks and leases, canary and batches with a broken "
         "draft, the plain pyinfra run host by host (health timeline recorded for the replay)",
         ("tests/integration/test_rollout.py",),
-        ("specdeploy/rollout.py", "specdeploy/cli.py", "specdeploy/revisions.py", "tests/host/*"),
+        (
+            "specdeploy/rollout.py",
+            "specdeploy/cli.py",
+            "specdeploy/revisions.py",
+            "tests/host/*",
+            "tests/timeline.py",
+        ),
     ),
     "prodshape": Wing(
         "a stock host through the prod.py shape: gated model, API key, moving ref, a real "
@@ -152,6 +158,7 @@ WINGS: dict[str, Wing] = {
             "specdeploy/cli.py",
             "specdeploy/measure/*",
             "templates/monitoring/*",
+            "tests/timeline.py",
         ),
     ),
     "faults": Wing(
