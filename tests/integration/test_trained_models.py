@@ -7,16 +7,19 @@ the shipped request set: figures that mean something.
 - deploys/compare.py, replaying that request set, finds speculation faster than the baseline with
   the good draft (TPOT ratio below 1 with its whole noise band);
 - with the poor draft the speculation gate keeps the host on the baseline, for the reason recorded;
-  without the gate (and with the good draft) the host serves speculatively again.
+  without the gate (and with the good draft) the host serves speculatively again;
+- deploys/tune.py's default flow (predict, then confirm) on the poor draft, k 2-4, recommends
+  leaving speculation off from measured runs the rule can decide on.
 
-The module's first deploy is the gated one (poor draft): the good draft's deploy that follows is
-both the way back from the baseline and the deploy the smoke and compare tests read, so the module
-pays for one server start and smoke fewer than measuring the gate last would.
+The module's first deploy is the gated one (poor draft): the tune measures the poor draft while
+the host is still deployed with it, and the good draft's deploy that follows is both the way back
+from the baseline and the deploy the smoke and compare tests read, so the module pays for one
+server start and smoke fewer than measuring the gate last would.
 
-deploys/tune.py's flow on this pair (the poor draft, k 2-4) is replayed from a live run of this
-module in tests/unit/test_tune_replay.py: its 9-15 fresh-server runs cost the suite 7-11 minutes,
-more than any other test, and take the measurement path the compare takes here (measure/deploy.py);
-a short live tune runs in test_serve.py.
+The compare, the gate and the tune record their raw files for the fast tier's replays
+(tests/unit/test_{compare,gate,tune}_replay.py) under `make test-live`; the tune's 9-15
+fresh-server runs cost 7-11 minutes, more than any other test, which is why the fast tier replays
+it and a short live tune runs in test_serve.py.
 """
 
 from __future__ import annotations
@@ -169,8 +172,8 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
     value: the poor draft is not shown faster than MARGIN x the baseline (the decision's p-value,
     recomputed here from the raw JSONs, is above alpha; its point ratio is noise-sized and not
     asserted), so the host ends on the baseline unit with the evidence recorded; a re-run keeps
-    that decision (no re-measurement, no restart). First in the module: the tests below deploy the
-    good draft without the gate."""
+    that decision (no re-measurement, no restart). First in the module: the tune below measures
+    the poor draft as deployed here, the tests after it deploy the good draft without the gate."""
     inventory = gated
     record = record_of(sandbox_ssh, host)
     g = record["gate"]
@@ -213,6 +216,100 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
         for path in arm_files
     }
     record_replay("trained_gate", {**bench_files, "record.json": record})
+
+
+def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_off(
+    gated, host, sandbox_ssh, record_replay
+):
+    """deploys/tune.py's default flow (predict, then confirm; runs per arm from the rule) with
+    tune_k 2-4, no warm-up, on the poor draft as the host is deployed with it (the gated
+    inventory, before `deployed` brings the good draft back). The pin phase measures the
+    baseline, k=2 and k=4 on fresh servers; L(3) comes from their pooled per-position acceptance.
+    When every k is predicted slower than the baseline, only the predicted best k is confirmed
+    against it, 3 + 3 runs in rotating rounds (the one-sided test can reach 1/20 = 0.05: the rule
+    can decide); when one pin run lands under the baseline's by noise, the best and its neighbour
+    are confirmed, 4 runs each. Which path, and which k (2 or 4), is read from the pin runs, not
+    assumed. "Leave speculation off" because no confirmed k is shown faster: each p, recomputed
+    here from the raw JSONs, is above alpha. 9-15 fresh-server runs: 7-11 minutes."""
+    out, printed = measure("tune", host, gated, METHOD="predict", K="2-4", WARMUP_RUNS=0)
+    raw_dir = out / "raw" / host
+    raw = [json.loads(f.read_text()) for f in sorted(raw_dir.glob("[0-9][0-9]-*.json"))]
+    arms = [r["specdeploy"]["arm"] for r in raw]
+    assert arms[:3] == ["baseline", "k2", "k4"], arms  # the pin phase
+    assert all(r["specdeploy"]["fresh_server"] and not r["specdeploy"]["warmup"] for r in raw)
+    assert {r["specdeploy"]["speculative_config"]["model"] for r in raw[1:3]} == {POOR}
+    assert {r["completed"] for r in raw} == {POOR_PROMPTS}
+
+    # per-position acceptance pooled over the pin runs, weighted by their drafts
+    acc, drafts = [0.0] * 4, [0.0] * 4
+    for r in raw[1:3]:
+        for i, a in enumerate(r["spec_decode_per_position_acceptance_rates"]):
+            acc[i] += a * r["spec_decode_num_drafts"]
+            drafts[i] += r["spec_decode_num_drafts"]
+    rates = [a / d for a, d in zip(acc, drafts, strict=True)]
+    prediction = json.loads((raw_dir / "prediction.json").read_text())
+    assert prediction["pinned_k"] == [2, 4]
+    assert prediction["per_position_acceptance"] == pytest.approx(rates)
+    rows = {row["k"]: row for row in prediction["rows"]}
+    # measured k keep their own run's L; k=3 gets L(3) = 1 + a_1 + a_2 + a_3 from the pooled rates
+    for k, r in ((2, raw[1]), (4, raw[2])):
+        assert rows[k]["acceptance_length"] == pytest.approx(r["spec_decode_acceptance_length"])
+    assert rows[3]["acceptance_length_source"] == "per-position rates"
+    assert rows[3]["acceptance_length"] == pytest.approx(1 + sum(rates[:3]))
+    assert rows[0]["tpot_ms"] == pytest.approx(raw[0]["median_tpot_ms"])
+    best = min((2, 3, 4), key=lambda k: rows[k]["tpot_ms"])  # the predicted best, from the pins
+    assert best in (2, 4), rows  # L(3) sits between its neighbours': so does its TPOT
+    assert prediction["predicted_best_k"] == best
+    # One pin run each of a draft this poor lands either side of the baseline's (the machine's
+    # noise is larger than the difference): which path the flow takes is read from the pins.
+    md = (out / "summary.md").read_text()
+    if min(rows[k]["tpot_ms"] for k in (2, 3, 4)) > rows[0]["tpot_ms"]:
+        # predicted off: only the best k is confirmed, 3 + 3 runs, rounds rotating who goes first
+        assert prediction["confirm_k"] == [best] and prediction["predicted_off"]
+        assert prediction["runs_per_arm"] == 3
+        assert arms[3:] == ["baseline", f"k{best}", f"k{best}", "baseline"], arms
+        assert "Only the predicted best was confirmed" in md
+    else:  # predicted faster: the best and its neighbour, the runs choose_k needs for two k
+        assert best in prediction["confirm_k"] and 3 in prediction["confirm_k"], prediction
+        assert prediction["runs_per_arm"] == 4 and not prediction.get("predicted_off")
+    confirmed = prediction["confirm_k"]
+
+    # the decision, from the measured runs' median TPOTs: no confirmed k is shown faster
+    tpot = {
+        label: [r["median_tpot_ms"] for r in raw if r["specdeploy"]["arm"] == label]
+        for label in ("baseline", *(f"k{k}" for k in confirmed))
+    }
+    h = json.loads((out / "summary.json").read_text())["hosts"][host]
+    c = h["choice"]
+    for k in confirmed:
+        p = one_sided_p(tpot[f"k{k}"], tpot["baseline"])
+        assert p > c["alpha"] == 0.05, tpot
+        assert c["per_k"][str(k)]["p_faster_than_baseline"] == pytest.approx(p)
+        ratio = statistics.median(tpot[f"k{k}"]) / statistics.median(tpot["baseline"])
+        assert c["per_k"][str(k)]["ratio_to_baseline"] == pytest.approx(ratio)
+    assert c["speculation"] == "off" and c["recommended_k"] is None, c["verdict"]
+    assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
+    assert h["host_data_change"] is None
+    assert "leave speculation off: no k is significantly faster than the baseline" in printed
+
+    flow = {row["k"]: row for row in h["predict_flow"]["rows"]}
+    assert flow[3]["predicted_tpot_ms"] == pytest.approx(rows[3]["tpot_ms"])
+    for k in (0, 2, 3, 4):  # the pin runs count: the other pinned k keeps its one run
+        assert flow[k]["measured_runs"] == arms.count(f"k{k}" if k else "baseline"), flow
+    if 3 not in confirmed:
+        assert flow[3]["role"] == "predicted only"
+    assert "predicted, then confirmed" in md and "none: leave speculation off" in md
+    # the unit the gated deploy left serving (the baseline) is back; the measurement unit is gone
+    cond = json.loads((raw_dir / "conditions.json").read_text())
+    assert cond["restored_unit"] == UNIT_BASELINE and cond["restored_role"] == "baseline", cond
+    assert sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}").stdout.strip() == "active"
+    gone = sandbox_ssh(host, "test -e /etc/systemd/system/specdeploy-vllm-measure.service")
+    assert gone.returncode == 1
+    # tests/unit/test_tune_replay.py replays the flow from these: the host's runs, conditions and
+    # prediction (raw/<host>/) and the report's summary.json
+    names = [*sorted(raw_dir.glob("[0-9][0-9]-*.json")), raw_dir / "conditions.json"]
+    raw_files = {f"raw/{host}/{p.name}": p for p in [*names, raw_dir / "prediction.json"]}
+    record_replay("trained_tune", {**raw_files, "summary.json": out / "summary.json"})
 
 
 def test_without_the_gate_the_host_serves_speculatively_again(deployed, host, sandbox_ssh):
