@@ -92,7 +92,8 @@ WINGS: dict[str, Wing] = {
         ),
     ),
     "measure": Wing(
-        "the trained pair: smoke figures, compare and gate verdicts (recorded for the replays)",
+        "the trained pair: smoke figures, the compare, gate and tune verdicts (recorded for the "
+        "replays)",
         ("tests/integration/test_trained_models.py",),
         (
             "specdeploy/measure/*",

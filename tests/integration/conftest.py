@@ -222,11 +222,12 @@ class HealthTimeline(Timeline):
         self.pids: dict[str, str] = {}
 
     def __enter__(self):
-        # Stamped when the request starts. Down is "no 200 within 2 s": a serving host's /health
-        # answered in 0.4-1 s while the other host's new server imported torch on the shared 2
-        # cores (a 0.4 s limit saw both "down" for 0.2 s in a rolling restart of the trained pair).
+        # `<start epoch.ns> <http code> <seconds taken>`, stamped when the request starts. Down is
+        # "no 200 within 2 s": with 0.4 s, both trained-pair hosts were "down" at two samples 0.2 s
+        # apart while one started its new server on the 2 cores they share.
         loop = (
-            "while :; do t=$(date +%s.%N); c=$(curl -s -o /dev/null -m 2 -w %{http_code} "
+            "while :; do t=$(date +%s.%N); c=$(curl -s -o /dev/null -m 2 -w '%{http_code} "
+            "%{time_total}' "
             f'http://127.0.0.1:{self.port}/health); echo "$t $c" >> {self.PATH}; '
             "sleep 0.5; done"
         )
