@@ -28,7 +28,7 @@ def recorded_run() -> tuple[dict, dict[str, str]]:
 
 def down_window(text: str) -> tuple[float, float]:
     """(first down sample, the first up sample after the last down one): the host's restart."""
-    lines = [(float(t), code) for t, code in (ln.split() for ln in text.splitlines())]
+    lines = [(float(f[0]), f[1]) for f in (ln.split() for ln in text.splitlines())]
     down = [i for i, (_, code) in enumerate(lines) if code != "200"]
     return lines[down[0]][0], lines[down[-1] + 1][0]
 
@@ -36,7 +36,7 @@ def down_window(text: str) -> tuple[float, float]:
 def shifted(text: str, seconds: float) -> str:
     """The same lines `seconds` later: the sampler's text, as if the host had restarted then."""
     lines = (ln.split() for ln in text.splitlines())
-    return "".join(f"{float(t) + seconds:.9f} {code}\n" for t, code in lines)
+    return "".join(f"{float(t) + seconds:.9f} {' '.join(rest)}\n" for t, *rest in lines)
 
 
 def test_the_live_verdict_passes_on_the_live_samples():
@@ -76,7 +76,7 @@ def test_down_seconds_is_the_time_from_each_down_sample_to_the_next():
     run, raw = recorded_run()
     timeline = Timeline(raw)
     for host, text in raw.items():
-        lines = [ln.split() for ln in text.splitlines()]
+        lines = [ln.split()[:2] for ln in text.splitlines()]  # `<start> <code> [<seconds>]`
         down = 0.0
         for (t, code), (t_next, _) in itertools.pairwise(lines):
             if code != "200":
