@@ -24,7 +24,6 @@ it and a short live tune runs in test_serve.py.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -36,6 +35,7 @@ import pytest
 from specdeploy_sandbox.request_set import PATH as SAMPLE
 
 from specdeploy import datasets
+from tests.unit.replays import rank_p_less
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -129,16 +129,6 @@ MARGIN = 0.8
 GATE = {"max_tpot_ratio": MARGIN, "on_fail": "baseline"}
 
 
-def one_sided_p(faster: list[float], slower: list[float]) -> float:
-    """The exact permutation test on ranks, written out here (not specdeploy's stats): the share of
-    all splits of the pooled values whose rank sum for the first arm is at most the observed one."""
-    pooled = sorted(faster + slower)
-    rank = {v: i + 1 for i, v in enumerate(pooled)}  # run medians: no ties
-    observed = sum(rank[v] for v in faster)
-    splits = list(itertools.combinations(range(1, len(pooled) + 1), len(faster)))
-    return sum(sum(split) <= observed for split in splits) / len(splits)
-
-
 @pytest.fixture(scope="module")
 def gated(host, sandbox_services, tmp_path_factory):
     """The module's first deploy: the poor draft behind the speculation gate (POOR_PROMPTS requests
@@ -191,7 +181,7 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
     }
     ratio = statistics.median(medians["speculative"]) / statistics.median(medians["baseline"])
     assert g["ratio"] == pytest.approx(ratio), medians
-    p = one_sided_p([x / MARGIN for x in medians["speculative"]], medians["baseline"])
+    p = rank_p_less([x / MARGIN for x in medians["speculative"]], medians["baseline"])
     assert g["p_value"] == pytest.approx(p) and p > g["alpha"] == 0.05, (p, medians)
     assert f"required <= {MARGIN}" in g["reason"] and "3 + 3 fresh-server runs" in g["reason"]
     assert g["fingerprint"]["max_tpot_ratio"] == MARGIN and g["decided_at"]
@@ -282,7 +272,7 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
     h = json.loads((out / "summary.json").read_text())["hosts"][host]
     c = h["choice"]
     for k in confirmed:
-        p = one_sided_p(tpot[f"k{k}"], tpot["baseline"])
+        p = rank_p_less(tpot[f"k{k}"], tpot["baseline"])
         assert p > c["alpha"] == 0.05, tpot
         assert c["per_k"][str(k)]["p_faster_than_baseline"] == pytest.approx(p)
         ratio = statistics.median(tpot[f"k{k}"]) / statistics.median(tpot["baseline"])

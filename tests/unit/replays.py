@@ -10,6 +10,7 @@ package, not only on the one that recorded it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def recording(name: str) -> Path:
 
 def load(path: Path):
     return json.loads(path.read_text())
+
+
+def rank_p_less(a: list[float], b: list[float]) -> float:
+    """The exact one-sided permutation p-value that `a` is lower than `b` (rank sums, no ties),
+    counted over every split here: the replays' check on a decision, independent of
+    specdeploy's stats."""
+    pooled = sorted(a + b)
+    rank = {v: i + 1 for i, v in enumerate(pooled)}
+    observed = sum(rank[v] for v in a)
+    sums = [sum(c) for c in itertools.combinations(range(1, len(pooled) + 1), len(a))]
+    return sum(1 for x in sums if x <= observed) / len(sums)

@@ -12,7 +12,6 @@ recorded decision. The live suite no longer has to run the compare to check its 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import shutil
@@ -25,7 +24,7 @@ import pytest
 from specdeploy.measure import plans, report
 from specdeploy.measure.decisions import DECIDE, next_step, run_values
 from specdeploy.measure.tune_flow import runs_by_label
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
 NAME = "trained_compare"
 B, S = "baseline", "speculative"
@@ -35,16 +34,6 @@ def recorded_host(path: Path) -> str:
     """The one host the recording measured (the live test limits the compare to it)."""
     (host,) = [d.name for d in (path / "raw").iterdir() if d.is_dir()]
     return host
-
-
-def one_sided_p_less(a: list[float], b: list[float]) -> float:
-    """The exact permutation p-value that `a` is lower than `b` (rank sums, no ties), counted over
-    every split here: independent of specdeploy's stats."""
-    pooled = sorted(a + b)
-    rank = {v: i + 1 for i, v in enumerate(pooled)}
-    observed = sum(rank[v] for v in a)
-    sums = [sum(c) for c in itertools.combinations(range(1, len(pooled) + 1), len(a))]
-    return sum(1 for x in sums if x <= observed) / len(sums)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +88,7 @@ def test_it_stops_at_the_first_look_with_the_live_verdict(replay):
     assert step["result"]["verdict"] == "better"
     # every speculative run below every baseline run: two-sided p = 2 x one-sided = 2 / C(8, 4)
     assert max(spec) < min(base)
-    p = 2 * one_sided_p_less(spec, base)
+    p = 2 * rank_p_less(spec, base)
     assert step["result"]["p_value"] == pytest.approx(p) == 2 / math.comb(8, 4)
     assert p <= step["look"]["level"]
 

@@ -14,7 +14,6 @@ settles a re-run: same fingerprint, no re-measurement; a changed margin, measure
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import statistics
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,7 +27,7 @@ from specdeploy.measure.gate_rule import gate_needs_recheck
 from specdeploy.record import BenchResult, read_record
 from specdeploy.render import render_unit
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
 NAME = "trained_gate"
 B, S = "baseline", "speculative"
@@ -76,16 +75,6 @@ def gate_cfg(g: dict, **changes):
         **changes,
     }
     return config_from_data({**VALID, "decision_alpha": g["alpha"], "speculation_gate": settings})
-
-
-def one_sided_p_less(a: list[float], b: list[float]) -> float:
-    """The exact permutation p-value that `a` is lower than `b` (rank sums, no ties), counted over
-    every split here: independent of specdeploy's stats."""
-    pooled = sorted(a + b)
-    rank = {v: i + 1 for i, v in enumerate(pooled)}
-    observed = sum(rank[v] for v in a)
-    sums = [sum(c) for c in itertools.combinations(range(1, len(pooled) + 1), len(a))]
-    return sum(1 for x in sums if x <= observed) / len(sums)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +158,7 @@ def test_the_decision_is_the_live_one(replay):
     ratio = statistics.median(tpot[S]) / statistics.median(tpot[B])
     assert decision["ratio"] == pytest.approx(ratio)
     margin = g["max_tpot_ratio"]
-    p = one_sided_p_less([x / margin for x in tpot[S]], tpot[B])
+    p = rank_p_less([x / margin for x in tpot[S]], tpot[B])
     assert decision["p_value"] == pytest.approx(p) and p > decision["alpha"]
     assert f"required <= {margin}" in decision["reason"]
 

@@ -17,7 +17,6 @@ statistics: no confirmed k is shown faster, so "leave speculation off"."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import statistics
@@ -32,7 +31,7 @@ from specdeploy.measure import report
 from specdeploy.measure.arms import Arm, k_arm
 from specdeploy.measure.tune_flow import predict_plan
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
 NAME = "trained_tune"
 KS = [2, 3, 4]  # the live test's tune_k
@@ -55,16 +54,6 @@ def recorded_host(path: Path) -> str:
     """The one host the recording measured (the live test limits the tune to it)."""
     (host,) = [d.name for d in (path / "raw").iterdir() if d.is_dir()]
     return host
-
-
-def rank_p_less(a, b):
-    """The exact one-sided permutation p-value that `a` is lower than `b` (rank sums, no ties),
-    counted over every split here: independent of specdeploy's stats."""
-    pooled = sorted(a + b)
-    rank = {v: i + 1 for i, v in enumerate(pooled)}
-    observed = sum(rank[v] for v in a)
-    sums = [sum(c) for c in itertools.combinations(range(1, len(pooled) + 1), len(a))]
-    return sum(1 for x in sums if x <= observed) / len(sums)
 
 
 def counted_arms(runs: list[dict]) -> list[str]:
