@@ -35,7 +35,7 @@ import pytest
 from specdeploy_sandbox.request_set import PATH as SAMPLE
 
 from specdeploy import datasets
-from tests.unit.replays import rank_p_less
+from tests.unit.replays import assert_tune_leaves_speculation_off, rank_p_less
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -270,16 +270,7 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
         for label in ("baseline", *(f"k{k}" for k in confirmed))
     }
     h = json.loads((out / "summary.json").read_text())["hosts"][host]
-    c = h["choice"]
-    for k in confirmed:
-        p = rank_p_less(tpot[f"k{k}"], tpot["baseline"])
-        assert p > c["alpha"] == 0.05, tpot
-        assert c["per_k"][str(k)]["p_faster_than_baseline"] == pytest.approx(p)
-        ratio = statistics.median(tpot[f"k{k}"]) / statistics.median(tpot["baseline"])
-        assert c["per_k"][str(k)]["ratio_to_baseline"] == pytest.approx(ratio)
-    assert c["speculation"] == "off" and c["recommended_k"] is None, c["verdict"]
-    assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
-    assert h["host_data_change"] is None
+    assert_tune_leaves_speculation_off(h, tpot)
     assert "leave speculation off: no k is significantly faster than the baseline" in printed
 
     flow = {row["k"]: row for row in h["predict_flow"]["rows"]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,20 @@ def rank_p_less(a: list[float], b: list[float]) -> float:
     observed = sum(rank[v] for v in a)
     sums = [sum(c) for c in itertools.combinations(range(1, len(pooled) + 1), len(a))]
     return sum(1 for x in sums if x <= observed) / len(sums)
+
+
+def assert_tune_leaves_speculation_off(host_summary: dict, tpot: dict[str, list[float]]) -> None:
+    """A tune summary's host entry says "leave speculation off" for the reason the runs give: no
+    confirmed k (`tpot`'s k arms, each run's median TPOT) is shown faster than the baseline, each
+    k's p and ratio recomputed here. The live tune test and its replay both hold a run to this."""
+    choice = host_summary["choice"]
+    for label in (arm for arm in tpot if arm != "baseline"):
+        p = rank_p_less(tpot[label], tpot["baseline"])
+        assert p > choice["alpha"] == 0.05, tpot
+        per_k = choice["per_k"][label.removeprefix("k")]
+        assert per_k["p_faster_than_baseline"] == pytest.approx(p)
+        ratio = statistics.median(tpot[label]) / statistics.median(tpot["baseline"])
+        assert per_k["ratio_to_baseline"] == pytest.approx(ratio)
+    assert choice["speculation"] == "off" and choice["recommended_k"] is None, choice["verdict"]
+    assert choice["reachable"]["vs_baseline"] is True and "too few" not in choice["verdict"]
+    assert host_summary["host_data_change"] is None

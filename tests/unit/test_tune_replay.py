@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from collections import Counter, deque
 from pathlib import Path
 from typing import NamedTuple
@@ -31,7 +30,12 @@ from specdeploy.measure import report
 from specdeploy.measure.arms import Arm, k_arm
 from specdeploy.measure.tune_flow import predict_plan
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, rank_p_less, recording
+from tests.unit.replays import (
+    approx_tree,
+    assert_tune_leaves_speculation_off,
+    load,
+    recording,
+)
 
 NAME = "trained_tune"
 KS = [2, 3, 4]  # the live test's tune_k
@@ -180,16 +184,7 @@ def test_the_decision_leaves_speculation_off_recomputed_from_the_raw_jsons(repla
         label: [x["median_tpot_ms"] for x in r.runs if x["specdeploy"]["arm"] == label]
         for label in ("baseline", *(f"k{k}" for k in confirmed))
     }
-    c = h["choice"]
-    for k in confirmed:  # no confirmed k is shown faster than the baseline
-        p = rank_p_less(tpot[f"k{k}"], tpot["baseline"])
-        assert p > ALPHA, tpot
-        assert c["per_k"][str(k)]["p_faster_than_baseline"] == pytest.approx(p)
-        ratio = statistics.median(tpot[f"k{k}"]) / statistics.median(tpot["baseline"])
-        assert c["per_k"][str(k)]["ratio_to_baseline"] == pytest.approx(ratio)
-    assert c["speculation"] == "off" and c["recommended_k"] is None, c["verdict"]
-    assert c["reachable"]["vs_baseline"] is True and "too few" not in c["verdict"]
-    assert h["host_data_change"] is None
+    assert_tune_leaves_speculation_off(h, tpot)  # no confirmed k shown faster, p recomputed
     flow = {row["k"]: row for row in h["predict_flow"]["rows"]}
     predicted = {row["k"]: row for row in prediction["rows"]}
     assert flow[3]["predicted_tpot_ms"] == pytest.approx(predicted[3]["tpot_ms"])
