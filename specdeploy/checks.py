@@ -57,6 +57,7 @@ _FIELD_HINTS = {
     "hf_token": "use the token as issued: printable ASCII without quotes, backslashes or spaces",
     "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
     "instances": 'set a number (>= 1) or a list such as [{"gpus": [0, 1], "port": 8001}]',
+    "max_unavailable": 'set a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")',
 }
 SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 

@@ -107,8 +107,9 @@ def speculative(value: dict[str, Any]) -> dict[str, Any]:
     target_revision, and no control character in any key or string within."""
     if isinstance(value.get("model"), str):
         model_ref(value["model"], ".model")
-    if isinstance(value.get("revision"), str):
-        revision(value["revision"], ".revision")
+    for key in ("revision", "code_revision"):
+        if isinstance(value.get(key), str):
+            revision(value[key], f".{key}")
 
     def walk(item: Any, path: str) -> None:
         if isinstance(item, str):

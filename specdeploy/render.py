@@ -13,6 +13,7 @@ from . import instances
 from .argv import serve_argv
 from .config import ServeConfig
 from .facts import NVIDIA_MODPROBE, CudaBootInfo
+from .host_text import unsafe_char
 
 ROLES = ("speculative", "baseline")
 
@@ -78,8 +79,8 @@ def haproxy_quote(word: str) -> str:
     on whitespace and reads `#` (comment), `\\`, quotes and `${VAR}` (inside double quotes); a
     single-quoted word is literal, and `'\\''` puts a quote inside one. No quoting carries a line
     break into a line, so control characters are refused (the schema refuses them first)."""
-    if any(ord(char) < 0x20 or ord(char) == 0x7F or char in "\x85\u2028\u2029" for char in word):
-        raise ValueError(f"{word!r}: HAProxy's config cannot hold a control character")
+    if unsafe_char(word):
+        raise ValueError(f"{word!r}: HAProxy's config cannot hold {unsafe_char(word)}")
     if word and _HAPROXY_SAFE.match(word):
         return word
     return "'" + word.replace("'", "'\\''") + "'"
@@ -114,8 +115,8 @@ def env_file_quote(value: str) -> str:
     single quotes keep everything literal; a value with a quote is double-quoted with `\\`, `"`,
     `$` and `` ` `` escaped. Control characters are refused: the schema refuses them first, and a
     line break would end the assignment for other readers of the file."""
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
-        raise ValueError("env file values may not contain control characters")
+    if unsafe_char(value):
+        raise ValueError(f"env file values may not contain {unsafe_char(value)}")
     if "'" not in value:
         return f"'{value}'"
     return '"' + re.sub(r'([\\"$`])', r"\\\1", value) + '"'
