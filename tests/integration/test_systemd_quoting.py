@@ -27,7 +27,8 @@ def test_exec_start_survives_systemd_quoting_and_specifiers(sandbox_fleet, sandb
             "method": "draft_model",
             "model": "org/draft",
             "num_speculative_tokens": 5,
-            "revision": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x",
+            # a free-form value (a revision is a plain ref since issue 36)
+            "quantization": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x",
         },
         "vllm_extra_args": [
             "--override-generation-config",
