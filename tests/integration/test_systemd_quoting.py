@@ -21,15 +21,23 @@ def test_exec_start_survives_systemd_quoting_and_specifiers(sandbox_fleet, sandb
     host = sandbox_fleet["hosts"][0]["name"]
     data = {
         "vllm_version": "0.32.0",
-        "target_model": "org/target 100%",
-        "served_model_name": 'my "model"',
+        "target_model": "org/target",  # names are plain (issue 36): the awkward words are args
+        "served_model_name": "my-model",
         "speculative_config": {
             "method": "draft_model",
             "model": "org/draft",
             "num_speculative_tokens": 5,
-            "revision": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x",
+            # a free-form value (a revision is a plain ref since issue 36)
+            "quantization": "50%-$HOME-${USER}-%n-back\\slash 'q' ; x",
         },
-        "vllm_extra_args": ["--override-generation-config", '{"temperature": 0.5}', ";"],
+        "vllm_extra_args": [
+            "--override-generation-config",
+            '{"temperature": 0.5}',
+            ";",
+            "org/target 100%",
+            'my "model"',
+            "é-ünicode #x $$ %%",
+        ],
     }
     args = serve_args(check_config("quoting", data))
     unit = (

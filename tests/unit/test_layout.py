@@ -84,6 +84,7 @@ ROOMS = [
     [
         "config", "capabilities", "datasets", "on_host", "timestamps", "inventory", "metrics",
         "record", "bench_summary", "reports", "facts", "balancer_stat", "host_scripts", "problems",
+        "host_text",
     ],
     [
         "argv", "memory_model", "instances", "revisions", "render", "gpu_checks", "preflight",

@@ -99,6 +99,8 @@ def test_data_defaults_come_from_the_schema():
         ("back\\slash", '"back\\\\slash"'),
         (";", '";"'),
         ("", '""'),
+        ("a\rb", '"a\\rb"'),  # a carriage return ends a unit's line: escaped, never raw
+        ("\x1b[0m\u2028", '"\\x1b[0m\\u2028"'),
     ],
 )
 def test_systemd_quote(word, quoted):
