@@ -53,6 +53,7 @@ EVERY_WING = (
     "deploys/serve.py",
     "specdeploy/__init__.py",
     "specdeploy/config.py",
+    "specdeploy/host_text.py",
     "specdeploy/inventory.py",
     "specdeploy/on_host.py",
     "specdeploy/problems.py",
