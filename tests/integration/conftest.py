@@ -266,7 +266,17 @@ def _provenance() -> dict:
         vllm = None
     return {
         "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # the code's state: the replays this same run re-recorded before this one do not count
+        "dirty": bool(
+            git(
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!tests/unit/data/replays",
+            )
+        ),
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "node": platform.node(),
