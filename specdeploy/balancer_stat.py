@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra.api import FactBase
+from .facts import NO_ANSWER, Fact
 
 BACKEND = "instances"  # the backend of templates/haproxy.cfg.j2
 
 
-class BalancerServers(FactBase):
+class BalancerServers(Fact):
     """The servers of the balancer's backend: {"status": "ok", "servers": {name: the `show stat`
     columns with a value (status UP/DOWN/DRAIN/MAINT/NOLB, check_status, check_desc, addr, scur,
     lastchg...)}}, or status "missing" (no socket: no balancer on this host) or "failed" with
@@ -35,7 +35,7 @@ def parse_balancer_stat(output: list[str], backend: str = BACKEND) -> dict:
         return {"status": "missing", "servers": {}}
     rc = lines.pop() if lines and lines[-1].startswith("@@rc ") else "@@rc ?"
     if rc != "@@rc 0" or not lines or not lines[0].startswith("# "):
-        why = " ".join(lines)[-300:] or f"socat exited {rc[5:]}"
+        why = " ".join(lines)[-300:] or (f"socat exited {rc[5:]}" if output else NO_ANSWER)
         return {"status": "failed", "servers": {}, "error": why}
     columns = lines[0][2:].split(",")
     rows = [dict(zip(columns, line.split(","), strict=False)) for line in lines[1:]]

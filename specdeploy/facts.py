@@ -13,13 +13,23 @@ from pyinfra.api import FactBase
 from .config import MIB
 from .host_scripts import source
 
+NO_ANSWER = "the command did not run or printed nothing"
+
+
+class Fact(FactBase):
+    """A fact whose value where pyinfra calls no `process()` (the command printed nothing, or failed
+    on a host it does not fail) is `process([])`, a value of the type it returns, never None."""
+
+    def default(self):
+        return self.process([])
+
 
 def _json_or_none(output: list[str]):
     text = "\n".join(output).strip()
     return json.loads(text) if text else None
 
 
-class VllmVersion(FactBase):
+class VllmVersion(Fact):
     """The installed version of the vLLM distribution in a venv, or None."""
 
     def command(self, venv: str, package: str) -> str:
@@ -28,13 +38,11 @@ class VllmVersion(FactBase):
         return f"if [ -x {python} ]; then {python} -c {shlex.quote(code)} 2>/dev/null || true; fi"
 
     def process(self, output):
-        text = "\n".join(output).strip()
-        return text or None
+        return "\n".join(output).strip() or None
 
 
-class ModelSnapshot(FactBase):
-    """Facts about a complete model snapshot in the host's HF cache (config, vocab, weight
-    bytes)."""
+class ModelSnapshot(Fact):
+    """A complete model snapshot in the host's HF cache (config, vocab, weight bytes), or None."""
 
     def command(self, hf_home: str, repo: str, revision: str) -> str:
         args = " ".join(shlex.quote(a) for a in (hf_home, repo, revision))
@@ -122,8 +130,7 @@ class AcceleratorInfo(BaseModel):
     """What `nvidia-smi` says. status: "ok", "missing" (no nvidia-smi on PATH) or "failed" (it
     ran and could not report, e.g. a driver/library mismatch or no device found; `error` quotes it).
     `processes_error` says why the per-process list could not be read (then no memory is known to
-    be the service's own); `own_pids` lists, per unit asked about, the PIDs in its cgroup.
-    """
+    be the service's own); `own_pids` lists, per unit asked about, the PIDs in its cgroup."""
 
     status: str
     gpus: list[Gpu] = []
@@ -176,7 +183,8 @@ def parse_accelerators(output: list[str]) -> AcceleratorInfo:
     query = [ln for ln in parts.get("query", []) if ln.strip()]
     if rc != 0 or not query:
         text = " ".join(ln.strip() for ln in query) or "nvidia-smi printed no GPU"
-        return AcceleratorInfo(status="failed", error=f"nvidia-smi exited {rc}: {text}")
+        error = f"nvidia-smi exited {rc}: {text}" if output else f"nvidia-smi: {NO_ANSWER}"
+        return AcceleratorInfo(status="failed", error=error)
     gpus = []
     for line in query:
         fields = [f.strip() for f in line.split(",")]
@@ -248,7 +256,7 @@ def parse_accelerators(output: list[str]) -> AcceleratorInfo:
     )
 
 
-class Accelerators(FactBase):
+class Accelerators(Fact):
     """Every NVIDIA GPU on the host (name, uuid, memory total and used, driver, supported CUDA,
     compute capability, MIG, the processes holding memory on it), or why there is none: an
     `AcceleratorInfo`. `units`: this service's units; memory their processes hold is marked as
@@ -292,7 +300,7 @@ def parse_cuda_boot(output: list[str]) -> CudaBootInfo:
     return CudaBootInfo(units=units, nvidia_modprobe="@@modprobe" in lines)
 
 
-class CudaBoot(FactBase):
+class CudaBoot(Fact):
     """What the CUDA build's unit orders after and runs first on this host: a `CudaBootInfo`."""
 
     def command(self) -> str:
@@ -302,8 +310,8 @@ class CudaBoot(FactBase):
         return parse_cuda_boot(output)
 
 
-class FreeDiskBytes(FactBase):
-    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+class FreeDiskBytes(Fact):
+    """Free bytes on the filesystem holding `path` (or its nearest existing parent); 0: unread."""
 
     def command(self, path: str) -> str:
         return (
@@ -312,24 +320,24 @@ class FreeDiskBytes(FactBase):
         )
 
     def process(self, output):
-        return int(output[-1].split()[3]) * 1024
+        return int(output[-1].split()[3]) * 1024 if output else 0
 
 
-class MemoryBytes(FactBase):
+class MemoryBytes(Fact):
     """MemTotal and MemAvailable in bytes."""
 
     def command(self) -> str:
         return "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"
 
     def process(self, output):
-        values = {}
+        values = {} if output else {"MemTotal": 0, "MemAvailable": 0}  # unread: the check refuses
         for line in output:
             name, amount = line.split(":")
             values[name] = int(amount.split()[0]) * 1024
         return {"total": values["MemTotal"], "available": values["MemAvailable"]}
 
 
-class JsonFile(FactBase):
+class JsonFile(Fact):
     """A JSON document on the host (e.g. the deployment record), or None."""
 
     def command(self, path: str) -> str:
@@ -340,7 +348,7 @@ class JsonFile(FactBase):
         return _json_or_none(output)
 
 
-class FileText(FactBase):
+class FileText(Fact):
     """A text file's content, or None."""
 
     def command(self, path: str) -> str:
@@ -350,7 +358,7 @@ class FileText(FactBase):
         return "\n".join(output) if output else None
 
 
-class ServiceActive(FactBase):
+class ServiceActive(Fact):
     """`systemctl is-active UNIT` (active, inactive, failed, activating...)."""
 
     def command(self, unit: str) -> str:
@@ -366,20 +374,13 @@ class ServiceActive(FactBase):
 _CURL_MARK = "specdeploy-status-curl"
 
 
-class ServiceShow(FactBase):
+class ServiceShow(Fact):
     """systemd's view of a unit (`systemctl show`), plus the host's uptime to turn monotonic stamps
     into ages."""
 
-    PROPERTIES = (
-        "LoadState",
-        "ActiveState",
-        "SubState",
-        "UnitFileState",
-        "ActiveEnterTimestamp",
-        "ActiveEnterTimestampMonotonic",
-        "NRestarts",
-        "MainPID",
-        "NeedDaemonReload",
+    PROPERTIES = tuple(
+        "LoadState ActiveState SubState UnitFileState ActiveEnterTimestamp "
+        "ActiveEnterTimestampMonotonic NRestarts MainPID NeedDaemonReload".split()
     )
 
     def command(self, unit: str) -> str:
@@ -393,7 +394,7 @@ class ServiceShow(FactBase):
         return dict(line.split("=", 1) for line in output if "=" in line)
 
 
-class HttpGet(FactBase):
+class HttpGet(Fact):
     """GET a URL with curl on the host: {'exit': curl's exit code, 'http': status, 'body': text}.
     Pass the curl config (e.g. the Authorization header) as `_stdin`: curl reads it with `-K -`."""
 
@@ -411,12 +412,12 @@ class HttpGet(FactBase):
         if lines and lines[-1].startswith(f"{_CURL_MARK} "):
             code = lines.pop().split()[-1]
             result["http"] = int(code) if code.isdigit() else None
-        result["body"] = "\n".join(lines).rstrip("\n")
+        result["body"] = "\n".join(lines).rstrip("\n") if output else NO_ANSWER
         return result
 
 
-class FileSha1(FactBase):
-    """A file's sha1, or "missing", or "unreadable" (e.g. the root-only env file without sudo)."""
+class FileSha1(Fact):
+    """A file's sha1, "missing", or "unreadable" (root-only without sudo, or no output)."""
 
     def command(self, path: str) -> str:
         p = shlex.quote(path)
@@ -426,10 +427,10 @@ class FileSha1(FactBase):
         )
 
     def process(self, output):
-        return output[-1].strip() if output else None
+        return output[-1].strip() if output else "unreadable"
 
 
-class GpuMemory(FactBase):
+class GpuMemory(Fact):
     """Memory used/total per NVIDIA GPU (the `Accelerators` fact's command and parser); [] on hosts
     without one, where nvidia-smi fails, and for GPUs whose used memory is unknown (MIG)."""
 

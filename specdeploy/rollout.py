@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,23 +98,20 @@ def roll_out(
     )
     started = time.monotonic()
     for index, batch in enumerate(batches, 1):
-        with_report = (
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"specdeploy-rollout-{os.getpid()}-{index}"
-        )
         command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
         for name in batch:
             command += ["--limit", name]
         say(f"batch {index}/{total} [{', '.join(batch)}]: $ {shlex.join(command)}")
-        env = {**os.environ, ROLLOUT_REPORT_ENV: str(with_report)}
-        env[PINNED_REVISIONS_ENV] = json.dumps(pins)
         t0 = time.monotonic()
-        result = subprocess.run(command, env=env)
-        notes = (
-            [json.loads(p.read_text()) for p in sorted(with_report.glob("*.json"))]
-            if with_report.is_dir()
-            else []
-        )
-        shutil.rmtree(with_report, ignore_errors=True)
+        # The failed hosts' notes. mkdtemp's: 0700 and a fresh name, never a directory another
+        # user of a shared bastion made or linked first; removed once read, however the batch ends.
+        with tempfile.TemporaryDirectory(
+            prefix="specdeploy-rollout-", ignore_cleanup_errors=True
+        ) as scratch:
+            env = {**os.environ, ROLLOUT_REPORT_ENV: scratch}
+            env[PINNED_REVISIONS_ENV] = json.dumps(pins)
+            result = subprocess.run(command, env=env)
+            notes = [json.loads(p.read_text()) for p in sorted(Path(scratch).glob("*.json"))]
         if result.returncode != 0:
             say(
                 f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s "

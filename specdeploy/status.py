@@ -134,12 +134,8 @@ class HostProbe:
         from pyinfra.api.facts import get_fact
 
         # apply_failed_hosts=False: a fact that cannot be read is reported; the host is not failed
-        value = get_fact(self.state, self.host, cls, kwargs=kwargs, apply_failed_hosts=False)
-        if value is None and cls is HttpGet:
-            return {"exit": None, "http": None, "body": "the command did not run"}
-        if value is None and cls in (ServiceShow, GpuMemory):
-            return cls().process([])
-        return value
+        # (each fact's default, facts.Fact, where the command printed nothing or failed)
+        return get_fact(self.state, self.host, cls, kwargs=kwargs, apply_failed_hosts=False)
 
     def scrape(self, cfg) -> tuple[float, str | None]:
         got = self.fact(HttpGet, url=f"{cfg.base_url}/metrics", timeout=10, _stdin=curl_config(cfg))

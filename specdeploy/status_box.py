@@ -43,8 +43,6 @@ def read_balancer(probe, cfg, layout, problems: list[str]) -> dict:
     unit = cfg.balancer_unit
     show = probe.fact(ServiceShow, unit=unit)
     stat = probe.fact(BalancerServers, socket=cfg.balancer_socket)
-    if stat is None:
-        stat = {"status": "failed", "servers": {}, "error": "the command did not run"}
     health = probe.fact(HttpGet, url=f"{cfg.base_url}/health", timeout=5, _stdin=curl_config(cfg))
     config, _ = render_balancer(cfg, layout.instances)
     sha = probe.fact(FileSha1, path=config.path)
