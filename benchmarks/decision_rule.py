@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdeploy.measure.choose import choose_k
-from specdeploy.measure.decisions import BETTER, DECIDE, WORSE, compare_values, next_step
-from specdeploy.measure.gate_rule import gate_next_step
-from specdeploy.measure.stats import min_p_value, ratio_with_band, sequential_looks
+from specdeploy.decide.choose import choose_k
+from specdeploy.decide.decisions import BETTER, DECIDE, WORSE, compare_values, next_step
+from specdeploy.decide.gate_rule import gate_next_step
+from specdeploy.decide.stats import min_p_value, ratio_with_band, sequential_looks
 
 
 def normal(mean: float, cv: float):

@@ -67,7 +67,7 @@ def main() -> None:
     import specdeploy_sandbox as sandbox
     from specdeploy_sandbox import models
 
-    from specdeploy.bench_summary import format_curve
+    from specdeploy.report.bench_summary import format_curve
 
     state = sandbox.up(1)
     try:

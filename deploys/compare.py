@@ -8,6 +8,6 @@
 # (1).
 # Output: reports/<run>/summary.md, summary.json, *.png, raw/<host>/*.json (SPECDEPLOY_RUN names
 # the run).
-from specdeploy.measure.deploy import measurement_deploy
+from specdeploy.flows.measure import measurement_deploy
 
 measurement_deploy("compare")

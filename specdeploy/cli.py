@@ -9,9 +9,10 @@ import os
 import sys
 from pathlib import Path
 
-from . import checks, render
-from .inventory import host_data, hosts_with_data
-from .reports import reports_root
+from specdeploy.checks import host_data as checks
+from specdeploy.config.inventory import host_data, hosts_with_data
+from specdeploy.render import units as render
+from specdeploy.report.paths import reports_root
 
 
 def _load_hosts(args) -> dict[str, dict]:
@@ -78,7 +79,7 @@ def cmd_render(args) -> int:
 
 def write_monitoring(args, out: Path, configs: dict) -> None:
     """Prometheus file_sd targets, scrape config, rules, Grafana dashboard (monitoring.py)."""
-    from .monitoring import BALANCER_JOB, write_prometheus
+    from specdeploy.observe.monitoring import BALANCER_JOB, write_prometheus
 
     hosts = [
         (name, sorted(groups), data, configs[name])
@@ -105,7 +106,7 @@ def write_monitoring(args, out: Path, configs: dict) -> None:
 
 
 def cmd_migrate(args) -> int:
-    from .migrate import MigrationError, format_migration, migrate
+    from specdeploy.checks.migrate import MigrationError, format_migration, migrate
 
     argv = args.command
     if argv and argv[0] == "--":
@@ -121,7 +122,7 @@ def cmd_migrate(args) -> int:
 def cmd_rollout(args) -> int:
     import shlex
 
-    from .rollout import roll_out
+    from specdeploy.flows.rollout import roll_out
 
     extra = shlex.split(args.pyinfra_args)
     try:
@@ -140,7 +141,7 @@ def cmd_rollout(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .status import run_status
+    from specdeploy.observe.status import run_status
 
     try:
         return run_status(
@@ -163,7 +164,7 @@ def cmd_unlock(args) -> int:
     import shlex
     import subprocess
 
-    from .config import config_from_data
+    from specdeploy.config.schema import config_from_data
 
     hosts = _load_hosts(args)
     failed = 0
@@ -191,7 +192,13 @@ NOT_BENCH_JSON = {"conditions.json", "prediction.json", "summary.json"}  # in re
 
 def cmd_predict_k(args) -> int:
     """TPOT for every k from saved `vllm bench serve` JSONs (files, or folders of them); offline."""
-    from .measure.predict import NotABenchRun, format_table, json_rows, predict, run_from_bench
+    from specdeploy.decide.predict import (
+        NotABenchRun,
+        format_table,
+        json_rows,
+        predict,
+        run_from_bench,
+    )
 
     files = []
     for name in args.bench_json:

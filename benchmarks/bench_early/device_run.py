@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
 from device_common import complete, kill_group, log, start_server
 
-from specdeploy import bench, server
-from specdeploy.config import config_from_data
-from specdeploy.on_host import HostCommandError
+from specdeploy.config.schema import config_from_data
+from specdeploy.host import bench, server
+from specdeploy.host.on_host import HostCommandError
 
 PYTHON = "python3"  # the image's; vLLM 0.26.0's tree is on PYTHONPATH
 

@@ -11,7 +11,7 @@ acceptance length incl. the bonus token), so step = TPOT x AL; for the baseline 
 Spread. The device runs saved only vLLM's summary percentiles (bench_args has no --save-detailed, so
 per-request values were not written). Each arm's MAD is therefore estimated from its P50 and P90
 TPOT as 0.526 x (P90 - P50) (exact for normal data: MAD = 0.6745 sigma, P90 - P50 = 1.2816 sigma)
-and fed to specdeploy.measure.stats.band_from_spread.
+and fed to specdeploy.decide.stats.band_from_spread.
 
 Leviathan et al. (2023): expected speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1)) = L / (k c + 1), with
 L = (1 - a^(k+1)) / (1 - a) the expected tokens per step and c = draft step time / target step time.
@@ -27,7 +27,7 @@ import sys
 import tarfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from specdeploy.measure.stats import band_from_spread
+from specdeploy.decide.stats import band_from_spread
 
 P90_TO_MAD = 0.6745 / 1.2816
 

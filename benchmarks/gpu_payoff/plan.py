@@ -1,8 +1,8 @@
 """Build the device plan: every arm's `vllm serve` and `vllm bench serve` argv, from specdeploy's
 code.
 
-Each arm is one ServeConfig validated by `specdeploy.checks.check_config`; argv comes only from
-`specdeploy.argv.serve_args` and `specdeploy.bench.bench_args`. Extra (unmanaged) server flags go
+Each arm is one ServeConfig validated by `specdeploy.checks.host_data.check_config`; argv comes only from
+`specdeploy.render.argv.serve_args` and `specdeploy.host.bench.bench_args`. Extra (unmanaged) server flags go
 in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by device_run.py on the H200.
 
 Usage: python -m benchmarks.gpu_payoff.plan OUT.json     (from the repo root)
@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import sys
 
-from specdeploy.argv import serve_args
-from specdeploy.bench import bench_args
-from specdeploy.checks import check_config
-from specdeploy.config import Workload
+from specdeploy.checks.host_data import check_config
+from specdeploy.config.schema import Workload
+from specdeploy.host.bench import bench_args
+from specdeploy.render.argv import serve_args
 
 MODELS = "/tmp/models"  # device_run.py copies the architecture-only model folders here
 RESULTS = "/tmp/results"

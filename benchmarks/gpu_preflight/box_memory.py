@@ -1,5 +1,5 @@
 """What each instance of a whole 8-GPU box gets, by the product's own memory model: the README's
-"whole box" numbers. Runs `specdeploy.instances.expand` and `specdeploy.preflight.evaluate` (the
+"whole box" numbers. Runs `specdeploy.render.instances.expand` and `specdeploy.checks.preflight.evaluate` (the
 deploy's split and preflight) for the example host data (group_data/all.py + prod.py: Qwen3-8B +
 Qwen3-0.6B, k = 5, gpu_memory_utilization 0.92, max_model_len 4096) on the constructed 8 idle
 H200s (tests/unit/data/nvidia-smi-h200/constructed_8gpu_idle.json), with the two models' facts as
@@ -14,10 +14,10 @@ import json
 import runpy
 from pathlib import Path
 
-from specdeploy import instances
-from specdeploy.config import config_from_data
-from specdeploy.facts import parse_accelerators
-from specdeploy.preflight import evaluate
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts import parse_accelerators
+from specdeploy.render import instances
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "unit" / "data" / "nvidia-smi-h200"

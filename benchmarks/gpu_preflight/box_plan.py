@@ -21,8 +21,8 @@ import sys
 
 from benchmarks.gpu_preflight.plan import CONFIGS as SINGLE
 from benchmarks.gpu_preflight.plan import plan_for
-from specdeploy import instances
-from specdeploy.checks import check_config
+from specdeploy.checks.host_data import check_config
+from specdeploy.render import instances
 
 DEVICE_GPUS = [0]  # what the plan expects; the runner decides the layouts on the fact's own list
 

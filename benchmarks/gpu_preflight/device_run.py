@@ -33,10 +33,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
 from device_common import complete, kill_group, log, start_server
 
-from specdeploy import instances
-from specdeploy.config import config_from_data
-from specdeploy.facts import parse_accelerators
-from specdeploy.preflight import evaluate
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts import parse_accelerators
+from specdeploy.render import instances
 
 LOGS = "/tmp/gp_logs"
 SHIM = "/tmp/gp_bin"

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
-from specdeploy.argv import serve_args
-from specdeploy.checks import check_config
-from specdeploy.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
+from specdeploy.checks.host_data import check_config
+from specdeploy.host.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
+from specdeploy.render.argv import serve_args
 
 # name -> host data; "redeploy" is the running server's own data
 CONFIGS = {

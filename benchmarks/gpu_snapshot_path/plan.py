@@ -20,10 +20,10 @@ import sys
 
 from benchmarks.gpu_payoff.make_models import COMMON
 from benchmarks.gpu_payoff.make_models import DRAFT as QWEN3_0_6B
-from specdeploy.argv import serve_args, speculative_json, unit_exec_argv
-from specdeploy.checks import check_config
-from specdeploy.facts import CudaBootInfo
-from specdeploy.render import render_unit, service_environment
+from specdeploy.checks.host_data import check_config
+from specdeploy.host.facts import CudaBootInfo
+from specdeploy.render.argv import serve_args, speculative_json, unit_exec_argv
+from specdeploy.render.units import render_unit, service_environment
 
 TARGET = "specdeploy-gpu/qwen3-1.7b-arch-random"
 DRAFT = "specdeploy-gpu/qwen3-0.6b-arch-random"

@@ -340,7 +340,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, required=True)
     ap.add_argument("--phase1", type=float, required=True, help="seconds for the two lanes")
     ap.add_argument("--command", required=True, help="file with the Accelerators fact command")
-    ap.add_argument("--model-facts", required=True, help="specdeploy/host_scripts/model_facts.py")
+    ap.add_argument("--model-facts", required=True, help="specdeploy/host/scripts/model_facts.py")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     start = time.time()

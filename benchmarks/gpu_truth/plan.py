@@ -1,7 +1,7 @@
 """The H200 plan: server starts that test the preflight against vLLM and sample the payoff.
 
-Every row is host data validated by `specdeploy.checks.check_config`; argv comes from
-`specdeploy.argv.serve_args` / `specdeploy.bench.bench_args`. On the 2-GPU machine, phase 1 runs
+Every row is host data validated by `specdeploy.checks.host_data.check_config`; argv comes from
+`specdeploy.render.argv.serve_args` / `specdeploy.host.bench.bench_args`. On the 2-GPU machine, phase 1 runs
 two lanes at once (lane A on GPU 0 and CPUs 0-15, lane B on GPU 1 and CPUs 16-31); phase 2 uses
 both GPUs.
 Rows run in the order listed, each lane skipping what its budget no longer allows, so the list is in
@@ -23,9 +23,9 @@ from benchmarks.gpu_payoff.plan import (
     workload_data,
 )
 from benchmarks.gpu_payoff.plan import ENV as PAYOFF_ENV
-from specdeploy.argv import serve_args
-from specdeploy.bench import bench_args
-from specdeploy.checks import check_config
+from specdeploy.checks.host_data import check_config
+from specdeploy.host.bench import bench_args
+from specdeploy.render.argv import serve_args
 
 HF_HOME = "/tmp/hf"
 SHA = "0" * 39 + "1"  # make_weights.REVISION_SHA

@@ -1,4 +1,4 @@
-"""How well does specdeploy.measure.predict's step model predict the H200 payoff runs? (issue 13)
+"""How well does specdeploy.decide.predict's step model predict the H200 payoff runs? (issue 13)
 
     python benchmarks/predict_k/check_h200.py [benchmarks/gpu_payoff/results.json] [--markdown]
 
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from specdeploy.measure.predict import fit_step_model  # noqa: E402
+from specdeploy.decide.predict import fit_step_model  # noqa: E402
 
 SPREAD_FROM_P90 = 0.526  # MAD ≈ 0.526 × (P90 − P50) for normal data
 

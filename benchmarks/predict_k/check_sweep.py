@@ -3,7 +3,7 @@
     python benchmarks/predict_k/check_sweep.py reports/<tune run> [--pin 1,4,7]
 
 For every host of a `tune_method = "sweep"` run: the runs of the pinned k (default: what the predict
-flow pins, tune_flow.pin_ks) go into specdeploy.measure.predict, every other k is predicted, and the
+flow pins, tune_flow.pin_ks) go into specdeploy.decide.predict, every other k is predicted, and the
 prediction is compared with the sweep's own median TPOT of that k. A sweep measures no baseline, so
 the step model is the 'no-baseline' one (intercept and per-extra-token slope over k ≥ 1). Also
 printed: the predicted best k and whether it lies inside the sweep's noise band of the best k.
@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from specdeploy.measure.decisions import choose_k  # noqa: E402
-from specdeploy.measure.predict import best_k, predict, run_from_bench  # noqa: E402
-from specdeploy.measure.tune_flow import pin_ks  # noqa: E402
+from specdeploy.decide.decisions import choose_k  # noqa: E402
+from specdeploy.decide.predict import best_k, predict, run_from_bench  # noqa: E402
+from specdeploy.decide.tune_rule import pin_ks  # noqa: E402
 
 
 def main() -> int:

@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from specdeploy.timestamps import utc_iso
+from specdeploy.config.timestamps import utc_iso
 
 from . import rootfs
 

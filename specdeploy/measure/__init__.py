@@ -1,3 +1,2 @@
-"""Measurement: arms, the sampling harness, the compare/tune/predict plans, statistics and
-decisions, reports, and the speculation gate. Imports the server lifecycle and the steps, never the
-reverse."""
+"""Measurement on hosts: arms, the sampling harness on fresh servers, the compare/tune plans and
+the predict-then-confirm tune flow. The verdicts are decide/'s; the reports report/'s."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ServeConfig, Workload
-from ..render import RenderedUnit, render_unit
+from specdeploy.config.schema import ServeConfig, Workload
+from specdeploy.render.units import RenderedUnit, render_unit
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,14 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
-from .. import server, watchdog
-from ..bench import PendingBench, bench_time_limit
-from ..config import ServeConfig, Workload
-from ..on_host import read_text
-from ..record import BenchResult, service_record
-from ..steps import lock, weights
-from ..timestamps import utc_iso
-from .arms import Arm, measure_unit
+from specdeploy.config.record import BenchResult, service_record
+from specdeploy.config.schema import ServeConfig, Workload
+from specdeploy.config.timestamps import utc_iso
+from specdeploy.host import server, watchdog
+from specdeploy.host.bench import PendingBench, bench_time_limit
+from specdeploy.host.on_host import read_text
+from specdeploy.measure.arms import Arm, measure_unit
+from specdeploy.steps import lock, weights
 
 
 def sample(

@@ -10,18 +10,26 @@ from pathlib import Path
 
 from pyinfra import host, logger
 
-from .. import datasets
-from ..bench import bench_args
-from ..config import ServeConfig, Workload
-from ..problems import ConfigError, Problem
-from ..render import render_unit
-from ..reports import raw_dir
-from .arms import BASELINE, SPECULATIVE, Arm, k_arm
-from .choose import min_runs_for_choose_k
-from .decisions import ADD_RUN, DECIDE, RANDOM_REQUESTS_WARNING, RULE, next_step, round_order
-from .decisions import run_values as _run_values
-from .stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
-from .tune_flow import PredictPlan, read_raw, runs_by_label
+from specdeploy.config import datasets
+from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.schema import ServeConfig, Workload
+from specdeploy.decide.choose import min_runs_for_choose_k
+from specdeploy.decide.decisions import (
+    ADD_RUN,
+    DECIDE,
+    RANDOM_REQUESTS_WARNING,
+    RULE,
+    next_step,
+    round_order,
+)
+from specdeploy.decide.decisions import run_values as _run_values
+from specdeploy.decide.stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
+from specdeploy.decide.tune_rule import runs_by_label
+from specdeploy.host.bench import bench_args
+from specdeploy.measure.arms import BASELINE, SPECULATIVE, Arm, k_arm
+from specdeploy.measure.tune_flow import PredictPlan, read_raw
+from specdeploy.render.units import render_unit
+from specdeploy.report.paths import raw_dir
 
 ORDER = "alternate"  # the run order of compare's rounds (decisions.round_order)
 

@@ -1,7 +1,7 @@
-"""Deploy steps, numbered as in the README ("What deploys/serve.py does on each host"):
-1 check (specdeploy/checks.py) -> 2 install -> 3 weights -> 4 preflight (specdeploy/preflight.py)
--> 5 unit -> 6 health -> 7 smoke -> 8 record; `lock` brackets them, `rollback` guards 6-8.
+"""What a deploy does to one host, each step its own module: lock, install, weights, dataset,
+secrets, preflight, unit, gate, smoke, record, balancer, and rollback (the rolling restart that
+guards the restart, health, smoke, gate and record). The order they run in is flows/serve.py's.
 
-Steps that change a host are pyinfra `@deploy`s or `@operation`s that read facts first and only
-schedule work that changes something (install, weights, secrets, unit, lock). Steps 6-8 and the
-rollback run at execution time inside `python.call`, through `specdeploy.on_host`."""
+A step that changes a host is a pyinfra `@deploy` or `@operation` that reads facts first and
+schedules only what changes something, saying `host.noop(...)` otherwise. What runs at execution
+time (inside `python.call`) goes through `specdeploy.host.on_host` and `specdeploy.host.server`."""

@@ -13,11 +13,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
-from ..capabilities import BALANCER_PACKAGES
-from ..config import ServeConfig
-from ..facts import ServiceActive
-from ..render import render_balancer
-from .unit import sha1
+from specdeploy.checks.capabilities import BALANCER_PACKAGES
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host.facts import ServiceActive
+from specdeploy.render.units import render_balancer
+from specdeploy.steps.unit import sha1
 
 
 @dataclass

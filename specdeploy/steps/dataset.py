@@ -18,10 +18,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from .. import datasets
-from ..config import ServeConfig
-from ..facts import VllmVersion
-from ..record import DeploymentRecord
+from specdeploy.config import datasets
+from specdeploy.config.record import DeploymentRecord
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host.facts import VllmVersion
 
 # The record's workload fields (steps/record.py) that the host data decides.
 WORKLOAD_FIELDS = (

@@ -20,18 +20,18 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, python, server
 
-from ..argv import unit_exec_argv
-from ..capabilities import (
+from specdeploy.checks.capabilities import (
     HOST_SYSTEM_PACKAGES,
     PACKAGE_REMOVE_AFTER_INSTALL,
     PACKAGE_SYSTEM_DEPENDENCIES,
     alias_for,
 )
-from ..config import SECRETS_DIR, UNIT_DIR, ServeConfig
-from ..facts import FreeDiskBytes, VllmVersion
-from ..host_scripts import source
-from ..on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
-from . import lock
+from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
+from specdeploy.host.facts import FreeDiskBytes, VllmVersion
+from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
+from specdeploy.host.scripts import source
+from specdeploy.render.argv import unit_exec_argv
+from specdeploy.steps import lock
 
 
 @deploy("Packages, service user and directories")

@@ -46,10 +46,10 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host
 
-from ..bench import bench_time_limit
-from ..config import LOCK_PARENT_DIR, ServeConfig
-from ..on_host import sh, sh_status
-from ..timestamps import utc_iso
+from specdeploy.config.schema import LOCK_PARENT_DIR, ServeConfig
+from specdeploy.config.timestamps import utc_iso
+from specdeploy.host.bench import bench_time_limit
+from specdeploy.host.on_host import sh, sh_status
 
 LEASE_GRACE_S = 120  # beyond the step it covers: connections, unit files, bookkeeping
 ISO = "%Y-%m-%dT%H:%M:%SZ"

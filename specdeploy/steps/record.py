@@ -7,13 +7,13 @@ import time
 
 from pyinfra import host
 
-from .. import datasets
-from ..bench_summary import summarize
-from ..config import ServeConfig
-from ..on_host import read_text, sh, write_text
-from ..record import BenchResult, DeploymentRecord, read_service_record
-from ..render import RenderedUnit
-from ..timestamps import utc_iso
+from specdeploy.config import datasets
+from specdeploy.config.record import BenchResult, DeploymentRecord, read_service_record
+from specdeploy.config.schema import ServeConfig
+from specdeploy.config.timestamps import utc_iso
+from specdeploy.host.on_host import read_text, sh, write_text
+from specdeploy.render.units import RenderedUnit
+from specdeploy.report.bench_summary import summarize
 
 
 def build_record(

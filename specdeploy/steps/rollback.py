@@ -26,11 +26,11 @@ from pathlib import Path
 from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
 
-from .. import server
-from ..argv import flag_value, unit_exec_argv
-from ..config import ServeConfig
-from ..render import RenderedUnit
-from . import lock
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host import server
+from specdeploy.render.argv import flag_value, unit_exec_argv
+from specdeploy.render.units import RenderedUnit
+from specdeploy.steps import lock
 
 ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 

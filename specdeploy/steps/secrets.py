@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.facts.files import File, Sha1File
 
-from ..on_host import write_text
+from specdeploy.host.on_host import write_text
 
 
 class Secret:

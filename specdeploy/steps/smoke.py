@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 
-from ..bench import PendingBench
-from ..bench_summary import format_summary
-from ..config import ServeConfig
-from ..record import BenchResult
-from ..reports import host_reports_dir
-from ..timestamps import utc_stamp
+from specdeploy.config.record import BenchResult
+from specdeploy.config.schema import ServeConfig
+from specdeploy.config.timestamps import utc_stamp
+from specdeploy.host.bench import PendingBench
+from specdeploy.report.bench_summary import format_summary
+from specdeploy.report.paths import host_reports_dir
 
 
 def smoke_bench(cfg: ServeConfig, tokenizer_path: str) -> PendingBench:

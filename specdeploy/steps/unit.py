@@ -20,13 +20,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
-from .. import server as lifecycle
-from ..argv import argv_diff, argv_lines, unit_exec_argv
-from ..config import ServeConfig
-from ..facts import FileText
-from ..on_host import write_text
-from ..render import RenderedUnit, render_env_file
-from .secrets import Secret, as_written, secret_file, written_sha1
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host import server as lifecycle
+from specdeploy.host.facts import FileText
+from specdeploy.host.on_host import write_text
+from specdeploy.render.argv import argv_diff, argv_lines, unit_exec_argv
+from specdeploy.render.units import RenderedUnit, render_env_file
+from specdeploy.steps.secrets import Secret, as_written, secret_file, written_sha1
 
 
 def sha1(text: str) -> str:

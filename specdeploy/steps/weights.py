@@ -10,11 +10,11 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindDirectories, FindFiles, FindLinks
 from pyinfra.operations import server
 
-from ..config import ServeConfig
-from ..facts import FreeDiskBytes, ModelSnapshot
-from ..host_scripts import source
-from . import lock
-from .secrets import Secret, secret_file
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host.facts import FreeDiskBytes, ModelSnapshot
+from specdeploy.host.scripts import source
+from specdeploy.steps import lock
+from specdeploy.steps.secrets import Secret, secret_file
 
 
 def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:

@@ -5,8 +5,8 @@ The pyinfra inventory (with its group_data, exactly as `pyinfra INVENTORY ...` s
 into testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_port, ssh_key,
 ssh_known_hosts_file, ssh_strict_host_key_checking, _sudo) become one `Host` entry of a generated
 ssh_config, used by testinfra's `ssh://` backend (the system ssh client, with connection sharing).
-Every expectation is derived from the same config the deploy used: `specdeploy.checks.check_config`
-on the host's data, and `specdeploy.render` / `specdeploy.argv.serve_argv` for the unit and argv.
+Every expectation is derived from the same config the deploy used: `specdeploy.checks.host_data.check_config`
+on the host's data, and `specdeploy.render.units` / `specdeploy.render.argv.serve_argv` for the unit and argv.
 
 Without --inventory this directory is not collected, so a plain `pytest tests` skips it.
 """
@@ -54,7 +54,7 @@ def pytest_ignore_collect(collection_path, config):
 def _fleet(config) -> dict[str, dict]:
     cached = getattr(config, "_specdeploy_fleet", None)
     if cached is None:
-        from specdeploy.inventory import host_data
+        from specdeploy.config.inventory import host_data
 
         inventory = config.getoption("inventory")
         hosts = host_data(inventory)
@@ -163,7 +163,7 @@ def th(host_name, host_data, ssh_config):
 @pytest.fixture(scope="session")
 def box_cfg(host_name, host_data):
     """The host's own config (a whole box's: the balancer's, on vllm_port)."""
-    from specdeploy.checks import check_config
+    from specdeploy.checks.host_data import check_config
 
     return check_config(host_name, host_data)
 
@@ -171,7 +171,7 @@ def box_cfg(host_name, host_data):
 @pytest.fixture(scope="session")
 def box_layout(th, box_cfg):
     """A whole box's instances, split from the host's GPUs or cores as the deploy split them."""
-    from specdeploy import instances
+    from specdeploy.render import instances
 
     def get_fact(cls, **kwargs):  # the deploy's facts, read with their own commands
         out = th.run(f"sh -c {shlex.quote(cls().command(**kwargs))}")

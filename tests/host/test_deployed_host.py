@@ -11,7 +11,11 @@ import shlex
 
 import pytest
 
-from specdeploy.argv import (
+from specdeploy.config.record import read_record
+from specdeploy.config.revisions import as_deployed
+from specdeploy.host.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
+from specdeploy.host.scripts import source
+from specdeploy.render.argv import (
     LEGACY_SPECULATIVE_FLAGS,
     SHORT_SPECULATIVE_FLAGS,
     argv_diff,
@@ -20,11 +24,7 @@ from specdeploy.argv import (
     served_speculative_config,
     unit_exec_argv,
 )
-from specdeploy.facts import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
-from specdeploy.host_scripts import source
-from specdeploy.record import read_record
-from specdeploy.render import render_unit, secrets
-from specdeploy.revisions import as_deployed
+from specdeploy.render.units import render_unit, secrets
 
 
 def run(th, command: str) -> str:

@@ -1,7 +1,7 @@
 """What a whole box (host data `instances`) must look like beyond each instance's own server checks
 (test_deployed_host.py runs those once per instance, `host/N`): each instance on its own devices,
 and the balancer on vllm_port in front of all of them. Every expectation comes from the host's
-config, split into instances by specdeploy.instances as the deploy split it."""
+config, split into instances by specdeploy.render.instances as the deploy split it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import shlex
 
 import pytest
 
-from specdeploy import instances
-from specdeploy.balancer_stat import BalancerServers
-from specdeploy.render import render_balancer, render_unit
+from specdeploy.host.balancer_stat import BalancerServers
+from specdeploy.render.units import instances, render_balancer, render_unit
 from tests.host.test_deployed_host import curl, run
 
 

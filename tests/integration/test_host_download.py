@@ -51,7 +51,7 @@ def host_python(sandbox_fleet, sandbox_services, ssh):
 def test_a_multiformat_repo_comes_down_as_only_what_vllm_loads_and_a_small_disk_is_refused_first(
     host_python, sandbox_services, sandbox_ssh, ssh
 ):
-    from specdeploy.host_scripts import source
+    from specdeploy.host.scripts import source
 
     host, python = host_python
     repo, sha = (

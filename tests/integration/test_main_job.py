@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.argv import serve_argv, unit_exec_argv
-from specdeploy.checks import check_config
-from specdeploy.inventory import host_data
+from specdeploy.checks.host_data import check_config
+from specdeploy.config.inventory import host_data
+from specdeploy.render.argv import serve_argv, unit_exec_argv
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 

@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from specdeploy.argv import serve_args
-from specdeploy.checks import check_config
-from specdeploy.render import exec_start
+from specdeploy.checks.host_data import check_config
+from specdeploy.render.argv import serve_args
+from specdeploy.render.units import exec_start
 
 pytestmark = pytest.mark.sandbox
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from specdeploy_sandbox.request_set import PATH as SAMPLE
 
-from specdeploy import datasets
+from specdeploy.config import datasets
 from tests.unit.replays import assert_tune_leaves_speculation_off, rank_p_less
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]

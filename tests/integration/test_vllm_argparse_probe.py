@@ -117,8 +117,8 @@ def spec_config(**kw) -> str:
 def _cases(models: Path) -> dict[str, dict]:
     """name -> {"argv": what follows `vllm serve`, "engine_config": bool}: every argv the tests
     below check, probed in one batch."""
-    from specdeploy.argv import serve_args
-    from specdeploy.checks import check_config
+    from specdeploy.checks.host_data import check_config
+    from specdeploy.render.argv import serve_args
 
     target, draft, other = (str(models / n) for n in ("target", "draft", "draft_othervocab"))
     cases = {
@@ -294,7 +294,7 @@ def rendered_data(models: Path, memory: dict) -> dict:
 @pytest.mark.parametrize("case", range(len(MEMORY)))
 def test_rendered_argv_is_what_vllm_parses(probed, tiny_models: Path, case: int):
     """The argv specdeploy renders (speculative and baseline) means to vLLM what the config says."""
-    from specdeploy.checks import check_config
+    from specdeploy.checks.host_data import check_config
 
     memory = MEMORY[case]
     cfg = check_config("probe", rendered_data(tiny_models, memory))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.instances import CPU_IDS_COMMAND
+from specdeploy.render.instances import CPU_IDS_COMMAND
 from tests.integration.test_rollout import BROKEN_DRAFT, plant_broken_draft
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
@@ -246,7 +246,7 @@ def test_a_rerun_changes_nothing(first, host, tmp_path):
 
 
 def spec(sandbox_services, **changes):
-    from specdeploy.inventory import host_data
+    from specdeploy.config.inventory import host_data
 
     base = next(iter(host_data(str(REPO / "inventories/sandbox.py"), cwd=str(REPO)).values()))
     return {**base["speculative_config"], **changes}

@@ -8,10 +8,10 @@ message nvidia-smi prints after a driver upgrade without a reboot."""
 
 import pytest
 
-from specdeploy.argv import engine_flags
-from specdeploy.config import config_from_data
-from specdeploy.facts import ACCELERATOR_COMMAND, Accelerators, parse_accelerators
-from specdeploy.preflight import evaluate
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts import ACCELERATOR_COMMAND, Accelerators, parse_accelerators
+from specdeploy.render.argv import engine_flags
 from tests.unit.test_preflight import DRAFT, RAM, TARGET
 
 MIB = 1 << 20

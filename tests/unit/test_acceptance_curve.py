@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from specdeploy.bench_summary import format_summary, not_enough_data, summarize
-from specdeploy.measure import report
-from specdeploy.metrics import (
+from specdeploy.decide.metrics import (
     acceptance,
     per_position_acceptance,
     pooled_per_position_acceptance,
     spec_decode_counters,
 )
+from specdeploy.report import summary as report
+from specdeploy.report.bench_summary import format_summary, not_enough_data, summarize
 
 METRICS = """# TYPE vllm:spec_decode_num_drafts_total counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} %(drafts)s

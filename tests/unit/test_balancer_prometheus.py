@@ -20,10 +20,9 @@ import pytest
 import requests
 import yaml
 
-from specdeploy import instances
-from specdeploy.config import config_from_data
-from specdeploy.monitoring import BALANCER_JOB, monitoring_dir
-from specdeploy.render import render_balancer
+from specdeploy.config.schema import config_from_data
+from specdeploy.observe.monitoring import BALANCER_JOB, monitoring_dir
+from specdeploy.render.units import instances, render_balancer
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
 PROMETHEUS = shutil.which("prometheus")

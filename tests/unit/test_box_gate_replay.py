@@ -24,11 +24,10 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from specdeploy import instances
-from specdeploy.config import config_from_data
-from specdeploy.measure import gate
-from specdeploy.record import BenchResult
-from specdeploy.render import render_unit
+from specdeploy.config.record import BenchResult
+from specdeploy.config.schema import config_from_data
+from specdeploy.render.units import instances, render_unit
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, recording
 

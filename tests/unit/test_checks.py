@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdeploy.checks import ConfigError, check_config, check_host
+from specdeploy.checks.host_data import ConfigError, check_config, check_host
 
 
 def problems(data, host="gpu-1"):
@@ -212,7 +212,7 @@ def test_check_config_raises_with_every_problem(valid_data):
 
 
 def test_moving_refs_are_named_by_check_not_refused(valid_data):
-    from specdeploy.checks import moving_ref_notes
+    from specdeploy.checks.host_data import moving_ref_notes
 
     assert check_host("gpu-1", valid_data) == []
     warned = {w.field: w for w in moving_ref_notes("gpu-1", valid_data)}
@@ -274,7 +274,7 @@ def test_vllm_flag_written_as_host_data_is_refused(valid_data):
 
 
 def test_keys_that_match_nothing_stay_allowed(valid_data):
-    from specdeploy.checks import unknown_keys
+    from specdeploy.checks.host_data import unknown_keys
 
     data = {**valid_data, "_sudo": True, "ssh_user": "deploy", "ssh_port": 22, "team": "infra"}
     data |= {"_sudo_password": "x", "owner_email": "a@b.c"}

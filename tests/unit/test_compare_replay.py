@@ -21,9 +21,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdeploy.measure import plans, report
-from specdeploy.measure.decisions import DECIDE, next_step, run_values
-from specdeploy.measure.tune_flow import runs_by_label
+from specdeploy.decide.decisions import DECIDE, next_step, run_values
+from specdeploy.decide.tune_rule import runs_by_label
+from specdeploy.measure import plans
+from specdeploy.report import summary as report
 from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
 NAME = "trained_compare"

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specdeploy.config import ServeConfig
-from specdeploy.measure.choose import choose_k, fleet_ratio
-from specdeploy.measure.decisions import (
+from specdeploy.config.schema import ServeConfig
+from specdeploy.decide.choose import choose_k, fleet_ratio
+from specdeploy.decide.decisions import (
     ADD_RUN,
     BETTER,
     DECIDE,
@@ -23,13 +23,13 @@ from specdeploy.measure.decisions import (
     round_order,
     run_order,
 )
-from specdeploy.measure.gate_rule import (
+from specdeploy.decide.gate_rule import (
     gate_decision,
     gate_fingerprint,
     gate_needs_recheck,
     gate_next_step,
 )
-from specdeploy.measure.stats import (
+from specdeploy.decide.stats import (
     attained_level,
     min_p_value,
     min_runs_per_arm,

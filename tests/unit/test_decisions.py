@@ -3,8 +3,8 @@ verdict), k choice, the speculation gate."""
 
 import pytest
 
-from specdeploy.measure.choose import choose_k, min_runs_for_choose_k
-from specdeploy.measure.decisions import (
+from specdeploy.decide.choose import choose_k, min_runs_for_choose_k
+from specdeploy.decide.decisions import (
     acceptance_summary,
     arm_summary,
     compare_arms,
@@ -12,7 +12,7 @@ from specdeploy.measure.decisions import (
     host_data_change,
     per_request_tpot_ms,
 )
-from specdeploy.measure.gate_rule import gate_decision
+from specdeploy.decide.gate_rule import gate_decision
 
 
 def run(tpot, ttft=20.0, itl=None, e2el=None, thr=100.0):

@@ -18,8 +18,8 @@ from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.facts import get_fact
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from specdeploy import balancer_stat, facts
-from specdeploy.config import config_from_data
+from specdeploy.config.schema import config_from_data
+from specdeploy.host import balancer_stat, facts
 
 DATA = Path(__file__).parent / "data"
 
@@ -156,8 +156,8 @@ def test_plain_cuda_host_renders_its_unit_through_pyinfra(valid_data):
     after persistenced only), as from the recorded fact."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.facts import CudaBootInfo
-    from specdeploy.render import render_unit
+    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.render.units import render_unit
 
     recorded = json.loads((DATA / "cuda-boot" / "h200-device-container.json").read_text())
     assert recorded["output"] == []
@@ -172,7 +172,7 @@ def test_plain_cuda_host_renders_its_unit_through_pyinfra(valid_data):
 
 def test_the_deploys_checks_refuse_on_the_defaults(valid_data):
     """No GPU answer and no disk answer are refusals with a reason, not crashes."""
-    from specdeploy.gpu_checks import check_gpus
+    from specdeploy.checks.gpus import check_gpus
     from specdeploy.steps.install import venv_disk_problem
 
     cfg = config_from_data(valid_data)
@@ -184,7 +184,7 @@ def test_the_deploys_checks_refuse_on_the_defaults(valid_data):
 
 def test_status_reads_the_defaults_where_a_host_printed_nothing():
     """`specdeploy status` takes each fact as pyinfra returns it: a value it can show."""
-    from specdeploy.status import HostProbe
+    from specdeploy.observe.status import HostProbe
 
     host = pyinfra_host([])
     probe = HostProbe(host.state, host, interval=1.0)

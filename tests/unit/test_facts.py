@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from specdeploy.facts import (
+from specdeploy.host.facts import (
     ACCELERATOR_COMMAND,
     FileSha1,
     FileText,
@@ -180,7 +180,7 @@ def test_gpu_memory():
 
 
 def test_cuda_boot_parses_units_and_modprobe_and_runs_cleanly():
-    from specdeploy.facts import CUDA_BOOT_COMMAND, CudaBoot
+    from specdeploy.host.facts import CUDA_BOOT_COMMAND, CudaBoot
 
     fact = CudaBoot()
     assert fact.command() == CUDA_BOOT_COMMAND
@@ -202,7 +202,7 @@ def test_cuda_boot_recorded_on_the_h200_device():
     nvidia-modprobe): no optional lines, so its CUDA unit orders after persistenced only."""
     from pathlib import Path
 
-    from specdeploy.facts import CudaBoot
+    from specdeploy.host.facts import CudaBoot
 
     data = Path(__file__).parent / "data" / "cuda-boot" / "h200-device-container.json"
     recorded = json.loads(data.read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
-import specdeploy.host_scripts as host_scripts
+import specdeploy.host.scripts as host_scripts
 
 SCRIPT = runpy.run_path(str(Path(host_scripts.__file__).parent / "fetch_weights.py"))
 wanted, disk_problem = SCRIPT["wanted"], SCRIPT["disk_problem"]

@@ -14,14 +14,12 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from specdeploy import bench
-from specdeploy.checks import check_host as check_data
-from specdeploy.config import LOCK_DIR, config_from_data
-from specdeploy.record import RecordedWorkload
-from specdeploy.render import RenderedUnit
+from specdeploy.checks.host_data import check_host as check_data
+from specdeploy.config.record import RecordedWorkload
+from specdeploy.config.schema import LOCK_DIR, config_from_data
+from specdeploy.host import bench
+from specdeploy.render.units import RenderedUnit
 from specdeploy.steps import dataset, lock, rollback, secrets
-
-# --- the rolling restart's gate ---------------------------------------------------------------
 
 
 class FakeChange:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import revisions
-from specdeploy.config import config_from_data
-from specdeploy.record import read_record
-from specdeploy.render import render_unit
-from specdeploy.status import unit_drift
+from specdeploy.config import revisions
+from specdeploy.config.record import read_record
+from specdeploy.config.schema import config_from_data
+from specdeploy.observe.status import unit_drift
+from specdeploy.render.units import render_unit
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "tests/unit/data/deployment-record-a83c70e.json"
@@ -89,8 +89,8 @@ def test_status_sees_no_drift_on_a_moved_branch_and_drift_on_a_new_commit(valid_
 def test_measurements_and_status_read_the_record_pins():
     """The consumers use the one helper (a new consumer that resolves refs itself would drift)."""
     uses = {
-        "specdeploy/status.py": "as_deployed(cfg, record)",
-        "specdeploy/measure/deploy.py": "host_config_as_deployed()",
+        "specdeploy/observe/status.py": "as_deployed(cfg, record)",
+        "specdeploy/flows/measure.py": "host_config_as_deployed()",
         "tests/host/test_deployed_host.py": "as_deployed(host_cfg, read_record(record))",
     }
     for path, call in uses.items():
@@ -135,7 +135,7 @@ def test_the_real_pyinfra_cli_refuses_no_wait_before_touching_a_host(deploy, tmp
 
 # --- root never trusts what the service user can write --------------------------------------------
 
-FETCH = runpy.run_path(str(REPO / "specdeploy/host_scripts/fetch_weights.py"))
+FETCH = runpy.run_path(str(REPO / "specdeploy/host/scripts/fetch_weights.py"))
 
 
 def test_the_download_script_replaces_a_planted_link_and_never_follows_it(tmp_path):
@@ -239,7 +239,7 @@ for a in "$@"; do case "$a" in --unit=*) echo "${a#--unit=}.timer loaded active 
 def fake_systemd(tmp_path, monkeypatch):
     """server.sh runs its commands here, against a systemctl/systemd-run that log their argv and
     list the timers systemd-run started (the real ones: test_status_prometheus, on the sandbox)."""
-    from specdeploy import watchdog
+    from specdeploy.host import watchdog
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -279,7 +279,7 @@ def test_the_watchdog_is_renewed_without_a_gap_and_removed_at_the_end(fake_syste
 
 
 def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(valid_data):
-    from specdeploy import watchdog
+    from specdeploy.host import watchdog
 
     cfg = config_from_data(valid_data)
     script = watchdog.watchdog_script(cfg, "specdeploy-vllm.service")
@@ -296,9 +296,9 @@ def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(val
 
 
 def test_the_watchdog_time_covers_one_sample_or_the_host_data(valid_data):
-    from specdeploy.bench import bench_time_limit
+    from specdeploy.host.bench import bench_time_limit
+    from specdeploy.host.server import WARM_UP_TIMEOUT_S
     from specdeploy.measure.harness import WATCHDOG_GRACE_S, watchdog_seconds
-    from specdeploy.server import WARM_UP_TIMEOUT_S
 
     cfg = config_from_data(valid_data)
     one_sample = cfg.health_timeout_s + WARM_UP_TIMEOUT_S + bench_time_limit(cfg, cfg.workload)

@@ -21,11 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdeploy.config import config_from_data
-from specdeploy.measure import gate
-from specdeploy.measure.gate_rule import gate_needs_recheck
-from specdeploy.record import BenchResult, read_record
-from specdeploy.render import render_unit
+from specdeploy.config.record import BenchResult, read_record
+from specdeploy.config.schema import config_from_data
+from specdeploy.decide.gate_rule import gate_needs_recheck
+from specdeploy.render.units import render_unit
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, rank_p_less, recording
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdeploy.config import config_from_data
-from specdeploy.measure import gate
-from specdeploy.record import read_record
-from specdeploy.render import render_unit
+from specdeploy.config.record import read_record
+from specdeploy.config.schema import config_from_data
+from specdeploy.render.units import render_unit
+from specdeploy.steps import gate
 
 OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdeploy import instances
-from specdeploy.facts import Accelerators, parse_accelerators
-from specdeploy.preflight import evaluate
+from specdeploy.checks.preflight import evaluate
+from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.render import instances
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
 
 MIB = 1 << 20

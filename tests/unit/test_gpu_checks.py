@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import inspect
 
-from specdeploy import capabilities, serve
-from specdeploy.config import config_from_data
-from specdeploy.facts import parse_accelerators
-from specdeploy.preflight import check_gpus, evaluate
+from specdeploy.checks import capabilities
+from specdeploy.checks.gpus import check_gpus
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.flows import serve
+from specdeploy.host.facts import parse_accelerators
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import facts
-from specdeploy.config import config_from_data
-from specdeploy.facts import Accelerators, parse_accelerators
-from specdeploy.preflight import evaluate
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.host import facts
+from specdeploy.host.facts import Accelerators, parse_accelerators
 from tests.unit.test_accelerator import FAILING, H100_MIG, gpu_line, recording
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi-h200"

@@ -9,16 +9,16 @@ import random
 
 import pytest
 
-from specdeploy import instances
-from specdeploy.argv import flag_value, systemd_split, unit_exec_argv
-from specdeploy.checks import Problem, check_host
-from specdeploy.config import config_from_data
-from specdeploy.facts import CudaBootInfo
-from specdeploy.host_text import unsafe_char
-from specdeploy.render import (
+from specdeploy.checks.host_data import Problem, check_host
+from specdeploy.config.host_text import unsafe_char
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts import CudaBootInfo
+from specdeploy.render.argv import flag_value, systemd_split, unit_exec_argv
+from specdeploy.render.units import (
     env_file_quote,
     exec_start,
     haproxy_quote,
+    instances,
     render_balancer,
     render_env_file,
     render_unit,

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import instances
-from specdeploy.config import DATA_DEFAULTS, FIELDS, config_from_data
-from specdeploy.facts import Accelerators, parse_accelerators
-from specdeploy.preflight import evaluate
-from specdeploy.record import read_service_record
-from specdeploy.render import render_unit
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.record import read_service_record
+from specdeploy.config.schema import DATA_DEFAULTS, FIELDS, config_from_data
+from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.render.units import instances, render_unit
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, running
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi-h200"

@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from specdeploy.on_host import ERROR_LINE, journal_command, root_cause, summarize_journal
+from specdeploy.host.on_host import ERROR_LINE, journal_command, root_cause, summarize_journal
 
 RECORDED = (Path(__file__).parent / "data" / "journal-h200-free-memory-refusal.txt").read_text()
 REFUSAL = (
@@ -54,7 +54,7 @@ def test_journal_is_limited_to_the_last_invocation():
 
 
 def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(monkeypatch):
-    from specdeploy import on_host
+    from specdeploy.host import on_host
 
     calls = []
 

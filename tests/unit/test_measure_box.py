@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdeploy import instances
-from specdeploy.config import config_from_data
-from specdeploy.measure import deploy as measure_deploy
-from specdeploy.measure import report
+from specdeploy.config.schema import config_from_data
+from specdeploy.flows import measure as measure_deploy
 from specdeploy.measure.arms import measure_unit
 from specdeploy.measure.plans import compare_measurement
+from specdeploy.render import instances
+from specdeploy.report import summary as report
 from tests.unit.test_report import bench_json, counters, write_run
 
 
@@ -166,9 +166,9 @@ def test_the_tune_report_of_a_box_says_which_instance_it_measured(tmp_path):
 def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch, tmp_path):
     """The gate inside a whole box's rolling restart (the instance is drained there): its servers
     are the instance's own units on its port; its files and decision name the instance."""
-    from specdeploy.measure import gate
-    from specdeploy.record import BenchResult
-    from specdeploy.render import render_unit
+    from specdeploy.config.record import BenchResult
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 2, "max_tpot_ratio": 0.95})
     member = instances.expand(cfg, [0, 1, 2, 3]).instances[0]
@@ -233,9 +233,9 @@ def started_early(bench):
 def test_a_box_is_gated_once_its_other_instances_take_the_decision(
     valid_data, monkeypatch, tmp_path, faster
 ):
-    from specdeploy.measure import gate
-    from specdeploy.record import BenchResult
-    from specdeploy.render import render_unit
+    from specdeploy.config.record import BenchResult
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 3, "max_tpot_ratio": 0.95})
     first, second = instances.expand(cfg, [0, 1, 2, 3]).instances

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from specdeploy.config import config_from_data
+from specdeploy.config.schema import config_from_data
 from specdeploy.measure.plans import setting
 
 

@@ -1,4 +1,4 @@
-from specdeploy.metrics import acceptance, spec_decode_counters
+from specdeploy.decide.metrics import acceptance, spec_decode_counters
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdeploy.config import config_from_data
-from specdeploy.monitoring import monitoring_dir, scrape_address, write_prometheus
+from specdeploy.config.schema import config_from_data
+from specdeploy.observe.monitoring import monitoring_dir, scrape_address, write_prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ def test_backend_down_alert_on_haproxys_own_series(tmp_path):
 
 
 def test_the_exporter_port_is_no_instances(valid_data):
-    from specdeploy import instances
+    from specdeploy.render import instances
 
     listed = [{"gpus": [0], "port": 8404}, {"gpus": [1], "port": 8002}]
     cfg = config_from_data({**valid_data, "instances": listed})

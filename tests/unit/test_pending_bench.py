@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import bench
-from specdeploy.config import config_from_data
-from specdeploy.on_host import HostCommandError
+from specdeploy.config.schema import config_from_data
+from specdeploy.host import bench
+from specdeploy.host.on_host import HostCommandError
 
 MAIN = """
 import json, os, sys, time

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdeploy.measure.predict import (
+from specdeploy.decide.predict import (
     NotABenchRun,
     Run,
     acceptance_length,

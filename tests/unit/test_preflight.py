@@ -2,12 +2,12 @@
 
 import pytest
 
-from specdeploy import preflight as pf
-from specdeploy.argv import engine_flags
-from specdeploy.config import config_from_data
-from specdeploy.facts import AcceleratorInfo, Gpu
-from specdeploy.memory_model import kv_bytes_per_token
-from specdeploy.preflight import evaluate
+from specdeploy.checks import preflight as pf
+from specdeploy.checks.memory import kv_bytes_per_token
+from specdeploy.checks.preflight import evaluate
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts import AcceleratorInfo, Gpu
+from specdeploy.render.argv import engine_flags
 
 GIB = 1 << 30
 MIB = 1 << 20

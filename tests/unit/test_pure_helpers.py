@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from specdeploy.argv import argv_diff, argv_lines, flag_value, systemd_split, unit_exec_argv
-from specdeploy.config import config_from_data
-from specdeploy.render import exec_start
-from specdeploy.revisions import apply_pins, is_commit, moving_refs
-from specdeploy.rollout import plan_batches
+from specdeploy.config.revisions import apply_pins, is_commit, moving_refs
+from specdeploy.config.schema import config_from_data
+from specdeploy.flows.rollout import plan_batches
+from specdeploy.render.argv import argv_diff, argv_lines, flag_value, systemd_split, unit_exec_argv
+from specdeploy.render.units import exec_start
 from specdeploy.steps.install import venv_of
 from specdeploy.steps.lock import describe, parse_holder
 
@@ -129,7 +129,7 @@ def test_base_url_brackets_ipv6(cfg, bind, url):
 
 
 def test_curl_config_carries_key_and_body_on_stdin(cfg):
-    from specdeploy.server import curl_config
+    from specdeploy.host.server import curl_config
 
     keyed = cfg.model_copy(update={"vllm_api_key": "sk-1"})
     text = curl_config(keyed, {"prompt": 'say "hi"\\n'})

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.bench_summary import summarize
-from specdeploy.metrics import acceptance
-from specdeploy.record import DeploymentRecord, RecordError, bench_result, read_record
+from specdeploy.config.record import DeploymentRecord, RecordError, bench_result, read_record
+from specdeploy.decide.metrics import acceptance
+from specdeploy.report.bench_summary import summarize
 
 # Written on a sandbox host by deploys/serve.py at commit a83c70e, before the record was typed.
 OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"

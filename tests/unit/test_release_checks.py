@@ -3,8 +3,7 @@ warned."""
 
 import pytest
 
-from specdeploy import capabilities
-from specdeploy.checks import check_host, check_warnings
+from specdeploy.checks.host_data import capabilities, check_host, check_warnings
 
 
 def spec(valid_data, **more):

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from specdeploy.config import ServeConfig, parse_int_list
-from specdeploy.measure import report
+from specdeploy.config.schema import ServeConfig, parse_int_list
 from specdeploy.measure.plans import compare_plan, tune_plan
+from specdeploy.report import summary as report
 
 
 def bench_json(tpot, *, ttft=20.0, itl=None, thr=100.0, counters=None, prefix=None):

@@ -8,10 +8,10 @@ import json
 import pytest
 from specdeploy_sandbox.request_set import PATH as SAMPLE
 
-from specdeploy import datasets
-from specdeploy.bench import bench_args
-from specdeploy.checks import check_host, check_warnings
-from specdeploy.config import config_from_data
+from specdeploy.checks.host_data import check_host, check_warnings
+from specdeploy.config import datasets
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.bench import bench_args
 
 
 def write_jsonl(path, rows):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import rollout
+from specdeploy.flows import rollout
 from specdeploy.steps import rollback
 
 

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdeploy.config import ServeConfig
-from specdeploy.measure import plans, report
-from specdeploy.measure.decisions import BETTER, NO_DIFFERENCE
+from specdeploy.config.problems import ConfigError
+from specdeploy.config.schema import ServeConfig
+from specdeploy.decide.decisions import BETTER, NO_DIFFERENCE
+from specdeploy.measure import plans
 from specdeploy.measure.plans import SequentialCompare, sequential_compare_plan
-from specdeploy.problems import ConfigError
+from specdeploy.report import summary as report
 from tests.unit.test_report import bench_json, write_run
 
 B, S = "baseline", "speculative"

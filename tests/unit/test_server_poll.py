@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from specdeploy import server
-from specdeploy.config import config_from_data
+from specdeploy.config.schema import config_from_data
+from specdeploy.host import server
 
 
 def run_poll(tmp_path, valid_data, *, curl: str, state: str, restarts: int, at_start: int = 0):

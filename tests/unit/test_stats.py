@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from specdeploy.measure.stats import band_from_spread, mad, median, ratio_with_band
+from specdeploy.decide.stats import band_from_spread, mad, median, ratio_with_band
 
 
 def test_median_odd_even_and_unsorted():

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.argv import argv_diff
-from specdeploy.config import config_from_data
-from specdeploy.metrics import (
+from specdeploy.config.schema import config_from_data
+from specdeploy.decide.metrics import (
     histogram_buckets,
     histogram_delta,
     histogram_quantile,
     live_figures,
     samples,
 )
-from specdeploy.render import exec_start, render_unit
-from specdeploy.status import changed_keys, unit_drift
-from specdeploy.status_table import format_table
+from specdeploy.observe.status import changed_keys, unit_drift
+from specdeploy.observe.status_table import format_table
+from specdeploy.render.argv import argv_diff
+from specdeploy.render.units import exec_start, render_unit
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"

@@ -13,10 +13,9 @@ from types import SimpleNamespace
 from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
-from specdeploy import instances
-from specdeploy.balancer_stat import BalancerServers
-from specdeploy.config import config_from_data
-from specdeploy.facts import (
+from specdeploy.config.schema import config_from_data
+from specdeploy.host.balancer_stat import BalancerServers
+from specdeploy.host.facts import (
     Accelerators,
     FileSha1,
     FileText,
@@ -26,9 +25,9 @@ from specdeploy.facts import (
     ServiceShow,
     VllmVersion,
 )
-from specdeploy.render import render_balancer, render_env_file, render_unit
-from specdeploy.status import HostProbe
-from specdeploy.status_table import format_table
+from specdeploy.observe.status import HostProbe
+from specdeploy.observe.status_table import format_table
+from specdeploy.render.units import instances, render_balancer, render_env_file, render_unit
 from tests.unit.test_balancer_stat import recorded
 from tests.unit.test_status import AFTER, BEFORE
 

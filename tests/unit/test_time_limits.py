@@ -10,15 +10,15 @@ import types
 
 import pytest
 
-from specdeploy import bench
-from specdeploy.config import (
+from specdeploy.config.schema import (
     DATA_DEFAULTS,
     DOWNLOAD_DEFAULT_TIMEOUT_S,
     DOWNLOAD_START_S,
     config_from_data,
 )
-from specdeploy.host_scripts import fetch_weights, source
-from specdeploy.on_host import with_time_limit
+from specdeploy.host import bench
+from specdeploy.host.on_host import with_time_limit
+from specdeploy.host.scripts import fetch_weights, source
 from specdeploy.steps import install, lock
 
 
@@ -164,7 +164,7 @@ def test_download_past_its_limit_stops_and_names_host_repo_and_key(tmp_path):
 def test_download_command_passes_the_limit_and_host(
     valid_data, monkeypatch, renewals, timeout, passed
 ):
-    from specdeploy.facts import FreeDiskBytes
+    from specdeploy.host.facts import FreeDiskBytes
     from specdeploy.steps import weights
 
     cfg = config_from_data({**valid_data, "download_timeout_s": timeout})

@@ -7,18 +7,11 @@ from collections import Counter
 
 import pytest
 
-from specdeploy.config import ServeConfig, config_from_data
-from specdeploy.measure import report
+from specdeploy.config.schema import ServeConfig, config_from_data
+from specdeploy.decide.tune_rule import flow_summary, neighbours, next_k, pin_ks
 from specdeploy.measure.arms import Arm, k_arm
-from specdeploy.measure.tune_flow import (
-    PrefixCacheReuse,
-    flow_summary,
-    neighbours,
-    next_k,
-    pin_ks,
-    predict_plan,
-    rounds,
-)
+from specdeploy.measure.tune_flow import PrefixCacheReuse, predict_plan, rounds
+from specdeploy.report import summary as report
 
 RATES = [0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05]
 

@@ -25,10 +25,10 @@ from typing import NamedTuple
 
 import pytest
 
-from specdeploy.config import config_from_data
-from specdeploy.measure import report
+from specdeploy.config.schema import config_from_data
 from specdeploy.measure.arms import Arm, k_arm
 from specdeploy.measure.tune_flow import predict_plan
+from specdeploy.report import summary as report
 from tests.unit.conftest import VALID
 from tests.unit.replays import (
     approx_tree,

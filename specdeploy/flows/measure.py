@@ -1,0 +1,140 @@
+"""deploys/compare.py and deploys/tune.py: measure every host under its deploy lock, then write the
+fleet report.
+
+A whole box (host data `instances`) is measured on ONE instance, the last: it is drained on the
+balancer (no new requests, those in flight answered, then maintenance), measured on its own GPUs
+(or cores) and port with its own measurement unit, brought back on its deployed unit healthy
+(measure_plan's finally) and put back in the balancer, while the other instances keep serving on
+vllm_port. Its conditions (so summary.json and summary.md) name the instance and its devices."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from specdeploy.checks.host_data import host_config_as_deployed
+from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
+from specdeploy.host import server
+from specdeploy.measure.arms import Arm
+from specdeploy.measure.harness import measure_plan
+from specdeploy.measure.plans import compare_measurement, tune_measurement
+from specdeploy.render import instances
+from specdeploy.report import summary as report
+from specdeploy.report.paths import raw_dir, run_dir
+from specdeploy.steps import dataset, lock
+from specdeploy.steps.rollback import out_of_service_width, refuse_no_wait, width_text
+
+_REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
+
+
+def measured_instance(cfg: ServeConfig) -> instances.Instance | None:
+    """Planning time: the instance of a whole box that compare/tune measure (the last one, split
+    from the facts as the deploy split it); None for a host with one server."""
+    if cfg.instances is None:
+        return None
+    layout = instances.expand(cfg, instances.available_devices(cfg, host.get_fact))
+    if layout.problems:
+        todo = "fix instances (deploys/serve.py refuses this split too)"
+        raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
+    return layout.instances[-1]
+
+
+def box_conditions(cfg: ServeConfig, member: instances.Instance) -> dict:
+    return {
+        "instance": member.name,
+        "instance_port": member.port,
+        "devices": member.devices_text,
+        "instances": len(cfg.instances) if isinstance(cfg.instances, list) else cfg.instances,
+        "balancer": {"drained": True, "vllm_port": cfg.vllm_port},
+    }
+
+
+def _measure(
+    cfg: ServeConfig,
+    *,
+    kind: str,
+    plan: list[tuple[Arm, bool]],
+    cond: dict,
+    box: ServeConfig | None = None,
+) -> None:
+    """`cfg`: the host's, or the measured instance's config when `box` (the host's) is given."""
+    out = raw_dir(kind, host.name)
+    name = cfg.service_name
+    lock.renew_held(lock.lease_seconds(box or cfg))  # this host's turn: LockLost before any change
+    try:
+        if box is not None:  # the balancer stops sending it requests; the others serve
+            server.drain(box, name, timeout_s=server.drain_timeout_s(box))
+        measure_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
+    except Exception:
+        lock.release_now(box or cfg)  # back on its deployed unit (measure_plan's finally)
+        if box is not None and server.is_healthy(cfg):
+            server.undrain(box, name)  # healthy again: serving beats a half-measured host
+        raise
+    if box is not None:
+        server.undrain(box, name)  # measure_plan's finally health-checked its deployed unit
+
+
+def _write_report(kind: str) -> None:
+    """Runs on every host after all hosts measured; the first one writes the fleet report."""
+    directory = run_dir(kind)
+    finished = len(list((directory / "raw").glob("*/conditions.json")))
+    if _REPORTED_HOSTS.get(str(directory)) == finished:
+        return
+    _REPORTED_HOSTS[str(directory)] = finished
+    summary = report.write(directory, kind)
+    logger.info(
+        f"{host.print_prefix}report: {directory}/summary.md ({', '.join(summary['charts'])})"
+    )
+    if kind == "tune":
+        for name, h in summary["hosts"].items():
+            c = h["choice"]
+            if c["recommended_k"] is None:
+                print(f"{name}: {c['verdict']} (currently k = {h['current_k']})")
+            else:
+                print(
+                    f"{name}: recommended num_speculative_tokens = {c['recommended_k']} (best "
+                    f"{c['best_k']}, currently {h['current_k']})"
+                )
+            print(f"  {h['host_data_change'] or 'no change needed'}")
+
+
+MEASUREMENTS = {
+    "compare": ("specdeploy: baseline vs speculative A/B", compare_measurement),
+    "tune": ("specdeploy: num_speculative_tokens sweep", tune_measurement),
+}
+
+
+def measurement_deploy(kind: str):
+    """deploys/compare.py and deploys/tune.py: measure every host under the deploy lock, then the
+    fleet report."""
+    title, make_plan = MEASUREMENTS[kind]
+
+    @deploy(title, data_defaults=DATA_DEFAULTS)
+    def _measure_fleet():
+        refuse_no_wait()  # --no-wait would take every host off its unit at once
+        cfg = host_config_as_deployed()  # the record's pins: what the host really serves
+        member = measured_instance(cfg)  # a whole box: one instance, drained; None: the host
+        measured = member.cfg if member else cfg
+        plan, cond, what = make_plan(measured)
+        if member is not None:
+            cond = {**cond, **box_conditions(cfg, member)}
+            what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
+        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
+        dataset.ship_request_set(cfg)  # the request set every arm replays
+        # a measured host is off its deployed unit: at most max_unavailable hosts at once
+        python.call(
+            name=f"{what}, {width_text(cfg)}",
+            function=_measure,
+            cfg=measured,
+            kind=kind,
+            plan=plan,
+            cond=cond,
+            box=cfg if member else None,
+            **out_of_service_width(cfg),
+        )
+        lock.release(name="Release the host's deploy lock", cfg=cfg)
+        python.call(name=f"Report {run_dir(kind)}", function=_write_report, kind=kind)
+
+    _measure_fleet()

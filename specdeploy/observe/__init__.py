@@ -1,0 +1,1 @@
+"""After the rollout: `specdeploy status`, its table, Prometheus and Grafana files."""

@@ -1,0 +1,238 @@
+"""Prometheus for the fleet: file-based service discovery, scrape config, rules, Grafana dashboard.
+
+`specdeploy render INVENTORY --out DIR` calls `write_prometheus(DIR/prometheus, ...)`, which writes:
+
+* `targets/<job>.json`: file_sd targets, one per host, labelled `host`, `group` (the host's
+  inventory groups as `,a,b,`: filter with `group=~".*,canary,.*"`), `target_model`, `draft_model`,
+  `k`, `served_model` and `vllm_version`; a whole box (host data `instances`): one per instance, on
+  its own port, labelled `instance_name` too (never through the balancer: speculation counters of
+  several servers mixed in one scrape mean nothing), and its balancer's HAProxy exporter
+  (`balancer_metrics_port`) in `targets/specdeploy-balancer.json`, labelled `host` and `group`;
+* `prometheus.yml`: a complete config (scrape jobs over those files + the rule files). Hosts whose
+  `vllm_api_key` differs are in different jobs; a job's key is read from `api-keys/<job>.key`
+  (0600, `authorization.credentials_file`), never written into the config itself;
+* `rules.yml` (templates/monitoring/rules.yml): recording rules for acceptance, TPOT/ITL medians,
+  request rate and KV usage per host, and alerts built on them;
+* `baselines.yml`: per-host constants the alerts compare with, from the newest smoke benchmark the
+  deploy saved on this control node (`reports/<host>/smoke-*.json`);
+* `grafana-dashboard.json` (templates/monitoring/grafana-dashboard.json).
+
+Where Prometheus reaches /metrics: vLLM serves /metrics on its API port (`vllm_host:vllm_port`).
+A host bound to all addresses (`vllm_host = "0.0.0.0"`) is scraped at its inventory address
+(`ssh_hostname`, else the host name); a host bound to one address is scraped there; a host on
+loopback (the default, 127.0.0.1) cannot be scraped from another machine and gets no target, with a
+warning: bind it to a private address, or put a proxy in front and point Prometheus at that.
+vLLM 0.32.0 does not ask for the API key on /metrics (only /v1, /v2, /inference, /cohere), so an
+address Prometheus can reach is one everybody on that network can reach: bind to a private network.
+"""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import json
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from specdeploy.config.schema import ServeConfig
+
+JOB = "specdeploy-vllm"
+BALANCER_JOB = "specdeploy-balancer"  # a job of its own: job=~"specdeploy-vllm.*" is vLLM only
+MONITORING_TEMPLATES = ("rules.yml", "grafana-dashboard.json")
+
+
+def monitoring_dir() -> Path:
+    # the package's templates (specdeploy/templates), read as every template is: a package resource
+    return Path(str(resources.files("specdeploy").joinpath("templates", "monitoring")))
+
+
+def scrape_address(name: str, data: dict[str, Any], cfg: ServeConfig) -> str | None:
+    """host:port Prometheus scrapes for this host; None when vLLM listens on loopback only."""
+    bind = cfg.vllm_host.strip("[]")
+    if bind in ("", "0.0.0.0", "::"):
+        address = data.get("ssh_hostname") or name
+    elif bind == "localhost" or _is_loopback(bind):
+        return None
+    else:
+        address = bind
+    if ":" in address:  # IPv6 literal
+        address = f"[{address.strip('[]')}]"
+    return f"{address}:{cfg.vllm_port}"
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def target_labels(name: str, groups: list[str], cfg: ServeConfig) -> dict[str, str]:
+    return {
+        "host": name,
+        "group": "," + ",".join(sorted(groups)) + "," if groups else "",
+        "target_model": cfg.target_model,
+        "draft_model": cfg.draft_model or "",
+        "k": str(cfg.speculative_config.get("num_speculative_tokens", "")),
+        "served_model": cfg.effective_served_name,
+        "vllm_version": cfg.vllm_version,
+    }
+
+
+def scrape_targets(name: str, groups: list[str], data: dict[str, Any], cfg: ServeConfig):
+    """(address, labels) of each vLLM server of this host: the host's one, or each instance of a
+    whole box (address None: loopback, no target)."""
+    from specdeploy.render.instances import expand
+
+    members = expand(cfg).instances
+    if not members:
+        return [(scrape_address(name, data, cfg), target_labels(name, groups, cfg))]
+    return [
+        (
+            scrape_address(name, data, m.cfg),
+            target_labels(name, groups, cfg) | {"instance_name": m.name},
+        )
+        for m in members
+    ]
+
+
+def balancer_target(name: str, groups: list[str], data: dict[str, Any], cfg: ServeConfig):
+    """A whole box's HAProxy exporter target, or None (no balancer, or loopback)."""
+    if cfg.instances is None:
+        return None
+    server = scrape_address(
+        name, data, cfg.model_copy(update={"vllm_port": cfg.balancer_metrics_port})
+    )
+    labels = {k: v for k, v in target_labels(name, groups, cfg).items() if k in ("host", "group")}
+    return {"targets": [server], "labels": labels} if server else None
+
+
+def latest_smoke(reports: Path, host: str) -> dict | None:
+    """The newest smoke benchmark JSON the deploy fetched for this host, or None."""
+    files = sorted(glob.glob(str(reports / host / "smoke-*.json")), key=os.path.getmtime)
+    for path in reversed(files):
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def baseline_rules(baselines: dict[str, dict]) -> dict:
+    """Recording rules with one constant per host (what the deploy measured), for the alerts."""
+    rules = []
+    for host, smoke in sorted(baselines.items()):
+        tpot = smoke.get("median_tpot_ms")
+        accept = smoke.get("spec_decode_acceptance_rate")
+        if isinstance(tpot, (int, float)) and tpot > 0:
+            rules.append(
+                {
+                    "record": "specdeploy:smoke_tpot_seconds",
+                    "expr": f"vector({tpot / 1000:.6g})",
+                    "labels": {"host": host},
+                }
+            )
+        if isinstance(accept, (int, float)):
+            rules.append(
+                {
+                    "record": "specdeploy:smoke_acceptance_ratio",
+                    "expr": f"vector({accept / 100:.6g})",
+                    "labels": {"host": host},
+                }
+            )
+    return {"groups": [{"name": "specdeploy-baselines", "rules": rules}]}
+
+
+def prometheus_config(jobs: list[dict], *, scrape_interval: str = "15s") -> dict:
+    scrape_configs = []
+    for job in jobs:
+        entry: dict[str, Any] = {
+            "job_name": job["name"],
+            "metrics_path": "/metrics",
+            "file_sd_configs": [{"files": [f"targets/{job['name']}.json"]}],
+        }
+        if job.get("key_file"):
+            entry["authorization"] = {"type": "Bearer", "credentials_file": job["key_file"]}
+        scrape_configs.append(entry)
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": ["rules.yml", "baselines.yml"],
+        "scrape_configs": scrape_configs,
+    }
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=mode)
+    os.chmod(path, mode)
+    path.write_text(text)
+
+
+def write_prometheus(
+    out: Path,
+    hosts: list[tuple[str, list[str], dict[str, Any], ServeConfig]],
+    *,
+    reports: Path,
+    warn=print,
+) -> dict:
+    """Write the Prometheus directory for these hosts (name, groups, host data, config). Relative
+    paths inside prometheus.yml are relative to it, as Prometheus resolves them. Returns a
+    summary."""
+    import yaml
+
+    jobs: dict[str | None, dict] = {}  # api key (or None) -> job
+    skipped, baselines = [], {}
+    balancers = []
+    for name, groups, data, cfg in hosts:
+        targets = [(a, labels) for a, labels in scrape_targets(name, groups, data, cfg) if a]
+        if not targets:
+            skipped.append(name)
+            warn(
+                f"{name}: vllm_host {cfg.vllm_host} is loopback: no Prometheus target (bind a "
+                "private address, or scrape through a proxy on the host)"
+            )
+            continue
+        key = cfg.vllm_api_key or None
+        if key not in jobs:
+            index = sum(1 for k in jobs if k is not None) + 1
+            job_name = JOB if key is None else f"{JOB}-key{index}"
+            jobs[key] = {
+                "name": job_name,
+                "key_file": f"api-keys/{job_name}.key" if key else None,
+                "targets": [],
+            }
+        jobs[key]["targets"] += [{"targets": [a], "labels": labels} for a, labels in targets]
+        balancer = balancer_target(name, groups, data, cfg)
+        if balancer:
+            balancers.append(balancer)
+        smoke = latest_smoke(reports, name)
+        if smoke:
+            baselines[name] = smoke
+    if (out / "api-keys").is_dir():
+        shutil.rmtree(out / "api-keys")  # keys of jobs that no longer exist must not linger
+    if (out / "targets").is_dir():
+        shutil.rmtree(out / "targets")
+    for key, job in jobs.items():
+        _write(out / "targets" / f"{job['name']}.json", json.dumps(job["targets"], indent=2) + "\n")
+        if key:
+            _write(out / job["key_file"], key + "\n", mode=0o600)
+    scraped = list(jobs.values())
+    if balancers:  # HAProxy's exporter asks for no key; it shows no request content
+        scraped.append({"name": BALANCER_JOB, "key_file": None, "targets": balancers})
+        _write(out / "targets" / f"{BALANCER_JOB}.json", json.dumps(balancers, indent=2) + "\n")
+    header = "# Written by `specdeploy render`; regenerate rather than edit.\n"
+    config = prometheus_config(scraped)
+    _write(out / "prometheus.yml", header + yaml.safe_dump(config, sort_keys=False))
+    _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines)))
+    for name in MONITORING_TEMPLATES:
+        shutil.copyfile(monitoring_dir() / name, out / name)
+    return {
+        "jobs": [job["name"] for job in jobs.values()],
+        "targets": sum(len(job["targets"]) for job in jobs.values()),
+        "balancers": len(balancers),
+        "skipped_loopback": skipped,
+        "baselines": sorted(baselines),
+    }

@@ -1,0 +1,421 @@
+"""`specdeploy status INVENTORY`: what every host serves right now, changing nothing.
+
+Per host, in parallel, within a bounded time: reachable (and why not); the venv's vLLM version
+vs the pin; the installed unit vs the one the host data renders now (argv diff key by key, the
+secrets env file changed or not, a unit edited on disk but not reloaded); service state, since
+when, restarts; the deployment record (time, role, k, smoke TPOT); live figures from two /metrics
+scrapes `interval` seconds apart (metrics.live_figures); GPU memory used (nvidia-smi, if any).
+A whole box (host data `instances`): the same per instance, and its balancer (status_box.py).
+
+Every read on a host is a pyinfra fact over pyinfra's own connection, so `_sudo`/`_su_user` and the
+SSH settings in host data apply as they do for a deploy. The API key (host data `vllm_api_key`)
+reaches curl on its stdin as curl config (`-K -`), never on a command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from specdeploy.checks.host_data import ConfigError, check_config
+from specdeploy.config.inventory import load_inventory
+from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
+from specdeploy.config.revisions import as_deployed
+from specdeploy.decide.metrics import live_figures
+from specdeploy.host.facts import (
+    FileSha1,
+    FileText,
+    GpuMemory,
+    HttpGet,
+    JsonFile,
+    ServiceShow,
+    VllmVersion,
+)
+from specdeploy.host.server import curl_config
+from specdeploy.observe.status_table import format_table
+from specdeploy.render.argv import argv_diff, unit_exec_argv
+from specdeploy.render.units import render_env_file, render_unit
+from specdeploy.steps.gate import gate_settled_unit
+
+DEFAULT_TIMEOUT = 30.0  # seconds per host, connect + every read + the scrape interval
+DEFAULT_INTERVAL = 5.0  # seconds between the two /metrics scrapes
+
+# --------------------------------------------------------------------------------------------------
+# Drift
+
+
+def changed_keys(diff: str) -> list[str]:
+    """The flags (and --speculative-config keys) an argv diff from rollout.argv_diff touches."""
+    keys: list[str] = []
+    for line in diff.splitlines():
+        if line[:1] not in "+-" or line.startswith(("+++ ", "--- ")):  # not the file headers
+            continue
+        words = line[1:].split(" ", 1)
+        key = words[0]
+        if key in ("--speculative-config", "-sc") and len(words) > 1:
+            key = f"{key}.{words[1].split('=', 1)[0]}"
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
+    """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
+    renders now."""
+    if installed_sha1 is None:
+        return {"installed": False, "drift": True, "keys": [], "argv_diff": "", "other": False}
+    same = installed_sha1 == hashlib.sha1(expected.text.encode()).hexdigest()
+    diff = "" if same else argv_diff(unit_exec_argv(installed_text), expected.argv)
+    return {
+        "installed": True,
+        "drift": not same,
+        "keys": changed_keys(diff),
+        "argv_diff": diff,
+        # the file differs outside ExecStart (Environment=, hardening, ...)
+        "other": not same and not diff,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# One host
+
+
+def ssh_target(host) -> str:
+    """user@address:port as the SSH connector reaches the host (for messages)."""
+    data = host.data
+    user = getattr(data, "ssh_user", None)
+    port = getattr(data, "ssh_port", None) or 22
+    address = getattr(data, "ssh_hostname", None) or host.name
+    return f"{user + '@' if user else ''}{address}:{port}"
+
+
+def _age(show: dict) -> float | None:
+    try:
+        entered = int(show.get("ActiveEnterTimestampMonotonic", "0")) / 1e6
+        uptime = float(show["Uptime"])
+    except (KeyError, ValueError):
+        return None
+    return round(uptime - entered, 1) if entered else None
+
+
+def _record_summary(record: DeploymentRecord | None) -> dict | None:
+    if record is None:
+        return None
+    smoke = record.smoke or SmokeSummary()
+    gate = record.gate or {}
+    return {
+        "finished_at": record.finished_at,
+        "role": record.role,
+        "k": record.k,
+        "smoke_tpot_ms": smoke.median_tpot_ms,
+        "smoke_itl_ms": smoke.median_itl_ms,
+        "smoke_acceptance_rate": smoke.spec_decode_acceptance_rate,
+        "vllm_version": record.vllm.version,
+        "unit_sha256": record.unit.sha256,
+        "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
+    }
+
+
+class HostProbe:
+    """Reads one host; keeps its last /metrics text so `--watch` needs one scrape per round."""
+
+    def __init__(self, state, host, interval: float):
+        self.state, self.host, self.interval = state, host, interval
+        self.last_scrape: dict[str, tuple[float, str | None]] = {}  # per server URL
+        self.step = "connecting"
+
+    def fact(self, cls, **kwargs):
+        from pyinfra.api.facts import get_fact
+
+        # apply_failed_hosts=False: a fact that cannot be read is reported; the host is not failed
+        # (each fact's default, facts.Fact, where the command printed nothing or failed)
+        return get_fact(self.state, self.host, cls, kwargs=kwargs, apply_failed_hosts=False)
+
+    def scrape(self, cfg) -> tuple[float, str | None]:
+        got = self.fact(HttpGet, url=f"{cfg.base_url}/metrics", timeout=10, _stdin=curl_config(cfg))
+        ok = got["exit"] == 0 and got["http"] == 200
+        return time.monotonic(), got["body"] if ok else None
+
+    def prime(self, cfgs: list) -> None:
+        """A first /metrics scrape of each server that has none from the last round, then one
+        interval for all of them (a whole box's instances share it)."""
+        new = [c for c in cfgs if c.base_url not in self.last_scrape]
+        for c in new:
+            self.last_scrape[c.base_url] = self.scrape(c)
+        if new:
+            time.sleep(self.interval)
+
+    def read_server(self, cfg, out: dict) -> None:
+        """One server (the host's, or one instance of a whole box): its record, unit drift,
+        service, /health and live figures, into `out` (its problems into out["problems"])."""
+        from pyinfra.facts.files import Sha1File
+
+        host, problems = self.host, out["problems"]
+        record = service_record(cfg, lambda path: self.fact(JsonFile, path=path), host=host.name)
+        out["record"] = _record_summary(record)
+        if record is None:
+            problems.append(f"no deployment record at {cfg.record_path}")
+        # moving refs at the commits the rollout pinned: upstream moving on is not drift
+        cfg = as_deployed(cfg, record)
+        from pyinfra.context import ctx_host
+
+        with ctx_host.use(host):  # the CUDA unit renders from the host's CudaBoot fact
+            expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
+        path = cfg.unit_path(expected.name)
+        drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
+        env_sha = self.fact(FileSha1, path=cfg.env_file)
+        drift["env_file"] = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
+        if env_sha in ("missing", "unreadable"):
+            drift["env_file"] = env_sha
+        out["unit"] = {"name": expected.name, "role": expected.role, **drift}
+        if not drift["installed"]:
+            problems.append(f"{path} is not installed")
+        elif drift["drift"]:
+            what = ", ".join(drift["keys"]) if drift["keys"] else "lines outside ExecStart"
+            problems.append(f"unit drift: {path} differs from the host data ({what})")
+        if drift["env_file"] == "unreadable":
+            problems.append(
+                f"{cfg.env_file} (root-only) is unreadable: set _sudo in host data to read it"
+            )
+        elif drift["env_file"] == "missing":
+            problems.append(f"{cfg.env_file} is missing")
+        elif drift["env_file"]:
+            problems.append(f"{cfg.env_file} differs from the host data (values not shown)")
+
+        self.step = "reading the service"
+        show = self.fact(ServiceShow, unit=expected.name)
+        service = {
+            "active": show.get("ActiveState"),
+            "sub": show.get("SubState"),
+            "enabled": show.get("UnitFileState"),
+            "since": show.get("ActiveEnterTimestamp") or None,
+            "seconds": _age(show),
+            "restarts": int(show["NRestarts"]) if show.get("NRestarts", "").isdigit() else None,
+            "main_pid": int(show["MainPID"]) if show.get("MainPID", "").isdigit() else None,
+            "needs_daemon_reload": show.get("NeedDaemonReload") == "yes",
+        }
+        out["service"] = service
+        if service["active"] != "active":
+            problems.append(f"{expected.name} is {service['active']} ({service['sub']})")
+        if service["needs_daemon_reload"]:
+            problems.append(f"{path} changed on disk; systemd still runs the old one")
+
+        self.step = "checking /health and scraping /metrics"
+        url = cfg.base_url
+        auth = curl_config(cfg)  # the API key header, on curl's stdin
+        health = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
+        out["health"] = {
+            "http": health["http"],
+            "error": None if health["exit"] == 0 else health["body"][-300:],
+        }
+        if health["http"] != 200:
+            problems.append(
+                f"{url}/health: {health['http'] or health['body'][-200:] or 'no answer'}"
+            )
+
+        before = self.last_scrape.get(url) or (time.monotonic(), None)
+        now = self.scrape(cfg)
+        if now[1] is not None:
+            self.last_scrape[url] = now
+        else:
+            self.last_scrape.pop(url, None)
+        if now[1] is None:
+            problems.append(f"{url}/metrics could not be scraped")
+            out["live"] = None
+        else:
+            seconds = round(now[0] - before[0], 2)
+            out["live"] = {
+                "window": live_figures(before[1], now[1], seconds) if before[1] else None,
+                "since_start": live_figures(None, now[1], None),
+            }
+            if expected.role == "speculative" and not out["live"]["since_start"]["speculative"]:
+                problems.append("/metrics has no vllm:spec_decode_* counters: speculation is off")
+        out["healthy"] = (
+            service["active"] == "active" and health["http"] == 200 and out["live"] is not None
+        )
+        out["matches_unit"] = not drift["drift"] and not drift["env_file"]
+
+    def read(self) -> dict:
+        from pyinfra.api.exceptions import ConnectError
+
+        host = self.host
+        out: dict[str, Any] = {
+            "host": host.name,
+            "groups": sorted(host.groups),
+            "reachable": None,
+            "problems": [],
+        }
+        problems = out["problems"]
+        try:
+            cfg = check_config(host.name, host.data.dict())
+        except ConfigError as error:
+            cfg = None
+            problems.append(f"host data invalid: {str(error).splitlines()[0]}")
+        self.step = "connecting"
+        try:
+            host.connect(show_errors=False, raise_exceptions=True)
+        except ConnectError as error:
+            out["reachable"] = False
+            out["why"] = f"{ssh_target(host)}: {error.args[0] if error.args else error}"
+            problems.append(f"unreachable: {out['why']}")
+            return out
+        out["reachable"] = True
+        if cfg is None:
+            return out
+
+        self.step = "reading the install and unit"
+        installed = self.fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
+        out["vllm"] = {
+            "package": cfg.vllm_package,
+            "pinned": cfg.vllm_version,
+            "installed": installed,
+        }
+        if installed != cfg.vllm_version:
+            problems.append(
+                f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
+            )
+
+        if cfg.instances is None:
+            self.prime([cfg])
+            self.read_server(cfg, out)
+        else:  # a whole box: one entry per instance, and the balancer (status_box.py)
+            from specdeploy.observe.status_box import read_box
+
+            read_box(self, cfg, out)
+        self.step = "reading GPU memory"
+        out["gpu"] = out.get("gpu") or self.fact(GpuMemory)
+        out["matches_data"] = installed == cfg.vllm_version and out.pop("matches_unit")
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The fleet
+
+
+class Fleet:
+    """The inventory as pyinfra loads it (host data, group_data, SSH settings); a probe per host."""
+
+    def __init__(
+        self,
+        inventory_path: str,
+        *,
+        limit: list[str] | None = None,
+        group_data: list[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        interval: float = DEFAULT_INTERVAL,
+    ):
+        from pyinfra.api import Config, State
+
+        if timeout <= interval:
+            raise ValueError(f"--timeout ({timeout}s) must be longer than --interval ({interval}s)")
+        self.timeout, self.interval = timeout, interval
+        state = State(check_for_changes=False)
+        inventory = load_inventory(inventory_path, group_data, state=state)
+        state.init(inventory, Config(CONNECT_TIMEOUT=max(1, int(min(10, timeout / 2)))))
+        hosts = [h for h in inventory if not limit or h.name in limit or set(h.groups) & set(limit)]
+        if limit and not hosts:
+            raise ValueError(
+                f"--limit {' '.join(limit)} matches no host or group of {inventory_path}"
+            )
+        self.state = state
+        self.probes = [HostProbe(state, h, interval) for h in hosts]
+
+    def _one(self, probe: HostProbe) -> dict:
+        import gevent
+
+        started = time.monotonic()
+        base = {"host": probe.host.name, "groups": sorted(probe.host.groups)}
+        try:
+            with gevent.Timeout(self.timeout):
+                result = probe.read()
+        except gevent.Timeout:
+            connected = bool(probe.host.connected) and probe.step != "connecting"
+            why = f"no answer within {self.timeout:g}s while {probe.step}"
+            if probe.step == "connecting":
+                why = f"{ssh_target(probe.host)}: {why}"
+            result = {**base, "reachable": connected, "problems": [why]}
+            if not connected:
+                result["why"] = why
+                result["problems"] = [f"unreachable: {why}"]
+            probe.host.connected = False  # reconnect from scratch next round
+            probe.last_scrape = {}
+        except Exception as error:  # a report, never a traceback
+            result = {
+                **base,
+                "reachable": bool(probe.host.connected),
+                "problems": [f"status failed while {probe.step}: {type(error).__name__}: {error}"],
+            }
+        result["ok"] = bool(result.get("reachable")) and not result["problems"]
+        result["checked_in_s"] = round(time.monotonic() - started, 1)
+        return result
+
+    def round(self) -> list[dict]:
+        """Read every host in parallel; each within `timeout` seconds."""
+        import gevent
+
+        self.greenlets = [gevent.spawn(self._one, probe) for probe in self.probes]
+        gevent.joinall(self.greenlets)
+        return [g.value for g in self.greenlets]
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+
+
+def run_status(
+    inventory: str,
+    *,
+    limit: list[str] | None = None,
+    group_data: list[str] | None = None,
+    as_json: bool = False,
+    watch: float | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    interval: float = DEFAULT_INTERVAL,
+    out=sys.stdout,
+) -> int:
+    """`specdeploy status`: exit 0 only when every host is reachable, healthy, as its data says."""
+    import gevent
+    import gevent.event
+
+    if os.environ.get("SPECDEPLOY_DEBUG") != "1":
+        for name in ("pyinfra", "paramiko"):  # failures are in the report, not in log lines
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    fleet = Fleet(inventory, limit=limit, group_data=group_data, timeout=timeout, interval=interval)
+    code = 1
+    stop = gevent.event.Event()
+
+    def interrupted():  # Ctrl-C: stop now, without gevent's KeyboardInterrupt report
+        stop.set()
+        gevent.killall(getattr(fleet, "greenlets", []), block=False)
+
+    gevent.signal_handler(signal.SIGINT, interrupted)
+    try:
+        while not stop.is_set():
+            results = fleet.round()
+            if stop.is_set():
+                break
+            code = 0 if results and all(e["ok"] for e in results) else 1
+            if as_json:
+                print(
+                    json.dumps(results, indent=None if watch else 2, default=str),
+                    file=out,
+                    flush=True,
+                )
+            else:
+                if watch and out.isatty():
+                    print("\033[H\033[2J", end="", file=out)
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                print(f"specdeploy status {inventory}  {stamp}", file=out)
+                print(format_table(results), file=out, flush=True)
+            if not watch:
+                return code
+            stop.wait(watch)
+    except KeyboardInterrupt:
+        pass
+    return code

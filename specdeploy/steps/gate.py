@@ -1,0 +1,243 @@
+"""The speculation gate (opt-in host data `speculation_gate`): after the smoke benchmark,
+deploys/serve.py measures baseline and speculative on fresh servers, alternating; when speculation
+is not shown faster than the margin at decision_alpha (gate_rule.py) the host ends on the baseline
+unit (or the deploy fails), and the deployment record says why, with the numbers. A fall-back is
+kept on re-runs until the units, the workload or the gate's settings change (or it is
+`recheck_days` old); then the gate measures again."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyinfra import host, logger
+
+from specdeploy.config import datasets
+from specdeploy.config.record import BenchResult, DeploymentRecord
+from specdeploy.config.schema import ServeConfig, SpeculationGate
+from specdeploy.config.timestamps import utc_iso, utc_stamp
+from specdeploy.decide.decisions import (
+    RANDOM_REQUESTS_WARNING,
+    acceptance_summary,
+    run_order,
+    run_values,
+)
+from specdeploy.decide.gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
+from specdeploy.host.bench import PendingBench
+from specdeploy.host.server import start_fresh, switch_enabled, wait_healthy, warm_up
+from specdeploy.render.units import RenderedUnit, render_unit
+from specdeploy.report.paths import host_reports_dir
+
+
+def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
+    """What the gate's decision on this host depends on (gate_rule.gate_fingerprint)."""
+    w = cfg.workload
+    gate_cfg = cfg.speculation_gate
+    return gate_fingerprint(
+        speculative_unit_sha256=speculative.sha256,
+        baseline_unit_sha256=baseline.sha256,
+        workload={
+            **w.model_dump(),
+            "request_set": datasets.describe(w.dataset_path, w.dataset),
+            "gate_runs": gate_cfg.runs,
+        },
+        max_tpot_ratio=gate_cfg.max_tpot_ratio,
+        on_fail=gate_cfg.on_fail,
+        alpha=cfg.decision_alpha,
+    )
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What the gate measures and what its decision depends on, fixed while planning (the units are
+    rendered then): the two production units, the gate's settings and their fingerprint."""
+
+    speculative: RenderedUnit
+    baseline: RenderedUnit
+    settings: SpeculationGate
+    alpha: float
+    fingerprint: dict
+
+
+def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
+    """Planning time: the gate's input when it runs for this unit (a speculative unit with
+    `speculation_gate` set), else None."""
+    if rendered.role != "speculative" or cfg.speculation_gate is None:
+        return None
+    baseline = render_unit(cfg, "baseline")
+    return GateInput(
+        rendered,
+        baseline,
+        cfg.speculation_gate,
+        cfg.decision_alpha,
+        fingerprint(cfg, rendered, baseline),
+    )
+
+
+@dataclass
+class BoxGate:
+    """A whole box's gate within one rolling restart (serve_box.roll_box, one call per host): the
+    first instance rolled measures on its own GPUs, drained meanwhile; the box's other instances
+    take its decision (same config, workload and settings; only the port and devices differ), so
+    a box is measured once, not once per instance."""
+
+    decisions: dict[str, dict] = field(default_factory=dict)  # shared fingerprint -> decision
+
+    @staticmethod
+    def key(units: GateInput) -> str:
+        """The fingerprint without the units' hashes (they name the instance's port)."""
+        shared = dict(units.fingerprint)
+        shared.pop("speculative_unit_sha256"), shared.pop("baseline_unit_sha256")
+        return json.dumps(shared, sort_keys=True)
+
+
+def speculation_gate(
+    cfg: ServeConfig, units: GateInput, tokenizer: str, box: BoxGate | None = None
+) -> tuple[RenderedUnit, dict | None, dict]:
+    """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
+    rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
+    (gate_rule.gate_decision). `box`: a whole box's rolling restart, where an instance measured
+    earlier in it decides for this one.
+
+    Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
+    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
+    disabled."""
+    gate_cfg = units.settings
+    rendered, baseline = units.speculative, units.baseline
+    arms = {"baseline": baseline, "speculative": rendered}
+    # the order depends on the arms' names alone (baseline first), not on the host
+    order = run_order(list(arms), gate_cfg.runs, mode="alternate")
+    key = BoxGate.key(units) if box is not None else None
+    if key is not None and key in box.decisions:  # another instance of this box measured it
+        return _apply(cfg, units, _shared(box.decisions[key], units))
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
+    out = host_reports_dir(host.name)
+    stamp = utc_stamp()
+    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
+    results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
+    files: dict[str, list[str]] = {"baseline": [], "speculative": []}
+    checked: dict = {}
+    for i, arm in enumerate(order["order"]):
+        # the baseline unit is written for its runs; the speculative one is already installed
+        speculative = arm == "speculative"
+        name = f"gate-{own}{stamp}-{i:02d}-{arm}"
+        with PendingBench(cfg, tokenizer=tokenizer, name=name) as bench:  # imports while it starts
+            checked = start_fresh(cfg, arms[arm], speculative=speculative, install=not speculative)
+            warm_up(cfg, cfg.workload)
+            results[arm].append(
+                bench.run(local=out / f"{name}.json", meta={"arm": arm, "gate": True, "index": i})
+            )
+        files[arm].append(str(out / f"{name}.json"))
+    decision = gate_decision(
+        run_values(results["speculative"], "tpot"),
+        run_values(results["baseline"], "tpot"),
+        max_tpot_ratio=gate_cfg.max_tpot_ratio,
+        on_fail=gate_cfg.on_fail,
+        alpha=units.alpha,
+    )
+    decision.update(
+        {
+            "fingerprint": units.fingerprint,
+            "decided_at": utc_iso(),
+            "run_order": order,
+            "speculative_unit_sha256": rendered.sha256,
+            "baseline_unit_sha256": baseline.sha256,
+            "files": files,
+            "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
+            "method": f"{gate_cfg.runs} fresh-server runs per arm in alternating rounds, the "
+            "median TPOT of each run as one value, production units (prefix caching as deployed)",
+        }
+    )
+    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
+        devices = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES") or cfg.vllm_env.get(
+            "VLLM_CPU_OMP_THREADS_BIND"
+        )
+        decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
+                                "port": cfg.vllm_port}  # fmt: skip
+    logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
+    if key is not None:
+        box.decisions[key] = decision
+    if decision["passed"] or gate_cfg.on_fail != "baseline":
+        if order["order"][-1] != "speculative":
+            checked = start_fresh(cfg, rendered, speculative=True, install=False)
+        return rendered, checked, decision
+    # refreshes the staged copy deploys/serve.py compares against: a re-run sees the baseline
+    # unit unchanged
+    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
+    if order["order"][-1] != "baseline":  # the last run's baseline server serves on, healthy
+        checked = start_fresh(cfg, baseline, speculative=False, install=False)
+    return baseline, checked, decision
+
+
+def _shared(measured: dict, units: GateInput):
+    """The measuring instance's decision as this instance's record keeps it: its own fingerprint
+    (so a re-run settles on it), the numbers and the instance that measured them."""
+    logger.info(
+        f"{host.print_prefix}speculation gate: {measured['reason']} (measured on "
+        f"{measured['measured']['instance']} in this run)"
+    )
+    return {
+        **measured,
+        "fingerprint": units.fingerprint,
+        "speculative_unit_sha256": units.speculative.sha256,
+        "baseline_unit_sha256": units.baseline.sha256,
+        "shared_from": measured["measured"]["instance"],
+    }
+
+
+def _apply(cfg: ServeConfig, units: GateInput, decision: dict):
+    """This instance on the unit the shared decision picks, healthy."""
+    rendered, baseline = units.speculative, units.baseline
+    if decision["passed"] or decision["on_fail"] != "baseline":  # it serves already: no restart
+        return rendered, wait_healthy(cfg, rendered.name, speculative=True), decision
+    checked = start_fresh(cfg, baseline, speculative=False)  # writes its baseline unit first
+    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)  # copies that unit
+    return baseline, checked, decision
+
+
+class GateFailed(RuntimeError):
+    pass
+
+
+def _recheck(cfg: ServeConfig, previous: DeploymentRecord | None) -> dict:
+    """gate_rule.gate_needs_recheck for this host's units and settings against the record."""
+    speculative = render_unit(cfg, "speculative")
+    return gate_needs_recheck(
+        (previous.gate if previous else None) or None,
+        fingerprint(cfg, speculative, render_unit(cfg, "baseline")),
+        now=datetime.now(UTC),
+        recheck_days=cfg.speculation_gate.recheck_days,
+    )
+
+
+def gate_settled_unit(
+    cfg: ServeConfig, rendered: RenderedUnit, previous: DeploymentRecord | None
+) -> RenderedUnit:
+    """Planning time, deploys/serve.py: when the gate already switched this host to the baseline
+    and nothing it depends on changed since (units, workload, gate settings, age), keep serving the
+    baseline: no re-measurement and no flip-flop on a re-run."""
+    gate = (previous.gate if previous else None) or {}
+    if (
+        rendered.role == "speculative"
+        and cfg.speculation_gate is not None
+        and cfg.speculation_gate.on_fail == "baseline"
+        and gate
+        and not gate.get("passed")
+        and previous.role == "baseline"
+        and not _recheck(cfg, previous)["recheck"]
+    ):
+        return render_unit(cfg, "baseline")
+    return rendered
+
+
+def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
+    """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
+    switched on, what it depends on changed since its decision, or it failed with on_fail=fail."""
+    if cfg.speculation_gate is None:
+        return False
+    gate = (previous.gate if previous else None) or {}
+    if not gate or _recheck(cfg, previous)["recheck"]:
+        return True
+    return not gate.get("passed") and gate.get("on_fail") == "fail"
