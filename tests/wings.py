@@ -113,7 +113,6 @@ WINGS: dict[str, Wing] = {
         "drained, one shared gate, status and the host suite per instance",
         ("tests/integration/test_whole_box.py",),
         (
-            "specdeploy/flows/serve_box.py",
             "specdeploy/render/instances.py",
             "specdeploy/host/balancer_stat.py",
             "specdeploy/observe/status_box.py",

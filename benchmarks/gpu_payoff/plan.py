@@ -1,9 +1,10 @@
 """Build the device plan: every arm's `vllm serve` and `vllm bench serve` argv, from specdeploy's
 code.
 
-Each arm is one ServeConfig validated by `specdeploy.checks.host_data.check_config`; argv comes only from
-`specdeploy.render.argv.serve_args` and `specdeploy.host.bench.bench_args`. Extra (unmanaged) server flags go
-in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by device_run.py on the H200.
+Each arm is one ServeConfig validated by `specdeploy.checks.host_data.check_config`; argv comes only
+from `specdeploy.render.argv.serve_args` and `specdeploy.host.bench.bench_args`. Extra (unmanaged)
+server flags go in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by
+device_run.py on the H200.
 
 Usage: python -m benchmarks.gpu_payoff.plan OUT.json     (from the repo root)
 """

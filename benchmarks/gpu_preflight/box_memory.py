@@ -1,9 +1,10 @@
 """What each instance of a whole 8-GPU box gets, by the product's own memory model: the README's
-"whole box" numbers. Runs `specdeploy.render.instances.expand` and `specdeploy.checks.preflight.evaluate` (the
-deploy's split and preflight) for the example host data (group_data/all.py + prod.py: Qwen3-8B +
-Qwen3-0.6B, k = 5, gpu_memory_utilization 0.92, max_model_len 4096) on the constructed 8 idle
-H200s (tests/unit/data/nvidia-smi-h200/constructed_8gpu_idle.json), with the two models' facts as
-the `ModelSnapshot` fact read them from their checkpoints (model_facts.json).
+"whole box" numbers. Runs `specdeploy.render.instances.expand` and
+`specdeploy.checks.preflight.evaluate` (the deploy's split and preflight) for the example host data
+(group_data/all.py + prod.py: Qwen3-8B + Qwen3-0.6B, k = 5, gpu_memory_utilization 0.92,
+max_model_len 4096) on the constructed 8 idle H200s
+(tests/unit/data/nvidia-smi-h200/constructed_8gpu_idle.json), with the two models' facts as the
+`ModelSnapshot` fact read them from their checkpoints (model_facts.json).
 
 Usage: python -m benchmarks.gpu_preflight.box_memory     (from the repo root)
 """

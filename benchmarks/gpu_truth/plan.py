@@ -1,12 +1,11 @@
 """The H200 plan: server starts that test the preflight against vLLM and sample the payoff.
 
 Every row is host data validated by `specdeploy.checks.host_data.check_config`; argv comes from
-`specdeploy.render.argv.serve_args` / `specdeploy.host.bench.bench_args`. On the 2-GPU machine, phase 1 runs
-two lanes at once (lane A on GPU 0 and CPUs 0-15, lane B on GPU 1 and CPUs 16-31); phase 2 uses
-both GPUs.
-Rows run in the order listed, each lane skipping what its budget no longer allows, so the list is in
-priority order. Rows with `bench` are payoff samples too: a fresh server per sample, the first of
-each arm discarded (it compiles cold).
+`specdeploy.render.argv.serve_args` / `specdeploy.host.bench.bench_args`. On the 2-GPU machine,
+phase 1 runs two lanes at once (lane A on GPU 0 and CPUs 0-15, lane B on GPU 1 and CPUs 16-31);
+phase 2 uses both GPUs. Rows run in the order listed, each lane skipping what its budget no longer
+allows, so the list is in priority order. Rows with `bench` are payoff samples too: a fresh server
+per sample, the first of each arm discarded (it compiles cold).
 
 Usage: python -m benchmarks.gpu_truth.plan OUT.json [--second]     (from the repo root;
 --second: the swing experiment and the TP=2 repeats of `swing_run.py`)

@@ -229,8 +229,9 @@ class ServeConfig(BaseModel):
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
     tune_method: Literal["predict", "sweep"] = "predict"
-    # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE). Off by
-    # default: runs on one server are not independent samples (benchmarks/predict_k/REPORT.md).
+    # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE).
+    # Off by default: runs on one server are not independent samples
+    # (benchmarks/predict_k/REPORT.md).
     tune_share_server: bool = False
 
     @field_validator("vllm_host")

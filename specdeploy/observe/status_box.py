@@ -11,7 +11,8 @@ import hashlib
 from specdeploy.host.balancer_stat import BalancerServers, servers_down
 from specdeploy.host.facts import FileSha1, GpuMemory, HttpGet, ServiceShow
 from specdeploy.host.server import curl_config
-from specdeploy.render.units import instances, render_balancer
+from specdeploy.render import instances
+from specdeploy.render.units import render_balancer
 
 
 def read_box(probe, cfg, out: dict) -> None:

@@ -31,6 +31,9 @@ from specdeploy.host import server
 from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.units import RenderedUnit
 from specdeploy.steps import lock
+from specdeploy.steps.gate import BoxGate
+from specdeploy.steps.servers import HostServers, ServerPlan
+from specdeploy.steps.verify import verify_and_record
 
 ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 
@@ -156,6 +159,65 @@ def verify_or_rollback(
         finally:
             _report(entry)
             lock.release_now(lock_cfg)
+
+
+def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, **kwargs) -> None:
+    """python.call target, this host's turn: the servers that need it, `max_unavailable_instances`
+    at a time (a plain host: its one server), each through `verify_or_rollback` with
+    verify.verify_and_record (`kwargs`: started, pins). A whole box drains them on its balancer
+    first and puts them back after; then the balancer itself is started, or reloaded when its
+    config changed (`balancer`: steps/balancer.stage's BalancerChange). `servers.single`: the
+    host's one-server units, stopped first when it becomes a whole box (they hold vllm_port);
+    `servers.surplus`: instances the box no longer has, stopped once the reloaded balancer no
+    longer sends them requests. The first server that fails is rolled back and put back if
+    healthy; the host's other servers are not touched, so it keeps answering on vllm_port."""
+    cfg = servers.cfg
+    if servers.single:
+        logger.warning(
+            f"{host.print_prefix}becoming a whole box: stopping {', '.join(servers.single)} (it "
+            f"holds {cfg.vllm_port}); the host answers again once the balancer starts"
+        )
+        _stop_and_disable(list(servers.single))
+    serving = servers.balanced and server.is_active(cfg.balancer_unit) == "active"
+    todo = [plan for plan in plans if plan.needed()]
+    width = cfg.max_unavailable_instances
+    box_gate = BoxGate() if servers.balanced else None  # the first instance gated decides
+    for start in range(0, len(todo), width):
+        batch = todo[start : start + width]
+        for plan in batch if serving else ():
+            server.drain(cfg, plan.member.name, timeout_s=server.drain_timeout_s(cfg))
+        for plan in batch:
+            try:
+                verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
+                                   change=plan.change, lock_cfg=cfg, gate_input=plan.gate_input,
+                                   box_gate=box_gate, **kwargs)  # fmt: skip
+            except RolledBack:
+                # the batch back into the balancer where it serves: the rolled-back instance on
+                # its old config, the rest of the batch as they were or verified
+                for other in batch if serving else ():
+                    if server.is_healthy(other.member.cfg):
+                        server.undrain(cfg, other.member.name)
+                if servers.balanced:
+                    untouched = [p.member.name for p in todo[start:] if p is not plan]
+                    logger.warning(
+                        f"{host.print_prefix}{plan.member.name} rolled back; not touched: "
+                        f"{', '.join(untouched) or 'none'}"
+                    )
+                raise
+        for plan in batch if serving else ():
+            server.undrain(cfg, plan.member.name)
+    if servers.balanced:
+        server.start_balancer(cfg, reload=balancer.needs_reload())
+    if servers.surplus:
+        logger.warning(
+            f"{host.print_prefix}no longer in the box, stopped: {', '.join(servers.surplus)}"
+        )
+        _stop_and_disable(list(servers.surplus))
+
+
+def _stop_and_disable(units: list[str]) -> None:
+    server.stop(units)
+    server.sh("systemctl disable -q " + " ".join(units) + " 2>/dev/null; true", check=False)
 
 
 def restart_for(change, unit: str) -> None:

@@ -5,8 +5,9 @@ The pyinfra inventory (with its group_data, exactly as `pyinfra INVENTORY ...` s
 into testinfra hosts: every host's SSH settings (ssh_hostname, ssh_user, ssh_port, ssh_key,
 ssh_known_hosts_file, ssh_strict_host_key_checking, _sudo) become one `Host` entry of a generated
 ssh_config, used by testinfra's `ssh://` backend (the system ssh client, with connection sharing).
-Every expectation is derived from the same config the deploy used: `specdeploy.checks.host_data.check_config`
-on the host's data, and `specdeploy.render.units` / `specdeploy.render.argv.serve_argv` for the unit and argv.
+Every expectation is derived from the same config the deploy used:
+`specdeploy.checks.host_data.check_config` on the host's data, and `specdeploy.render.units` /
+`specdeploy.render.argv.serve_argv` for the unit and argv.
 
 Without --inventory this directory is not collected, so a plain `pytest tests` skips it.
 """

@@ -11,7 +11,8 @@ import shlex
 import pytest
 
 from specdeploy.host.balancer_stat import BalancerServers
-from specdeploy.render.units import instances, render_balancer, render_unit
+from specdeploy.render import instances
+from specdeploy.render.units import render_balancer, render_unit
 from tests.host.test_deployed_host import curl, run
 
 

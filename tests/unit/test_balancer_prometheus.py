@@ -22,7 +22,8 @@ import yaml
 
 from specdeploy.config.schema import config_from_data
 from specdeploy.observe.monitoring import BALANCER_JOB, monitoring_dir
-from specdeploy.render.units import instances, render_balancer
+from specdeploy.render import instances
+from specdeploy.render.units import render_balancer
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
 PROMETHEUS = shutil.which("prometheus")

@@ -26,7 +26,8 @@ from pydantic import TypeAdapter
 
 from specdeploy.config.record import BenchResult
 from specdeploy.config.schema import config_from_data
-from specdeploy.render.units import instances, render_unit
+from specdeploy.render import instances
+from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, recording

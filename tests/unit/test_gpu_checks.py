@@ -17,6 +17,7 @@ from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.flows import serve
 from specdeploy.host.facts import parse_accelerators
+from specdeploy.steps import servers
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
 
@@ -111,6 +112,10 @@ def test_vllm_cpu_has_no_gpu_checks(valid_data):
 def test_serve_checks_gpus_before_any_install_or_download():
     source = inspect.getsource(serve.serve.__wrapped__ if hasattr(serve.serve, "__wrapped__")
                                else serve.serve)  # fmt: skip
-    first = source.index("check_gpus_first(cfg)")
+    first = source.index("host_servers(cfg)")
     assert first < source.index("install.prepare_host") < source.index("weights.fetch_weights")
     assert first > source.index("host_config_and_pins()")
+    # a plain host and a whole box: the GPUs are checked before the layout is planned
+    plan = inspect.getsource(servers.host_servers) + inspect.getsource(servers.box_layout)
+    assert plan.index("check_gpus_first(cfg)") < plan.index("return HostServers(cfg, (the_one")
+    assert plan.index("check_gpus_first(cfg, also_own)") < plan.index("instances.expand(")

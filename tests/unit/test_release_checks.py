@@ -3,7 +3,8 @@ warned."""
 
 import pytest
 
-from specdeploy.checks.host_data import capabilities, check_host, check_warnings
+from specdeploy.checks import capabilities
+from specdeploy.checks.host_data import check_host, check_warnings
 
 
 def spec(valid_data, **more):

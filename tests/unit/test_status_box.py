@@ -27,7 +27,8 @@ from specdeploy.host.facts import (
 )
 from specdeploy.observe.status import HostProbe
 from specdeploy.observe.status_table import format_table
-from specdeploy.render.units import instances, render_balancer, render_env_file, render_unit
+from specdeploy.render import instances
+from specdeploy.render.units import render_balancer, render_env_file, render_unit
 from tests.unit.test_balancer_stat import recorded
 from tests.unit.test_status import AFTER, BEFORE
 

@@ -10,10 +10,12 @@ import pytest
 
 from specdeploy.checks.host_data import check_host
 from specdeploy.config.schema import config_from_data
-from specdeploy.flows import serve_box
 from specdeploy.host import server
-from specdeploy.render.units import instances, render_balancer
+from specdeploy.render import instances
+from specdeploy.render.units import render_balancer
+from specdeploy.steps import rollback
 from specdeploy.steps.rollback import RolledBack
+from specdeploy.steps.servers import HostServers, ServerPlan
 
 # `show stat` as HAProxy 2.6 prints it (first columns; the rest cut), instance 1 drained
 HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,"
@@ -80,8 +82,8 @@ def test_check_refuses_bad_instances_before_any_host(valid_data):
 
 
 def test_cpu_ids_as_the_kernel_lists_them():
-    assert serve_box.parse_cpu_ids("0-3,8\n") == [0, 1, 2, 3, 8]
-    assert serve_box.parse_cpu_ids("") == []
+    assert instances.parse_cpu_ids("0-3,8\n") == [0, 1, 2, 3, 8]
+    assert instances.parse_cpu_ids("") == []
 
 
 class Lifecycle:
@@ -100,9 +102,9 @@ class Lifecycle:
             sh=lambda command, check=True: "",
             start_balancer=lambda cfg, reload: self.log.append(f"balancer reload={reload}"),
         )
-        monkeypatch.setattr(serve_box, "server", fake)
-        monkeypatch.setattr(serve_box, "verify_or_rollback", self.verify)
-        monkeypatch.setattr(serve_box, "STEPS", {"verify": None})
+        fake.drain_timeout_s = lambda cfg: 30
+        monkeypatch.setattr(rollback, "server", fake)
+        monkeypatch.setattr(rollback, "verify_or_rollback", self.verify)
 
     def verify(self, verify, cfg, rendered, *, change, lock_cfg, **kwargs):
         assert lock_cfg.service_name == "specdeploy-vllm"  # the host's lock, not the instance's
@@ -115,14 +117,16 @@ class Lifecycle:
 def plans(cfg, needed=(True, True, True, True)):
     layout = instances.expand(cfg, list(range(4)))
     return [
-        {"member": m, "rendered": None, "gate_input": None, "change": None, "needed": lambda n=n: n}
+        ServerPlan(m, rendered=None, previous=None, gate_input=None, needed=lambda n=n: n)
         for m, n in zip(layout.instances, needed, strict=True)
     ]
 
 
 def roll(cfg, plan, **kwargs):
     change = types.SimpleNamespace(needs_reload=lambda: False)
-    serve_box.roll_box(cfg, plan, change, kwargs.pop("single", []), started=0.0, pins={})
+    members = tuple(p.member for p in plan)
+    servers = HostServers(cfg, members, balanced=True, single=tuple(kwargs.pop("single", ())))
+    rollback.roll_servers(servers, plan, change, started=0.0, pins={})
 
 
 def test_rolling_restart_drains_one_instance_at_a_time(valid_data, monkeypatch):

@@ -40,7 +40,7 @@ def test_every_product_and_sandbox_file_is_guarded_by_a_wing():
 
 def test_a_file_runs_its_own_wing_and_what_all_stand_on_runs_every_wing():
     assert wings.wings_of_file("tests/integration/test_whole_box.py") == ["box"]
-    assert wings.wings_of_file("specdeploy/flows/serve_box.py") == ["box"]
+    assert wings.wings_of_file("specdeploy/observe/status_box.py") == ["box"]
     assert wings.wings_of_file("specdeploy/steps/gate.py") == list(wings.WINGS)  # a deploy step
     assert set(wings.wings_of_file("specdeploy/measure/harness.py")) == {"measure", "observe"}
     assert wings.wings_of_file("specdeploy/config/schema.py") == list(wings.WINGS)
@@ -51,7 +51,7 @@ def test_changed_wings_follow_the_changed_files_in_the_maps_order(monkeypatch):
     monkeypatch.setattr(
         wings,
         "changed_files",
-        lambda base: ["specdeploy/observe/status.py", "specdeploy/flows/serve_box.py"],
+        lambda base: ["specdeploy/observe/status.py", "specdeploy/observe/status_box.py"],
     )
     assert wings.changed_wings("main") == ["box", "observe"]
     monkeypatch.setattr(wings, "changed_files", lambda base: ["README.md"])

@@ -368,8 +368,8 @@ class ServiceActive(Fact):
         return output[-1].strip() if output else "unknown"
 
 
-# Read by `specdeploy status` (specdeploy/observe/status.py). Each prints its own failure instead of exiting
-# non-zero, so a missing file or a dead server is a value, not a failed host.
+# Read by `specdeploy status` (specdeploy/observe/status.py). Each prints its own failure instead
+# of exiting non-zero, so a missing file or a dead server is a value, not a failed host.
 
 _CURL_MARK = "specdeploy-status-curl"
 

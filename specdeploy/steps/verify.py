@@ -1,0 +1,83 @@
+"""Steps 6-8 of one server, at execution time inside the rolling restart (steps/rollback.py): its
+health check and smoke benchmark, the speculation gate when host data asks for it, and the
+deployment record — plus, while planning, whether that must run at all."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+
+from specdeploy.config.record import DeploymentRecord
+from specdeploy.config.schema import ServeConfig
+from specdeploy.host.facts import ServiceActive
+from specdeploy.render.units import RenderedUnit
+from specdeploy.steps import dataset, gate, record, smoke
+from specdeploy.steps.preflight import run_preflight
+
+
+def verify_and_record(
+    cfg: ServeConfig,
+    rendered: RenderedUnit,
+    started: float,
+    *,
+    pins: dict | None = None,
+    run_smoke: bool = True,
+    gate_input: gate.GateInput | None = None,
+    box_gate: gate.BoxGate | None = None,
+) -> DeploymentRecord:
+    """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
+    `gate_input`: the speculation gate's units and fingerprint, fixed while planning (None: no gate
+    for this unit). `box_gate`: a whole box's rolling restart, which gates the box once."""
+    snaps, pre = run_preflight(cfg)
+    tokenizer = snaps["target"]["path"]
+    checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer, run_smoke)
+    decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
+    if result is not None and gate_input is not None:
+        rendered, checked, decision = gate.speculation_gate(cfg, gate_input, tokenizer, box_gate)
+    entry = record.record_verified(
+        cfg,
+        rendered,
+        snapshots=snaps,
+        preflight=pre,
+        health=checked,
+        smoke=result,
+        started=started,
+        gate=decision,
+        timings=timings,
+        revisions=pins or {},
+    )
+    if decision is not None and not decision["passed"] and decision["on_fail"] == "fail":
+        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision['reason']}")
+    return entry
+
+
+def verify_needed(cfg: ServeConfig, rendered, previous, *, change, pins: dict, shipped):
+    """Planning time: whether a server's restart-health-smoke-record call must run (read when
+    pyinfra runs it): its unit or env file is changing, the record's unit, gate, workload or pins
+    differ from this run's, or it is not active."""
+    active = host.get_fact(ServiceActive, unit=rendered.name)
+    up_to_date = (
+        previous is not None
+        and previous.unit.sha256 == rendered.sha256
+        and not gate.gate_pending(cfg, previous)
+    )
+    stale_workload = dataset.workload_changes(previous, cfg)
+    if stale_workload:
+        logger.warning(
+            f"{host.print_prefix}{cfg.service_name}: the record's workload differs from the "
+            f"host data ({', '.join(stale_workload)}): health, smoke and record run again, "
+            "no restart"
+        )
+    # the record names the refs this run pinned (status, compare and tune read them back): a ref
+    # asked for differently but resolving to the same commit rewrites the record, no restart
+    stale_pins = previous is not None and previous.revisions != pins
+    if not (change.pending() or not up_to_date or active != "active" or stale_workload
+            or stale_pins or (shipped and shipped.will_change)):  # fmt: skip
+        host.noop(f"{rendered.name} is active and its record is this run's")
+    return lambda: (
+        change.pending()
+        or not up_to_date
+        or active != "active"
+        or bool(stale_workload)
+        or stale_pins
+        or bool(shipped and shipped.did_change())
+    )
