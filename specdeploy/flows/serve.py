@@ -56,17 +56,17 @@ def serve(role: str = "speculative"):
     weights.download_token(cfg)
     weights.weights_are_roots(cfg)  # before root writes into the cache again
     shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
-    configs, also_own = servers.configs, servers.single
+    also_own = servers.single
     if weights.fetch_weights(cfg):
         every = " of every instance" if servers.balanced else ""
         python.call(
             name=f"Preflight{every} (vocabulary, context, memory)",
             function=preflight_every_server,
-            configs=configs,
+            plans=plans,
             also_own=also_own,
         )
     else:
-        preflight_every_server(configs, also_own)  # weights there: refuse now, before any op runs
+        preflight_every_server(plans, also_own)  # weights there: refuse now, before any op runs
 
     staged = balancer.stage(cfg, servers.members) if servers.balanced else None
     for plan in plans:

@@ -25,7 +25,7 @@ from specdeploy.decide.decisions import (
 )
 from specdeploy.decide.gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
 from specdeploy.host.bench import PendingBench
-from specdeploy.host.server import start_fresh, switch_enabled, wait_healthy, warm_up
+from specdeploy.host.server import enable_only, start_fresh, switch_enabled, wait_healthy, warm_up
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir
 
@@ -92,25 +92,70 @@ class BoxGate:
         return json.dumps(shared, sort_keys=True)
 
 
+def unit_it_ends_on(
+    cfg: ServeConfig,
+    rendered: RenderedUnit,
+    checked: dict,
+    units: GateInput | None,
+    tokenizer: str,
+    box: BoxGate | None = None,
+) -> tuple[RenderedUnit, dict, dict | None]:
+    """The verified server's last step before its record: without a gate (`units` None) it ends on
+    `rendered`, with one on what `speculation_gate` decides. Only that unit stays enabled (an
+    earlier decision may have left the other one enabled). Returns (the unit, its health check,
+    the gate record or None)."""
+    decision = None
+    if units is not None:
+        rendered, checked, decision = speculation_gate(cfg, units, tokenizer, box)
+    enable_only(cfg, rendered.role)
+    return rendered, checked, decision
+
+
 def speculation_gate(
     cfg: ServeConfig, units: GateInput, tokenizer: str, box: BoxGate | None = None
-) -> tuple[RenderedUnit, dict | None, dict]:
+) -> tuple[RenderedUnit, dict, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
-    (gate_rule.gate_decision). `box`: a whole box's rolling restart, where an instance measured
-    earlier in it decides for this one.
+    (decide/gate_rule.gate_decision). `box`: a whole box's rolling restart, where the instance
+    measured first decides for the others (they are not measured).
 
-    Returns (the unit the host ends on, its health check, the gate record). With on_fail=baseline
-    and a failed gate the host ends on the baseline unit, enabled, with the speculative unit
-    disabled."""
+    Returns (the unit the server ends on, healthy; its health check; the gate record). With
+    on_fail=baseline and a failed gate that is the baseline unit, enabled, with the speculative
+    unit disabled."""
+    key = BoxGate.key(units) if box is not None else None
+    measured_here = key is None or key not in box.decisions
+    if measured_here:
+        last, checked, decision = _measure(cfg, units, tokenizer)
+        if key is not None:
+            box.decisions[key] = decision
+    else:  # another instance of this box measured it; this one serves speculative (smoked)
+        last, checked, decision = "speculative", {}, _shared(box.decisions[key], units)
+    keep = decision["passed"] or decision["on_fail"] != "baseline"
+    rendered = units.speculative if keep else units.baseline
+    speculative = rendered.role == "speculative"
+    # A fall-back serves with the baseline unit from now on (also after a reboot), its staged copy
+    # refreshed so a re-run sees it unchanged: switched before its start where the gate's runs
+    # wrote it, after where this instance's start first writes it (a decision shared in a box).
+    fall_back = {"disable": units.speculative.name, "enable": rendered.name}
+    if not keep and measured_here:
+        switch_enabled(cfg, **fall_back)
+    if last != rendered.role:  # the last server was the other arm's: start this one
+        checked = start_fresh(cfg, rendered, speculative=speculative, install=not measured_here)
+    elif not measured_here:  # it serves already: no restart, checked again
+        checked = wait_healthy(cfg, rendered.name, speculative=speculative)
+    if not keep and not measured_here:
+        switch_enabled(cfg, **fall_back)
+    return rendered, checked, decision
+
+
+def _measure(cfg: ServeConfig, units: GateInput, tokenizer: str) -> tuple[str, dict, dict]:
+    """The gate's runs on this server and their decision. Returns (the arm that ran last, its
+    health check, the gate record)."""
     gate_cfg = units.settings
     rendered, baseline = units.speculative, units.baseline
     arms = {"baseline": baseline, "speculative": rendered}
     # the order depends on the arms' names alone (baseline first), not on the host
     order = run_order(list(arms), gate_cfg.runs, mode="alternate")
-    key = BoxGate.key(units) if box is not None else None
-    if key is not None and key in box.decisions:  # another instance of this box measured it
-        return _apply(cfg, units, _shared(box.decisions[key], units))
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
     out = host_reports_dir(host.name)
@@ -157,18 +202,7 @@ def speculation_gate(
         decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
                                 "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
-    if key is not None:
-        box.decisions[key] = decision
-    if decision["passed"] or gate_cfg.on_fail != "baseline":
-        if order["order"][-1] != "speculative":
-            checked = start_fresh(cfg, rendered, speculative=True, install=False)
-        return rendered, checked, decision
-    # refreshes the staged copy deploys/serve.py compares against: a re-run sees the baseline
-    # unit unchanged
-    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)
-    if order["order"][-1] != "baseline":  # the last run's baseline server serves on, healthy
-        checked = start_fresh(cfg, baseline, speculative=False, install=False)
-    return baseline, checked, decision
+    return order["order"][-1], checked, decision
 
 
 def _shared(measured: dict, units: GateInput):
@@ -185,16 +219,6 @@ def _shared(measured: dict, units: GateInput):
         "baseline_unit_sha256": units.baseline.sha256,
         "shared_from": measured["measured"]["instance"],
     }
-
-
-def _apply(cfg: ServeConfig, units: GateInput, decision: dict):
-    """This instance on the unit the shared decision picks, healthy."""
-    rendered, baseline = units.speculative, units.baseline
-    if decision["passed"] or decision["on_fail"] != "baseline":  # it serves already: no restart
-        return rendered, wait_healthy(cfg, rendered.name, speculative=True), decision
-    checked = start_fresh(cfg, baseline, speculative=False)  # writes its baseline unit first
-    switch_enabled(cfg, disable=rendered.name, enable=baseline.name)  # copies that unit
-    return baseline, checked, decision
 
 
 class GateFailed(RuntimeError):

@@ -2,11 +2,12 @@
 the pure rules in checks/gpus.py and checks/preflight.py.
 
 `check_gpus_first` runs while planning, before any install or download is scheduled; `run_preflight`
-once the weights are on the host (while planning when they already are, else right after the
-download), and again at execution time inside the verify step (steps/verify.py), where the record
-takes its result."""
+once the weights are on the host: while planning when they already are, else right after the
+download. Its result travels in the server's plan to the verify step and the record."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 
@@ -18,7 +19,21 @@ from specdeploy.render import instances
 from specdeploy.steps import weights
 
 
-def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> tuple[dict, Preflight]:
+@dataclass(frozen=True)
+class ServerPreflight:
+    """One server's preflight: the weights it loads and what the rules found (the record keeps
+    its vocabulary and memory figures)."""
+
+    snapshots: dict[str, dict | None]  # role -> its ModelSnapshot fact
+    result: Preflight
+
+    @property
+    def tokenizer(self) -> str:
+        """The target's snapshot directory: the tokenizer every benchmark counts tokens with."""
+        return self.snapshots["target"]["path"]
+
+
+def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPreflight:
     """The weights' snapshots and the full preflight (vocabulary, context, memory) of one server;
     raises for the host when it cannot run. `also_own`: units whose memory the restart frees
     besides this server's own (a host becoming a whole box)."""
@@ -40,7 +55,7 @@ def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> tuple[dic
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
-    return snaps, result
+    return ServerPreflight(snaps, result)
 
 
 def check_gpus_first(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> None:
@@ -64,8 +79,9 @@ def check_gpus_first(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> None:
         logger.warning(f"{host.print_prefix}warning: {instances.instances_hint(cfg, gpus)}")
 
 
-def preflight_every_server(configs: list[ServeConfig], also_own: tuple[str, ...] = ()) -> None:
+def preflight_every_server(plans: list, also_own: tuple[str, ...] = ()) -> None:
     """The preflight of each server of the host (one, or each instance of a whole box on its own
-    GPUs or cores: the other instances' memory counts as in use, its own does not)."""
-    for cfg in configs:
-        run_preflight(cfg, also_own)
+    GPUs or cores: the other instances' memory counts as in use, its own does not), kept in its
+    plan (steps/servers.ServerPlan) for the verify step and the record."""
+    for plan in plans:
+        plan.preflight = run_preflight(plan.member.cfg, also_own)

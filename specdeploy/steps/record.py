@@ -11,12 +11,9 @@ from specdeploy.config import datasets
 from specdeploy.config.record import BenchResult, DeploymentRecord, read_service_record
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
-from specdeploy.host import server
-from specdeploy.host.facts import VllmVersion
 from specdeploy.host.on_host import read_text, sh, write_text
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report.bench_summary import summarize
-from specdeploy.steps import install
 
 
 def build_record(
@@ -104,12 +101,3 @@ def write_record(cfg: ServeConfig, unit: RenderedUnit, **decisions) -> Deploymen
     ):
         sh(f"rm -f -- {shlex.quote(cfg.legacy_record_path)}")
     return record
-
-
-def record_verified(cfg: ServeConfig, unit: RenderedUnit, **decisions) -> DeploymentRecord:
-    """The server verified on `unit`: only that unit stays enabled, release venvs nothing uses any
-    more go, and the record says what the host runs now (build_record's arguments)."""
-    server.enable_only(cfg, unit.role)
-    removed = install.prune_venvs(cfg)  # verified: older releases can go
-    version = host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
-    return write_record(cfg, unit, vllm_version=version, pruned_venvs=removed, **decisions)

@@ -189,8 +189,9 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
         for plan in batch:
             try:
                 verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
-                                   change=plan.change, lock_cfg=cfg, gate_input=plan.gate_input,
-                                   box_gate=box_gate, **kwargs)  # fmt: skip
+                                   change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
+                                   gate_input=plan.gate_input, box_gate=box_gate,
+                                   **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
                 # its old config, the rest of the batch as they were or verified

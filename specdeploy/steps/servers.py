@@ -26,7 +26,7 @@ from specdeploy.render import instances
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.steps import gate, unit
-from specdeploy.steps.preflight import check_gpus_first
+from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.unit import UnitChange
 
 
@@ -56,6 +56,7 @@ class ServerPlan:
     previous: DeploymentRecord | None  # its record as the run found it
     gate_input: gate.GateInput | None
     change: UnitChange | None = None  # staged by steps/unit.install_unit
+    preflight: ServerPreflight | None = None  # set by steps/preflight.preflight_every_server
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
 
 

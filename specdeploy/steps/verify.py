@@ -8,10 +8,10 @@ from pyinfra import host, logger
 
 from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import ServiceActive
+from specdeploy.host.facts import ServiceActive, VllmVersion
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import dataset, gate, record, smoke
-from specdeploy.steps.preflight import run_preflight
+from specdeploy.steps import dataset, gate, install, record, smoke
+from specdeploy.steps.preflight import ServerPreflight
 
 
 def verify_and_record(
@@ -19,25 +19,29 @@ def verify_and_record(
     rendered: RenderedUnit,
     started: float,
     *,
+    preflight: ServerPreflight,
     pins: dict | None = None,
-    run_smoke: bool = True,
     gate_input: gate.GateInput | None = None,
     box_gate: gate.BoxGate | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
+    `preflight`: its weights and preflight, from planning or right after the download.
     `gate_input`: the speculation gate's units and fingerprint, fixed while planning (None: no gate
     for this unit). `box_gate`: a whole box's rolling restart, which gates the box once."""
-    snaps, pre = run_preflight(cfg)
-    tokenizer = snaps["target"]["path"]
-    checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer, run_smoke)
-    decision = None  # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
-    if result is not None and gate_input is not None:
-        rendered, checked, decision = gate.speculation_gate(cfg, gate_input, tokenizer, box_gate)
-    entry = record.record_verified(
+    tokenizer = preflight.tokenizer
+    checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer)
+    # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
+    rendered, checked, decision = gate.unit_it_ends_on(
+        cfg, rendered, checked, gate_input, tokenizer, box_gate
+    )
+    removed = install.prune_venvs(cfg)  # verified: older releases can go
+    entry = record.write_record(
         cfg,
         rendered,
-        snapshots=snaps,
-        preflight=pre,
+        vllm_version=host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package),
+        pruned_venvs=removed,
+        snapshots=preflight.snapshots,
+        preflight=preflight.result,
         health=checked,
         smoke=result,
         started=started,

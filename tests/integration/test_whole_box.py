@@ -245,6 +245,25 @@ def test_a_rerun_changes_nothing(first, host, tmp_path):
     assert changed == [], f"operations ran on a no-op re-run: {changed}\n{tail(again)}"
 
 
+def test_a_rerun_gives_the_weights_cache_back_to_root_as_a_plain_host_does(
+    first, host, ssh, tmp_path
+):
+    """The server only reads the weights (ReadOnlyPaths=); an entry an older deploy, or a hand,
+    gave the service user, or left writable by others, is taken back on the next run of a whole
+    box too (steps/weights.weights_are_roots, one serve flow for both) — without a restart."""
+    hf = "/var/lib/specdeploy/hf"
+    entry = ssh(host, f"find -P {hf} -mindepth 1 -type f | head -1").strip()
+    assert entry, "no weights under the cache"
+    ssh(host, f"chown -h vllm:vllm {shlex.quote(entry)} && chmod g+w {shlex.quote(entry)}")
+    before = {u: main_pid(ssh, host, u) for u in UNITS}
+    again = deploy(inventory(tmp_path, host))
+    assert again.returncode == 0, tail(again)
+    assert "entries back to root" in again.stdout, tail(again)
+    foreign = ssh(host, f"find -P {hf} -mindepth 1 \\( ! -user root -o ! -type l -perm /022 \\)")
+    assert foreign.strip() == "", f"still not root's, or writable by others: {foreign}"
+    assert {u: main_pid(ssh, host, u) for u in UNITS} == before  # the repair restarts nothing
+
+
 def spec(sandbox_services, **changes):
     from specdeploy.config.inventory import host_data
 
