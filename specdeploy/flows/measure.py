@@ -24,7 +24,7 @@ from specdeploy.render import instances
 from specdeploy.report import summary as report
 from specdeploy.report.paths import raw_dir, run_dir
 from specdeploy.steps import dataset, lock
-from specdeploy.steps.rollback import out_of_service_width, refuse_no_wait, width_text
+from specdeploy.steps.rollback import host_turn, refuse_no_wait
 
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
@@ -121,20 +121,11 @@ def measurement_deploy(kind: str):
         if member is not None:
             cond = {**cond, **box_conditions(cfg, member)}
             what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
-        lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # no serve deploy meanwhile
-        dataset.ship_request_set(cfg)  # the request set every arm replays
-        # a measured host is off its deployed unit: at most max_unavailable hosts at once
-        python.call(
-            name=f"{what}, {width_text(cfg)}",
-            function=_measure,
-            cfg=measured,
-            kind=kind,
-            plan=plan,
-            cond=cond,
-            box=cfg if member else None,
-            **out_of_service_width(cfg),
-        )
-        lock.release(name="Release the host's deploy lock", cfg=cfg)
+        with lock.held(cfg):  # no serve deploy meanwhile
+            dataset.ship_request_set(cfg)  # the request set every arm replays
+            # a measured host is off its deployed unit: at most max_unavailable hosts at once
+            host_turn(cfg, what, _measure, cfg=measured, kind=kind, plan=plan, cond=cond,
+                      box=cfg if member else None)  # fmt: skip
         python.call(name=f"Report {run_dir(kind)}", function=_write_report, kind=kind)
 
     _measure_fleet()

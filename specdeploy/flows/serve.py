@@ -29,12 +29,7 @@ from specdeploy.checks.host_data import host_config_and_pins
 from specdeploy.config.schema import DATA_DEFAULTS
 from specdeploy.steps import balancer, dataset, install, lock, unit, weights
 from specdeploy.steps.preflight import preflight_every_server
-from specdeploy.steps.rollback import (
-    out_of_service_width,
-    refuse_no_wait,
-    roll_servers,
-    width_text,
-)
+from specdeploy.steps.rollback import host_turn, refuse_no_wait, roll_servers
 from specdeploy.steps.servers import host_servers, instance_dirs, plan_server
 from specdeploy.steps.verify import verify_needed
 
@@ -47,55 +42,47 @@ def serve(role: str = "speculative"):
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
     servers = host_servers(cfg)
     plans = [plan_server(member, role) for member in servers.members]
-    lock.acquire(name="Take the host's deploy lock", cfg=cfg)  # first operation; see steps/lock.py
+    with lock.held(cfg):  # see steps/lock.py
+        install.prepare_host(cfg)
+        if servers.balanced:
+            instance_dirs(servers)
+        install.install_vllm(cfg)
+        weights.download_token(cfg)
+        weights.weights_are_roots(cfg)  # before root writes into the cache again
+        shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
+        if weights.fetch_weights(cfg):
+            every = " of every instance" if servers.balanced else ""
+            python.call(name=f"Preflight{every} (vocabulary, context, memory)",
+                        function=preflight_every_server, plans=plans,
+                        also_own=servers.single)  # fmt: skip
+        else:  # the weights are there: refuse now, before any operation runs
+            preflight_every_server(plans, servers.single)
 
-    install.prepare_host(cfg)
-    if servers.balanced:
-        instance_dirs(servers)
-    install.install_vllm(cfg)
-    weights.download_token(cfg)
-    weights.weights_are_roots(cfg)  # before root writes into the cache again
-    shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)
-    also_own = servers.single
-    if weights.fetch_weights(cfg):
-        every = " of every instance" if servers.balanced else ""
-        python.call(
-            name=f"Preflight{every} (vocabulary, context, memory)",
-            function=preflight_every_server,
+        staged = balancer.stage(cfg, servers.members) if servers.balanced else None
+        for plan in plans:
+            plan.change = unit.install_unit(plan.member.cfg, plan.rendered)
+            plan.needed = verify_needed(plan.member.cfg, plan.rendered, plan.previous,
+                                        change=plan.change, pins=pins, shipped=shipped)  # fmt: skip
+        what = (
+            f"Rolling restart of {len(plans)} instances ({cfg.max_unavailable_instances} at a "
+            "time), health, smoke, records; the balancer"
+            if servers.balanced
+            else "Restart, health check, smoke benchmark, deployment record"
+        )
+        # The rolling restart: this host's swap + restart + health + smoke + record, or its
+        # rollback; an earlier failed host of this run holds it back untouched (steps/rollback.py).
+        host_turn(
+            cfg,
+            what,
+            roll_servers,
+            servers=servers,
             plans=plans,
-            also_own=also_own,
+            balancer=staged,
+            started=started,
+            pins=pins,
+            _if=lambda: (
+                bool(servers.single or servers.surplus)
+                or bool(staged and staged.pending())
+                or any(plan.needed() for plan in plans)
+            ),
         )
-    else:
-        preflight_every_server(plans, also_own)  # weights there: refuse now, before any op runs
-
-    staged = balancer.stage(cfg, servers.members) if servers.balanced else None
-    for plan in plans:
-        own = plan.member.cfg
-        plan.change = unit.install_unit(own, plan.rendered)
-        plan.needed = verify_needed(
-            own, plan.rendered, plan.previous, change=plan.change, pins=pins, shipped=shipped
-        )
-    what = (
-        f"Rolling restart of {len(plans)} instances ({cfg.max_unavailable_instances} at a time, "
-        f"{width_text(cfg)}), health, smoke, records; the balancer"
-        if servers.balanced
-        else f"Restart ({width_text(cfg)}), health check, smoke benchmark, deployment record"
-    )
-    # The rolling restart: this host's swap + restart + health + smoke + record, or its rollback;
-    # an earlier failed host of this run holds it back untouched (steps/rollback.py).
-    python.call(
-        name=what,
-        function=roll_servers,
-        servers=servers,
-        plans=plans,
-        balancer=staged,
-        started=started,
-        pins=pins,
-        _if=lambda: (
-            bool(servers.single or servers.surplus)
-            or bool(staged and staged.pending())
-            or any(plan.needed() for plan in plans)
-        ),
-        **out_of_service_width(cfg),
-    )
-    lock.release(name="Release the host's deploy lock", cfg=cfg)  # last operation

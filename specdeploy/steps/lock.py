@@ -39,6 +39,7 @@ import getpass
 import os
 import shlex
 import socket
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from pyinfra import host, logger
@@ -413,3 +414,12 @@ def release(cfg: ServeConfig):
         release_now(cfg)
     return
     yield  # a generator that yields nothing
+
+
+@contextmanager
+def held(cfg: ServeConfig):
+    """The frame of every deploy that may take a server out of service: the lock is its first
+    operation and its release the last (planning time: what runs between is scheduled inside)."""
+    acquire(name="Take the host's deploy lock", cfg=cfg)
+    yield
+    release(name="Release the host's deploy lock", cfg=cfg)

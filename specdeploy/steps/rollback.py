@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.operations import python
 
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server
@@ -302,6 +303,14 @@ def out_of_service_width(cfg: ServeConfig) -> dict:
         )
     n = hosts_at_once(setting, len(host.state.activated_hosts) or 1)
     return {"_serial": True} if n == 1 else {"_parallel": n}
+
+
+def host_turn(cfg: ServeConfig, what: str, function, /, **kwargs) -> None:
+    """Schedule this host's turn: ONE `python.call` of `function` that pyinfra runs host by host
+    (`_serial`), or `max_unavailable` hosts at a time (`_parallel`) — the rolling restart of a
+    serve, the measurement of a compare or tune. Its name says the width."""
+    python.call(name=f"{what} ({width_text(cfg)})", function=function, **kwargs,
+                **out_of_service_width(cfg))  # fmt: skip
 
 
 def width_text(cfg: ServeConfig) -> str:
