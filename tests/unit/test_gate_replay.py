@@ -1,4 +1,4 @@
-"""The speculation gate (measure/gate.py) replayed on a live run: the trained sandbox pair with its
+"""The speculation gate (steps/gate.py) replayed on a live run: the trained sandbox pair with its
 poor draft behind `speculation_gate` {max_tpot_ratio 0.8, on_fail baseline} (3 + 3 runs, alpha
 0.05), 4 requests per run, deployed on a sandbox host by tests/integration/test_trained_models.py
 (test_gate_falls_back_to_baseline_with_the_poor_draft records it as `trained_gate`:

@@ -149,7 +149,7 @@ def test_the_report_says_which_instance_and_devices(tmp_path):
 
 
 def test_the_tune_report_of_a_box_says_which_instance_it_measured(tmp_path):
-    """deploys/tune.py on a whole box goes through compare's measurement path (measure/deploy.py:
+    """deploys/tune.py on a whole box goes through compare's measurement path (flows/measure.py:
     the last instance drained, measured, put back; test_whole_box.py's compare shows it on the
     sandbox). Its report, rebuilt here from a real run's raw files (the sandbox's box, tune_k 1,
     one run per arm, 2026-12-01), names the instance, its cores and port, and its verdict."""
@@ -255,7 +255,7 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
     monkeypatch.setattr(gate, "PendingBench", started_early(bench))
-    rolling = gate.BoxGate()  # one rolling restart of the box (serve_box.roll_box)
+    rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     one = gate.speculation_gate(
         first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok", rolling
     )
