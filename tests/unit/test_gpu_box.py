@@ -3,9 +3,9 @@
 The fixtures `constructed_8gpu_*.json` in data/nvidia-smi-h200/ are CONSTRUCTED (their README and
 benchmarks/gpu_preflight/box_fixtures.py say how): the recorded H200 format and memory figures
 repeated for GPUs 0-7. They hold what the `Accelerators` fact prints when asked about every
-instance's units; each instance's own call (steps/preflight.run_preflight with `service_units` of the
-instance's config) prints only its own `@@unit` parts, which `as_asked` keeps. The host data is the
-recorded server's (test_gpu_preflight.running: Qwen3-8B + Qwen3-0.6B architecture, util 0.55).
+instance's units; each instance's own call (steps/preflight.run_preflight with `service_units` of
+the instance's config) prints only its own `@@unit` parts, which `as_asked` keeps. The host data is
+the recorded server's (test_gpu_preflight.running: Qwen3-8B + Qwen3-0.6B architecture, util 0.55).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def box(valid_data, n: int, tp: int):
 
 
 def verdicts(cfg, name: str) -> dict[str, object]:
-    """Each instance's preflight on the fixture, as steps/preflight.preflight_every_server runs it."""
+    """Each instance's preflight on the fixture, as steps/preflight.preflight_every_server does."""
     gpus = [g.index for g in parse_accelerators(fixture(name)["output"]).gpus]
     layout = instances.expand(cfg, gpus)
     assert layout.problems == []
