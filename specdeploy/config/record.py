@@ -64,14 +64,11 @@ class BenchRun(_Part):
     file: str | None = None  # set by the report: the raw file, relative to the run's folder
 
 
-class BenchResult(_Part):
-    """One `vllm bench serve` result file: vLLM's own figures (typed where specdeploy reads them;
-    every other key is kept as vLLM wrote it) and `run`, specdeploy's part (None for a JSON that
-    vLLM wrote alone, as the predictor may read)."""
+class Figures(_Part):
+    """The figures of a benchmark run that its result file and the record's smoke summary share
+    (vLLM's names and units)."""
 
     completed: Number | None = None
-    failed: Number | None = None
-    total_output_tokens: Number | None = None
     request_throughput: Number | None = None
     output_throughput: Number | None = None
     median_ttft_ms: Number | None = None
@@ -81,6 +78,15 @@ class BenchResult(_Part):
     median_e2el_ms: Number | None = None
     spec_decode_acceptance_rate: Number | None = None
     spec_decode_acceptance_length: Number | None = None
+
+
+class BenchResult(Figures):
+    """One `vllm bench serve` result file: vLLM's own figures (typed where specdeploy reads them;
+    every other key is kept as vLLM wrote it) and `run`, specdeploy's part (None for a JSON that
+    vLLM wrote alone, as the predictor may read)."""
+
+    failed: Number | None = None
+    total_output_tokens: Number | None = None
     spec_decode_num_drafts: Number | None = None
     spec_decode_per_position_acceptance_rates: list[Number] | None = None
     output_lens: list[Number | None] | None = None
@@ -113,19 +119,9 @@ def bench_result(source: BenchResult | dict) -> BenchResult:
     return BenchResult.model_validate(source)
 
 
-class SmokeSummary(_Part):
+class SmokeSummary(Figures):
     """bench_summary.summarize() of the smoke run, as the record keeps it."""
 
-    completed: Number | None = None
-    request_throughput: Number | None = None
-    output_throughput: Number | None = None
-    median_ttft_ms: Number | None = None
-    p99_ttft_ms: Number | None = None
-    median_tpot_ms: Number | None = None
-    median_itl_ms: Number | None = None
-    median_e2el_ms: Number | None = None
-    spec_decode_acceptance_rate: Number | None = None
-    spec_decode_acceptance_length: Number | None = None
     per_position_acceptance: list[Number] | None = None
     not_enough_data: dict[str, str] = Field(default_factory=dict)
 

@@ -121,23 +121,18 @@ def _apc(runs: list[BenchResult], alpha: float) -> dict | None:
 # --- compare --------------------------------------------------------------------------------------
 
 
+def _head(run_dir: Path, kind: str, notes: dict) -> dict:
+    """What every summary.json starts with; its hosts are filled in by the kind's summary."""
+    return {"schema": 1, "kind": kind, "run": run_dir.name, "created_at": utc_iso(),
+            "notes": notes, "hosts": {}}  # fmt: skip
+
+
 def compare_summary(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     hosts = load_run(run_dir)
-    out = {
-        "schema": 1,
-        "kind": "compare",
-        "run": run_dir.name,
-        "created_at": utc_iso(),
-        "notes": {
-            "prefix_caching": APC_NOTE,
-            "itl_vs_tpot": ITL_NOTE,
-            "samples": SAMPLE_NOTE,
-            "generated_text": TEXT_NOTE,
-        },
-        "hosts": {},
-        "fleet": None,
-    }
+    notes = {"prefix_caching": APC_NOTE, "itl_vs_tpot": ITL_NOTE, "samples": SAMPLE_NOTE,
+             "generated_text": TEXT_NOTE}  # fmt: skip
+    out = _head(run_dir, "compare", notes) | {"fleet": None}
     all_spec, all_base = [], []
     for name, h in hosts.items():
         runs = h["runs"]
@@ -249,22 +244,16 @@ def _fleet_ratios(hosts: dict, alpha: float) -> dict:
 def tune_summary(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     hosts = load_run(run_dir)
-    out = {
-        "schema": 1,
-        "kind": "tune",
-        "run": run_dir.name,
-        "created_at": utc_iso(),
-        "notes": {
-            "samples": SAMPLE_NOTE.replace(
-                "Rounds alternate which arm goes first (B S, S B, ...)",
-                "The order of the k and the baseline rotates every round",
-            ),
-            "prefix_caching": "prefix caching OFF in every instance",
-            "itl_vs_tpot": ITL_NOTE,
-            "generated_text": TEXT_NOTE,
-        },
-        "hosts": {},
+    notes = {
+        "samples": SAMPLE_NOTE.replace(
+            "Rounds alternate which arm goes first (B S, S B, ...)",
+            "The order of the k and the baseline rotates every round",
+        ),
+        "prefix_caching": "prefix caching OFF in every instance",
+        "itl_vs_tpot": ITL_NOTE,
+        "generated_text": TEXT_NOTE,
     }
+    out = _head(run_dir, "tune", notes)
     for name, h in hosts.items():
         ks = h["conditions"]["ks"]
         by_k = {k: measured(h["runs"], f"k{k}") for k in ks}
