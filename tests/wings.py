@@ -115,7 +115,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/flows/serve_box.py",
             "specdeploy/render/instances.py",
-            "specdeploy/host/balancer_stat.py",
+            "specdeploy/host/facts/haproxy.py",
             "specdeploy/observe/status_box.py",
             "specdeploy/steps/gate.py",
             "specdeploy/flows/measure.py",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.gpu_preflight.fixtures import DATA, write
-from specdeploy.host.facts import Accelerators
+from specdeploy.host.facts.nvidia import Accelerators
 
 GPUS = 8
 SERVER_MIB = 79264  # device_own_server.json: the rendered server's engine on one GPU

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 from specdeploy.render import instances
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-from specdeploy.host.facts import Accelerators
+from specdeploy.host.facts.nvidia import Accelerators
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "nvidia-smi-h200"
 UNITS = [

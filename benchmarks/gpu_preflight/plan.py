@@ -17,7 +17,8 @@ from pathlib import Path
 
 from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
 from specdeploy.checks.host_data import check_config
-from specdeploy.host.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
+from specdeploy.host.facts.nvidia import ACCELERATOR_COMMAND, accelerator_command
+from specdeploy.host.facts.vllm import ModelSnapshot
 from specdeploy.render.argv import serve_args
 
 # name -> host data; "redeploy" is the running server's own data

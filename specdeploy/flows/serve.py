@@ -30,7 +30,10 @@ from specdeploy.config.record import DeploymentRecord, service_record
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
 from specdeploy.flows.serve_box import refuse_if_whole_box, serve_box, verify_needed
 from specdeploy.host import server
-from specdeploy.host.facts import Accelerators, JsonFile, MemoryBytes, VllmVersion
+from specdeploy.host.facts.files import JsonFile
+from specdeploy.host.facts.nvidia import Accelerators
+from specdeploy.host.facts.system import MemoryBytes
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit, instances, render_unit
 from specdeploy.steps import dataset, gate, install, lock, record, smoke, unit, weights
 from specdeploy.steps.rollback import (

@@ -26,7 +26,9 @@ from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import service_record
 from specdeploy.config.schema import UNIT_DIR, ServeConfig
 from specdeploy.host import server
-from specdeploy.host.facts import Accelerators, JsonFile, ServiceActive
+from specdeploy.host.facts.files import JsonFile
+from specdeploy.host.facts.nvidia import Accelerators
+from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.server import drain_timeout_s
 from specdeploy.render.instances import CPU_IDS_COMMAND, parse_cpu_ids
 from specdeploy.render.units import instances, render_unit

@@ -18,8 +18,8 @@ from pyinfra import host, logger
 
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.decide.metrics import spec_decode_counters
-from specdeploy.host.balancer_stat import BACKEND, parse_balancer_stat
-from specdeploy.host.facts import ServiceActive
+from specdeploy.host.facts.haproxy import BACKEND, parse_balancer_stat
+from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.on_host import journal_tail, read_text, sh, sh_status, write_text
 
 

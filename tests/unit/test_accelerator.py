@@ -10,7 +10,7 @@ import pytest
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts import ACCELERATOR_COMMAND, Accelerators, parse_accelerators
+from specdeploy.host.facts.nvidia import ACCELERATOR_COMMAND, Accelerators, parse_accelerators
 from specdeploy.render.argv import engine_flags
 from tests.unit.test_preflight import DRAFT, RAM, TARGET
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.host.balancer_stat import BalancerServers, parse_balancer_stat, servers_down
+from specdeploy.host.facts.haproxy import BalancerServers, parse_balancer_stat, servers_down
 
 DATA = Path(__file__).parent / "data" / "haproxy-2.6"
 

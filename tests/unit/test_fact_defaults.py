@@ -19,7 +19,7 @@ from pyinfra.api.facts import get_fact
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from specdeploy.config.schema import config_from_data
-from specdeploy.host import balancer_stat, facts
+from specdeploy.host.facts import files, haproxy, http, nvidia, system, systemd, vllm
 
 DATA = Path(__file__).parent / "data"
 
@@ -63,30 +63,30 @@ def _snapshot() -> list[str]:
 
 
 RECORDED = {
-    facts.VllmVersion: Recorded({"venv": "/opt/v", "package": "vllm"}, ["0.32.0"]),
-    facts.ModelSnapshot: Recorded(
+    vllm.VllmVersion: Recorded({"venv": "/opt/v", "package": "vllm"}, ["0.32.0"]),
+    vllm.ModelSnapshot: Recorded(
         {"hf_home": "/hf", "repo": "o/m", "revision": "main"}, _snapshot()
     ),
-    facts.Accelerators: Recorded({}, _nvidia_smi("device_idle.json")),
-    facts.CudaBoot: Recorded({}, ["@@unit nvidia-persistenced.service", "@@modprobe"]),
-    facts.FreeDiskBytes: Recorded(
+    nvidia.Accelerators: Recorded({}, _nvidia_smi("device_idle.json")),
+    nvidia.CudaBoot: Recorded({}, ["@@unit nvidia-persistenced.service", "@@modprobe"]),
+    system.FreeDiskBytes: Recorded(
         {"path": "/opt"}, ["/dev/vda        263174212 36257200 215541792      15% /"]
     ),
-    facts.MemoryBytes: Recorded(
+    system.MemoryBytes: Recorded(
         {}, ["MemTotal:       24576000 kB", "MemAvailable:   20000000 kB"], ("total", "available")
     ),
-    facts.JsonFile: Recorded({"path": "/r.json"}, ['{"role": "speculative"}']),
-    facts.FileText: Recorded({"path": "/u.service"}, ["[Unit]", "Description=vLLM"]),
-    facts.ServiceActive: Recorded({"unit": "u.service"}, ["active"]),
-    facts.ServiceShow: Recorded({"unit": "u.service"}, ["ActiveState=active", "Uptime=100.5"]),
-    facts.HttpGet: Recorded(
+    files.JsonFile: Recorded({"path": "/r.json"}, ['{"role": "speculative"}']),
+    files.FileText: Recorded({"path": "/u.service"}, ["[Unit]", "Description=vLLM"]),
+    systemd.ServiceActive: Recorded({"unit": "u.service"}, ["active"]),
+    systemd.ServiceShow: Recorded({"unit": "u.service"}, ["ActiveState=active", "Uptime=100.5"]),
+    http.HttpGet: Recorded(
         {"url": "http://127.0.0.1:8000/health"},
         ["ok", "specdeploy-status-curl 200", "specdeploy-status-curl-exit 0"],
         ("exit", "http", "body"),
     ),
-    facts.FileSha1: Recorded({"path": "/etc/e.env"}, ["0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"]),
-    facts.GpuMemory: Recorded({}, _nvidia_smi("device_idle.json")),
-    balancer_stat.BalancerServers: Recorded(
+    files.FileSha1: Recorded({"path": "/etc/e.env"}, ["0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"]),
+    nvidia.GpuMemory: Recorded({}, _nvidia_smi("device_idle.json")),
+    haproxy.BalancerServers: Recorded(
         {"socket": "/run/haproxy.sock"},
         (DATA / "haproxy-2.6" / "both_up.csv").read_text().splitlines() + ["@@rc 0"],
         ("status", "servers"),
@@ -94,27 +94,25 @@ RECORDED = {
 }
 
 # Facts whose None is a value of their own, which every caller handles: "not there".
-NONE_MEANS_ABSENT = {facts.VllmVersion, facts.ModelSnapshot, facts.JsonFile, facts.FileText}
+NONE_MEANS_ABSENT = {vllm.VllmVersion, vllm.ModelSnapshot, files.JsonFile, files.FileText}
 
 
 def custom_facts() -> list[type[FactBase]]:
     """Every fact (a FactBase subclass with a command) defined in specdeploy's fact modules."""
     found = {
         value
-        for module in (facts, balancer_stat)
+        for module in (files, haproxy, http, nvidia, system, systemd, vllm)
         for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, FactBase)
         and value.__module__ == module.__name__
-        and hasattr(value, "command")  # not a base such as facts.Fact
+        and hasattr(value, "command")  # not a base such as base.Fact
     }
     return sorted(found, key=lambda cls: cls.__name__)
 
 
 def test_the_facts_are_found():
-    assert {facts.CudaBoot, facts.Accelerators, balancer_stat.BalancerServers} <= set(
-        custom_facts()
-    )
+    assert {nvidia.CudaBoot, nvidia.Accelerators, haproxy.BalancerServers} <= set(custom_facts())
 
 
 @pytest.mark.parametrize("fact", custom_facts(), ids=lambda cls: cls.__name__)
@@ -156,7 +154,7 @@ def test_plain_cuda_host_renders_its_unit_through_pyinfra(valid_data):
     after persistenced only), as from the recorded fact."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBootInfo
     from specdeploy.render.units import render_unit
 
     recorded = json.loads((DATA / "cuda-boot" / "h200-device-container.json").read_text())
@@ -177,9 +175,9 @@ def test_the_deploys_checks_refuse_on_the_defaults(valid_data):
 
     cfg = config_from_data(valid_data)
     assert cfg.vllm_package == "vllm"  # the CUDA build, which reads the GPUs
-    problems = check_gpus(cfg, facts.Accelerators().default(), None).problems
+    problems = check_gpus(cfg, nvidia.Accelerators().default(), None).problems
     assert problems and "printed nothing" in problems[0]
-    assert "0.0 GB free" in venv_disk_problem(cfg, facts.FreeDiskBytes().default())
+    assert "0.0 GB free" in venv_disk_problem(cfg, system.FreeDiskBytes().default())
 
 
 def test_status_reads_the_defaults_where_a_host_printed_nothing():
@@ -188,10 +186,10 @@ def test_status_reads_the_defaults_where_a_host_printed_nothing():
 
     host = pyinfra_host([])
     probe = HostProbe(host.state, host, interval=1.0)
-    got = probe.fact(facts.HttpGet, url="http://127.0.0.1:1/health")
+    got = probe.fact(http.HttpGet, url="http://127.0.0.1:1/health")
     assert got["exit"] is None and got["http"] is None and got["body"]
-    assert probe.fact(facts.ServiceShow, unit="u.service").get("ActiveState") is None
-    assert probe.fact(facts.GpuMemory) == []
-    assert probe.fact(facts.FileSha1, path="/etc/e.env") == "unreadable"
-    stat = probe.fact(balancer_stat.BalancerServers, socket="/run/haproxy.sock")
+    assert probe.fact(systemd.ServiceShow, unit="u.service").get("ActiveState") is None
+    assert probe.fact(nvidia.GpuMemory) == []
+    assert probe.fact(files.FileSha1, path="/etc/e.env") == "unreadable"
+    stat = probe.fact(haproxy.BalancerServers, socket="/run/haproxy.sock")
     assert stat["status"] == "failed" and stat["servers"] == {} and stat["error"]

@@ -9,20 +9,12 @@ import subprocess
 
 import pytest
 
-from specdeploy.host.facts import (
-    ACCELERATOR_COMMAND,
-    FileSha1,
-    FileText,
-    FreeDiskBytes,
-    GpuMemory,
-    HttpGet,
-    JsonFile,
-    MemoryBytes,
-    ModelSnapshot,
-    ServiceActive,
-    ServiceShow,
-    VllmVersion,
-)
+from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
+from specdeploy.host.facts.http import HttpGet
+from specdeploy.host.facts.nvidia import ACCELERATOR_COMMAND, GpuMemory
+from specdeploy.host.facts.system import FreeDiskBytes, MemoryBytes
+from specdeploy.host.facts.systemd import ServiceActive, ServiceShow
+from specdeploy.host.facts.vllm import ModelSnapshot, VllmVersion
 
 
 def sh(command: str) -> tuple[int, list[str]]:
@@ -180,7 +172,7 @@ def test_gpu_memory():
 
 
 def test_cuda_boot_parses_units_and_modprobe_and_runs_cleanly():
-    from specdeploy.host.facts import CUDA_BOOT_COMMAND, CudaBoot
+    from specdeploy.host.facts.nvidia import CUDA_BOOT_COMMAND, CudaBoot
 
     fact = CudaBoot()
     assert fact.command() == CUDA_BOOT_COMMAND
@@ -202,7 +194,7 @@ def test_cuda_boot_recorded_on_the_h200_device():
     nvidia-modprobe): no optional lines, so its CUDA unit orders after persistenced only."""
     from pathlib import Path
 
-    from specdeploy.host.facts import CudaBoot
+    from specdeploy.host.facts.nvidia import CudaBoot
 
     data = Path(__file__).parent / "data" / "cuda-boot" / "h200-device-container.json"
     recorded = json.loads(data.read_text())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from specdeploy.checks.preflight import evaluate
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render import instances
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
 

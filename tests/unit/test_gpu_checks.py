@@ -16,7 +16,7 @@ from specdeploy.checks.gpus import check_gpus
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.flows import serve
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
 

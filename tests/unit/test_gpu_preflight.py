@@ -22,8 +22,8 @@ import pytest
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host import facts
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts import nvidia
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from tests.unit.test_accelerator import FAILING, H100_MIG, gpu_line, recording
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi-h200"
@@ -284,7 +284,7 @@ def test_command_reads_the_units_cgroups(tmp_path, monkeypatch):
     (cg / "system.slice" / UNIT / "nested").mkdir(parents=True)
     (cg / "system.slice" / UNIT / "cgroup.procs").write_text("552\n")
     (cg / "system.slice" / UNIT / "nested" / "cgroup.procs").write_text("711\n")
-    monkeypatch.setattr(facts, "CGROUP_ROOTS", (str(tmp_path / "absent"), str(cg)))
+    monkeypatch.setattr(nvidia, "CGROUP_ROOTS", (str(tmp_path / "absent"), str(cg)))
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     recorded = fixture("own_server_running")["output"]
@@ -318,6 +318,6 @@ def test_command_reads_the_units_cgroups(tmp_path, monkeypatch):
 
 
 def test_command_without_units_is_the_plain_one():
-    assert Accelerators().command() == facts.ACCELERATOR_COMMAND
-    assert "--query-compute-apps=pid,gpu_uuid,used_memory" in facts.ACCELERATOR_COMMAND
-    assert "uuid --format" in facts.ACCELERATOR_COMMAND
+    assert Accelerators().command() == nvidia.ACCELERATOR_COMMAND
+    assert "--query-compute-apps=pid,gpu_uuid,used_memory" in nvidia.ACCELERATOR_COMMAND
+    assert "uuid --format" in nvidia.ACCELERATOR_COMMAND

@@ -16,7 +16,7 @@ import pytest
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.record import read_service_record
 from specdeploy.config.schema import DATA_DEFAULTS, FIELDS, config_from_data
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render.units import instances, render_unit
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, running
 

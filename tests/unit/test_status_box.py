@@ -14,17 +14,12 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.balancer_stat import BalancerServers
-from specdeploy.host.facts import (
-    Accelerators,
-    FileSha1,
-    FileText,
-    GpuMemory,
-    HttpGet,
-    JsonFile,
-    ServiceShow,
-    VllmVersion,
-)
+from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
+from specdeploy.host.facts.haproxy import BalancerServers
+from specdeploy.host.facts.http import HttpGet
+from specdeploy.host.facts.nvidia import Accelerators, GpuMemory
+from specdeploy.host.facts.systemd import ServiceShow
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.observe.status import HostProbe
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.units import instances, render_balancer, render_env_file, render_unit

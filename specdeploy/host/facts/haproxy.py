@@ -1,12 +1,12 @@
 """What a whole box's local balancer (HAProxy) says about its instances: the `BalancerServers`
-fact, read from `show stat` on HAProxy's runtime socket, and its parser. A module of its own
-beside facts.py (which is at the size limit); `specdeploy status` reads it per host."""
+fact, read from `show stat` on HAProxy's runtime socket, and its parser; `specdeploy status` reads
+it per host."""
 
 from __future__ import annotations
 
 import shlex
 
-from specdeploy.host.facts import NO_ANSWER, Fact
+from specdeploy.host.facts.base import NO_ANSWER, Fact
 
 BACKEND = "instances"  # the backend of templates/haproxy.cfg.j2
 
