@@ -1,14 +1,33 @@
-"""What a whole box's local balancer (HAProxy) says about its instances: the `BalancerServers`
-fact, read from `show stat` on HAProxy's runtime socket, and its parser; `specdeploy status` reads
-it per host."""
+"""What a whole box's local balancer (HAProxy) says about its instances: `show stat` on its
+runtime socket. `show_stat_servers` is the one parser of that CSV: the `BalancerServers` fact
+(`specdeploy status`, per host) and the server lifecycle (host/server.py, draining an instance
+mid-run) both read the answer through it."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 
 from specdeploy.host.facts.base import NO_ANSWER, Fact
 
 BACKEND = "instances"  # the backend of templates/haproxy.cfg.j2
+
+
+def show_stat_servers(
+    lines: Iterable[str], backend: str = BACKEND
+) -> dict[str, dict[str, str]] | None:
+    """`show stat`'s CSV -> {server name: the columns with a value} for `backend`'s servers (not
+    its FRONTEND/BACKEND rows); None where the lines are not that CSV (no `# pxname,...` header)."""
+    rows = [line.rstrip() for line in lines if line.strip()]
+    if not rows or not rows[0].startswith("# "):
+        return None
+    columns = rows[0][2:].split(",")
+    parsed = [dict(zip(columns, row.split(","), strict=False)) for row in rows[1:]]
+    return {
+        row["svname"]: {key: value for key, value in row.items() if value and key != "-"}
+        for row in parsed
+        if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND")
+    }
 
 
 class BalancerServers(Fact):
@@ -29,21 +48,16 @@ class BalancerServers(Fact):
 
 
 def parse_balancer_stat(output: list[str], backend: str = BACKEND) -> dict:
-    """Parse BalancerServers' output (pure: recorded HAProxy 2.6 answers test it)."""
+    """BalancerServers' output -> its value: the `@@missing` / `@@rc N` tags the command adds,
+    around socat's answer, which `show_stat_servers` reads."""
     lines = [line.rstrip() for line in output if line.strip()]
     if lines == ["@@missing"]:
         return {"status": "missing", "servers": {}}
     rc = lines.pop() if lines and lines[-1].startswith("@@rc ") else "@@rc ?"
-    if rc != "@@rc 0" or not lines or not lines[0].startswith("# "):
+    servers = show_stat_servers(lines, backend) if rc == "@@rc 0" else None
+    if servers is None:
         why = " ".join(lines)[-300:] or (f"socat exited {rc[5:]}" if output else NO_ANSWER)
         return {"status": "failed", "servers": {}, "error": why}
-    columns = lines[0][2:].split(",")
-    rows = [dict(zip(columns, line.split(","), strict=False)) for line in lines[1:]]
-    servers = {
-        row["svname"]: {key: value for key, value in row.items() if value and key != "-"}
-        for row in rows
-        if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND")
-    }
     return {"status": "ok", "servers": servers}
 
 

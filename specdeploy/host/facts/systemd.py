@@ -15,7 +15,8 @@ class ServiceActive(Fact):
         return f"systemctl is-active {shlex.quote(unit)} || true"
 
     def process(self, output):
-        return output[-1].strip() if output else "unknown"
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[-1] if lines else "unknown"
 
 
 class ServiceShow(Fact):
