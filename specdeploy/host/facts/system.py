@@ -17,18 +17,23 @@ class FreeDiskBytes(Fact):
         )
 
     def process(self, output):
-        return int(output[-1].split()[3]) * 1024 if output else 0
+        # df's last line: filesystem, 1024-blocks, used, available, ...; anything else (no output,
+        # a blank line, only df's header where it failed) is unread, so 0
+        fields = output[-1].split() if output else []
+        return int(fields[3]) * 1024 if len(fields) > 3 and fields[3].isdigit() else 0
 
 
 class MemoryBytes(Fact):
-    """MemTotal and MemAvailable in bytes."""
+    """MemTotal and MemAvailable in bytes; 0 for one that was not read (the check refuses)."""
 
     def command(self) -> str:
         return "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"
 
     def process(self, output):
-        values = {} if output else {"MemTotal": 0, "MemAvailable": 0}  # unread: the check refuses
+        values = {"MemTotal": 0, "MemAvailable": 0}
         for line in output:
-            name, amount = line.split(":")
-            values[name] = int(amount.split()[0]) * 1024
+            name, _, amount = line.partition(":")
+            number = amount.split()[0] if amount.split() else ""
+            if name in values and number.isdigit():
+                values[name] = int(number) * 1024
         return {"total": values["MemTotal"], "available": values["MemAvailable"]}
