@@ -1,8 +1,9 @@
 """The two test tiers, and which live proofs guard which code: the one map of both.
 
 * The **fast tier** (`make test`, what CI runs): every test not in a wing below: tests/unit (unit
-  tests, fact fixtures, the replays of live decisions), the contract tests against vLLM's own
-  parser and engine config, and one real end-to-end path on the sandbox (FAST_LIVE).
+  tests, the replays of live decisions), tests/facts (the fact fixtures), the contract tests
+  against vLLM's own parser and engine config, and one real end-to-end path on the sandbox
+  (FAST_LIVE).
 * The **live tier** (`make test-live`, `make test-live WING=box`): every other live proof, grouped
   by wing. A wing is a pytest marker (tests/conftest.py adds it, with `live`, to each test of the
   wing's modules) and a set of paths: `make test-changed` runs the wings whose paths changed since
@@ -114,7 +115,7 @@ WINGS: dict[str, Wing] = {
         ("tests/integration/test_whole_box.py",),
         (
             "specdeploy/render/instances.py",
-            "specdeploy/host/balancer_stat.py",
+            "specdeploy/host/facts/haproxy.py",
             "specdeploy/observe/status_box.py",
             "specdeploy/steps/gate.py",
             "specdeploy/flows/measure.py",

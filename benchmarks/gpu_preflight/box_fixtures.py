@@ -1,4 +1,4 @@
-"""Write the constructed 8-GPU `Accelerators` fixtures of tests/unit/data/nvidia-smi-h200/ for a
+"""Write the constructed 8-GPU `Accelerators` fixtures of tests/facts/Accelerators/ for a
 whole box (issue 23), from the one-H200 recordings `device_idle.json` and `device_own_server.json`
 (the current command's own output on the device): the same query, `-L`, header and compute-apps
 line formats, repeated for GPUs 0-7 with constructed UUIDs (the recorded one with its last digit
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.gpu_preflight.fixtures import DATA, write
-from specdeploy.host.facts import Accelerators
+from specdeploy.host.facts.nvidia import Accelerators
 
 GPUS = 8
 SERVER_MIB = 79264  # device_own_server.json: the rendered server's engine on one GPU

@@ -3,8 +3,8 @@
 `specdeploy.checks.preflight.evaluate` (the deploy's split and preflight) for the example host data
 (group_data/all.py + prod.py: Qwen3-8B + Qwen3-0.6B, k = 5, gpu_memory_utilization 0.92,
 max_model_len 4096) on the constructed 8 idle H200s
-(tests/unit/data/nvidia-smi-h200/constructed_8gpu_idle.json), with the two models' facts as the
-`ModelSnapshot` fact read them from their checkpoints (model_facts.json).
+(tests/facts/Accelerators/constructed_8gpu_idle.json), with the two models' facts as the
+`ModelSnapshot` fact read them from their checkpoints (tests/facts/ModelSnapshot/).
 
 Usage: python -m benchmarks.gpu_preflight.box_memory     (from the repo root)
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 from specdeploy.render import instances
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "unit" / "data" / "nvidia-smi-h200"
+FACTS = REPO / "tests" / "facts"
 GIB = 1 << 30
 
 
@@ -38,9 +38,10 @@ def _is_data(value) -> bool:
 
 
 def main() -> None:
-    models = json.loads((DATA / "model_facts.json").read_text())
+    fixtures = (json.loads(p.read_text()) for p in (FACTS / "ModelSnapshot").glob("*.json"))
+    models = {f["fact"]["repo"]: f["fact"] for f in fixtures if f["fact"]}
     target, draft = models["specdeploy/qwen3-8b-arch"], models["specdeploy/qwen3-0.6b-arch"]
-    idle = json.loads((DATA / "constructed_8gpu_idle.json").read_text())["output"]
+    idle = json.loads((FACTS / "Accelerators" / "constructed_8gpu_idle.json").read_text())["output"]
     idle = parse_accelerators(idle)
     ram = {"total": 2048 * GIB, "available": 2000 * GIB}
     header = ("split", "instance", "GPUs", "weights/GPU", "KV budget/GPU", "KV tokens",

@@ -35,7 +35,7 @@ from device_common import complete, kill_group, log, start_server
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 from specdeploy.render import instances
 
 LOGS = "/tmp/gp_logs"

@@ -1,5 +1,5 @@
-"""Write the `Accelerators` fact fixtures of tests/unit/data/nvidia-smi-h200/, pyinfra style: per
-state the fact's arguments, the command, the output lines and the value the fact returns.
+"""Write the `Accelerators` fact fixtures of tests/facts/Accelerators/, pyinfra style: per state
+the fact's arguments, the command, the output lines and the value the fact returns.
 
 Two sources:
 - `2026-12-01/*.txt`, recorded on one H200 before the fact read per-process memory: the committed
@@ -24,9 +24,9 @@ import re
 import sys
 from pathlib import Path
 
-from specdeploy.host.facts import Accelerators
+from specdeploy.host.facts.nvidia import Accelerators
 
-DATA = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "nvidia-smi-h200"
+DATA = Path(__file__).resolve().parents[2] / "tests" / "facts" / "Accelerators"
 UNITS = [
     "specdeploy-vllm.service",
     "specdeploy-vllm-baseline.service",
@@ -86,16 +86,16 @@ def fixture(
         "arg": {"units": units},
         "command": command or current,
         "output": output,
-        "fact": fact.process(output).model_dump(),
+        "fact": fact.process(output).model_dump(mode="json"),
     }
 
 
 def write(fixtures: dict[str, dict]) -> None:
-    """Each fixture as data/nvidia-smi-h200/<name>.json (also box_fixtures.py's)."""
+    """Each fixture as tests/facts/Accelerators/<name>.json (also box_fixtures.py's)."""
     for name, value in fixtures.items():
         path = DATA / f"{name}.json"
         path.write_text(json.dumps(value, indent=1) + "\n")
-        print(f"{path.relative_to(DATA.parents[3])}: {value['kind']}")
+        print(f"{path.relative_to(DATA.parents[2])}: {value['kind']}")
 
 
 def main() -> None:

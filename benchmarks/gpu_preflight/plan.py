@@ -2,7 +2,7 @@
 of the running server and of the re-deploys the preflight is asked about, the server's rendered
 `vllm serve` argv, this service's unit names and the `Accelerators` fact's command for them.
 
-The running server is the one recorded on 2026-12-01 (tests/unit/data/nvidia-smi-h200/2026-12-01/
+The running server is the one recorded on 2026-12-01 (tests/facts/Accelerators/2026-12-01/
 server_argv.txt): Qwen3-8B + Qwen3-0.6B architecture, dummy weights, k=1, synthetic acceptance
 length 2.0, gpu_memory_utilization 0.55, eager, async scheduling (`benchmarks.gpu_truth.plan.row`).
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
 from specdeploy.checks.host_data import check_config
-from specdeploy.host.facts import ACCELERATOR_COMMAND, ModelSnapshot, accelerator_command
+from specdeploy.host.facts.nvidia import ACCELERATOR_COMMAND, accelerator_command
+from specdeploy.host.facts.vllm import ModelSnapshot
 from specdeploy.render.argv import serve_args
 
 # name -> host data; "redeploy" is the running server's own data
@@ -27,9 +28,13 @@ CONFIGS = {
     "util060": row("util060", lane="S", util=0.60)["data"],
     "util092": row("util092", lane="S", util=0.92)["data"],
 }
-MODELS = json.loads(
-    (Path(__file__).parents[2] / "tests/unit/data/nvidia-smi-h200/model_facts.json").read_text()
-)
+# what the ModelSnapshot fact read from the checkpoints on the H200: its fixtures, by repo
+SNAPSHOTS = Path(__file__).parents[2] / "tests" / "facts" / "ModelSnapshot"
+MODELS = {
+    fact["repo"]: fact
+    for fact in (json.loads(p.read_text())["fact"] for p in SNAPSHOTS.glob("*.json"))
+    if fact
+}
 HOG_GIB = 40  # the other process beside the running server (60 GiB: the unit tests)
 
 

@@ -21,7 +21,7 @@ import sys
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide.stats import mad, median, ratio_with_band
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 
 RAM = {"total": 256 << 30, "available": 250 << 30}  # unused for GPU hosts
 IDLE_H200_X2 = [

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from specdeploy.checks import capabilities
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import AcceleratorInfo, Gpu
+from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
 from specdeploy.render.argv import EngineFlags, engine_flags
 
 

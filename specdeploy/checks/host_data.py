@@ -19,7 +19,7 @@ from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import read_record
 from specdeploy.config.schema import FIELDS, ServeConfig, config_from_data
-from specdeploy.host.facts import JsonFile
+from specdeploy.host.facts.files import JsonFile
 from specdeploy.render import instances
 from specdeploy.render.argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 

@@ -32,7 +32,7 @@ from specdeploy.checks.memory import (
     footprint,
 )
 from specdeploy.config.schema import GIB, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, ServeConfig
-from specdeploy.host.facts import AcceleratorInfo
+from specdeploy.host.facts.nvidia import AcceleratorInfo
 from specdeploy.render.argv import EngineFlags, engine_flags
 
 

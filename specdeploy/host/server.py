@@ -18,8 +18,8 @@ from pyinfra import host, logger
 
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.decide.metrics import spec_decode_counters
-from specdeploy.host.balancer_stat import BACKEND, parse_balancer_stat
-from specdeploy.host.facts import ServiceActive
+from specdeploy.host.facts.haproxy import BACKEND, show_stat_servers
+from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.on_host import journal_tail, read_text, sh, sh_status, write_text
 
 
@@ -68,8 +68,10 @@ def request(
 
 
 def is_active(unit: str) -> str:
-    """`systemctl is-active` now (the ServiceActive fact's command, run at execution time)."""
-    return sh(ServiceActive().command(unit), check=False).strip() or "unknown"
+    """`systemctl is-active` now (the ServiceActive fact's command and parser, at execution
+    time)."""
+    fact = ServiceActive()
+    return fact.process(sh(fact.command(unit), check=False).splitlines())
 
 
 def restart_count(unit: str) -> int:
@@ -369,9 +371,9 @@ def balancer(cfg: ServeConfig, command: str) -> str:
 
 
 def parse_stat(text: str) -> dict[str, dict[str, str]]:
-    """`show stat` CSV -> {server name: its columns} for the instances backend (the parser of the
-    BalancerServers fact, on the runtime API's answer)."""
-    return parse_balancer_stat([*text.splitlines(), "@@rc 0"])["servers"]
+    """`show stat` CSV -> {server name: its columns} for the instances backend (the one parser of
+    that CSV, the BalancerServers fact's); {} where the answer is not that CSV."""
+    return show_stat_servers(text.splitlines()) or {}
 
 
 def balancer_servers(cfg: ServeConfig) -> dict[str, dict[str, str]]:

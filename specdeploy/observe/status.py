@@ -28,15 +28,11 @@ from specdeploy.config.inventory import load_inventory
 from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
 from specdeploy.config.revisions import as_deployed
 from specdeploy.decide.metrics import live_figures
-from specdeploy.host.facts import (
-    FileSha1,
-    FileText,
-    GpuMemory,
-    HttpGet,
-    JsonFile,
-    ServiceShow,
-    VllmVersion,
-)
+from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
+from specdeploy.host.facts.http import HttpGet
+from specdeploy.host.facts.nvidia import GpuMemory
+from specdeploy.host.facts.systemd import ServiceShow
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import curl_config
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff, unit_exec_argv

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 
-from specdeploy.host.balancer_stat import BalancerServers, servers_down
-from specdeploy.host.facts import FileSha1, GpuMemory, HttpGet, ServiceShow
+from specdeploy.host.facts.files import FileSha1
+from specdeploy.host.facts.haproxy import BalancerServers, servers_down
+from specdeploy.host.facts.http import HttpGet
+from specdeploy.host.facts.nvidia import GpuMemory
+from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.server import curl_config
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer

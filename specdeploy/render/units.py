@@ -10,7 +10,7 @@ import jinja2
 
 from specdeploy.config.host_text import unsafe_char
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import NVIDIA_MODPROBE, CudaBootInfo
+from specdeploy.host.facts.nvidia import NVIDIA_MODPROBE, CudaBootInfo
 from specdeploy.render import instances
 from specdeploy.render.argv import serve_argv
 
@@ -138,7 +138,7 @@ def _current_host_cuda_boot() -> CudaBootInfo:
     unit), or the plain CUDA unit where no host is in context (`specdeploy check`, tests)."""
     from pyinfra.context import ctx_host, host
 
-    from specdeploy.host.facts import CudaBoot
+    from specdeploy.host.facts.nvidia import CudaBoot
 
     return host.get_fact(CudaBoot) if ctx_host.isset() else CudaBootInfo()
 

@@ -15,7 +15,7 @@ from pyinfra.operations import apt, files
 
 from specdeploy.checks.capabilities import BALANCER_PACKAGES
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import ServiceActive
+from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.render.units import render_balancer
 from specdeploy.steps.unit import sha1
 

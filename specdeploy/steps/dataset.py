@@ -21,7 +21,7 @@ from pyinfra.operations import files, server
 from specdeploy.config import datasets
 from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import VllmVersion
+from specdeploy.host.facts.vllm import VllmVersion
 
 # The record's workload fields (steps/record.py) that the host data decides.
 WORKLOAD_FIELDS = (

@@ -27,7 +27,8 @@ from specdeploy.checks.capabilities import (
     alias_for,
 )
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
-from specdeploy.host.facts import FreeDiskBytes, VllmVersion
+from specdeploy.host.facts.system import FreeDiskBytes
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 from specdeploy.host.scripts import source
 from specdeploy.render.argv import unit_exec_argv

@@ -14,7 +14,8 @@ from pyinfra import host, logger
 from specdeploy.checks.gpus import Preflight, check_gpus
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import Accelerators, MemoryBytes
+from specdeploy.host.facts.nvidia import Accelerators
+from specdeploy.host.facts.system import MemoryBytes
 from specdeploy.render import instances
 from specdeploy.steps import weights
 

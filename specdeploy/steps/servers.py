@@ -21,7 +21,9 @@ from pyinfra.operations import files
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import DeploymentRecord, service_record
 from specdeploy.config.schema import UNIT_DIR, ServeConfig
-from specdeploy.host.facts import Accelerators, JsonFile, ServiceActive
+from specdeploy.host.facts.files import JsonFile
+from specdeploy.host.facts.nvidia import Accelerators
+from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.render import instances
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit

@@ -22,7 +22,7 @@ from pyinfra.operations import files, server, systemd
 
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server as lifecycle
-from specdeploy.host.facts import FileText
+from specdeploy.host.facts.files import FileText
 from specdeploy.host.on_host import write_text
 from specdeploy.render.argv import argv_diff, argv_lines, unit_exec_argv
 from specdeploy.render.units import RenderedUnit, render_env_file

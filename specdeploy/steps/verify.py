@@ -8,7 +8,8 @@ from pyinfra import host, logger
 
 from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import ServiceActive, VllmVersion
+from specdeploy.host.facts.systemd import ServiceActive
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit
 from specdeploy.steps import dataset, gate, install, record, smoke
 from specdeploy.steps.preflight import ServerPreflight

@@ -11,7 +11,8 @@ from pyinfra.facts.files import FindDirectories, FindFiles, FindLinks
 from pyinfra.operations import server
 
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts import FreeDiskBytes, ModelSnapshot
+from specdeploy.host.facts.system import FreeDiskBytes
+from specdeploy.host.facts.vllm import ModelSnapshot
 from specdeploy.host.scripts import source
 from specdeploy.steps import lock
 from specdeploy.steps.secrets import Secret, secret_file

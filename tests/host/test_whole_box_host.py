@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from specdeploy.host.balancer_stat import BalancerServers
+from specdeploy.host.facts.haproxy import BalancerServers
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer, render_unit
 from tests.host.test_deployed_host import curl, run

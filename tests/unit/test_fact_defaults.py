@@ -4,24 +4,20 @@ the command succeeded and printed something; on empty output (and on a command t
 the host is not failed: `specdeploy status`) it returns the fact's `default()`, which is None unless
 the fact defines one. So each fact defines its typed default, and the callers take it.
 
-The facts are found by introspection, so a new fact is covered here (and must bring a recorded
-output to RECORDED) without anyone remembering to add it."""
+The facts are found by introspection, so a new fact is covered here (with its arguments and a
+host's output from its fixtures in tests/facts/) without anyone remembering to add it."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import NamedTuple
-
 import pytest
+from pydantic import BaseModel
 from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.facts import get_fact
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from specdeploy.config.schema import config_from_data
-from specdeploy.host import balancer_stat, facts
-
-DATA = Path(__file__).parent / "data"
+from specdeploy.host.facts import files, haproxy, http, nvidia, system, systemd, vllm
+from tests.facts import all_fixtures, cases, fact_classes, fixture
 
 
 class RecordedConnector:
@@ -47,80 +43,31 @@ def pyinfra_host(lines: list[str], ok: bool = True):
     return host
 
 
-class Recorded(NamedTuple):
-    kwargs: dict
-    output: list[str]  # a real host's output: process() gets it
-    keys: tuple[str, ...] = ()  # a dict value's keys that callers index, so the default has them
+def recorded(fact: type[FactBase]) -> dict:
+    """The fact's first fixture (tests/facts/) whose output says something and whose value is not
+    None: its arguments and a host's output."""
+    for case in cases(fact.__name__):
+        data = fixture(fact.__name__, case)
+        if any(line.strip() for line in data["output"]) and data["fact"] is not None:
+            return data
+    raise AssertionError(f"{fact.__name__}: add a fixture with output to tests/facts/")
 
-
-def _nvidia_smi(name: str) -> list[str]:
-    return json.loads((DATA / "nvidia-smi-h200" / name).read_text())["output"]
-
-
-def _snapshot() -> list[str]:
-    snapshots = json.loads((DATA / "nvidia-smi-h200" / "model_facts.json").read_text())
-    return [json.dumps(next(iter(snapshots.values())))]
-
-
-RECORDED = {
-    facts.VllmVersion: Recorded({"venv": "/opt/v", "package": "vllm"}, ["0.32.0"]),
-    facts.ModelSnapshot: Recorded(
-        {"hf_home": "/hf", "repo": "o/m", "revision": "main"}, _snapshot()
-    ),
-    facts.Accelerators: Recorded({}, _nvidia_smi("device_idle.json")),
-    facts.CudaBoot: Recorded({}, ["@@unit nvidia-persistenced.service", "@@modprobe"]),
-    facts.FreeDiskBytes: Recorded(
-        {"path": "/opt"}, ["/dev/vda        263174212 36257200 215541792      15% /"]
-    ),
-    facts.MemoryBytes: Recorded(
-        {}, ["MemTotal:       24576000 kB", "MemAvailable:   20000000 kB"], ("total", "available")
-    ),
-    facts.JsonFile: Recorded({"path": "/r.json"}, ['{"role": "speculative"}']),
-    facts.FileText: Recorded({"path": "/u.service"}, ["[Unit]", "Description=vLLM"]),
-    facts.ServiceActive: Recorded({"unit": "u.service"}, ["active"]),
-    facts.ServiceShow: Recorded({"unit": "u.service"}, ["ActiveState=active", "Uptime=100.5"]),
-    facts.HttpGet: Recorded(
-        {"url": "http://127.0.0.1:8000/health"},
-        ["ok", "specdeploy-status-curl 200", "specdeploy-status-curl-exit 0"],
-        ("exit", "http", "body"),
-    ),
-    facts.FileSha1: Recorded({"path": "/etc/e.env"}, ["0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"]),
-    facts.GpuMemory: Recorded({}, _nvidia_smi("device_idle.json")),
-    balancer_stat.BalancerServers: Recorded(
-        {"socket": "/run/haproxy.sock"},
-        (DATA / "haproxy-2.6" / "both_up.csv").read_text().splitlines() + ["@@rc 0"],
-        ("status", "servers"),
-    ),
-}
 
 # Facts whose None is a value of their own, which every caller handles: "not there".
-NONE_MEANS_ABSENT = {facts.VllmVersion, facts.ModelSnapshot, facts.JsonFile, facts.FileText}
+NONE_MEANS_ABSENT = {vllm.VllmVersion, vllm.ModelSnapshot, files.JsonFile, files.FileText}
 
 
-def custom_facts() -> list[type[FactBase]]:
-    """Every fact (a FactBase subclass with a command) defined in specdeploy's fact modules."""
-    found = {
-        value
-        for module in (facts, balancer_stat)
-        for value in vars(module).values()
-        if isinstance(value, type)
-        and issubclass(value, FactBase)
-        and value.__module__ == module.__name__
-        and hasattr(value, "command")  # not a base such as facts.Fact
-    }
-    return sorted(found, key=lambda cls: cls.__name__)
+FACTS = list(fact_classes().values())  # found by introspection: a new fact is covered
 
 
 def test_the_facts_are_found():
-    assert {facts.CudaBoot, facts.Accelerators, balancer_stat.BalancerServers} <= set(
-        custom_facts()
-    )
+    assert {nvidia.CudaBoot, nvidia.Accelerators, haproxy.BalancerServers} <= set(FACTS)
 
 
-@pytest.mark.parametrize("fact", custom_facts(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("fact", FACTS, ids=lambda cls: cls.__name__)
 def test_empty_output_reads_as_the_facts_typed_default(fact):
-    assert fact in RECORDED, f"{fact.__name__}: add a recorded output to RECORDED"
-    kwargs, output, keys = RECORDED[fact]
+    data = recorded(fact)
+    kwargs, output = data["arg"], data["output"]
     host = pyinfra_host([])
     value = host.get_fact(fact, **kwargs)
     assert host.connector.commands == [fact().command(**kwargs)]
@@ -130,19 +77,26 @@ def test_empty_output_reads_as_the_facts_typed_default(fact):
     if value is None:
         assert fact in NONE_MEANS_ABSENT and real is not None
         return
-    assert type(value) is type(real)
-    for key in keys:
-        assert key in value and key in real
+    assert type(value) is type(real)  # its whole value: the fixture with no output (tests/facts)
     if isinstance(value, dict | list) or hasattr(value, "model_dump"):
         assert fact().default() is not fact().default()  # callers may change it: never shared
 
 
-@pytest.mark.parametrize("fact", custom_facts(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("name, case", all_fixtures(), ids=[f"{n}/{c}" for n, c in all_fixtures()])
+def test_every_fixture_reads_the_same_through_pyinfra(name, case):
+    data = fixture(name, case)
+    value = pyinfra_host(data["output"]).get_fact(fact_classes()[name], **data["arg"])
+    assert (value.model_dump(mode="json") if isinstance(value, BaseModel) else value) == data[
+        "fact"
+    ]
+
+
+@pytest.mark.parametrize("fact", FACTS, ids=lambda cls: cls.__name__)
 def test_a_failed_fact_command_reads_as_the_default_where_the_host_is_not_failed(fact):
     """`specdeploy status` reads facts with apply_failed_hosts=False: a command that failed
     (sudo refused, the host went away) gives the default, not None."""
     host = pyinfra_host(["something went wrong"], ok=False)
-    kwargs = RECORDED[fact].kwargs
+    kwargs = recorded(fact)["arg"]
     value = get_fact(host.state, host, fact, kwargs=kwargs, apply_failed_hosts=False)
     assert value == fact().default() and (value is not None or fact in NONE_MEANS_ABSENT)
 
@@ -156,10 +110,10 @@ def test_plain_cuda_host_renders_its_unit_through_pyinfra(valid_data):
     after persistenced only), as from the recorded fact."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBootInfo
     from specdeploy.render.units import render_unit
 
-    recorded = json.loads((DATA / "cuda-boot" / "h200-device-container.json").read_text())
+    recorded = fixture("CudaBoot", "h200_device_container")
     assert recorded["output"] == []
     cfg = config_from_data(valid_data)
     host = pyinfra_host(recorded["output"])
@@ -177,9 +131,9 @@ def test_the_deploys_checks_refuse_on_the_defaults(valid_data):
 
     cfg = config_from_data(valid_data)
     assert cfg.vllm_package == "vllm"  # the CUDA build, which reads the GPUs
-    problems = check_gpus(cfg, facts.Accelerators().default(), None).problems
+    problems = check_gpus(cfg, nvidia.Accelerators().default(), None).problems
     assert problems and "printed nothing" in problems[0]
-    assert "0.0 GB free" in venv_disk_problem(cfg, facts.FreeDiskBytes().default())
+    assert "0.0 GB free" in venv_disk_problem(cfg, system.FreeDiskBytes().default())
 
 
 def test_status_reads_the_defaults_where_a_host_printed_nothing():
@@ -188,10 +142,10 @@ def test_status_reads_the_defaults_where_a_host_printed_nothing():
 
     host = pyinfra_host([])
     probe = HostProbe(host.state, host, interval=1.0)
-    got = probe.fact(facts.HttpGet, url="http://127.0.0.1:1/health")
+    got = probe.fact(http.HttpGet, url="http://127.0.0.1:1/health")
     assert got["exit"] is None and got["http"] is None and got["body"]
-    assert probe.fact(facts.ServiceShow, unit="u.service").get("ActiveState") is None
-    assert probe.fact(facts.GpuMemory) == []
-    assert probe.fact(facts.FileSha1, path="/etc/e.env") == "unreadable"
-    stat = probe.fact(balancer_stat.BalancerServers, socket="/run/haproxy.sock")
+    assert probe.fact(systemd.ServiceShow, unit="u.service").get("ActiveState") is None
+    assert probe.fact(nvidia.GpuMemory) == []
+    assert probe.fact(files.FileSha1, path="/etc/e.env") == "unreadable"
+    stat = probe.fact(haproxy.BalancerServers, socket="/run/haproxy.sock")
     assert stat["status"] == "failed" and stat["servers"] == {} and stat["error"]

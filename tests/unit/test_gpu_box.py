@@ -1,7 +1,7 @@
 """A whole box's split and per-instance preflight on 8-GPU `nvidia-smi` outputs (issue 23).
 
-The fixtures `constructed_8gpu_*.json` in data/nvidia-smi-h200/ are CONSTRUCTED (their README and
-benchmarks/gpu_preflight/box_fixtures.py say how): the recorded H200 format and memory figures
+The fixtures `constructed_8gpu_*.json` in tests/facts/Accelerators/ are CONSTRUCTED (their README
+and benchmarks/gpu_preflight/box_fixtures.py say how): the recorded H200 format and memory figures
 repeated for GPUs 0-7. They hold what the `Accelerators` fact prints when asked about every
 instance's units; each instance's own call (steps/preflight.run_preflight with `service_units` of
 the instance's config) prints only its own `@@unit` parts, which `as_asked` keeps. The host data is
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from specdeploy.checks.preflight import evaluate
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render import instances
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
 

@@ -1,7 +1,7 @@
 """GPU checks first (issue 20 item 6): what the GPUs and driver can run is refused while planning,
 before any install or download, from the `Accelerators` fact alone (`preflight.check_gpus`).
 
-The H200 outputs are the recorded fixtures of data/nvidia-smi-h200/ (see test_gpu_preflight.py). No
+The H200 outputs are the recorded fixtures of tests/facts/Accelerators/ (test_gpu_preflight.py). No
 V100 was at hand: `v100()` is a copy of the H200's idle recording with its `--query-gpu` line edited
 to what a V100-SXM2-32GB prints (name, 32768 MiB, compute capability 7.0); the rest of the output
 (the H200's uuid listing, header, compute apps) is left as recorded.
@@ -16,7 +16,7 @@ from specdeploy.checks.gpus import check_gpus
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.flows import serve
-from specdeploy.host.facts import parse_accelerators
+from specdeploy.host.facts.nvidia import parse_accelerators
 from specdeploy.steps import servers
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture

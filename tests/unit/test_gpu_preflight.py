@@ -1,34 +1,31 @@
 """A GPU host running its own server does not refuse its own re-deploy (issue 20 item 1).
 
-The fixtures in data/nvidia-smi-h200/ are the `Accelerators` fact's command, output lines and value,
-pyinfra style, from nvidia-smi on one H200 (driver 580.159.04, 143771 MiB): "composed" ones from the
-2026-12-01 recordings in data/nvidia-smi-h200/2026-12-01/ (the parts the current command prints,
-recorded then with the committed command and separate nvidia-smi calls), "recorded" ones the current
-command's own output on the device (benchmarks/gpu_preflight/REPORT.md), and one "synthesized":
-`own_server_plus_other_60g` is the recorded 20 GiB case with the other process's compute-apps line
-edited from 21090 to 61440 MiB (memory.used raised by the same amount). `benchmarks.gpu_preflight.
-fixtures` writes them. The host data is the running server's (its rendered argv is
-2026-12-01/server_argv.txt), and the model facts are what the `ModelSnapshot` fact read from its
-checkpoints on the H200.
+The fixtures in tests/facts/Accelerators/ are the `Accelerators` fact's command, output lines and
+value, pyinfra style, from nvidia-smi on one H200 (driver 580.159.04, 143771 MiB): "composed" ones
+from the 2026-12-01 recordings in tests/facts/Accelerators/2026-12-01/ (the parts the current
+command prints, recorded then with the committed command and separate nvidia-smi calls),
+"recorded" ones the current command's own output on the device (benchmarks/gpu_preflight/
+REPORT.md), and one "synthesized": `own_server_plus_other_60g` is the recorded 20 GiB case with the
+other process's compute-apps line edited from 21090 to 61440 MiB (memory.used raised by the same
+amount). `benchmarks.gpu_preflight.fixtures` writes them. The host data is the running server's
+(its rendered argv is 2026-12-01/server_argv.txt), and the model facts are what the
+`ModelSnapshot` fact read from its checkpoints on the H200 (tests/facts/ModelSnapshot/).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
-from pathlib import Path
-
-import pytest
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host import facts
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts import nvidia
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
+from tests.facts import cases, snapshots
+from tests.facts import fixture as facts_fixture
 from tests.unit.test_accelerator import FAILING, H100_MIG, gpu_line, recording
 
-DATA = Path(__file__).parent / "data" / "nvidia-smi-h200"
-FIXTURES = sorted(p.stem for p in DATA.glob("*.json") if p.stem != "model_facts")
-MODELS = json.loads((DATA / "model_facts.json").read_text())
+FIXTURES = cases("Accelerators")
+MODELS = snapshots()  # the ModelSnapshot fixtures
 TARGET, DRAFT = MODELS["specdeploy/qwen3-8b-arch"], MODELS["specdeploy/qwen3-0.6b-arch"]
 RAM = {"total": 128 << 30, "available": 120 << 30}
 UNIT = "specdeploy-vllm.service"
@@ -38,7 +35,7 @@ UUID = "GPU-8bd7d9f1-f7cf-9957-259f-4973b3e8c19c"
 
 
 def fixture(name: str) -> dict:
-    return json.loads((DATA / f"{name}.json").read_text())
+    return facts_fixture("Accelerators", name)
 
 
 def fact(name: str):
@@ -70,16 +67,7 @@ def running(valid_data, k: int = 1, util: float = 0.55):
     )
 
 
-# The fixtures, pyinfra style
-
-
-@pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_command_and_value(name):
-    f = fixture(name)
-    current = Accelerators().command(**f["arg"])
-    if f["kind"] != "recorded" or "mode pids" not in f["note"]:
-        assert f["command"] == current  # a changed command makes the fixtures stale: rewrite them
-    assert Accelerators().process(f["output"]).model_dump() == f["fact"]
+# The fixtures (tests/facts/test_facts.py checks each one's command and value)
 
 
 def test_fixtures_hold_each_state():
@@ -284,7 +272,7 @@ def test_command_reads_the_units_cgroups(tmp_path, monkeypatch):
     (cg / "system.slice" / UNIT / "nested").mkdir(parents=True)
     (cg / "system.slice" / UNIT / "cgroup.procs").write_text("552\n")
     (cg / "system.slice" / UNIT / "nested" / "cgroup.procs").write_text("711\n")
-    monkeypatch.setattr(facts, "CGROUP_ROOTS", (str(tmp_path / "absent"), str(cg)))
+    monkeypatch.setattr(nvidia, "CGROUP_ROOTS", (str(tmp_path / "absent"), str(cg)))
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     recorded = fixture("own_server_running")["output"]
@@ -318,6 +306,6 @@ def test_command_reads_the_units_cgroups(tmp_path, monkeypatch):
 
 
 def test_command_without_units_is_the_plain_one():
-    assert Accelerators().command() == facts.ACCELERATOR_COMMAND
-    assert "--query-compute-apps=pid,gpu_uuid,used_memory" in facts.ACCELERATOR_COMMAND
-    assert "uuid --format" in facts.ACCELERATOR_COMMAND
+    assert Accelerators().command() == nvidia.ACCELERATOR_COMMAND
+    assert "--query-compute-apps=pid,gpu_uuid,used_memory" in nvidia.ACCELERATOR_COMMAND
+    assert "uuid --format" in nvidia.ACCELERATOR_COMMAND

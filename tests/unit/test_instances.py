@@ -2,27 +2,27 @@
 of one instance on its own GPUs.
 
 The 8-GPU `nvidia-smi` outputs are CONSTRUCTED: the recorded H200 format of
-data/nvidia-smi-h200/device_own_server_plus_other_40g.json (one GPU, driver 580.159.04, 143771 MiB)
-repeated for GPUs 0-7 with made-up UUIDs and PIDs; the memory figures are the recorded ones.
+tests/facts/Accelerators/device_own_server_plus_other_40g.json (one GPU, driver 580.159.04,
+143771 MiB) repeated for GPUs 0-7 with made-up UUIDs and PIDs; the memory figures are the recorded
+ones.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.record import read_service_record
 from specdeploy.config.schema import DATA_DEFAULTS, FIELDS, config_from_data
-from specdeploy.host.facts import Accelerators, parse_accelerators
+from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render import instances
 from specdeploy.render.units import render_unit
+from tests.facts import fixture
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, running
 
-DATA = Path(__file__).parent / "data" / "nvidia-smi-h200"
-RECORDED = json.loads((DATA / "device_own_server_plus_other_40g.json").read_text())["output"]
+RECORDED = fixture("Accelerators", "device_own_server_plus_other_40g")["output"]
 MIB = 1 << 20
 SERVER_MIB = 79264  # the recorded server's memory on its GPU (PID 770 in the recording)
 

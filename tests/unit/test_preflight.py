@@ -6,7 +6,7 @@ from specdeploy.checks import preflight as pf
 from specdeploy.checks.memory import kv_bytes_per_token
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts import AcceleratorInfo, Gpu
+from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
 from specdeploy.render.argv import engine_flags
 
 GIB = 1 << 30

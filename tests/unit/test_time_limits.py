@@ -164,7 +164,7 @@ def test_download_past_its_limit_stops_and_names_host_repo_and_key(tmp_path):
 def test_download_command_passes_the_limit_and_host(
     valid_data, monkeypatch, renewals, timeout, passed
 ):
-    from specdeploy.host.facts import FreeDiskBytes
+    from specdeploy.host.facts.system import FreeDiskBytes
     from specdeploy.steps import weights
 
     cfg = config_from_data({**valid_data, "download_timeout_s": timeout})

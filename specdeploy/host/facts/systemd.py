@@ -1,0 +1,39 @@
+"""What systemd says about a unit: `systemctl is-active`, and `systemctl show` for `specdeploy
+status`."""
+
+from __future__ import annotations
+
+import shlex
+
+from specdeploy.host.facts.base import Fact
+
+
+class ServiceActive(Fact):
+    """`systemctl is-active UNIT` (active, inactive, failed, activating...)."""
+
+    def command(self, unit: str) -> str:
+        return f"systemctl is-active {shlex.quote(unit)} || true"
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[-1] if lines else "unknown"
+
+
+class ServiceShow(Fact):
+    """systemd's view of a unit (`systemctl show`), plus the host's uptime to turn monotonic stamps
+    into ages; read by `specdeploy status` (observe/status.py). No systemd: only the uptime."""
+
+    PROPERTIES = tuple(
+        "LoadState ActiveState SubState UnitFileState ActiveEnterTimestamp "
+        "ActiveEnterTimestampMonotonic NRestarts MainPID NeedDaemonReload".split()
+    )
+
+    def command(self, unit: str) -> str:
+        props = ",".join(self.PROPERTIES)
+        return (
+            f"systemctl show {shlex.quote(unit)} -p {props} 2>/dev/null || true; "
+            "echo Uptime=$(cut -d' ' -f1 /proc/uptime)"
+        )
+
+    def process(self, output):
+        return dict(line.split("=", 1) for line in output if "=" in line)
