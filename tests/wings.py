@@ -116,6 +116,7 @@ WINGS: dict[str, Wing] = {
             "specdeploy/render/instances.py",
             "specdeploy/host/balancer_stat.py",
             "specdeploy/observe/status_box.py",
+            "specdeploy/observe/rows.py",
             "specdeploy/steps/gate.py",
             "specdeploy/flows/measure.py",
             "templates/haproxy.cfg.j2",
@@ -154,6 +155,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/observe/status.py",
             "specdeploy/observe/status_table.py",
+            "specdeploy/observe/rows.py",
             "specdeploy/decide/metrics.py",
             "specdeploy/observe/monitoring.py",
             "specdeploy/host/watchdog.py",
