@@ -55,12 +55,12 @@ from specdeploy.decide.tune_rule import (
     runs_by_label,
     shown_faster,
 )
-from specdeploy.measure.arms import Arm
+from specdeploy.measure.arms import Arm, SharedStep
+from specdeploy.measure.conditions import TuneConditions
 
 MAX_EXTENSIONS = 2
 
 ArmFor = Callable[[int], Arm]  # k -> the arm measuring it; 0 -> the baseline arm
-Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as harness.measure_plan takes them
 
 
 # --- which k to measure ---------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def predict_plan(
     arm_for: ArmFor,
     record: Callable[[dict], None] = lambda _: None,
     share_server: bool = False,
-) -> Iterator[Step]:
+) -> Iterator[SharedStep]:
     """The adaptive plan (module docstring). `read()` returns the results so far; `record(obj)`
     keeps the prediction and the decisions (raw/<host>/prediction.json). share_server: the runs of
     one arm in a phase share one fresh server (SHARED_SERVER_NOTE). repeats None: the fewest runs
@@ -120,18 +120,18 @@ def predict_plan(
     if share_server:  # the warm-up runs share the first baseline server
         yield from _guarded(
             [
-                (_seeded(cfg, baseline, WARMUP_SEED_OFFSET + i), True, i > 0)
+                SharedStep(_seeded(cfg, baseline, WARMUP_SEED_OFFSET + i), True, i > 0)
                 for i in range(warmup_runs)
             ]
-            + [(_seeded(cfg, baseline, 0), False, warmup_runs > 0)],
+            + [SharedStep(_seeded(cfg, baseline, 0), False, warmup_runs > 0)],
             read,
         )
-        yield from ((_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
+        yield from (SharedStep(_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
     else:
         for i in range(warmup_runs):
-            yield pin_arms[i % len(pin_arms)], True, False
+            yield SharedStep(pin_arms[i % len(pin_arms)], True, False)
         for arm in pin_arms:
-            yield arm, False, False
+            yield SharedStep(arm, False, False)
 
     pin_results = counted(read())
     runs = [r for r in (run_from_bench(x) for x in pin_results) if r is not None]
@@ -205,24 +205,26 @@ def _runs(
     need: Mapping[str, int],
     have: Mapping[str, int],
     share_server: bool,
-) -> list[Step]:
+) -> list[SharedStep]:
     """The counted runs `need` asks for: fresh servers in rotating rounds, or (share_server) one
     visit per arm, its first run on a fresh server and the rest on the same one."""
     if not share_server:
-        return [(a, False, False) for a in rounds(arms, need)]
+        return [SharedStep(a, False, False) for a in rounds(arms, need)]
     return [
-        (_seeded(cfg, a, have.get(a.label, 0) + j), False, j > 0)
+        SharedStep(_seeded(cfg, a, have.get(a.label, 0) + j), False, j > 0)
         for a in arms
         for j in range(max(need.get(a.label, 0), 0))
     ]
 
 
-def _guarded(steps: Iterable[Step], read: Callable[[], list[BenchResult]]) -> Iterator[Step]:
+def _guarded(
+    steps: Iterable[SharedStep], read: Callable[[], list[BenchResult]]
+) -> Iterator[SharedStep]:
     """Yield the steps; after every run on a reused server, its prefix-cache counters must show
     no hit."""
     for step in steps:
         yield step
-        if step[2]:
+        if step.same_server:
             check_no_prefix_reuse(read()[-1])
 
 
@@ -256,7 +258,7 @@ class PredictPlan:
     out_dir: Path
     arm_for: ArmFor
 
-    def __iter__(self) -> Iterator[Step]:
+    def __iter__(self) -> Iterator[SharedStep]:
         def record(state: dict) -> None:
             (self.out_dir / "prediction.json").write_text(json.dumps(state, indent=1))
 
@@ -271,18 +273,23 @@ class PredictPlan:
             share_server=self.share_server,
         )
 
-    def conditions(self) -> dict:
-        """What conditions.json says about this plan (compare.conditions adds the rest)."""
+    def conditions(self) -> TuneConditions:
+        """What conditions.json says about this plan (plans.conditions adds the rest)."""
         confirm = "one visit each" if self.share_server else "in rotating rounds"
-        out = {
-            "tune_method": "predict",
-            "order": f"warm-up, then baseline {' '.join(f'k{k}' for k in pin_ks(self.ks))} (pin), "
+        return TuneConditions(
+            ks=list(self.ks),
+            repeats=self.repeats,
+            warmup_runs=self.warmup_runs,
+            tune_method="predict",
+            order=f"warm-up, then baseline {' '.join(f'k{k}' for k in pin_ks(self.ks))} (pin), "
             f"then the predicted best k, its neighbours and the baseline {confirm} (confirm); the "
             "exact order is the sample index",
-        }
-        if self.share_server:
-            out["restart_between_samples"] = "per arm visit: " + SHARED_SERVER_NOTE
-        return out
+        )
+
+    @property
+    def restart_between_samples(self) -> bool | str:
+        """True: a fresh server for every sample; share_server: how a visit's runs share one."""
+        return "per arm visit: " + SHARED_SERVER_NOTE if self.share_server else True
 
     def describe(self) -> str:
         return (
