@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from specdeploy.config.record import BenchResult, bench_result
 from specdeploy.config.schema import ServeConfig
@@ -98,6 +99,55 @@ def read_raw(out_dir: Path) -> Callable[[], list[BenchResult]]:
 # --- the plan -------------------------------------------------------------------------------------
 
 
+@dataclass
+class PredictionRecord:
+    """raw/<host>/prediction.json: the prediction after the pin phase and what the flow decided to
+    confirm, written again at every decision (decide.tune_rule.flow_summary reads it for the
+    report). `as_json()` is the file's object, key for key as it has always been."""
+
+    share_server: bool
+    tune_k: list[int]
+    pinned_k: list[int]
+    pin_samples: int
+    step_model: str  # predict()'s "kind"
+    model: str  # the fitted step model in words
+    per_position_acceptance: list[float]
+    rows: list[dict[str, Any]]  # predict.json_rows: the predicted TPOT per k
+    predicted_best_k: int | None
+    why_no_prediction: str | None = None  # nothing to predict from: every k is measured
+    predicted_off: str | None = None  # no k predicted faster than the baseline: why
+    confirm_k: list[int] = field(default_factory=list)
+    extensions: int = 0
+    runs_per_arm: int | None = None
+    prefix_cache: dict[str, Any] | None = None  # tune_rule.prefix_cache_evidence, at the end
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": "predict",
+            "share_server": self.share_server,
+            "tune_k": self.tune_k,
+            "pinned_k": self.pinned_k,
+            "pin_samples": self.pin_samples,
+            "step_model": self.step_model,
+            "model": self.model,
+            "per_position_acceptance": self.per_position_acceptance,
+            "rows": self.rows,
+            "predicted_best_k": self.predicted_best_k,
+        }
+        if self.why_no_prediction is not None:
+            out["why_no_prediction"] = self.why_no_prediction
+        if self.predicted_off is not None:
+            out["predicted_off"] = self.predicted_off
+        out |= {
+            "confirm_k": self.confirm_k,
+            "extensions": self.extensions,
+            "runs_per_arm": self.runs_per_arm,
+        }
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = self.prefix_cache
+        return out
+
+
 def predict_plan(
     cfg: ServeConfig,
     *,
@@ -110,7 +160,8 @@ def predict_plan(
     share_server: bool = False,
 ) -> Iterator[SharedStep]:
     """The adaptive plan (module docstring). `read()` returns the results so far; `record(obj)`
-    keeps the prediction and the decisions (raw/<host>/prediction.json). share_server: the runs of
+    keeps the prediction and the decisions (raw/<host>/prediction.json: a PredictionRecord's
+    JSON, a new object at every decision). share_server: the runs of
     one arm in a phase share one fresh server (SHARED_SERVER_NOTE). repeats None: the fewest runs
     per arm at which choose_k can decide over the confirm window (choose.min_runs_for_choose_k)."""
     ks = sorted(set(ks))
@@ -137,31 +188,30 @@ def predict_plan(
     runs = [r for r in (run_from_bench(x) for x in pin_results) if r is not None]
     prediction = predict(runs, ks=[0, *ks])
     predicted_best = best_k([r for r in prediction["rows"] if r["k"] in ks])
-    state = {
-        "method": "predict",
-        "share_server": share_server,
-        "tune_k": ks,
-        "pinned_k": pinned,
-        "pin_samples": len(pin_results),
-        "step_model": prediction["kind"],
-        "model": prediction["model"],
-        "per_position_acceptance": prediction["rates"],
-        "rows": json_rows(prediction),
-        "predicted_best_k": predicted_best,
-    }
+    state = PredictionRecord(
+        share_server=share_server,
+        tune_k=ks,
+        pinned_k=pinned,
+        pin_samples=len(pin_results),
+        step_model=prediction["kind"],
+        model=prediction["model"],
+        per_position_acceptance=prediction["rates"],
+        rows=json_rows(prediction),
+        predicted_best_k=predicted_best,
+    )
     if predicted_best is None:  # nothing to predict from (e.g. no acceptance figures): measure all
         window = ks
-        state["why_no_prediction"] = "no TPOT could be predicted; every k is measured"
+        state.why_no_prediction = "no TPOT could be predicted; every k is measured"
     else:
         window = neighbours(ks, predicted_best)
         off = predicted_off(prediction["rows"], predicted_best)
         if off:
-            window, state["predicted_off"] = [predicted_best], off
+            window, state.predicted_off = [predicted_best], off
     extensions = 0
     while True:
         each = repeats or min_runs_for_choose_k(len(window), alpha=cfg.decision_alpha)
-        state.update(confirm_k=window, extensions=extensions, runs_per_arm=each)
-        record(state)
+        state.confirm_k, state.extensions, state.runs_per_arm = window, extensions, each
+        record(state.as_json())
         arms = [baseline, *(arm_for(k) for k in window)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
         need = {a.label: each - have.get(a.label, 0) for a in arms}
@@ -182,10 +232,9 @@ def predict_plan(
         need = {a.label: each for a in extra_arms}
         yield from _guarded(_runs(cfg, extra_arms, need, have, share_server), read)
         window = sorted({*window, nxt})
-    state.update(
-        confirm_k=window, extensions=extensions, prefix_cache=prefix_cache_evidence(read())
-    )
-    record(state)
+    state.confirm_k, state.extensions = window, extensions
+    state.prefix_cache = prefix_cache_evidence(read())
+    record(state.as_json())
 
 
 WARMUP_SEED_OFFSET = 1000  # warm-up runs use request sets no counted run uses
