@@ -93,15 +93,11 @@ def write_monitoring(args, out: Path, configs: dict) -> None:
         warn=lambda line: print(line, file=sys.stderr),
     )
     print(
-        f"prometheus: wrote {out / 'prometheus'}: {summary['targets']} target(s) in job(s) "
-        f"{', '.join(summary['jobs']) or '-'}"
-        + (
-            f", {summary['balancers']} balancer(s) in job {BALANCER_JOB}"
-            if summary["balancers"]
-            else ""
-        )
+        f"prometheus: wrote {out / 'prometheus'}: {summary.targets} target(s) in job(s) "
+        f"{', '.join(summary.jobs) or '-'}"
+        + (f", {summary.balancers} balancer(s) in job {BALANCER_JOB}" if summary.balancers else "")
         + "; TPOT/acceptance baselines for "
-        f"{', '.join(summary['baselines']) or 'no host'} (from {args.reports})"
+        f"{', '.join(summary.baselines) or 'no host'} (from {args.reports})"
     )
 
 

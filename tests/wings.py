@@ -117,6 +117,7 @@ WINGS: dict[str, Wing] = {
             "specdeploy/render/instances.py",
             "specdeploy/host/facts/haproxy.py",
             "specdeploy/observe/status_box.py",
+            "specdeploy/observe/rows.py",
             "specdeploy/steps/gate.py",
             "specdeploy/flows/measure.py",
             "templates/haproxy.cfg.j2",
@@ -155,6 +156,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/observe/status.py",
             "specdeploy/observe/status_table.py",
+            "specdeploy/observe/rows.py",
             "specdeploy/decide/metrics.py",
             "specdeploy/observe/monitoring.py",
             "specdeploy/host/watchdog.py",

@@ -4,7 +4,9 @@ what the arm changes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.render.units import RenderedUnit, render_unit
@@ -34,6 +36,26 @@ def k_arm(cfg: ServeConfig, k: int) -> Arm:
 
 BASELINE = Arm("baseline", False)
 SPECULATIVE = Arm("speculative", True)
+
+
+class Step(NamedTuple):
+    """One benchmark of a plan, in order: its arm, and whether it is a discarded warm-up run."""
+
+    arm: Arm
+    warmup: bool
+
+
+class SharedStep(NamedTuple):
+    """A step of the predict flow (tune_flow.predict_plan): also whether it runs on the server the
+    previous step started for the same arm (tune_share_server) instead of a fresh one."""
+
+    arm: Arm
+    warmup: bool
+    same_server: bool
+
+
+# what harness.measure_plan runs: a list, or a generator that reads the samples written so far
+Plan = Iterable[Step] | Iterable[SharedStep]
 
 
 def measure_unit(cfg: ServeConfig, arm: Arm) -> RenderedUnit:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host, logger
 
@@ -35,7 +37,7 @@ from specdeploy.config.timestamps import utc_iso
 from specdeploy.host import server, watchdog
 from specdeploy.host.bench import PendingBench, bench_time_limit
 from specdeploy.host.on_host import read_text
-from specdeploy.measure.arms import Arm, measure_unit
+from specdeploy.measure.arms import Arm, Plan, measure_unit
 from specdeploy.steps import lock, weights
 
 
@@ -111,10 +113,11 @@ def watchdog_seconds(cfg: ServeConfig, workload: Workload | None = None) -> int:
 
 
 def measure_plan(
-    cfg: ServeConfig, plan: list[tuple[Arm, bool]], *, out_dir: Path, conditions: dict
+    cfg: ServeConfig, plan: Plan, *, out_dir: Path, conditions: Mapping[str, Any]
 ) -> list[BenchResult]:
-    """Run `plan` ([(arm, is_warmup)], in order) on this host, then restore the deployed unit
-    (always)."""
+    """Run `plan` (Steps, or the predict flow's SharedSteps, in order) on this host, then restore
+    the deployed unit (always). `conditions`: conditions.json's object (plans.Conditions, with the
+    kind and, on a whole box, the measured instance), to which the run's own keys are added."""
     snaps = weights.snapshots(cfg)
     missing = [role for role, snap in snaps.items() if not snap]
     if missing:  # vLLM runs offline here: say so before the production units are stopped
@@ -145,7 +148,7 @@ def measure_plan(
     )
     results = []
     try:
-        for i, (arm, warm, *same_server) in enumerate(plan):  # (arm, warm-up[, same server])
+        for i, (arm, warm, *same_server) in enumerate(plan):  # Step or SharedStep
             # armed before the first sample stops production, renewed before every other one
             seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
             lock.renew_held(lock.step_lease(cfg, seconds))  # the deploy lock outlasts the sample

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from pyinfra import host, logger
 
@@ -26,7 +27,17 @@ from specdeploy.decide.decisions import run_values as _run_values
 from specdeploy.decide.stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
 from specdeploy.decide.tune_rule import runs_by_label
 from specdeploy.host.bench import bench_args
-from specdeploy.measure.arms import BASELINE, SPECULATIVE, Arm, k_arm
+from specdeploy.measure.arms import BASELINE, SPECULATIVE, Arm, Step, k_arm
+from specdeploy.measure.conditions import (
+    ApcProfile,
+    CompareConditions,
+    Conditions,
+    Limits,
+    RunOrder,
+    SequentialRule,
+    TuneConditions,
+    VllmPin,
+)
 from specdeploy.measure.tune_flow import PredictPlan, read_raw
 from specdeploy.render.units import render_unit
 from specdeploy.report.paths import raw_dir
@@ -46,7 +57,16 @@ def setting(cfg: ServeConfig, name: str):
     )  # validated like host data
 
 
-def apc_workload(cfg: ServeConfig) -> tuple[Workload, tuple[str, ...], dict]:
+class ApcWorkload(NamedTuple):
+    """The prefix-caching profile's requests: the workload, the bench flags that shape it, and
+    what conditions.json says of it."""
+
+    workload: Workload
+    bench_extra: tuple[str, ...]
+    profile: ApcProfile
+
+
+def apc_workload(cfg: ServeConfig) -> ApcWorkload:
     """Requests that share long prefixes (vLLM bench's prefix_repetition dataset), sized to fit."""
     w = cfg.workload
     prefix = max(64, min(512, (cfg.effective_max_model_len - w.output_len) // 2))
@@ -65,32 +85,29 @@ def apc_workload(cfg: ServeConfig) -> tuple[Workload, tuple[str, ...], dict]:
         "--prefix-repetition-output-len",
         str(w.output_len),
     )
-    return (
-        workload,
-        extra,
-        {
-            "prefix_len": prefix,
-            "suffix_len": suffix,
-            "num_prefixes": groups,
-            "output_len": w.output_len,
-            "num_prompts": w.num_prompts,
-        },
+    profile = ApcProfile(
+        prefix_len=prefix,
+        suffix_len=suffix,
+        num_prefixes=groups,
+        output_len=w.output_len,
+        num_prompts=w.num_prompts,
     )
+    return ApcWorkload(workload, extra, profile)
 
 
 def compare_plan(
     cfg: ServeConfig, *, repeats: int, warmup_runs: int, apc_profile: bool, apc_repeats: int
-) -> list[tuple[Arm, bool]]:
+) -> list[Step]:
     """The fixed plan (compare_repeats set): warm-up, `repeats` alternating rounds, the APC
     profile."""
     plan = _warmups(warmup_runs) + [
-        (arm, False) for r in range(repeats) for arm in _round(r)
+        Step(arm, False) for r in range(repeats) for arm in _round(r)
     ]  # B S, S B, B S, ...: neither arm always first
     return plan + apc_plan(cfg, apc_profile=apc_profile, apc_repeats=apc_repeats)
 
 
-def _warmups(warmup_runs: int) -> list[tuple[Arm, bool]]:
-    return [((SPECULATIVE, BASELINE)[i % 2], True) for i in range(warmup_runs)]
+def _warmups(warmup_runs: int) -> list[Step]:
+    return [Step((SPECULATIVE, BASELINE)[i % 2], True) for i in range(warmup_runs)]
 
 
 def _round(r: int) -> list[Arm]:
@@ -98,13 +115,13 @@ def _round(r: int) -> list[Arm]:
     return [arms[label] for label in round_order(list(arms), r, seed=None, mode=ORDER)]
 
 
-def apc_plan(cfg: ServeConfig, *, apc_profile: bool, apc_repeats: int) -> list[tuple[Arm, bool]]:
+def apc_plan(cfg: ServeConfig, *, apc_profile: bool, apc_repeats: int) -> list[Step]:
     if not apc_profile:
         return []
     workload, extra, _ = apc_workload(cfg)
     off = Arm("apc-off", False, prefix_caching=False, workload=workload, bench_extra=extra)
     on = Arm("apc-on", False, prefix_caching=True, workload=workload, bench_extra=extra)
-    return [step for _ in range(apc_repeats) for step in ((off, False), (on, False))]
+    return [step for _ in range(apc_repeats) for step in (Step(off, False), Step(on, False))]
 
 
 # --- the sequential compare (compare_repeats unset, the default) ----------------------------------
@@ -116,9 +133,9 @@ def sequential_compare_plan(
     warmup_runs: int,
     alpha: float,
     read: Callable[[], list[dict]],
-    then: Sequence[tuple[Arm, bool]] = (),
+    then: Sequence[Step] = (),
     log: Callable[[str], None] = lambda _: None,
-) -> Iterator[tuple[Arm, bool]]:
+) -> Iterator[Step]:
     """compare's default plan: warm-up, then alternating rounds (B S, S B, ...) of fresh-server
     runs, starting with the fewest rounds at which the rule can decide (the first look of
     decisions.next_step) and adding one round while it says "add a run to each arm", up to
@@ -131,7 +148,7 @@ def sequential_compare_plan(
     r = 0
     while True:
         for arm in _round(r):
-            yield arm, False
+            yield Step(arm, False)
         r += 1
         if r < first:
             continue
@@ -158,10 +175,11 @@ class SequentialCompare:
     max_runs: int
     warmup_runs: int
     alpha: float
-    then: tuple[tuple[Arm, bool], ...]
+    then: tuple[Step, ...]
     out_dir: Path
+    apc_profile: ApcProfile | None = None  # what `then` measures, for the conditions
 
-    def __iter__(self) -> Iterator[tuple[Arm, bool]]:
+    def __iter__(self) -> Iterator[Step]:
         return sequential_compare_plan(
             max_runs=self.max_runs,
             warmup_runs=self.warmup_runs,
@@ -171,71 +189,89 @@ class SequentialCompare:
             log=lambda line: logger.info(f"{host.print_prefix}{line}"),
         )
 
-    def conditions(self) -> dict:
-        """What conditions.json says about the sequential rule (report.sequential_steps)."""
+    def conditions(self) -> CompareConditions:
+        """What conditions.json says about this compare, its sequential rule included
+        (report.sequential_steps replays it)."""
         looks = sequential_looks(self.max_runs, alpha=self.alpha)
-        return {
-            "repeats": None,
-            "sequential": {
-                "max_runs": self.max_runs,
-                "spending": "first-last",
-                "looks": looks,
-                "first_runs": looks[0]["runs"],
-                "rule": SEQUENTIAL_RULE,
-            },
-            "order": f"warm-up, then alternating rounds ({' '.join(a.label for a in _round(0))},"
+        return CompareConditions(
+            warmup_runs=self.warmup_runs,
+            run_order=RunOrder(ORDER, None),
+            apc_profile=self.apc_profile,
+            repeats=None,
+            sequential=SequentialRule(
+                max_runs=self.max_runs,
+                spending="first-last",
+                looks=looks,
+                first_runs=looks[0]["runs"],
+                rule=SEQUENTIAL_RULE,
+            ),
+            order=f"warm-up, then alternating rounds ({' '.join(a.label for a in _round(0))},"
             f" {' '.join(a.label for a in _round(1))}, ...) from {looks[0]['runs']} runs per arm "
             f"while the rule says '{ADD_RUN}', at most {self.max_runs}"
             + ("; then apc-off apc-on" if self.then else ""),
-        }
+        )
 
 
-def tune_plan(
-    cfg: ServeConfig, *, ks: list[int], repeats: int, warmup_runs: int
-) -> list[tuple[Arm, bool]]:
+def tune_plan(cfg: ServeConfig, *, ks: list[int], repeats: int, warmup_runs: int) -> list[Step]:
     arms = [BASELINE] + [k_arm(cfg, k) for k in ks]  # the baseline: is any k worth it at all?
-    plan: list[tuple[Arm, bool]] = [(arms[i % len(arms)], True) for i in range(warmup_runs)]
+    plan = [Step(arms[i % len(arms)], True) for i in range(warmup_runs)]
     for r in range(repeats):  # rotate the order each round so no k always runs first
         shift = r % len(arms)
-        plan += [(a, False) for a in arms[shift:] + arms[:shift]]
+        plan += [Step(a, False) for a in arms[shift:] + arms[:shift]]
     return plan
 
 
-def conditions(cfg: ServeConfig, **extra) -> dict:
+def conditions(
+    cfg: ServeConfig,
+    plan: CompareConditions | TuneConditions,
+    *,
+    restart_between_samples: bool | str = True,
+) -> Conditions:
+    """What every report states about one host's measurement; `plan`: the plan's own part."""
     w = cfg.workload
-    return {
-        "workload": w.model_dump(),
-        "request_set": datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
-        "bench_args": bench_args(
+    return Conditions(
+        workload=w,
+        request_set=datasets.describe(w.dataset_path, w.dataset),  # sha256, rows
+        bench_args=bench_args(
             cfg,
             base_url=cfg.base_url,
             tokenizer="<target snapshot>",
             result_dir="<dir>",
             result_filename="<name>.json",
         ),
-        "baseline_argv": render_unit(cfg, "baseline", prefix_caching=False).argv,
-        "speculative_argv": render_unit(cfg, "speculative", prefix_caching=False).argv,
-        "speculative_config": cfg.speculative_config,
-        "memory": dict([cfg.memory_mechanism]),
-        "limits": {
-            "max_model_len": cfg.effective_max_model_len,
-            "max_num_seqs": cfg.effective_max_num_seqs,
-            "max_num_batched_tokens": cfg.effective_max_num_batched_tokens,
-        },
-        "vllm": {"package": cfg.vllm_package, "version": cfg.vllm_version},
-        "prefix_caching": "off for every speculative/baseline/k measurement instance",
-        "restart_between_samples": True,
-        "warm_up": "one discarded completion per server instance, plus the discarded warm-up runs",
-        "decision_alpha": cfg.decision_alpha,
-        "decision_rule": RULE,
-        **extra,
-    }
+        baseline_argv=render_unit(cfg, "baseline", prefix_caching=False).argv,
+        speculative_argv=render_unit(cfg, "speculative", prefix_caching=False).argv,
+        speculative_config=cfg.speculative_config,
+        memory=dict([cfg.memory_mechanism]),
+        limits=Limits(
+            max_model_len=cfg.effective_max_model_len,
+            max_num_seqs=cfg.effective_max_num_seqs,
+            max_num_batched_tokens=cfg.effective_max_num_batched_tokens,
+        ),
+        vllm=VllmPin(package=cfg.vllm_package, version=cfg.vllm_version),
+        prefix_caching="off for every speculative/baseline/k measurement instance",
+        restart_between_samples=restart_between_samples,
+        warm_up="one discarded completion per server instance, plus the discarded warm-up runs",
+        decision_alpha=cfg.decision_alpha,
+        decision_rule=RULE,
+        plan=plan,
+    )
 
 
 # --- what deploys/compare.py and deploys/tune.py measure ------------------------------------------
 
 
-def compare_measurement(cfg: ServeConfig) -> tuple[object, dict, str]:
+class Measurement(NamedTuple):
+    """What compare or tune measures on one host: the plan harness.measure_plan runs, the
+    conditions its report states (a mapping: conditions.json's object), and the line that says
+    what (the pyinfra operation's name). Unpacks as (plan, cond, what)."""
+
+    plan: list[Step] | SequentialCompare | PredictPlan
+    conditions: Conditions
+    what: str
+
+
+def compare_measurement(cfg: ServeConfig) -> Measurement:
     """compare_repeats set: that many runs per arm (one look at alpha); unset (the default): the
     sequential compare up to compare_max_repeats runs per arm."""
     repeats = setting(cfg, "compare_repeats")
@@ -243,11 +279,7 @@ def compare_measurement(cfg: ServeConfig) -> tuple[object, dict, str]:
     warmup_runs = setting(cfg, "compare_warmup_runs")
     apc = setting(cfg, "compare_apc_profile")
     apc_repeats = setting(cfg, "compare_apc_repeats")
-    extra = {
-        "warmup_runs": warmup_runs,
-        "run_order": {"mode": ORDER, "seed": None},
-        "apc_profile": apc_workload(cfg)[2] if apc else None,
-    }
+    profile = apc_workload(cfg).profile if apc else None
     if repeats is None:
         looks = sequential_looks(max_runs, alpha=cfg.decision_alpha)
         if not looks:
@@ -258,23 +290,25 @@ def compare_measurement(cfg: ServeConfig) -> tuple[object, dict, str]:
             cfg.decision_alpha,
             tuple(apc_plan(cfg, apc_profile=apc, apc_repeats=apc_repeats)),
             raw_dir("compare", host.name),
+            apc_profile=profile,
         )
-        cond = conditions(cfg, **extra, **plan.conditions())
         what = (
             f"A/B (sequential: {looks[0]['runs']} to {max_runs} runs per arm, {warmup_runs} "
             f"warm-up, APC profile {apc})"
         )
-        return plan, cond, what
-    plan = compare_plan(
+        return Measurement(plan, conditions(cfg, plan.conditions()), what)
+    fixed = compare_plan(
         cfg, repeats=repeats, warmup_runs=warmup_runs, apc_profile=apc, apc_repeats=apc_repeats
     )
-    cond = conditions(
-        cfg,
-        **extra,
+    part = CompareConditions(
+        warmup_runs=warmup_runs,
+        run_order=RunOrder(ORDER, None),
+        apc_profile=profile,
         repeats=repeats,
-        order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
+        order="warm-up, then " + " ".join(step.arm.label for step in fixed if not step.warmup),
     )
-    return plan, cond, f"A/B ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})"
+    what = f"A/B ({repeats} runs per arm, {warmup_runs} warm-up, APC profile {apc})"
+    return Measurement(fixed, conditions(cfg, part), what)
 
 
 def _budget_problem(cfg: ServeConfig, max_runs: int) -> Problem:
@@ -288,7 +322,7 @@ def _budget_problem(cfg: ServeConfig, max_runs: int) -> Problem:
     )
 
 
-def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, str]:
+def tune_measurement(cfg: ServeConfig) -> Measurement:
     ks = setting(cfg, "tune_k")
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}tune: {RANDOM_REQUESTS_WARNING}")
@@ -309,15 +343,17 @@ def tune_measurement(cfg: ServeConfig) -> tuple[list[tuple[Arm, bool]], dict, st
             out_dir=raw_dir("tune", host.name),
             arm_for=lambda k: k_arm(cfg, k) if k else BASELINE,
         )
-        cond = conditions(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs, **plan.conditions())
-        return plan, cond, plan.describe()
-    plan = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
-    cond = conditions(
-        cfg,
+        cond = conditions(
+            cfg, plan.conditions(), restart_between_samples=plan.restart_between_samples
+        )
+        return Measurement(plan, cond, plan.describe())
+    sweep = tune_plan(cfg, ks=ks, repeats=repeats, warmup_runs=warmup_runs)
+    part = TuneConditions(
         ks=ks,
         repeats=repeats,
         warmup_runs=warmup_runs,
         tune_method="sweep",
-        order="warm-up, then " + " ".join(a.label for a, w in plan if not w),
+        order="warm-up, then " + " ".join(step.arm.label for step in sweep if not step.warmup),
     )
-    return plan, cond, f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"
+    what = f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"
+    return Measurement(sweep, conditions(cfg, part), what)

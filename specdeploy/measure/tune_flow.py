@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from specdeploy.config.record import BenchResult, bench_result
 from specdeploy.config.schema import ServeConfig
@@ -55,12 +56,12 @@ from specdeploy.decide.tune_rule import (
     runs_by_label,
     shown_faster,
 )
-from specdeploy.measure.arms import Arm
+from specdeploy.measure.arms import Arm, SharedStep
+from specdeploy.measure.conditions import TuneConditions
 
 MAX_EXTENSIONS = 2
 
 ArmFor = Callable[[int], Arm]  # k -> the arm measuring it; 0 -> the baseline arm
-Step = tuple[Arm, bool, bool]  # (arm, is_warmup, same_server), as harness.measure_plan takes them
 
 
 # --- which k to measure ---------------------------------------------------------------------------
@@ -98,6 +99,55 @@ def read_raw(out_dir: Path) -> Callable[[], list[BenchResult]]:
 # --- the plan -------------------------------------------------------------------------------------
 
 
+@dataclass
+class PredictionRecord:
+    """raw/<host>/prediction.json: the prediction after the pin phase and what the flow decided to
+    confirm, written again at every decision (decide.tune_rule.flow_summary reads it for the
+    report). `as_json()` is the file's object, key for key as it has always been."""
+
+    share_server: bool
+    tune_k: list[int]
+    pinned_k: list[int]
+    pin_samples: int
+    step_model: str  # predict()'s "kind"
+    model: str  # the fitted step model in words
+    per_position_acceptance: list[float]
+    rows: list[dict[str, Any]]  # predict.json_rows: the predicted TPOT per k
+    predicted_best_k: int | None
+    why_no_prediction: str | None = None  # nothing to predict from: every k is measured
+    predicted_off: str | None = None  # no k predicted faster than the baseline: why
+    confirm_k: list[int] = field(default_factory=list)
+    extensions: int = 0
+    runs_per_arm: int | None = None
+    prefix_cache: dict[str, Any] | None = None  # tune_rule.prefix_cache_evidence, at the end
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": "predict",
+            "share_server": self.share_server,
+            "tune_k": self.tune_k,
+            "pinned_k": self.pinned_k,
+            "pin_samples": self.pin_samples,
+            "step_model": self.step_model,
+            "model": self.model,
+            "per_position_acceptance": self.per_position_acceptance,
+            "rows": self.rows,
+            "predicted_best_k": self.predicted_best_k,
+        }
+        if self.why_no_prediction is not None:
+            out["why_no_prediction"] = self.why_no_prediction
+        if self.predicted_off is not None:
+            out["predicted_off"] = self.predicted_off
+        out |= {
+            "confirm_k": self.confirm_k,
+            "extensions": self.extensions,
+            "runs_per_arm": self.runs_per_arm,
+        }
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = self.prefix_cache
+        return out
+
+
 def predict_plan(
     cfg: ServeConfig,
     *,
@@ -108,9 +158,10 @@ def predict_plan(
     arm_for: ArmFor,
     record: Callable[[dict], None] = lambda _: None,
     share_server: bool = False,
-) -> Iterator[Step]:
+) -> Iterator[SharedStep]:
     """The adaptive plan (module docstring). `read()` returns the results so far; `record(obj)`
-    keeps the prediction and the decisions (raw/<host>/prediction.json). share_server: the runs of
+    keeps the prediction and the decisions (raw/<host>/prediction.json: a PredictionRecord's
+    JSON, a new object at every decision). share_server: the runs of
     one arm in a phase share one fresh server (SHARED_SERVER_NOTE). repeats None: the fewest runs
     per arm at which choose_k can decide over the confirm window (choose.min_runs_for_choose_k)."""
     ks = sorted(set(ks))
@@ -120,48 +171,47 @@ def predict_plan(
     if share_server:  # the warm-up runs share the first baseline server
         yield from _guarded(
             [
-                (_seeded(cfg, baseline, WARMUP_SEED_OFFSET + i), True, i > 0)
+                SharedStep(_seeded(cfg, baseline, WARMUP_SEED_OFFSET + i), True, i > 0)
                 for i in range(warmup_runs)
             ]
-            + [(_seeded(cfg, baseline, 0), False, warmup_runs > 0)],
+            + [SharedStep(_seeded(cfg, baseline, 0), False, warmup_runs > 0)],
             read,
         )
-        yield from ((_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
+        yield from (SharedStep(_seeded(cfg, arm, 0), False, False) for arm in pin_arms[1:])
     else:
         for i in range(warmup_runs):
-            yield pin_arms[i % len(pin_arms)], True, False
+            yield SharedStep(pin_arms[i % len(pin_arms)], True, False)
         for arm in pin_arms:
-            yield arm, False, False
+            yield SharedStep(arm, False, False)
 
     pin_results = counted(read())
     runs = [r for r in (run_from_bench(x) for x in pin_results) if r is not None]
     prediction = predict(runs, ks=[0, *ks])
     predicted_best = best_k([r for r in prediction["rows"] if r["k"] in ks])
-    state = {
-        "method": "predict",
-        "share_server": share_server,
-        "tune_k": ks,
-        "pinned_k": pinned,
-        "pin_samples": len(pin_results),
-        "step_model": prediction["kind"],
-        "model": prediction["model"],
-        "per_position_acceptance": prediction["rates"],
-        "rows": json_rows(prediction),
-        "predicted_best_k": predicted_best,
-    }
+    state = PredictionRecord(
+        share_server=share_server,
+        tune_k=ks,
+        pinned_k=pinned,
+        pin_samples=len(pin_results),
+        step_model=prediction["kind"],
+        model=prediction["model"],
+        per_position_acceptance=prediction["rates"],
+        rows=json_rows(prediction),
+        predicted_best_k=predicted_best,
+    )
     if predicted_best is None:  # nothing to predict from (e.g. no acceptance figures): measure all
         window = ks
-        state["why_no_prediction"] = "no TPOT could be predicted; every k is measured"
+        state.why_no_prediction = "no TPOT could be predicted; every k is measured"
     else:
         window = neighbours(ks, predicted_best)
         off = predicted_off(prediction["rows"], predicted_best)
         if off:
-            window, state["predicted_off"] = [predicted_best], off
+            window, state.predicted_off = [predicted_best], off
     extensions = 0
     while True:
         each = repeats or min_runs_for_choose_k(len(window), alpha=cfg.decision_alpha)
-        state.update(confirm_k=window, extensions=extensions, runs_per_arm=each)
-        record(state)
+        state.confirm_k, state.extensions, state.runs_per_arm = window, extensions, each
+        record(state.as_json())
         arms = [baseline, *(arm_for(k) for k in window)]
         have = {label: len(rs) for label, rs in runs_by_label(read()).items()}
         need = {a.label: each - have.get(a.label, 0) for a in arms}
@@ -182,10 +232,9 @@ def predict_plan(
         need = {a.label: each for a in extra_arms}
         yield from _guarded(_runs(cfg, extra_arms, need, have, share_server), read)
         window = sorted({*window, nxt})
-    state.update(
-        confirm_k=window, extensions=extensions, prefix_cache=prefix_cache_evidence(read())
-    )
-    record(state)
+    state.confirm_k, state.extensions = window, extensions
+    state.prefix_cache = prefix_cache_evidence(read())
+    record(state.as_json())
 
 
 WARMUP_SEED_OFFSET = 1000  # warm-up runs use request sets no counted run uses
@@ -205,24 +254,26 @@ def _runs(
     need: Mapping[str, int],
     have: Mapping[str, int],
     share_server: bool,
-) -> list[Step]:
+) -> list[SharedStep]:
     """The counted runs `need` asks for: fresh servers in rotating rounds, or (share_server) one
     visit per arm, its first run on a fresh server and the rest on the same one."""
     if not share_server:
-        return [(a, False, False) for a in rounds(arms, need)]
+        return [SharedStep(a, False, False) for a in rounds(arms, need)]
     return [
-        (_seeded(cfg, a, have.get(a.label, 0) + j), False, j > 0)
+        SharedStep(_seeded(cfg, a, have.get(a.label, 0) + j), False, j > 0)
         for a in arms
         for j in range(max(need.get(a.label, 0), 0))
     ]
 
 
-def _guarded(steps: Iterable[Step], read: Callable[[], list[BenchResult]]) -> Iterator[Step]:
+def _guarded(
+    steps: Iterable[SharedStep], read: Callable[[], list[BenchResult]]
+) -> Iterator[SharedStep]:
     """Yield the steps; after every run on a reused server, its prefix-cache counters must show
     no hit."""
     for step in steps:
         yield step
-        if step[2]:
+        if step.same_server:
             check_no_prefix_reuse(read()[-1])
 
 
@@ -256,7 +307,7 @@ class PredictPlan:
     out_dir: Path
     arm_for: ArmFor
 
-    def __iter__(self) -> Iterator[Step]:
+    def __iter__(self) -> Iterator[SharedStep]:
         def record(state: dict) -> None:
             (self.out_dir / "prediction.json").write_text(json.dumps(state, indent=1))
 
@@ -271,18 +322,23 @@ class PredictPlan:
             share_server=self.share_server,
         )
 
-    def conditions(self) -> dict:
-        """What conditions.json says about this plan (compare.conditions adds the rest)."""
+    def conditions(self) -> TuneConditions:
+        """What conditions.json says about this plan (plans.conditions adds the rest)."""
         confirm = "one visit each" if self.share_server else "in rotating rounds"
-        out = {
-            "tune_method": "predict",
-            "order": f"warm-up, then baseline {' '.join(f'k{k}' for k in pin_ks(self.ks))} (pin), "
+        return TuneConditions(
+            ks=list(self.ks),
+            repeats=self.repeats,
+            warmup_runs=self.warmup_runs,
+            tune_method="predict",
+            order=f"warm-up, then baseline {' '.join(f'k{k}' for k in pin_ks(self.ks))} (pin), "
             f"then the predicted best k, its neighbours and the baseline {confirm} (confirm); the "
             "exact order is the sample index",
-        }
-        if self.share_server:
-            out["restart_between_samples"] = "per arm visit: " + SHARED_SERVER_NOTE
-        return out
+        )
+
+    @property
+    def restart_between_samples(self) -> bool | str:
+        """True: a fresh server for every sample; share_server: how a visit's runs share one."""
+        return "per arm visit: " + SHARED_SERVER_NOTE if self.share_server else True
 
     def describe(self) -> str:
         return (

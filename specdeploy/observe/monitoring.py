@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -146,16 +147,37 @@ def baseline_rules(baselines: dict[str, dict]) -> dict:
     return {"groups": [{"name": "specdeploy-baselines", "rules": rules}]}
 
 
-def prometheus_config(jobs: list[dict], *, scrape_interval: str = "15s") -> dict:
+@dataclass
+class ScrapeJob:
+    """One scrape job: its file_sd targets (`targets/<name>.json`) and, for hosts with an API key,
+    the file Prometheus reads the key from (relative to prometheus.yml)."""
+
+    name: str
+    key_file: str | None = None
+    targets: list[dict[str, Any]] = field(default_factory=list)  # file_sd: {targets, labels}
+
+
+@dataclass
+class PrometheusFiles:
+    """What write_prometheus wrote (the CLI's summary line)."""
+
+    jobs: list[str]  # the vLLM scrape jobs
+    targets: int  # vLLM servers scraped, in all jobs
+    balancers: int  # whole boxes' HAProxy exporters (BALANCER_JOB)
+    skipped_loopback: list[str]  # hosts whose vLLM listens on loopback only: no target
+    baselines: list[str]  # hosts with a smoke baseline
+
+
+def prometheus_config(jobs: list[ScrapeJob], *, scrape_interval: str = "15s") -> dict:
     scrape_configs = []
     for job in jobs:
         entry: dict[str, Any] = {
-            "job_name": job["name"],
+            "job_name": job.name,
             "metrics_path": "/metrics",
-            "file_sd_configs": [{"files": [f"targets/{job['name']}.json"]}],
+            "file_sd_configs": [{"files": [f"targets/{job.name}.json"]}],
         }
-        if job.get("key_file"):
-            entry["authorization"] = {"type": "Bearer", "credentials_file": job["key_file"]}
+        if job.key_file:
+            entry["authorization"] = {"type": "Bearer", "credentials_file": job.key_file}
         scrape_configs.append(entry)
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -177,13 +199,12 @@ def write_prometheus(
     *,
     reports: Path,
     warn=print,
-) -> dict:
+) -> PrometheusFiles:
     """Write the Prometheus directory for these hosts (name, groups, host data, config). Relative
-    paths inside prometheus.yml are relative to it, as Prometheus resolves them. Returns a
-    summary."""
+    paths inside prometheus.yml are relative to it, as Prometheus resolves them."""
     import yaml
 
-    jobs: dict[str | None, dict] = {}  # api key (or None) -> job
+    jobs: dict[str | None, ScrapeJob] = {}  # api key (or None) -> job
     skipped, baselines = [], {}
     balancers = []
     for name, groups, data, cfg in hosts:
@@ -199,12 +220,8 @@ def write_prometheus(
         if key not in jobs:
             index = sum(1 for k in jobs if k is not None) + 1
             job_name = JOB if key is None else f"{JOB}-key{index}"
-            jobs[key] = {
-                "name": job_name,
-                "key_file": f"api-keys/{job_name}.key" if key else None,
-                "targets": [],
-            }
-        jobs[key]["targets"] += [{"targets": [a], "labels": labels} for a, labels in targets]
+            jobs[key] = ScrapeJob(job_name, f"api-keys/{job_name}.key" if key else None)
+        jobs[key].targets += [{"targets": [a], "labels": labels} for a, labels in targets]
         balancer = balancer_target(name, groups, data, cfg)
         if balancer:
             balancers.append(balancer)
@@ -216,12 +233,12 @@ def write_prometheus(
     if (out / "targets").is_dir():
         shutil.rmtree(out / "targets")
     for key, job in jobs.items():
-        _write(out / "targets" / f"{job['name']}.json", json.dumps(job["targets"], indent=2) + "\n")
+        _write(out / "targets" / f"{job.name}.json", json.dumps(job.targets, indent=2) + "\n")
         if key:
-            _write(out / job["key_file"], key + "\n", mode=0o600)
+            _write(out / job.key_file, key + "\n", mode=0o600)
     scraped = list(jobs.values())
     if balancers:  # HAProxy's exporter asks for no key; it shows no request content
-        scraped.append({"name": BALANCER_JOB, "key_file": None, "targets": balancers})
+        scraped.append(ScrapeJob(BALANCER_JOB, None, balancers))
         _write(out / "targets" / f"{BALANCER_JOB}.json", json.dumps(balancers, indent=2) + "\n")
     header = "# Written by `specdeploy render`; regenerate rather than edit.\n"
     config = prometheus_config(scraped)
@@ -229,10 +246,10 @@ def write_prometheus(
     _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines)))
     for name in MONITORING_TEMPLATES:
         shutil.copyfile(monitoring_dir() / name, out / name)
-    return {
-        "jobs": [job["name"] for job in jobs.values()],
-        "targets": sum(len(job["targets"]) for job in jobs.values()),
-        "balancers": len(balancers),
-        "skipped_loopback": skipped,
-        "baselines": sorted(baselines),
-    }
+    return PrometheusFiles(
+        jobs=[job.name for job in jobs.values()],
+        targets=sum(len(job.targets) for job in jobs.values()),
+        balancers=len(balancers),
+        skipped_loopback=skipped,
+        baselines=sorted(baselines),
+    )

@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 
 from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import load_inventory
@@ -34,6 +33,18 @@ from specdeploy.host.facts.nvidia import GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import curl_config
+from specdeploy.observe.rows import (
+    GateSummary,
+    HealthCheck,
+    HostStatus,
+    LiveFigures,
+    RecordSummary,
+    ServerStatus,
+    ServiceStatus,
+    UnitDrift,
+    UnitStatus,
+    VllmStatus,
+)
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff, unit_exec_argv
 from specdeploy.render.units import render_env_file, render_unit
@@ -61,21 +72,20 @@ def changed_keys(diff: str) -> list[str]:
     return keys
 
 
-def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> dict:
+def unit_drift(installed_text: str | None, installed_sha1: str | None, expected) -> UnitDrift:
     """Compare the unit installed on a host (its text and sha1) with the RenderedUnit the host data
     renders now."""
     if installed_sha1 is None:
-        return {"installed": False, "drift": True, "keys": [], "argv_diff": "", "other": False}
+        return UnitDrift(installed=False, drift=True, keys=[], argv_diff="", other=False)
     same = installed_sha1 == hashlib.sha1(expected.text.encode()).hexdigest()
     diff = "" if same else argv_diff(unit_exec_argv(installed_text), expected.argv)
-    return {
-        "installed": True,
-        "drift": not same,
-        "keys": changed_keys(diff),
-        "argv_diff": diff,
-        # the file differs outside ExecStart (Environment=, hardening, ...)
-        "other": not same and not diff,
-    }
+    return UnitDrift(
+        installed=True,
+        drift=not same,
+        keys=changed_keys(diff),
+        argv_diff=diff,
+        other=not same and not diff,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -100,22 +110,22 @@ def _age(show: dict) -> float | None:
     return round(uptime - entered, 1) if entered else None
 
 
-def _record_summary(record: DeploymentRecord | None) -> dict | None:
+def _record_summary(record: DeploymentRecord | None) -> RecordSummary | None:
     if record is None:
         return None
     smoke = record.smoke or SmokeSummary()
     gate = record.gate or {}
-    return {
-        "finished_at": record.finished_at,
-        "role": record.role,
-        "k": record.k,
-        "smoke_tpot_ms": smoke.median_tpot_ms,
-        "smoke_itl_ms": smoke.median_itl_ms,
-        "smoke_acceptance_rate": smoke.spec_decode_acceptance_rate,
-        "vllm_version": record.vllm.version,
-        "unit_sha256": record.unit.sha256,
-        "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
-    }
+    return RecordSummary(
+        finished_at=record.finished_at,
+        role=record.role,
+        k=record.k,
+        smoke_tpot_ms=smoke.median_tpot_ms,
+        smoke_itl_ms=smoke.median_itl_ms,
+        smoke_acceptance_rate=smoke.spec_decode_acceptance_rate,
+        vllm_version=record.vllm.version,
+        unit_sha256=record.unit.sha256,
+        gate=GateSummary(gate.get("passed"), gate.get("reason")) if gate else None,
+    )
 
 
 class HostProbe:
@@ -147,14 +157,13 @@ class HostProbe:
         if new:
             time.sleep(self.interval)
 
-    def read_server(self, cfg, out: dict) -> None:
+    def read_server(self, cfg, problems: list[str]) -> ServerStatus:
         """One server (the host's, or one instance of a whole box): its record, unit drift,
-        service, /health and live figures, into `out` (its problems into out["problems"])."""
+        service, /health and live figures (its problems onto `problems`)."""
         from pyinfra.facts.files import Sha1File
 
-        host, problems = self.host, out["problems"]
+        host = self.host
         record = service_record(cfg, lambda path: self.fact(JsonFile, path=path), host=host.name)
-        out["record"] = _record_summary(record)
         if record is None:
             problems.append(f"no deployment record at {cfg.record_path}")
         # moving refs at the commits the rollout pinned: upstream moving on is not drift
@@ -166,54 +175,50 @@ class HostProbe:
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         env_sha = self.fact(FileSha1, path=cfg.env_file)
-        drift["env_file"] = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
+        env_file = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
         if env_sha in ("missing", "unreadable"):
-            drift["env_file"] = env_sha
-        out["unit"] = {"name": expected.name, "role": expected.role, **drift}
-        if not drift["installed"]:
+            env_file = env_sha
+        unit = UnitStatus.of(expected.name, expected.role, drift, env_file)
+        if not drift.installed:
             problems.append(f"{path} is not installed")
-        elif drift["drift"]:
-            what = ", ".join(drift["keys"]) if drift["keys"] else "lines outside ExecStart"
+        elif drift.drift:
+            what = ", ".join(drift.keys) if drift.keys else "lines outside ExecStart"
             problems.append(f"unit drift: {path} differs from the host data ({what})")
-        if drift["env_file"] == "unreadable":
+        if env_file == "unreadable":
             problems.append(
                 f"{cfg.env_file} (root-only) is unreadable: set _sudo in host data to read it"
             )
-        elif drift["env_file"] == "missing":
+        elif env_file == "missing":
             problems.append(f"{cfg.env_file} is missing")
-        elif drift["env_file"]:
+        elif env_file:
             problems.append(f"{cfg.env_file} differs from the host data (values not shown)")
 
         self.step = "reading the service"
         show = self.fact(ServiceShow, unit=expected.name)
-        service = {
-            "active": show.get("ActiveState"),
-            "sub": show.get("SubState"),
-            "enabled": show.get("UnitFileState"),
-            "since": show.get("ActiveEnterTimestamp") or None,
-            "seconds": _age(show),
-            "restarts": int(show["NRestarts"]) if show.get("NRestarts", "").isdigit() else None,
-            "main_pid": int(show["MainPID"]) if show.get("MainPID", "").isdigit() else None,
-            "needs_daemon_reload": show.get("NeedDaemonReload") == "yes",
-        }
-        out["service"] = service
-        if service["active"] != "active":
-            problems.append(f"{expected.name} is {service['active']} ({service['sub']})")
-        if service["needs_daemon_reload"]:
+        service = ServiceStatus(
+            active=show.get("ActiveState"),
+            sub=show.get("SubState"),
+            enabled=show.get("UnitFileState"),
+            since=show.get("ActiveEnterTimestamp") or None,
+            seconds=_age(show),
+            restarts=int(show["NRestarts"]) if show.get("NRestarts", "").isdigit() else None,
+            main_pid=int(show["MainPID"]) if show.get("MainPID", "").isdigit() else None,
+            needs_daemon_reload=show.get("NeedDaemonReload") == "yes",
+        )
+        if service.active != "active":
+            problems.append(f"{expected.name} is {service.active} ({service.sub})")
+        if service.needs_daemon_reload:
             problems.append(f"{path} changed on disk; systemd still runs the old one")
 
         self.step = "checking /health and scraping /metrics"
         url = cfg.base_url
         auth = curl_config(cfg)  # the API key header, on curl's stdin
-        health = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
-        out["health"] = {
-            "http": health["http"],
-            "error": None if health["exit"] == 0 else health["body"][-300:],
-        }
-        if health["http"] != 200:
-            problems.append(
-                f"{url}/health: {health['http'] or health['body'][-200:] or 'no answer'}"
-            )
+        got = self.fact(HttpGet, url=f"{url}/health", timeout=5, _stdin=auth)
+        health = HealthCheck(
+            http=got["http"], error=None if got["exit"] == 0 else got["body"][-300:]
+        )
+        if got["http"] != 200:
+            problems.append(f"{url}/health: {got['http'] or got['body'][-200:] or 'no answer'}")
 
         before = self.last_scrape.get(url) or (time.monotonic(), None)
         now = self.scrape(cfg)
@@ -221,33 +226,33 @@ class HostProbe:
             self.last_scrape[url] = now
         else:
             self.last_scrape.pop(url, None)
+        live = None
         if now[1] is None:
             problems.append(f"{url}/metrics could not be scraped")
-            out["live"] = None
         else:
             seconds = round(now[0] - before[0], 2)
-            out["live"] = {
-                "window": live_figures(before[1], now[1], seconds) if before[1] else None,
-                "since_start": live_figures(None, now[1], None),
-            }
-            if expected.role == "speculative" and not out["live"]["since_start"]["speculative"]:
+            live = LiveFigures(
+                window=live_figures(before[1], now[1], seconds) if before[1] else None,
+                since_start=live_figures(None, now[1], None),
+            )
+            if expected.role == "speculative" and not live.since_start["speculative"]:
                 problems.append("/metrics has no vllm:spec_decode_* counters: speculation is off")
-        out["healthy"] = (
-            service["active"] == "active" and health["http"] == 200 and out["live"] is not None
+        return ServerStatus(
+            record=_record_summary(record),
+            unit=unit,
+            service=service,
+            health=health,
+            live=live,
+            healthy=service.active == "active" and got["http"] == 200 and live is not None,
+            matches_unit=not drift.drift and not env_file,
         )
-        out["matches_unit"] = not drift["drift"] and not drift["env_file"]
 
-    def read(self) -> dict:
+    def read(self) -> HostStatus:
         from pyinfra.api.exceptions import ConnectError
 
         host = self.host
-        out: dict[str, Any] = {
-            "host": host.name,
-            "groups": sorted(host.groups),
-            "reachable": None,
-            "problems": [],
-        }
-        problems = out["problems"]
+        row = HostStatus(host=host.name, groups=sorted(host.groups))
+        problems = row.problems
         try:
             cfg = check_config(host.name, host.data.dict())
         except ConfigError as error:
@@ -257,21 +262,17 @@ class HostProbe:
         try:
             host.connect(show_errors=False, raise_exceptions=True)
         except ConnectError as error:
-            out["reachable"] = False
-            out["why"] = f"{ssh_target(host)}: {error.args[0] if error.args else error}"
-            problems.append(f"unreachable: {out['why']}")
-            return out
-        out["reachable"] = True
+            row.reachable = False
+            row.why = f"{ssh_target(host)}: {error.args[0] if error.args else error}"
+            problems.append(f"unreachable: {row.why}")
+            return row
+        row.reachable = True
         if cfg is None:
-            return out
+            return row
 
         self.step = "reading the install and unit"
         installed = self.fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
-        out["vllm"] = {
-            "package": cfg.vllm_package,
-            "pinned": cfg.vllm_version,
-            "installed": installed,
-        }
+        row.vllm = VllmStatus(cfg.vllm_package, pinned=cfg.vllm_version, installed=installed)
         if installed != cfg.vllm_version:
             problems.append(
                 f"{cfg.vllm_package} in {cfg.venv} is {installed}, pinned {cfg.vllm_version}"
@@ -279,15 +280,16 @@ class HostProbe:
 
         if cfg.instances is None:
             self.prime([cfg])
-            self.read_server(cfg, out)
+            row.server = self.read_server(cfg, problems)
+            row.healthy, row.matches_unit = row.server.healthy, row.server.matches_unit
         else:  # a whole box: one entry per instance, and the balancer (status_box.py)
             from specdeploy.observe.status_box import read_box
 
-            read_box(self, cfg, out)
+            read_box(self, cfg, row)
         self.step = "reading GPU memory"
-        out["gpu"] = out.get("gpu") or self.fact(GpuMemory)
-        out["matches_data"] = installed == cfg.vllm_version and out.pop("matches_unit")
-        return out
+        row.gpu = row.gpu or self.fact(GpuMemory)
+        row.matches_data = installed == cfg.vllm_version and row.matches_unit
+        return row
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,11 +324,11 @@ class Fleet:
         self.state = state
         self.probes = [HostProbe(state, h, interval) for h in hosts]
 
-    def _one(self, probe: HostProbe) -> dict:
+    def _one(self, probe: HostProbe) -> HostStatus:
         import gevent
 
         started = time.monotonic()
-        base = {"host": probe.host.name, "groups": sorted(probe.host.groups)}
+        name, groups = probe.host.name, sorted(probe.host.groups)
         try:
             with gevent.Timeout(self.timeout):
                 result = probe.read()
@@ -335,23 +337,24 @@ class Fleet:
             why = f"no answer within {self.timeout:g}s while {probe.step}"
             if probe.step == "connecting":
                 why = f"{ssh_target(probe.host)}: {why}"
-            result = {**base, "reachable": connected, "problems": [why]}
+            result = HostStatus(name, groups, reachable=connected, problems=[why])
             if not connected:
-                result["why"] = why
-                result["problems"] = [f"unreachable: {why}"]
+                result.why = why
+                result.problems = [f"unreachable: {why}"]
             probe.host.connected = False  # reconnect from scratch next round
             probe.last_scrape = {}
         except Exception as error:  # a report, never a traceback
-            result = {
-                **base,
-                "reachable": bool(probe.host.connected),
-                "problems": [f"status failed while {probe.step}: {type(error).__name__}: {error}"],
-            }
-        result["ok"] = bool(result.get("reachable")) and not result["problems"]
-        result["checked_in_s"] = round(time.monotonic() - started, 1)
+            result = HostStatus(
+                name,
+                groups,
+                reachable=bool(probe.host.connected),
+                problems=[f"status failed while {probe.step}: {type(error).__name__}: {error}"],
+            )
+        result.ok = bool(result.reachable) and not result.problems
+        result.checked_in_s = round(time.monotonic() - started, 1)
         return result
 
-    def round(self) -> list[dict]:
+    def round(self) -> list[HostStatus]:
         """Read every host in parallel; each within `timeout` seconds."""
         import gevent
 
@@ -396,10 +399,11 @@ def run_status(
             results = fleet.round()
             if stop.is_set():
                 break
-            code = 0 if results and all(e["ok"] for e in results) else 1
+            code = 0 if results and all(row.ok for row in results) else 1
             if as_json:
+                rows = [row.to_json() for row in results]
                 print(
-                    json.dumps(results, indent=None if watch else 2, default=str),
+                    json.dumps(rows, indent=None if watch else 2, default=str),
                     file=out,
                     flush=True,
                 )

@@ -14,34 +14,42 @@ from specdeploy.host.facts.http import HttpGet
 from specdeploy.host.facts.nvidia import GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.server import curl_config
+from specdeploy.observe.rows import (
+    BACKEND_FIELDS,
+    BackendServer,
+    BalancerStatus,
+    HostStatus,
+    InstanceStatus,
+)
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer
 
 
-def read_box(probe, cfg, out: dict) -> None:
-    problems = out["problems"]
+def read_box(probe, cfg, row: HostStatus) -> None:
+    """Each instance and the balancer, into the host's row."""
+    problems = row.problems
     probe.step = "reading the instances"
     layout = instances.expand(cfg, instances.available_devices(cfg, probe.fact))
     problems += [f"instances: {p}" for p in layout.problems]
     gpus = probe.fact(GpuMemory)
-    out["gpu"] = gpus
+    row.gpu = gpus
     probe.prime([member.cfg for member in layout.instances])
-    out["instances"] = []
+    row.instances = []
     for member in layout.instances:
-        entry = {"name": member.name, "port": member.port, "devices": member.devices_text}
-        entry["problems"] = []
-        probe.read_server(member.cfg, entry)
+        own: list[str] = []
+        server = probe.read_server(member.cfg, own)
+        entry = InstanceStatus(member.name, member.port, member.devices_text, own, server)
         if member.device_kind == "gpus":
-            entry["gpu"] = [g for g in gpus if g["index"] in member.devices]
-        problems += [f"{member.name}: {p}" for p in entry["problems"]]
-        out["instances"].append(entry)
-    out["balancer"] = read_balancer(probe, cfg, layout, problems)
-    members, balancer = out["instances"], out["balancer"]
-    out["healthy"] = bool(members) and all(e["healthy"] for e in members) and balancer["healthy"]
-    out["matches_unit"] = all(e["matches_unit"] for e in members) and not balancer["config_drift"]
+            entry.gpu = [g for g in gpus if g["index"] in member.devices]
+        problems += [f"{member.name}: {p}" for p in own]
+        row.instances.append(entry)
+    row.balancer = balancer = read_balancer(probe, cfg, layout, problems)
+    members = row.instances
+    row.healthy = bool(members) and all(e.server.healthy for e in members) and balancer.healthy
+    row.matches_unit = all(e.server.matches_unit for e in members) and not balancer.config_drift
 
 
-def read_balancer(probe, cfg, layout, problems: list[str]) -> dict:
+def read_balancer(probe, cfg, layout, problems: list[str]) -> BalancerStatus:
     probe.step = "reading the balancer"
     unit = cfg.balancer_unit
     show = probe.fact(ServiceShow, unit=unit)
@@ -55,24 +63,24 @@ def read_balancer(probe, cfg, layout, problems: list[str]) -> dict:
         else (sha != hashlib.sha1(config.text.encode()).hexdigest())
     )
     servers = {
-        name: {k: row.get(k) for k in ("status", "check_status", "check_desc", "scur", "lastchg")}
+        name: BackendServer(**{k: row.get(k) for k in BACKEND_FIELDS})
         for name, row in stat["servers"].items()
     }
     down = servers_down(stat["servers"])
-    result = {
-        "unit": unit,
-        "active": show.get("ActiveState"),
-        "restarts": int(show["NRestarts"]) if show.get("NRestarts", "").isdigit() else None,
-        "since": show.get("ActiveEnterTimestamp") or None,
-        "health": health["http"],
-        "stat": stat["status"],
-        "servers": servers,
-        "up": len(servers) - len(down),
-        "total": len(servers),
-        "config_drift": drift,
-    }
-    if result["active"] != "active":
-        problems.append(f"balancer {unit} is {result['active']} ({show.get('SubState')})")
+    result = BalancerStatus(
+        unit=unit,
+        active=show.get("ActiveState"),
+        restarts=int(show["NRestarts"]) if show.get("NRestarts", "").isdigit() else None,
+        since=show.get("ActiveEnterTimestamp") or None,
+        health=health["http"],
+        stat=stat["status"],
+        servers=servers,
+        up=len(servers) - len(down),
+        total=len(servers),
+        config_drift=drift,
+    )
+    if result.active != "active":
+        problems.append(f"balancer {unit} is {result.active} ({show.get('SubState')})")
     if health["http"] != 200:
         answer = health["http"] or health["body"][-200:] or "no answer"
         problems.append(f"balancer {cfg.base_url}/health: {answer}")
@@ -94,5 +102,5 @@ def read_balancer(probe, cfg, layout, problems: list[str]) -> dict:
             f"{config.path} "
             + ("is missing" if drift == "missing" else "differs from the host data")
         )
-    result["healthy"] = result["active"] == "active" and health["http"] == 200 and not down
+    result.healthy = result.active == "active" and health["http"] == 200 and not down
     return result

@@ -3,6 +3,8 @@ status.py read)."""
 
 from __future__ import annotations
 
+from specdeploy.observe.rows import HostStatus, InstanceStatus, ServerStatus
+
 
 def _fmt(value, spec: str, scale: float = 1.0, none: str = "-") -> str:
     return none if value is None else format(value * scale, spec)
@@ -12,14 +14,14 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
-def _live(entry: dict) -> tuple[dict, str]:
+def _live(server: ServerStatus | None) -> tuple[dict, str]:
     """The window's figures when requests finished in it, else the server's since-start figures
     (marked `*`): an idle host still shows what its traffic looked like."""
-    live = entry.get("live") or {}
-    window = live.get("window")
+    live = server.live if server else None
+    window = live.window if live else None
     if window and (window.get("drafts") or window.get("requests_finished")):
         return window, ""
-    return live.get("since_start") or {}, "*"
+    return (live.since_start if live else None) or {}, "*"
 
 
 def _duration(seconds: float | None) -> str:
@@ -47,70 +49,79 @@ COLUMNS = (
 )
 
 
-def _server_row(label: str, entry: dict, ok: bool, vllm: dict) -> list[str]:
+def _server_row(
+    label: str, server: ServerStatus | None, ok: bool, installed: str | None, gpus: list | None
+) -> list[str]:
     """One server's cells: the host's own (a single server) or one instance of a whole box."""
-    service = entry.get("service") or {}
-    unit = entry.get("unit") or {}
-    figures, mark = _live(entry)
-    gpus = entry.get("gpu") or []
+    service, unit = server and server.service, server and server.unit
+    live = server.live if server else None
+    figures, mark = _live(server)
+    memory = (f"{g['used_bytes'] / 2**30:.1f}/{g['total_bytes'] / 2**30:.0f}G" for g in gpus or [])
+    if service:
+        state = f"{service.active} {_duration(service.seconds)} r{service.restarts}"
+    else:
+        state = "- - r-"
     return [
         label,
         "yes" if ok else "NO",
-        f"{service.get('active', '-')} {_duration(service.get('seconds'))} "
-        f"r{service.get('restarts', '-')}",
-        vllm.get("installed") or "none",
-        ("drift" if unit.get("drift") or unit.get("env_file") else "ok") if unit else "-",
-        _fmt(((entry.get("live") or {}).get("window") or {}).get("request_rate"), ".2f"),
+        state,
+        installed or "none",
+        ("drift" if unit.drift or unit.env_file else "ok") if unit else "-",
+        _fmt((live.window or {}).get("request_rate") if live else None, ".2f"),
         _fmt(figures.get("acceptance_rate"), ".0%") + mark,
         _fmt(figures.get("mean_acceptance_length"), ".2f") + mark,
         _ms(figures.get("tpot_median_s")) + mark,
         _ms(figures.get("itl_median_s")) + mark,
         _fmt(figures.get("kv_cache_usage"), ".0%"),
-        ", ".join(f"{g['used_bytes'] / 2**30:.1f}/{g['total_bytes'] / 2**30:.0f}G" for g in gpus)
-        or "-",
+        ", ".join(memory) or "-",
     ]
 
 
-def _balancer_row(entry: dict) -> list[str]:
+def _balancer_row(row: HostStatus) -> list[str]:
     """A whole box's balancer: its unit, and backends up of all (the SERVICE column)."""
-    b = entry.get("balancer") or {}
-    ok = b.get("healthy") and not b.get("config_drift")
-    service = f"{b.get('active', '-')} r{b.get('restarts', '-')}, {b.get('up', 0)}/"
-    service += f"{b.get('total', 0)} up"
-    unit = "-" if not b else ("drift" if b.get("config_drift") else "ok")
-    return [f"{entry['host']}/balancer", "yes" if ok else "NO", service, "haproxy", unit]
+    b = row.balancer
+    if b is None:
+        return [f"{row.host}/balancer", "NO", "- r-, 0/0 up", "haproxy", "-"]
+    ok = b.healthy and not b.config_drift
+    service = f"{b.active} r{b.restarts}, {b.up}/{b.total} up"
+    unit = "drift" if b.config_drift else "ok"
+    return [f"{row.host}/balancer", "yes" if ok else "NO", service, "haproxy", unit]
 
 
-def table_rows(results: list[dict]) -> list[list[str]]:
+def table_rows(results: list[HostStatus]) -> list[list[str]]:
     """One row per host; a whole box: one per instance (HOST/INSTANCE) and its balancer."""
     rows = []
-    for entry in results:
-        if not entry.get("reachable"):
-            rows.append([entry["host"], "NO", "unreachable"] + ["-"] * (len(COLUMNS) - 3))
+    for row in results:
+        if not row.reachable:
+            rows.append([row.host, "NO", "unreachable"] + ["-"] * (len(COLUMNS) - 3))
             continue
-        vllm = entry.get("vllm") or {}
-        if "instances" not in entry:
-            rows.append(_server_row(entry["host"], entry, bool(entry.get("ok")), vllm))
+        installed = row.vllm.installed if row.vllm else None
+        if row.instances is None:
+            rows.append(_server_row(row.host, row.server, row.ok, installed, row.gpu))
             continue
-        for inst in entry["instances"]:
-            label = f"{entry['host']}/{inst['name']}"
-            rows.append(_server_row(label, inst, not inst["problems"], vllm))
-        row = _balancer_row(entry)
-        rows.append(row + ["-"] * (len(COLUMNS) - len(row)))
+        for inst in row.instances:
+            label = f"{row.host}/{inst.name}"
+            rows.append(_server_row(label, inst.server, not inst.problems, installed, inst.gpu))
+        cells = _balancer_row(row)
+        rows.append(cells + ["-"] * (len(COLUMNS) - len(cells)))
     return rows
 
 
-def _details(label: str, entry: dict, problems: list[str]) -> list[str]:
-    figures, mark = _live(entry)
-    record = entry.get("record") or {}
+def _details(
+    label: str, server: ServerStatus | None, problems: list[str], where: str | None = None
+) -> list[str]:
+    """The lines under a row: where an instance serves (`where`), the deployment record, exact
+    means, acceptance by position, the problems, the argv diff."""
+    figures, mark = _live(server)
+    record = server.record if server else None
     details = []
-    if entry.get("devices"):
-        details.append(f"port {entry.get('port')}, {entry['devices']}")
+    if where:
+        details.append(where)
     if record:
         details.append(
-            f"deployed {record.get('finished_at')} as {record.get('role')}, "
-            f"k={record.get('k')}, "
-            f"smoke TPOT {_fmt(record.get('smoke_tpot_ms'), '.2f')} ms"
+            f"deployed {record.finished_at} as {record.role}, "
+            f"k={record.k}, "
+            f"smoke TPOT {_fmt(record.smoke_tpot_ms, '.2f')} ms"
         )
     if figures.get("tpot_mean_s") is not None:
         details.append(
@@ -127,37 +138,41 @@ def _details(label: str, entry: dict, problems: list[str]) -> list[str]:
             + " ".join(_fmt(p, ".0%") for p in positions)
         )
     details += [f"! {problem}" for problem in problems]
-    diff = (entry.get("unit") or {}).get("argv_diff")
+    diff = server.unit.argv_diff if server and server.unit else None
     if diff:
         details += ["  " + line for line in diff.splitlines()]
     return [f"{label}:", *(f"  {d}" for d in details)] if details else []
 
 
-def _marked(entry: dict) -> bool:
-    members = entry.get("instances")
-    return any(_live(e)[1] for e in members) if members else bool(_live(entry)[1])
+def _where(inst: InstanceStatus) -> str | None:
+    return f"port {inst.port}, {inst.devices}" if inst.devices else None
 
 
-def format_table(results: list[dict]) -> str:
+def _marked(row: HostStatus) -> bool:
+    members = row.instances
+    return any(_live(e.server)[1] for e in members) if members else bool(_live(row.server)[1])
+
+
+def format_table(results: list[HostStatus]) -> str:
     rows = [list(COLUMNS), *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
-    for entry in results:
-        members = entry.get("instances")
+    for row in results:
+        members = row.instances
         if members is None:
-            lines += _details(entry["host"], entry, entry.get("problems", []))
+            lines += _details(row.host, row.server, row.problems)
             continue
         for inst in members:  # its problems are the host's too, said once: here
-            lines += _details(f"{entry['host']}/{inst['name']}", inst, inst["problems"])
-        prefixes = tuple(f"{inst['name']}: " for inst in members)
-        own = [p for p in entry.get("problems", []) if not p.startswith(prefixes)]
-        lines += _details(entry["host"], {}, own)
-    if any(_marked(e) for e in results if e.get("reachable")):
+            lines += _details(f"{row.host}/{inst.name}", inst.server, inst.problems, _where(inst))
+        prefixes = tuple(f"{inst.name}: " for inst in members)
+        own = [p for p in row.problems if not p.startswith(prefixes)]
+        lines += _details(row.host, None, own)
+    if any(_marked(row) for row in results if row.reachable):
         lines.append("* no request finished between the scrapes: figures since the server started")
-    bad = [e["host"] for e in results if not e.get("ok")]
+    bad = [row.host for row in results if not row.ok]
     lines.append(
         f"{len(results) - len(bad)} of {len(results)} host(s) reachable, healthy and as deployed"
         + (f"; not: {', '.join(bad)}" if bad else "")

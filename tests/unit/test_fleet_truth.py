@@ -80,10 +80,10 @@ def test_status_sees_no_drift_on_a_moved_branch_and_drift_on_a_new_commit(valid_
     sha1 = hashlib.sha1(installed.text.encode()).hexdigest()
     record = record_with(MAIN_PIN)
     same = unit_drift(installed.text, sha1, render_unit(revisions.as_deployed(cfg, record)))
-    assert same["drift"] is False
+    assert same.drift is False
     moved = config_from_data({**valid_data, "target_revision": MOVED})
     drift = unit_drift(installed.text, sha1, render_unit(revisions.as_deployed(moved, record)))
-    assert drift["drift"] is True and drift["keys"] == ["--revision"]
+    assert drift.drift is True and drift.keys == ["--revision"]
 
 
 def test_measurements_and_status_read_the_record_pins():

