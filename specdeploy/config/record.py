@@ -166,6 +166,37 @@ class UnitRef(_Part):
     argv: list[str]
 
 
+class GateDecision(_Part):
+    """The speculation gate's record (steps/gate.py): the rule's evidence as
+    decide/gate_rule.gate_decision gives it (p-values, the ratio and its bounds, the runs), key for
+    key, with what the serve path reads by name. Also a read-only mapping of its JSON, as the record
+    file holds it."""
+
+    passed: bool | None = None
+    on_fail: str | None = None  # "baseline" or "fail": what a failed gate did
+    reason: str | None = None  # one line: verdict, figures, action
+    verdict: str | None = None
+    fingerprint: dict[str, Any] | None = None  # what the decision depends on (gate_fingerprint)
+    decided_at: str | None = None
+    measured: dict[str, Any] | None = None  # a whole box: the instance that measured
+    shared_from: str | None = None  # a whole box: the instance whose decision this one took
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+    def __getitem__(self, key: str):
+        return self.as_json()[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.as_json()
+
+    def get(self, key: str, default=None):
+        return self.as_json().get(key, default)
+
+    def items(self):
+        return self.as_json().items()
+
+
 class DeploymentRecord(_Part):
     schema_version: int = Field(SCHEMA, alias="schema")
     host: str
@@ -183,7 +214,7 @@ class DeploymentRecord(_Part):
     health: dict[str, Any] | None = None
     smoke: SmokeSummary | None = None
     smoke_counters: ServerCounters | None = None
-    gate: dict[str, Any] | None = None
+    gate: GateDecision | None = None
     timings: dict[str, Any] | None = None
     started_at: str
     finished_at: str

@@ -114,7 +114,7 @@ def _record_summary(record: DeploymentRecord | None) -> RecordSummary | None:
     if record is None:
         return None
     smoke = record.smoke or SmokeSummary()
-    gate = record.gate or {}
+    gate = record.gate
     return RecordSummary(
         finished_at=record.finished_at,
         role=record.role,
@@ -124,7 +124,7 @@ def _record_summary(record: DeploymentRecord | None) -> RecordSummary | None:
         smoke_acceptance_rate=smoke.spec_decode_acceptance_rate,
         vllm_version=record.vllm.version,
         unit_sha256=record.unit.sha256,
-        gate=GateSummary(gate.get("passed"), gate.get("reason")) if gate else None,
+        gate=GateSummary(gate.passed, gate.reason) if gate is not None else None,
     )
 
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pyinfra import host, logger
 
 from specdeploy.config import datasets
-from specdeploy.config.record import BenchResult, DeploymentRecord
+from specdeploy.config.record import BenchResult, DeploymentRecord, GateDecision
 from specdeploy.config.schema import ServeConfig, SpeculationGate
 from specdeploy.config.timestamps import utc_iso, utc_stamp
 from specdeploy.decide.decisions import (
@@ -82,7 +82,7 @@ class BoxGate:
     take its decision (same config, workload and settings; only the port and devices differ), so
     a box is measured once, not once per instance."""
 
-    decisions: dict[str, dict] = field(default_factory=dict)  # shared fingerprint -> decision
+    decisions: dict[str, GateDecision] = field(default_factory=dict)  # shared fingerprint ->
 
     @staticmethod
     def key(units: GateInput) -> str:
@@ -130,7 +130,7 @@ def speculation_gate(
             box.decisions[key] = decision
     else:  # another instance of this box measured it; this one serves speculative (smoked)
         last, checked, decision = "speculative", {}, _shared(box.decisions[key], units)
-    keep = decision["passed"] or decision["on_fail"] != "baseline"
+    keep = decision.passed or decision.on_fail != "baseline"
     rendered = units.speculative if keep else units.baseline
     speculative = rendered.role == "speculative"
     # A fall-back serves with the baseline unit from now on (also after a reboot), its staged copy
@@ -202,23 +202,23 @@ def _measure(cfg: ServeConfig, units: GateInput, tokenizer: str) -> tuple[str, d
         decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
                                 "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
-    return order["order"][-1], checked, decision
+    return order["order"][-1], checked, GateDecision.model_validate(decision)
 
 
-def _shared(measured: dict, units: GateInput):
+def _shared(measured: GateDecision, units: GateInput) -> GateDecision:
     """The measuring instance's decision as this instance's record keeps it: its own fingerprint
     (so a re-run settles on it), the numbers and the instance that measured them."""
     logger.info(
-        f"{host.print_prefix}speculation gate: {measured['reason']} (measured on "
-        f"{measured['measured']['instance']} in this run)"
+        f"{host.print_prefix}speculation gate: {measured.reason} (measured on "
+        f"{measured.measured['instance']} in this run)"
     )
-    return {
-        **measured,
+    return GateDecision.model_validate({
+        **measured.as_json(),
         "fingerprint": units.fingerprint,
         "speculative_unit_sha256": units.speculative.sha256,
         "baseline_unit_sha256": units.baseline.sha256,
-        "shared_from": measured["measured"]["instance"],
-    }
+        "shared_from": measured.measured["instance"],
+    })  # fmt: skip
 
 
 class GateFailed(RuntimeError):
@@ -229,7 +229,7 @@ def _recheck(cfg: ServeConfig, previous: DeploymentRecord | None) -> dict:
     """gate_rule.gate_needs_recheck for this host's units and settings against the record."""
     speculative = render_unit(cfg, "speculative")
     return gate_needs_recheck(
-        (previous.gate if previous else None) or None,
+        previous.gate.as_json() if previous and previous.gate else None,
         fingerprint(cfg, speculative, render_unit(cfg, "baseline")),
         now=datetime.now(UTC),
         recheck_days=cfg.speculation_gate.recheck_days,
@@ -242,13 +242,13 @@ def gate_settled_unit(
     """Planning time, deploys/serve.py: when the gate already switched this host to the baseline
     and nothing it depends on changed since (units, workload, gate settings, age), keep serving the
     baseline: no re-measurement and no flip-flop on a re-run."""
-    gate = (previous.gate if previous else None) or {}
+    gate = previous.gate if previous else None
     if (
         rendered.role == "speculative"
         and cfg.speculation_gate is not None
         and cfg.speculation_gate.on_fail == "baseline"
-        and gate
-        and not gate.get("passed")
+        and gate is not None
+        and not gate.passed
         and previous.role == "baseline"
         and not _recheck(cfg, previous)["recheck"]
     ):
@@ -261,7 +261,7 @@ def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
     switched on, what it depends on changed since its decision, or it failed with on_fail=fail."""
     if cfg.speculation_gate is None:
         return False
-    gate = (previous.gate if previous else None) or {}
-    if not gate or _recheck(cfg, previous)["recheck"]:
+    gate = previous.gate if previous else None
+    if gate is None or _recheck(cfg, previous)["recheck"]:
         return True
-    return not gate.get("passed") and gate.get("on_fail") == "fail"
+    return not gate.passed and gate.on_fail == "fail"

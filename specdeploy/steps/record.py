@@ -8,7 +8,12 @@ import time
 from pyinfra import host
 
 from specdeploy.config import datasets
-from specdeploy.config.record import BenchResult, DeploymentRecord, read_service_record
+from specdeploy.config.record import (
+    BenchResult,
+    DeploymentRecord,
+    GateDecision,
+    read_service_record,
+)
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.host.on_host import read_text, sh, write_text
@@ -26,7 +31,7 @@ def build_record(
     health: dict | None,
     smoke: BenchResult | None,
     started: float,
-    gate: dict | None = None,
+    gate: GateDecision | None = None,
     timings: dict | None = None,
     revisions: dict | None = None,
     pruned_venvs: list[str] | None = None,

@@ -50,8 +50,8 @@ def verify_and_record(
         timings=timings,
         revisions=pins or {},
     )
-    if decision is not None and not decision["passed"] and decision["on_fail"] == "fail":
-        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision['reason']}")
+    if decision is not None and not decision.passed and decision.on_fail == "fail":
+        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision.reason}")
     return entry
 
 

@@ -19,10 +19,8 @@ import re
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from pydantic import TypeAdapter
 
 from specdeploy.config.record import BenchResult
 from specdeploy.config.schema import config_from_data
@@ -65,7 +63,7 @@ def box_config(box: dict, measured_gate: dict):
 def as_recorded(decision: dict) -> dict:
     """The decision as the deployment record keeps it (DeploymentRecord.gate, dumped as JSON:
     pydantic writes inf and nan as null)."""
-    return json.loads(json.dumps(TypeAdapter(dict[str, Any]).dump_python(decision, mode="json")))
+    return json.loads(json.dumps(decision.model_dump(mode="json", exclude_unset=True)))
 
 
 def shared_part(decision: dict) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdeploy.config.record import read_record
+from specdeploy.config.record import GateDecision, read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
@@ -71,7 +71,9 @@ def test_an_old_fall_back_is_re_examined_after_recheck_days(valid_data):
 def test_a_record_from_before_fingerprints_measures_again(valid_data):
     cfg = cfg_with_gate(valid_data)
     previous = fell_back(cfg)
-    previous.gate.pop("fingerprint")
+    previous.gate = GateDecision.model_validate(
+        {k: v for k, v in previous.gate.items() if k != "fingerprint"}
+    )
     assert gate.gate_settled_unit(cfg, render_unit(cfg, "speculative"), previous).role == (
         "speculative"
     )
