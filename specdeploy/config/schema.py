@@ -211,7 +211,7 @@ class ServeConfig(BaseModel):
     # a measured host's watchdog: a systemd timer restores its deployed unit when the control node
     # is silent this long; None: health_timeout_s + warm-up + one benchmark's limit (harness.py)
     measure_watchdog_s: PositiveInt | None = None
-    # the false-verdict rate of every compare/tune/gate decision (measure/decisions.py)
+    # the false-verdict rate of every compare/tune/gate decision (decide/decisions.py)
     decision_alpha: float = Field(0.05, gt=0, lt=0.5)
     # runs per arm, each a fresh server. None: sequential from the fewest that can reach alpha
     # (4 + 4 at 0.05), a round more while undecided, up to compare_max_repeats (8: 4.4 % false
@@ -223,7 +223,7 @@ class ServeConfig(BaseModel):
     compare_apc_repeats: PositiveInt = 1
     tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
     # runs per measured k (and the baseline); None: the fewest at which choose_k can decide at
-    # decision_alpha for the number of arms measured (measure/choose.py min_runs_for_choose_k)
+    # decision_alpha for the number of arms measured (decide/choose.py min_runs_for_choose_k)
     tune_repeats: PositiveInt | None = None
     tune_warmup_runs: NonNegativeInt = 1
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);

@@ -1,4 +1,4 @@
-"""host_scripts/fetch_weights.py: only what vLLM loads is fetched, and a disk that cannot hold it
+"""host/scripts/fetch_weights.py: only what vLLM loads is fetched, and a disk that cannot hold it
 is refused before the download, with the numbers."""
 
 from __future__ import annotations

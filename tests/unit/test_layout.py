@@ -36,7 +36,9 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    files = [p for p in PACKAGE.rglob("*.py") if p.parent.name != "host_scripts"]
+    files = [
+        p for p in PACKAGE.rglob("*.py") if p.parent.name != "scripts"
+    ]  # host scripts: standalone
     modules = {module_name(p) for p in files}
     return {module_name(p): imports_of(p, modules) for p in files}
 
