@@ -45,6 +45,8 @@ def stage(cfg: ServeConfig, members: list) -> BalancerChange:
     if any(name not in host.get_fact(DebPackages) for name in BALANCER_PACKAGES):
         apt.packages(name=f"Debian packages {', '.join(BALANCER_PACKAGES)}",
                      packages=BALANCER_PACKAGES, update=True)  # fmt: skip
+    else:
+        host.noop(f"Debian packages {', '.join(BALANCER_PACKAGES)} are installed")
     config, unit = render_balancer(cfg, members)
     config_differs = host.get_fact(Sha1File, path=config.path) != sha1(config.text)
     unit_differs = host.get_fact(Sha1File, path=cfg.unit_path(unit.name)) != sha1(unit.text)

@@ -41,6 +41,8 @@ def prepare_host(cfg: ServeConfig):
     installed = host.get_fact(DebPackages)
     if any(name not in installed for name in needed):  # only then touch apt
         apt.packages(name=f"Debian packages {', '.join(needed)}", packages=needed, update=True)
+    else:
+        host.noop(f"Debian packages {', '.join(needed)} are installed")
     server.group(name="Service group", group=cfg.service_user, system=True)
     server.user(
         name="Service user",
@@ -71,9 +73,11 @@ def install_vllm(cfg: ServeConfig):
     alias_ok = alias is None or is_pin(
         host.get_fact(VllmVersion, venv=cfg.venv, package=alias[0]), alias[1]
     )
-    if is_pin(installed, cfg.vllm_version) and alias_ok:
-        return  # nothing to do: the pin is already there
     pin = f"{cfg.vllm_package}=={cfg.vllm_version}"
+    if is_pin(installed, cfg.vllm_version) and alias_ok:  # nothing to do: the pin is there
+        also = f" (as {alias[0]}=={alias[1]} too)" if alias else ""
+        host.noop(f"{pin} is installed in {cfg.venv}{also}")
+        return
     if not is_pin(installed, cfg.vllm_version):  # a new venv: refuse now, not half way through pip
         problem = venv_disk_problem(cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir))
         if problem:
@@ -200,4 +204,6 @@ def prune_venvs(cfg: ServeConfig) -> list[str]:
     removed = [path for path in listed.split() if path not in keep]
     for path in removed:
         sh(f"rm -rf -- {shlex.quote(path)}")
+    if not removed:
+        host.noop(f"every release venv under {cfg.venvs_dir} is in use")
     return removed

@@ -391,10 +391,13 @@ def acquire(cfg: ServeConfig):
         fields, now = read_lock(cfg)  # a warning only: the lock is taken at execution time
         if fields and fields.get("holder") != holder_id() and not takeover_reason(fields, now):
             logger.warning(f"{host.print_prefix}{held_message(cfg, fields)}")
+        host.noop(f"deploy lock {cfg.lock_path} is taken when the deploy runs")
         return
     fields = try_acquire(cfg)
     if fields is not None:
         yield StringCommand(f"echo {shlex.quote(held_message(cfg, fields))} >&2; exit 75")
+        return
+    host.noop(f"deploy lock {cfg.lock_path} is this deploy's")
 
 
 @operation()
@@ -403,6 +406,9 @@ def renew(seconds: int):
     here last `seconds` more (reports no change)."""
     if host.state.is_executing:
         renew_held(seconds)
+        host.noop(f"deploy lock lease: {seconds} s from now")
+    else:
+        host.noop(f"deploy lock lease: {seconds} s from when this runs")
     return
     yield  # a generator that yields nothing
 
@@ -412,6 +418,9 @@ def release(cfg: ServeConfig):
     """Last operation of a deploy: drop the lock (reports no change)."""
     if host.state.is_executing:
         release_now(cfg)
+        host.noop(f"deploy lock {cfg.lock_path} released (if this deploy held it)")
+    else:
+        host.noop(f"deploy lock {cfg.lock_path} is released when the deploy ends")
     return
     yield  # a generator that yields nothing
 

@@ -230,6 +230,8 @@ def restart_for(change, unit: str) -> None:
         server.restart(unit)
     elif server.start_if_inactive(unit):
         logger.info(f"{host.print_prefix}started {unit} (it was not running)")
+    else:  # the no-change path: the server keeps its MainPID
+        host.noop(f"{unit}: unit and env file unchanged and it runs: not restarted")
 
 
 def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:

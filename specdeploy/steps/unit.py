@@ -90,6 +90,8 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True) -
             name=f"Keep current {unit.name} and env file for rollback",
             commands=[keep_previous_command(cfg, unit.name)],
         )
+    else:  # the no-change path: nothing to keep, nothing for apply() to swap in
+        host.noop(f"{target} and {cfg.env_file} are up to date (same sha1)")
     if not env_differs:  # owner and mode only (a changed env file is written by apply())
         secret_file(
             name="Secrets env file (root, 0600)",

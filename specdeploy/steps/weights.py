@@ -39,6 +39,8 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     present = snapshots(cfg)
     missing = [(role, repo, rev) for role, repo, rev in cfg.hub_models if present[role] is None]
     if not missing:
+        pinned = ", ".join(f"{repo}@{rev}" for _, repo, rev in cfg.hub_models)
+        host.noop(f"weights {pinned} are in {cfg.hf_home}")
         return False
     free = host.get_fact(FreeDiskBytes, path=cfg.hf_home)
     needed = int(cfg.min_free_disk_gb * (1 << 30))
@@ -90,8 +92,9 @@ def weights_are_roots(cfg: ServeConfig):
     back once, and what others may write loses that. `find -P` never follows a link and
     `chown -h` changes a link itself."""
     foreign = foreign_entries(cfg)
-    if not foreign:
-        return  # the no-change path: every entry is root's already
+    if not foreign:  # the no-change path: every entry is root's already
+        host.noop(f"every entry under {cfg.hf_home} is root's and closed to others")
+        return
     hf_home = shlex.quote(cfg.hf_home)
     server.shell(
         name=f"{cfg.hf_home}: {len(foreign)} entries back to root (the server only reads them)",

@@ -176,11 +176,14 @@ class FindHost:
     """The three Find* facts of the HF cache, as `find ! -user root` would answer them."""
 
     def __init__(self, foreign: dict[str, list[str]]):
-        self.foreign, self.asked = foreign, []
+        self.foreign, self.asked, self.noops = foreign, [], []
 
     def get_fact(self, fact, **kwargs):
         self.asked.append((fact.__name__, kwargs["args"]))
         return self.foreign.get(fact.__name__, [])
+
+    def noop(self, description):
+        self.noops.append(description)
 
 
 def test_a_root_owned_cache_schedules_nothing_and_a_foreign_entry_is_taken_back(
@@ -195,6 +198,7 @@ def test_a_root_owned_cache_schedules_nothing_and_a_foreign_entry_is_taken_back(
     monkeypatch.setattr(weights, "host", fake)
     weights.weights_are_roots._inner(cfg)
     assert shells == []  # the no-change path
+    assert fake.noops == [f"every entry under {cfg.hf_home} is root's and closed to others"]
     asked = sorted((name, tuple(args)) for name, args in fake.asked)
     assert asked == sorted(
         [(kind, ("!", "-user", "root")) for kind in ("FindDirectories", "FindFiles", "FindLinks")]

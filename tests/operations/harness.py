@@ -1,0 +1,817 @@
+"""The fake host behind tests/operations/<step>/<case>.json: pyinfra's operation fixtures
+(pyinfra's tests/test_operations.py and tests/util.py), for specdeploy's deploy steps.
+
+A step runs against a real pyinfra `State` and `Host` (as tests/unit/test_fact_defaults.py builds
+them), whose facts come from the fixture and whose execution-time commands (`on_host`) answer from
+it; nothing is connected to. What comes out is compared with the fixture:
+
+* planning time (a step that is a pyinfra `@deploy` or `@operation`): every operation it scheduled,
+  in order, with the commands pyinfra would run for it on this host, or the `noop` it said; and the
+  `noops` said outside any operation (a `@deploy` that schedules nothing).
+* execution time (inside `python.call`): every call of `on_host` (`sh`, `read`, `write`), in order;
+  each entry also holds the host's answer.
+
+A fixture's keys (all but `call` optional):
+
+    call        the step's function in specdeploy/steps/<dir>.py (dotted for a method)
+    host_data   merged over tests/unit/conftest.py's VALID (dicts merged key by key)
+    args, kwargs
+                the call's arguments; "$cfg" is the host data's config, and a one-key object
+                {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
+                a whole box's members, a planned unit change, a record, a started benchmark...)
+    executing   run as pyinfra does at execution time (`state.is_executing`); default false
+    facts       {"FactClass": value} for a fact without arguments, else
+                {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted);
+                a fact the step reads and the fixture lacks fails the test, as in pyinfra
+    control_node
+                who the control node is: {"host", "user", "pid", "running_pids"}
+    held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
+    failed_first
+                hosts of this run that failed their restart before this one (steps/rollback.py)
+    operations  out: [{"name", "commands"} or {"name", "noop"}] (+ "arguments": the non-default
+                global arguments such as _if, _timeout, _serial)
+    noops       out: what the step said with host.noop outside any operation
+    host        in and out: [{"sh": command, "stdin", "timeout", answers "out", "stderr", "ok"},
+                {"read": path, answer "text" (null: no such file) or "file" (repo-relative)},
+                {"write": path, "mode", "text" or "json"}]
+    warnings    out: what the step logged as warnings (without the host prefix)
+    returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta)
+    exception   out: {"name", "message"} when the step raised
+
+"$name" in facts and arguments is a derived value (DERIVED: the rendered unit's sha1, the gate's
+fingerprint, ...), and an output equal to a derived text, sha256 or fingerprint is shown as "$name",
+so a template change does not rewrite every fixture. In outputs, a host script's source is
+"{script:name}" and the control node's reports folder "{reports}"; "{fixtures}" (in host data
+too) is this folder. Every clock reads NOW; the control node is CONTROL_NODE.
+
+SPECDEPLOY_WRITE_FIXTURES=1 rewrites the outputs of every fixture from what the steps did (the
+inputs and the host's answers stay): for writing a new case; review the diff like code.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import hashlib
+import importlib
+import json
+import logging
+import os
+import pkgutil
+import re
+import shlex
+import time as real_time
+import types
+from contextlib import ExitStack
+from datetime import datetime
+from inspect import getfullargspec
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pyinfra.api import (
+    Config,
+    FileDownloadCommand,
+    FileUploadCommand,
+    FunctionCommand,
+    Inventory,
+    State,
+    StringCommand,
+)
+from pyinfra.api.arguments import pop_global_arguments
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.util import get_kwargs_str
+from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.context import ctx_host, ctx_state
+
+from specdeploy.config.schema import ServeConfig, config_from_data
+from tests.unit.conftest import VALID
+
+FIXTURES = Path(__file__).parent
+WRITE = os.environ.get("SPECDEPLOY_WRITE_FIXTURES") == "1"
+HOST = "h1"
+NOW = 1796144400.0  # 2026-12-01T17:00:00Z: every clock a step reads
+CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "running_pids": [4242]}
+INPUTS = ("description", "call", "host_data", "executing", "control_node", "held_locks",
+          "failed_first", "args", "kwargs", "facts")  # fmt: skip
+OUTPUTS = ("operations", "noops", "host", "warnings", "returns", "exception")
+ANSWERS = {"out", "stderr", "ok"}  # a host entry's answer fields (and "text" or "file" of a read)
+REPO = FIXTURES.parents[1]
+
+
+class FixtureError(BaseException):
+    """The fixture and the step disagree about the host (a fact or a host call it lacks). A
+    BaseException, so a step's `except Exception` (the rollback) cannot take it for a failure of
+    the host."""
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+def merged(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def expand_fixtures_dir(value):
+    if isinstance(value, str):
+        return value.replace("{fixtures}", str(FIXTURES))
+    if isinstance(value, list):
+        return [expand_fixtures_dir(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_fixtures_dir(v) for k, v in value.items()}
+    return value
+
+
+class Case:
+    """One fixture while it runs: its config, the objects its arguments built, derived values."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.host_data = expand_fixtures_dir(merged(VALID, data.get("host_data", {})))
+        self.cfg = config_from_data(self.host_data)
+        self.unit = None  # the rendered unit an argument named ($unit)
+        self.members = None  # a whole box's instances ($members)
+        self.gate_input = None  # the gate's units and fingerprint ($gate_input)
+        self.reports: str | None = None  # where reports land on the control node ({reports})
+        self._derived: dict[str, str] = {}
+
+    def derived(self, name: str) -> str:
+        if name not in DERIVED:
+            raise FixtureError(f"unknown derived value ${name} (known: {', '.join(DERIVED)})")
+        return DERIVED[name](self)
+
+    def derived_or_none(self, name: str) -> str | None:
+        """A derived value where this case has what it derives from (cached: outputs ask often)."""
+        if name not in self._derived:
+            try:
+                self._derived[name] = self.derived(name)
+            except FixtureError:
+                return None  # not cached: a $unit argument may still come
+        return self._derived[name]
+
+
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _env_text(case: Case) -> str:
+    from specdeploy.render.units import render_env_file
+    from specdeploy.steps.secrets import as_written
+
+    return as_written(render_env_file(case.cfg))
+
+
+def _unit(case: Case):
+    if case.unit is None:
+        raise FixtureError("a $unit_* value needs a {'$unit': role} argument")
+    return case.unit
+
+
+def _balancer(case: Case):
+    from specdeploy.render.units import render_balancer
+
+    if case.members is None:
+        raise FixtureError("a $balancer_* value needs a {'$members': ...} argument")
+    return render_balancer(case.cfg, case.members)
+
+
+def _render(case: Case, role: str):
+    from specdeploy.render.units import render_unit
+
+    return render_unit(case.cfg, role)
+
+
+def _gate_fingerprint(case: Case) -> dict:
+    """What the gate's decision on this host depends on (steps/gate.fingerprint)."""
+    from specdeploy.steps import gate
+
+    if case.cfg.speculation_gate is None:
+        raise FixtureError("$gate_fingerprint needs speculation_gate in the host data")
+    return gate.fingerprint(case.cfg, _render(case, "speculative"), _render(case, "baseline"))
+
+
+DERIVED = {
+    "unit_text": lambda case: _unit(case).text,
+    "unit_sha1": lambda case: _sha1(_unit(case).text),
+    "unit_sha256": lambda case: _unit(case).sha256,
+    "env_text": _env_text,
+    "env_sha1": lambda case: _sha1(_env_text(case)),
+    "balancer_config_text": lambda case: _balancer(case)[0].text,
+    "balancer_config_sha1": lambda case: _sha1(_balancer(case)[0].text),
+    "balancer_unit_text": lambda case: _balancer(case)[1].text,
+    "balancer_unit_sha1": lambda case: _sha1(_balancer(case)[1].text),
+    "baseline_unit_text": lambda case: _render(case, "baseline").text,
+    "baseline_unit_sha256": lambda case: _render(case, "baseline").sha256,
+    "gate_fingerprint": _gate_fingerprint,
+}
+SHOWN = [n for n in DERIVED if n.endswith(("_text", "_sha256", "_fingerprint"))]  # in outputs
+
+
+def _build_unit(case: Case, role: str):
+    from specdeploy.render.units import render_unit
+
+    case.unit = render_unit(case.cfg, role)
+    return case.unit
+
+
+def _build_members(case: Case, _value):
+    from specdeploy.render.units import instances
+
+    case.members = instances.expand(case.cfg).instances
+    return case.members
+
+
+def _build_secret(case: Case, value: str):
+    from specdeploy.steps.secrets import Secret
+
+    return Secret(value)
+
+
+def _build_change(case: Case, spec: dict):
+    """A steps.unit.UnitChange as install_unit planned it (its staging upload: `staged`)."""
+    from specdeploy.steps.unit import UnitChange
+
+    stage = types.SimpleNamespace(did_change=lambda: bool(spec.get("staged")))
+    unit = _build_unit(case, spec.get("role", "speculative"))
+    return UnitChange(case.cfg, unit, spec.get("unit_differs", False),
+                      spec.get("env_differs", False), enable=spec.get("enable", True),
+                      stage_op=stage)  # fmt: skip
+
+
+def _build_verify(case: Case, spec):
+    """What serve.py's verify does, as the step sees it: returns `returns`, or raises `raises`."""
+
+    def verify(cfg, rendered, **kwargs):
+        if isinstance(spec, dict) and "raises" in spec:
+            raise RuntimeError(spec["raises"])
+        return spec.get("returns") if isinstance(spec, dict) else spec
+
+    return verify
+
+
+def _build_record(case: Case, spec: dict):
+    """A deployment record: `spec`, over the record in `file` (repo-relative) when it names one."""
+    from specdeploy.config.record import DeploymentRecord
+
+    spec = dict(spec)
+    base = json.loads((REPO / spec.pop("file")).read_text()) if "file" in spec else {}
+    return DeploymentRecord.model_validate(merged(base, substitute(case, spec)))
+
+
+def _build_gate_input(case: Case, role: str):
+    """steps/gate.gate_input for the rendered unit of `role` (planning time)."""
+    from specdeploy.steps import gate
+
+    case.gate_input = gate.gate_input(case.cfg, _build_unit(case, role))
+    return case.gate_input
+
+
+def _build_box_gate(case: Case, spec: dict | None):
+    """A whole box's gate in one rolling restart; `decision`: another instance's, for this one."""
+    from specdeploy.steps import gate
+
+    box = gate.BoxGate()
+    if spec and "decision" in spec:
+        box.decisions[gate.BoxGate.key(case.gate_input)] = substitute(case, spec["decision"])
+    return box
+
+
+def _build_namespace(case: Case, spec: dict):
+    return types.SimpleNamespace(**spec)
+
+
+def _build_started_bench(case: Case, spec: dict):
+    """The smoke's benchmark (steps/smoke.smoke_bench), started as the server starts."""
+    from specdeploy.steps.smoke import smoke_bench
+
+    return smoke_bench(case.cfg, spec["tokenizer"]).start()
+
+
+BUILDERS = {
+    "$unit": _build_unit,
+    "$members": _build_members,
+    "$secret": _build_secret,
+    "$change": _build_change,
+    "$verify": _build_verify,
+    "$record": _build_record,
+    "$namespace": _build_namespace,
+    "$started_bench": _build_started_bench,
+    "$gate_input": _build_gate_input,
+    "$box_gate": _build_box_gate,
+}
+
+
+def build(case: Case, value):
+    if value == "$cfg":
+        return case.cfg
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in BUILDERS:
+        ((name, spec),) = value.items()
+        return BUILDERS[name](case, spec)
+    if isinstance(value, list):
+        return [build(case, v) for v in value]
+    if isinstance(value, dict):
+        return {k: build(case, v) for k, v in value.items()}
+    return substitute(case, expand_fixtures_dir(value))
+
+
+def substitute(case: Case, value):
+    """Derived values ("$unit_sha1", "$gate_fingerprint", ...) in an input."""
+    if isinstance(value, str) and value.startswith("$") and value[1:] in DERIVED:
+        return case.derived(value[1:])
+    if isinstance(value, list):
+        return [substitute(case, v) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(case, v) for k, v in value.items()}
+    return value
+
+
+# --- the host: facts ----------------------------------------------------------------------------
+
+
+def typed(fact_cls, value):
+    """A fact's JSON value as the fact returns it (a pydantic model where the fact gives one)."""
+    if value is None:
+        return None
+    try:
+        default = fact_cls().default()
+    except Exception:
+        default = None
+    if isinstance(default, BaseModel):
+        return type(default).model_validate(value)
+    return value
+
+
+class Facts:
+    """pyinfra's FakeHost.get_fact: the fixture's value for the fact and its arguments."""
+
+    def __init__(self, case: Case):
+        self.case, self.facts = case, case.data.get("facts", {})
+        self.read: set[tuple[str, str | None]] = set()
+
+    def unread(self) -> list[str]:
+        """The fixture's facts the step never read (a fixture says only what matters)."""
+        out = []
+        for name, value in self.facts.items():
+            if (name, None) in self.read:
+                continue
+            if any(fact == name for fact, _ in self.read):  # read with arguments: which ones
+                out += [f"{name} {key!r}" for key in value if (name, key) not in self.read]
+            else:
+                out.append(name)
+        return out
+
+    def get_fact(self, fact_cls, *args, **kwargs):
+        if args:
+            raise FixtureError(f"{fact_cls.__name__}: positional fact arguments {args}")
+        name = fact_cls.__name__
+        if name not in self.facts:
+            raise FixtureError(f"missing test fact data: {name} ({get_kwargs_str(kwargs)})")
+        value = self.facts[name]
+        if not kwargs:
+            self.read.add((name, None))
+        if kwargs:
+            real = getfullargspec(fact_cls.command).args
+            unknown = [key for key in kwargs if key not in real]
+            if unknown:
+                raise FixtureError(f"{name}: {unknown} are not arguments of its command")
+            key = get_kwargs_str(kwargs)
+            if not isinstance(value, dict) or key not in value:
+                raise FixtureError(f"missing test fact data: {name} {key!r}")
+            self.read.add((name, key))
+            value = value[key]
+        return typed(fact_cls, substitute(self.case, copy.deepcopy(value)))
+
+
+# --- the host: what runs on it at execution time (specdeploy.host.on_host) -----------------------
+
+
+class Shell:
+    """on_host's `sh_status`, `read_text` and `write_text`, answered in order from the fixture's
+    `host` entries; every call is recorded (on_host.sh runs on sh_status, as it does for real)."""
+
+    def __init__(self, case: Case):
+        self.case, self.script = case, case.data.get("host", [])
+        self.calls: list[dict] = []
+
+    def _next(self, call: dict) -> dict:
+        i = len(self.calls)
+        self.calls.append(call)
+        entry = self.script[i] if i < len(self.script) else None
+        if entry is not None and _call_part(entry) == shown(self.case, call):
+            call.update({k: v for k, v in entry.items() if k not in call})
+            return entry
+        if WRITE and i < len(self.script) + 5:  # recorded, answered with nothing, for a writer
+            return {}
+        raise FixtureError(
+            f"host call {i}: the fixture has\n  {json.dumps(entry)}\nthe step made\n"
+            f"  {json.dumps(call)}"
+        )
+
+    def sh_status(self, command: str, *, stdin: str | None = None, timeout: int | None = None):
+        call = {"sh": str(command)}
+        if stdin is not None:
+            call["stdin"] = stdin
+        if timeout is not None:
+            call["timeout"] = timeout
+        entry = self._next(call)
+        out, err = entry.get("out", ""), entry.get("stderr", "")
+        lines = [OutputLine("stdout", line) for line in out.splitlines()]
+        lines += [OutputLine("stderr", line) for line in err.splitlines()]
+        return entry.get("ok", True), CommandOutput(lines).stdout, CommandOutput(lines)
+
+    def read_text(self, path: str, *, missing_ok: bool = False):
+        from specdeploy.host.on_host import HostCommandError
+
+        entry = self._next({"read": path})
+        text = (REPO / entry["file"]).read_text() if "file" in entry else entry.get("text")
+        if text is None and not missing_ok:
+            raise HostCommandError(f"{HOST}: cannot read {path}: specdeploy: no such file")
+        return text
+
+    def write_text(self, path, text, *, mode="644", owner="root", group="root"):
+        from specdeploy.host.on_host import HostCommandError
+
+        call = {"write": path, "mode": mode}
+        if (owner, group) != ("root", "root"):
+            call["owner"] = f"{owner}:{group}"
+        call |= written(text)
+        entry = self._next(call)
+        if not entry.get("ok", True):
+            raise HostCommandError(f"{HOST}: `write {path}` failed:\n{entry.get('stderr', '')}")
+
+
+def written(text: str) -> dict:
+    """A written file as the fixture shows it: JSON parsed (a record), else its text."""
+    try:
+        return {"json": json.loads(text)} if text.lstrip().startswith("{") else {"text": text}
+    except ValueError:
+        return {"text": text}
+
+
+def _call_part(entry: dict) -> dict:
+    if "read" in entry:
+        return {"read": entry["read"]}
+    return {k: v for k, v in entry.items() if k not in ANSWERS}
+
+
+# --- the clock, the control node ----------------------------------------------------------------
+
+
+class FrozenTime:
+    """The `time` module as every specdeploy module sees it here: NOW, and no sleeping."""
+
+    def __getattr__(self, name):
+        return getattr(real_time, name)
+
+    @staticmethod
+    def time() -> float:
+        return NOW
+
+    @staticmethod
+    def monotonic() -> float:
+        return 1000.0
+
+    @staticmethod
+    def sleep(_seconds) -> None:
+        pass
+
+    @staticmethod
+    def gmtime(seconds=None):
+        return real_time.gmtime(NOW if seconds is None else seconds)
+
+
+class FrozenDatetime(datetime):
+    """datetime with `now()` at NOW."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.fromtimestamp(NOW, tz)
+
+
+class Namespace:
+    """A module with some of its names replaced."""
+
+    def __init__(self, module, **replaced):
+        self._module, self._replaced = module, replaced
+
+    def __getattr__(self, name):
+        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
+
+
+def _patch_everywhere(monkeypatch, original, replacement) -> None:
+    """Replace `original` wherever a specdeploy module bound it (`from x import f` copies it)."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("specdeploy") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                monkeypatch.setattr(module, attr, replacement)
+
+
+class Recorder(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+# --- running one fixture ------------------------------------------------------------------------
+
+
+def pyinfra_host():
+    """A host of a real pyinfra State (test_fact_defaults.pyinfra_host, with no connector: a
+    command that reaches pyinfra's connector is a step that bypassed on_host)."""
+    inventory = Inventory(([HOST], {}))
+    state = State(inventory, Config(TEMP_DIR="/tmp"), check_for_changes=False)
+    host = inventory.get_host(HOST)
+    return state, host
+
+
+def import_steps() -> None:
+    """Every step module and what it imports, before anything is replaced: a module imported
+    while a fake is in place would keep it (`from on_host import sh`) after the test."""
+    import specdeploy.steps
+
+    for info in pkgutil.iter_modules(specdeploy.steps.__path__):
+        importlib.import_module(f"specdeploy.steps.{info.name}")
+
+
+def run_case(data: dict, monkeypatch, tmp_path) -> dict:
+    """Run the fixture's step; what it did, in the fixture's output keys."""
+    import secrets as stdlib_secrets
+    import time as time_module
+
+    from specdeploy.host import on_host
+
+    import_steps()
+    from specdeploy.steps import lock, rollback
+
+    case = Case(data)
+    state, host = pyinfra_host()
+    facts, shell = Facts(case), Shell(case)
+    noops: list[tuple[str | None, str]] = []
+    host.get_fact = facts.get_fact
+    host.noop = lambda description: noops.append((host.current_op_hash, description))
+
+    def no_connector(*args, **kwargs):
+        raise FixtureError("a command reached pyinfra's connector, not on_host")
+
+    host.run_shell_command = no_connector
+    for name in ("sh_status", "read_text", "write_text"):
+        _patch_everywhere(monkeypatch, getattr(on_host, name), getattr(shell, name))
+    _patch_everywhere(monkeypatch, time_module, FrozenTime())
+    _patch_everywhere(monkeypatch, datetime, FrozenDatetime)
+    fake_secrets = types.SimpleNamespace(token_hex=lambda n=16: "5eed" * (n // 2))
+    _patch_everywhere(monkeypatch, stdlib_secrets, fake_secrets)
+    node = CONTROL_NODE | data.get("control_node", {})
+    monkeypatch.setattr(lock, "control_host", lambda: node["host"])
+    monkeypatch.setattr(lock, "getpass", types.SimpleNamespace(getuser=lambda: node["user"]))
+    monkeypatch.setattr(lock, "os", Namespace(os, getpid=lambda: node["pid"]))
+    monkeypatch.setattr(lock, "pid_alive", lambda pid: pid in node["running_pids"])
+    monkeypatch.setattr(lock, "_HELD", {HOST: dict(data["held_locks"])} if "held_locks" in data
+                        else {})  # fmt: skip
+    gate = rollback.RolloutGate()  # this pyinfra run's failed hosts (steps/rollback.py)
+    gate.failed = list(data.get("failed_first", []))
+    monkeypatch.setattr(rollback, "GATE", gate)
+    case.reports = str(tmp_path / "reports")
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", case.reports)
+    monkeypatch.delenv("SPECDEPLOY_ROLLOUT_REPORT", raising=False)
+    recorder = Recorder()
+    logging.getLogger("pyinfra").addHandler(recorder)
+
+    module_name, _, attr = data["call"].partition(":")
+    got: dict[str, Any] = {}
+    executing = bool(data.get("executing"))
+    with ExitStack() as stack:
+        stack.callback(logging.getLogger("pyinfra").removeHandler, recorder)
+        stack.enter_context(ctx_state.use(state))
+        stack.enter_context(ctx_host.use(host))
+        function = importlib.import_module(f"specdeploy.steps.{module_name}")
+        for part in attr.split("."):
+            function = getattr(function, part)
+        planned = hasattr(function, "_inner")  # a @deploy or @operation: it schedules
+        result, error = None, None
+        try:
+            args = build(case, data.get("args", []))
+            kwargs = build(case, data.get("kwargs", {}))
+            state.is_executing = executing and not planned
+            result = function(*args, **kwargs)
+        except Exception as raised:  # what a step raises is an output (a FixtureError is not)
+            error = raised
+        except FixtureError as stopped:  # a writer gets what was recorded up to here
+            if not WRITE:
+                raise
+            error = stopped
+        finally:
+            state.is_executing = False
+        # the operations it scheduled (up to the first that raises, where pyinfra stops the host)
+        got["operations"], failed = collect(case, state, host, noops, executing)
+        error = error or failed
+        if error is not None:
+            got["exception"] = {"name": type(error).__name__, "message": str(error)}
+        got["noops"] = [text for op, text in noops if op is None]
+        got["unread_facts"] = facts.unread()
+        got["host"] = shown(case, shell.calls)
+        got["warnings"] = [strip_prefix(m) for m in recorder.messages]
+        if "exception" not in got:
+            got["returns"] = shown(case, jsonable(case, result, host))
+    return got
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_prefix(message: str) -> str:
+    return re.sub(rf"^\[{HOST}\]\s*", "", ANSI.sub("", message))
+
+
+def collect(case: Case, state, host, noops, executing: bool):
+    """Each scheduled operation: its name, the commands pyinfra would run (its generator, as
+    pyinfra runs it on this host), or its noop; and its non-default global arguments. Stops at an
+    operation whose generator raises ("raised": true), as pyinfra stops the host; returns
+    (operations, that error or None)."""
+    defaults, _ = pop_global_arguments(state, host, {})
+    operations = []
+    for op_hash in list(host.op_hash_order):
+        meta, data = state.get_op_meta(op_hash), state.get_op_data_for_host(host, op_hash)
+        entry: dict[str, Any] = {"op": operation_of(data), "name": sorted(meta.names)[0]}
+        arguments = {}
+        for key, value in {**data.global_arguments, **meta.global_arguments}.items():
+            if key != "name" and key in defaults and value != defaults[key]:
+                arguments[key] = jsonable(case, value, host)
+        state.is_executing = executing
+        commands, error = [], None
+        try:
+            for command in data.command_generator():
+                commands.append(command_json(case, command, host))
+        except Exception as raised:
+            error = raised
+        finally:
+            state.is_executing = False
+        said = [text for op, text in noops if op == op_hash]
+        if commands or not said:
+            entry["commands"] = commands
+        if said:
+            entry["noop"] = said[-1]
+        if arguments:
+            entry["arguments"] = arguments
+        if error is not None:
+            entry["raised"] = True
+        operations.append(shown(case, entry))
+        if error is not None:
+            return operations, error
+    return operations, None
+
+
+def operation_function(op_data):
+    """The function behind a scheduled operation (the `func` its command generator closes over)."""
+    generator = op_data.command_generator
+    cells = dict(zip(generator.__code__.co_freevars, generator.__closure__ or (), strict=True))
+    return cells["func"].cell_contents
+
+
+def operation_of(op_data) -> str:
+    """pyinfra's name for an operation: `files.put`, `server.shell`, `lock.acquire`."""
+    func = operation_function(op_data)
+    return f"{func.__module__.rsplit('.', 1)[-1]}.{func.__name__}"
+
+
+def command_json(case: Case, command, host):
+    """pyinfra's tests/test_operations.py parse_commands, for specdeploy's commands."""
+    if isinstance(command, str):
+        command = StringCommand(command.strip())
+    if isinstance(command, StringCommand):
+        raw, masked = command.get_raw_value(), command.get_masked_value()
+        out = raw if raw == masked else [raw, masked]
+    elif isinstance(command, FunctionCommand):
+        name = getattr(command.function, "__qualname__", str(command.function))
+        out = ["function", name, jsonable(case, list(command.args), host),
+               jsonable(case, command.kwargs, host)]  # fmt: skip
+    elif isinstance(command, FileUploadCommand):
+        if hasattr(command.src, "read"):
+            command.src.seek(0)
+            data = command.src.read()
+            out = ["upload", data.decode() if isinstance(data, bytes) else data, str(command.dest)]
+        else:
+            out = ["upload", str(command.src), str(command.dest)]
+    elif isinstance(command, FileDownloadCommand):
+        out = ["download", str(command.src), str(command.dest)]
+    else:
+        raise FixtureError(f"{command!r} is not a command pyinfra runs")
+    if command.connector_arguments:
+        return {**jsonable(case, command.connector_arguments, host), "command": out}
+    return out
+
+
+def jsonable(case: Case, value, host):
+    """A value as the fixture shows it."""
+    from specdeploy.render.units import RenderedUnit
+
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, ServeConfig):
+        return "$cfg" if value is case.cfg else {"$cfg": value.service_name}
+    if isinstance(value, OperationMeta):
+        return f"$op:{host.op_hash_order.index(value._hash)}"
+    if isinstance(value, RenderedUnit):
+        return {"$unit": value.role, "name": value.name}
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(case, getattr(value, f.name), host)
+                for f in dataclasses.fields(value)}  # fmt: skip
+    if isinstance(value, list | tuple):
+        return [jsonable(case, v, host) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(jsonable(case, v, host) for v in value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(case, v, host) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, StringIO):
+        return value.getvalue()
+    if isinstance(getattr(value, "__self__", None), OperationMeta):  # _if=op.did_change
+        return f"{jsonable(case, value.__self__, host)}.{value.__name__}"
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return repr(value)
+
+
+@functools.cache
+def host_scripts() -> dict[str, str]:
+    """specdeploy/host/scripts/*.py as commands carry them (`python -c SOURCE`), by name."""
+    from specdeploy.host import scripts
+
+    folder = Path(scripts.__file__).parent
+    return {p.stem: shlex.quote(scripts.source(p.stem)) for p in sorted(folder.glob("[a-z]*.py"))}
+
+
+def shown(case: Case, value):
+    """Output with this checkout's fixtures folder as "{fixtures}", the control node's reports
+    folder as "{reports}", a host script's source as "{script:name}" and derived values by name."""
+    if isinstance(value, str | dict):
+        for name in SHOWN:
+            if value == case.derived_or_none(name):
+                return f"${name}"
+    if isinstance(value, str):
+        for name, quoted in host_scripts().items():
+            value = value.replace(quoted, f"{{script:{name}}}")
+        if case.reports:
+            value = value.replace(case.reports, "{reports}")
+        return value.replace(str(FIXTURES), "{fixtures}")
+    if isinstance(value, list):
+        return [shown(case, v) for v in value]
+    if isinstance(value, dict):
+        return {k: shown(case, v) for k, v in value.items()}
+    return value
+
+
+def default(key: str):
+    """An output the fixture leaves out: nothing of it."""
+    return None if key in ("returns", "exception") else []
+
+
+def compared(got: dict, data: dict) -> tuple[dict, dict]:
+    """(what the step did, what the fixture says) for every output key."""
+    want = {key: data.get(key, default(key)) for key in OUTPUTS}
+    have = {key: got.get(key, default(key)) for key in OUTPUTS}
+    return have, want
+
+
+def write_back(path: Path, data: dict, got: dict) -> None:
+    """SPECDEPLOY_WRITE_FIXTURES=1: the fixture's outputs as the step made them."""
+    first = [k for k in INPUTS if k in data] + [k for k in data if k not in INPUTS]
+    out = {k: data[k] for k in first if k not in OUTPUTS}
+    for key in OUTPUTS:
+        value = got.get(key, default(key))
+        if value != default(key):
+            out[key] = value
+    path.write_text(dumps(out) + "\n")
+
+
+def dumps(value, indent: int = 0, width: int = 100) -> str:
+    """JSON with what fits on one line on one line (fixtures read like pyinfra's)."""
+    flat = json.dumps(value, ensure_ascii=False)
+    if len(flat) + indent <= width or not isinstance(value, dict | list) or not value:
+        return flat
+    pad = " " * (indent + 2)
+    if isinstance(value, list):
+        items = [pad + dumps(v, indent + 2, width) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+    items = [
+        f"{pad}{json.dumps(k, ensure_ascii=False)}: {dumps(v, indent + 2, width)}"
+        for k, v in value.items()
+    ]
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
