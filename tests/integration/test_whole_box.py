@@ -258,7 +258,7 @@ def test_a_rerun_gives_the_weights_cache_back_to_root_as_a_plain_host_does(
     before = {u: main_pid(ssh, host, u) for u in UNITS}
     again = deploy(inventory(tmp_path, host))
     assert again.returncode == 0, tail(again)
-    assert "entries back to root" in again.stdout, tail(again)
+    assert "entries back to root" in again.stdout + again.stderr, tail(again)
     foreign = ssh(host, f"find -P {hf} -mindepth 1 \\( ! -user root -o ! -type l -perm /022 \\)")
     assert foreign.strip() == "", f"still not root's, or writable by others: {foreign}"
     assert {u: main_pid(ssh, host, u) for u in UNITS} == before  # the repair restarts nothing
