@@ -276,11 +276,13 @@ def _build_gate_input(case: Case, role: str):
 
 def _build_box_gate(case: Case, spec: dict | None):
     """A whole box's gate in one rolling restart; `decision`: another instance's, for this one."""
+    from specdeploy.config.record import GateDecision
     from specdeploy.steps import gate
 
     box = gate.BoxGate()
     if spec and "decision" in spec:
-        box.decisions[gate.BoxGate.key(case.gate_input)] = substitute(case, spec["decision"])
+        decision = GateDecision.model_validate(substitute(case, spec["decision"]))
+        box.decisions[gate.BoxGate.key(case.gate_input)] = decision
     return box
 
 
