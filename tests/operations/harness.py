@@ -18,7 +18,7 @@ A fixture's keys (all but `call` optional):
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
-                a whole box's members, a planned unit change, a record, a started benchmark...)
+                a whole box's members, a planned unit change, a record, a gate input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted);
@@ -290,13 +290,6 @@ def _build_namespace(case: Case, spec: dict):
     return types.SimpleNamespace(**spec)
 
 
-def _build_started_bench(case: Case, spec: dict):
-    """The smoke's benchmark (steps/smoke.smoke_bench), started as the server starts."""
-    from specdeploy.steps.smoke import smoke_bench
-
-    return smoke_bench(case.cfg, spec["tokenizer"]).start()
-
-
 BUILDERS = {
     "$unit": _build_unit,
     "$members": _build_members,
@@ -305,7 +298,6 @@ BUILDERS = {
     "$verify": _build_verify,
     "$record": _build_record,
     "$namespace": _build_namespace,
-    "$started_bench": _build_started_bench,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
 }
