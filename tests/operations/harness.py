@@ -21,8 +21,11 @@ A fixture's keys (all but `call` optional):
                 a whole box's members, a planned unit change, a record, a gate input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
-                {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted);
-                a fact the step reads and the fixture lacks fails the test, as in pyinfra
+                {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
+                "" where a fact with arguments is read without any); a value
+                {"$output": "tests/facts/<FactClassName>/<case>.json"} is what the fact's parser
+                makes of that recorded output; a fact the step reads and the fixture lacks fails
+                the test, as in pyinfra
     control_node
                 who the control node is: {"host", "user", "pid", "running_pids"}
     held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
@@ -369,10 +372,12 @@ class Facts:
         if name not in self.facts:
             raise FixtureError(f"missing test fact data: {name} ({get_kwargs_str(kwargs)})")
         value = self.facts[name]
-        if not kwargs:
+        real = getfullargspec(fact_cls.command).args
+        # a fact with arguments read without any: pyinfra's key for no arguments, ""
+        keyed = bool(kwargs) or (len(real) > 1 and isinstance(value, dict) and "" in value)
+        if not keyed:
             self.read.add((name, None))
-        if kwargs:
-            real = getfullargspec(fact_cls.command).args
+        else:
             unknown = [key for key in kwargs if key not in real]
             if unknown:
                 raise FixtureError(f"{name}: {unknown} are not arguments of its command")
@@ -381,7 +386,16 @@ class Facts:
                 raise FixtureError(f"missing test fact data: {name} {key!r}")
             self.read.add((name, key))
             value = value[key]
+        if isinstance(value, dict) and set(value) == {"$output"}:
+            return recorded(fact_cls, value["$output"])
         return typed(fact_cls, substitute(self.case, copy.deepcopy(value)))
+
+
+def recorded(fact_cls, path: str):
+    """The fact's value for a recorded output: its parser over the "output" of a fact fixture
+    (tests/facts/<FactClassName>/<case>.json, repo-relative), as that fact's own test reads it."""
+    data = json.loads((REPO / path).read_text())
+    return fact_cls().process(data["output"])
 
 
 # --- the host: what runs on it at execution time (specdeploy.host.on_host) -----------------------
