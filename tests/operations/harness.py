@@ -18,7 +18,8 @@ A fixture's keys (all but `call` optional):
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
-                a whole box's members, a planned unit change, a record, a gate input...)
+                a whole box's members, its layout or a host's servers, a planned unit change, a
+                record, a gate input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -232,6 +233,25 @@ def _build_members(case: Case, _value):
     return case.members
 
 
+def _build_layout(case: Case, available: list[int] | None):
+    """A whole box's split of the host's GPUs or cores `available` (render/instances.expand)."""
+    from specdeploy.render import instances
+
+    layout = instances.expand(case.cfg, available)
+    case.members = layout.instances
+    return layout
+
+
+def _build_servers(case: Case, available: list[int] | None):
+    """steps/servers.HostServers as host_servers plans them: a whole box split over `available`,
+    or (instances unset) the host's one server."""
+    from specdeploy.steps.servers import HostServers, the_one_server
+
+    if case.cfg.instances is None:
+        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False)
+    return HostServers(case.cfg, tuple(_build_layout(case, available).instances), balanced=True)
+
+
 def _build_secret(case: Case, value: str):
     from specdeploy.steps.secrets import Secret
 
@@ -296,6 +316,8 @@ def _build_namespace(case: Case, spec: dict):
 BUILDERS = {
     "$unit": _build_unit,
     "$members": _build_members,
+    "$layout": _build_layout,
+    "$servers": _build_servers,
     "$secret": _build_secret,
     "$change": _build_change,
     "$verify": _build_verify,
