@@ -18,8 +18,8 @@ A fixture's keys (all but `call` optional):
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
-                a whole box's members, its layout or a host's servers, a planned unit change, a
-                record, a gate input...)
+                a whole box's members, its layout or a host's servers, a planned unit change, an
+                operation's result, a record, a server's preflight, a gate input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -39,7 +39,8 @@ A fixture's keys (all but `call` optional):
                 {"read": path, answer "text" (null: no such file) or "file" (repo-relative)},
                 {"write": path, "mode", "text" or "json"}]
     warnings    out: what the step logged as warnings (without the host prefix)
-    returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta)
+    returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta;
+                {"$called": value}: a function it returns for execution time, called then)
     exception   out: {"name", "message"} when the step raised
 
 "$name" in facts and arguments is a derived value (DERIVED: the rendered unit's sha1, the gate's
@@ -262,7 +263,8 @@ def _build_change(case: Case, spec: dict):
     """A steps.unit.UnitChange as install_unit planned it (its staging upload: `staged`)."""
     from specdeploy.steps.unit import UnitChange
 
-    stage = types.SimpleNamespace(did_change=lambda: bool(spec.get("staged")))
+    staged = bool(spec.get("staged"))
+    stage = types.SimpleNamespace(will_change=staged, did_change=lambda: staged)
     unit = _build_unit(case, spec.get("role", "speculative"))
     return UnitChange(case.cfg, unit, spec.get("unit_differs", False),
                       spec.get("env_differs", False), enable=spec.get("enable", True),
@@ -309,6 +311,20 @@ def _build_box_gate(case: Case, spec: dict | None):
     return box
 
 
+def _build_operation(case: Case, changes: bool):
+    """An operation's result (OperationMeta) as a later step reads it: `will_change` while
+    planning, `did_change()` once it ran — both `changes`."""
+    return types.SimpleNamespace(will_change=bool(changes), did_change=lambda: bool(changes))
+
+
+def _build_preflight(case: Case, spec: dict):
+    """steps/preflight.ServerPreflight: the snapshots, and the rules' Preflight (`result`)."""
+    from specdeploy.checks.gpus import Preflight
+    from specdeploy.steps.preflight import ServerPreflight
+
+    return ServerPreflight(substitute(case, spec["snapshots"]), Preflight(**spec.get("result", {})))
+
+
 def _build_namespace(case: Case, spec: dict):
     return types.SimpleNamespace(**spec)
 
@@ -323,6 +339,8 @@ BUILDERS = {
     "$verify": _build_verify,
     "$record": _build_record,
     "$namespace": _build_namespace,
+    "$operation": _build_operation,
+    "$preflight": _build_preflight,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
 }
@@ -649,6 +667,16 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         # the operations it scheduled (up to the first that raises, where pyinfra stops the host)
         got["operations"], failed = collect(case, state, host, noops, executing)
         error = error or failed
+        if error is None and isinstance(result, types.FunctionType):
+            # a decision the step leaves to execution time (verify_needed's `needed`): what it
+            # says once the operations ran, as the python.call that reads it would see it
+            state.is_executing = True
+            try:
+                result = {"$called": result()}
+            except Exception as raised:
+                error = raised
+            finally:
+                state.is_executing = False
         if error is not None:
             got["exception"] = {"name": type(error).__name__, "message": str(error)}
         got["noops"] = [text for op, text in noops if op is None]
