@@ -18,11 +18,15 @@ A fixture's keys (all but `call` optional):
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
-                a whole box's members, a planned unit change, a record, a started benchmark...)
+                a whole box's members, its layout or a host's servers, a planned unit change, an
+                operation's result, a record, a server's preflight, a gate input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
-                {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted);
-                a fact the step reads and the fixture lacks fails the test, as in pyinfra
+                {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
+                "" where a fact with arguments is read without any); a value
+                {"$output": "tests/facts/<FactClassName>/<case>.json"} is what the fact's parser
+                makes of that recorded output; a fact the step reads and the fixture lacks fails
+                the test, as in pyinfra
     control_node
                 who the control node is: {"host", "user", "pid", "running_pids"}
     held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
@@ -35,7 +39,8 @@ A fixture's keys (all but `call` optional):
                 {"read": path, answer "text" (null: no such file) or "file" (repo-relative)},
                 {"write": path, "mode", "text" or "json"}]
     warnings    out: what the step logged as warnings (without the host prefix)
-    returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta)
+    returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta;
+                {"$called": value}: a function it returns for execution time, called then)
     exception   out: {"name", "message"} when the step raised
 
 "$name" in facts and arguments is a derived value (DERIVED: the rendered unit's sha1, the gate's
@@ -229,6 +234,25 @@ def _build_members(case: Case, _value):
     return case.members
 
 
+def _build_layout(case: Case, available: list[int] | None):
+    """A whole box's split of the host's GPUs or cores `available` (render/instances.expand)."""
+    from specdeploy.render import instances
+
+    layout = instances.expand(case.cfg, available)
+    case.members = layout.instances
+    return layout
+
+
+def _build_servers(case: Case, available: list[int] | None):
+    """steps/servers.HostServers as host_servers plans them: a whole box split over `available`,
+    or (instances unset) the host's one server."""
+    from specdeploy.steps.servers import HostServers, the_one_server
+
+    if case.cfg.instances is None:
+        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False)
+    return HostServers(case.cfg, tuple(_build_layout(case, available).instances), balanced=True)
+
+
 def _build_secret(case: Case, value: str):
     from specdeploy.steps.secrets import Secret
 
@@ -239,7 +263,8 @@ def _build_change(case: Case, spec: dict):
     """A steps.unit.UnitChange as install_unit planned it (its staging upload: `staged`)."""
     from specdeploy.steps.unit import UnitChange
 
-    stage = types.SimpleNamespace(did_change=lambda: bool(spec.get("staged")))
+    staged = bool(spec.get("staged"))
+    stage = types.SimpleNamespace(will_change=staged, did_change=lambda: staged)
     unit = _build_unit(case, spec.get("role", "speculative"))
     return UnitChange(case.cfg, unit, spec.get("unit_differs", False),
                       spec.get("env_differs", False), enable=spec.get("enable", True),
@@ -276,34 +301,46 @@ def _build_gate_input(case: Case, role: str):
 
 def _build_box_gate(case: Case, spec: dict | None):
     """A whole box's gate in one rolling restart; `decision`: another instance's, for this one."""
+    from specdeploy.config.record import GateDecision
     from specdeploy.steps import gate
 
     box = gate.BoxGate()
     if spec and "decision" in spec:
-        box.decisions[gate.BoxGate.key(case.gate_input)] = substitute(case, spec["decision"])
+        decision = GateDecision.model_validate(substitute(case, spec["decision"]))
+        box.decisions[gate.BoxGate.key(case.gate_input)] = decision
     return box
+
+
+def _build_operation(case: Case, changes: bool):
+    """An operation's result (OperationMeta) as a later step reads it: `will_change` while
+    planning, `did_change()` once it ran — both `changes`."""
+    return types.SimpleNamespace(will_change=bool(changes), did_change=lambda: bool(changes))
+
+
+def _build_preflight(case: Case, spec: dict):
+    """steps/preflight.ServerPreflight: the snapshots, and the rules' Preflight (`result`)."""
+    from specdeploy.checks.gpus import Preflight
+    from specdeploy.steps.preflight import ServerPreflight
+
+    return ServerPreflight(substitute(case, spec["snapshots"]), Preflight(**spec.get("result", {})))
 
 
 def _build_namespace(case: Case, spec: dict):
     return types.SimpleNamespace(**spec)
 
 
-def _build_started_bench(case: Case, spec: dict):
-    """The smoke's benchmark (steps/smoke.smoke_bench), started as the server starts."""
-    from specdeploy.steps.smoke import smoke_bench
-
-    return smoke_bench(case.cfg, spec["tokenizer"]).start()
-
-
 BUILDERS = {
     "$unit": _build_unit,
     "$members": _build_members,
+    "$layout": _build_layout,
+    "$servers": _build_servers,
     "$secret": _build_secret,
     "$change": _build_change,
     "$verify": _build_verify,
     "$record": _build_record,
     "$namespace": _build_namespace,
-    "$started_bench": _build_started_bench,
+    "$operation": _build_operation,
+    "$preflight": _build_preflight,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
 }
@@ -375,10 +412,12 @@ class Facts:
         if name not in self.facts:
             raise FixtureError(f"missing test fact data: {name} ({get_kwargs_str(kwargs)})")
         value = self.facts[name]
-        if not kwargs:
+        real = getfullargspec(fact_cls.command).args
+        # a fact with arguments read without any: pyinfra's key for no arguments, ""
+        keyed = bool(kwargs) or (len(real) > 1 and isinstance(value, dict) and "" in value)
+        if not keyed:
             self.read.add((name, None))
-        if kwargs:
-            real = getfullargspec(fact_cls.command).args
+        else:
             unknown = [key for key in kwargs if key not in real]
             if unknown:
                 raise FixtureError(f"{name}: {unknown} are not arguments of its command")
@@ -387,7 +426,16 @@ class Facts:
                 raise FixtureError(f"missing test fact data: {name} {key!r}")
             self.read.add((name, key))
             value = value[key]
+        if isinstance(value, dict) and set(value) == {"$output"}:
+            return recorded(fact_cls, value["$output"])
         return typed(fact_cls, substitute(self.case, copy.deepcopy(value)))
+
+
+def recorded(fact_cls, path: str):
+    """The fact's value for a recorded output: its parser over the "output" of a fact fixture
+    (tests/facts/<FactClassName>/<case>.json, repo-relative), as that fact's own test reads it."""
+    data = json.loads((REPO / path).read_text())
+    return fact_cls().process(data["output"])
 
 
 # --- the host: what runs on it at execution time (specdeploy.host.on_host) -----------------------
@@ -619,6 +667,16 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         # the operations it scheduled (up to the first that raises, where pyinfra stops the host)
         got["operations"], failed = collect(case, state, host, noops, executing)
         error = error or failed
+        if error is None and isinstance(result, types.FunctionType):
+            # a decision the step leaves to execution time (verify_needed's `needed`): what it
+            # says once the operations ran, as the python.call that reads it would see it
+            state.is_executing = True
+            try:
+                result = {"$called": result()}
+            except Exception as raised:
+                error = raised
+            finally:
+                state.is_executing = False
         if error is not None:
             got["exception"] = {"name": type(error).__name__, "message": str(error)}
         got["noops"] = [text for op, text in noops if op is None]
