@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdeploy.checks import capabilities
+from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
 from specdeploy.render.argv import EngineFlags, engine_flags
 
 
-class PreflightError(Exception):
-    pass
+class PreflightError(HostRefused):
+    """The preflight's problems on one host (its GPUs, driver, memory, vocabulary, context)."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""What a check reports: one problem with one host's data, and the error that carries them all."""
+"""What a check reports: one problem with one host's data, and the error that carries them all;
+and what a host's own state refuses, which fails that host alone."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ class ConfigError(Exception):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
+
+
+class HostRefused(RuntimeError):
+    """What a host's own state refuses while planning — its GPUs or driver, its free disk or
+    memory, a whole box's split of its devices, weights that are not complete. That host fails
+    alone, before anything on it changes; the run goes on for the others (flows/serve.py). Invalid
+    host data is a ConfigError instead, and stops the run before any host is touched."""

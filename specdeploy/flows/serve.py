@@ -26,10 +26,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from specdeploy.checks.host_data import host_config_and_pins
-from specdeploy.config.schema import DATA_DEFAULTS
+from specdeploy.config.problems import HostRefused
+from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
 from specdeploy.steps import balancer, dataset, install, lock, unit, weights
 from specdeploy.steps.preflight import preflight_every_server
-from specdeploy.steps.rollback import host_turn, refuse_no_wait, roll_servers
+from specdeploy.steps.rollback import fail_alone, host_turn, refuse_no_wait, roll_servers
 from specdeploy.steps.servers import host_servers, instance_dirs, plan_server
 from specdeploy.steps.verify import verify_needed
 
@@ -38,7 +39,14 @@ from specdeploy.steps.verify import verify_needed
 def serve(role: str = "speculative"):
     started = time.time()
     refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
-    cfg, pins = host_config_and_pins()
+    cfg, pins = host_config_and_pins()  # invalid host data stops the run before any host
+    try:
+        _serve(cfg, pins, role, started)
+    except HostRefused as refused:  # this host's own state: it fails alone, the others go on
+        fail_alone(refused)
+
+
+def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
     servers = host_servers(cfg)
     plans = [plan_server(member, role) for member in servers.members]

@@ -26,6 +26,7 @@ from specdeploy.checks.capabilities import (
     PACKAGE_SYSTEM_DEPENDENCIES,
     alias_for,
 )
+from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.system import FreeDiskBytes
 from specdeploy.host.facts.vllm import VllmVersion
@@ -81,7 +82,7 @@ def install_vllm(cfg: ServeConfig):
     if not is_pin(installed, cfg.vllm_version):  # a new venv: refuse now, not half way through pip
         problem = venv_disk_problem(cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir))
         if problem:
-            raise RuntimeError(f"{host.name}: install: {problem}")
+            raise HostRefused(f"{host.name}: install: {problem}")
     limit = cfg.install_timeout_s
     commands = install_commands(
         cfg.venv,

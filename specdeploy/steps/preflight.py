@@ -13,6 +13,7 @@ from pyinfra import host, logger
 
 from specdeploy.checks.gpus import Preflight, check_gpus
 from specdeploy.checks.preflight import evaluate
+from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.system import MemoryBytes
@@ -41,7 +42,7 @@ def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPre
     snaps = weights.snapshots(cfg)
     missing = [role for role, snap in snaps.items() if snap is None]
     if missing:
-        raise RuntimeError(
+        raise HostRefused(
             f"{host.name}: preflight: {', '.join(missing)} weights are not complete on the host"
         )
     result = evaluate(

@@ -27,6 +27,7 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
+from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server
 from specdeploy.render.argv import flag_value, unit_exec_argv
@@ -79,6 +80,18 @@ def _report(entry: dict) -> None:
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
+
+
+def fail_alone(refused: HostRefused) -> None:
+    """Planning time: this host's own state refuses the deploy (config/problems.HostRefused). It is
+    failed in pyinfra's state, so none of its operations runs and nothing on it changes; its cause
+    is logged, and noted for `specdeploy rollout`; the other hosts go on (pyinfra still exits
+    non-zero, naming it). Not a failed restart: the hosts after it are not held back."""
+    cause = str(refused)
+    logger.error(f"{host.print_prefix}refused, not touched: {cause}")
+    _report({"host": host.name, "cause": cause, "rolled_back": False, "refused": True,
+             "after": "not touched: its own state refused the deploy while planning"})  # fmt: skip
+    host.state.fail_hosts({host.state.inventory.get_host(host.name)})  # the Host, not the proxy
 
 
 def config_for_argv(cfg: ServeConfig, argv: list[str]) -> ServeConfig:

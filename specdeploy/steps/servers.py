@@ -18,7 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import files
 
-from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.problems import ConfigError, HostRefused, Problem
 from specdeploy.config.record import DeploymentRecord, service_record
 from specdeploy.config.schema import UNIT_DIR, ServeConfig
 from specdeploy.host.facts.files import JsonFile
@@ -93,7 +93,8 @@ def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
     layout = instances.expand(cfg, available)
     if layout.problems:
         todo = "lower instances, or list each instance's gpus (cpus) and port"
-        raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
+        problems = [Problem(host.name, "instances", p, todo) for p in layout.problems]
+        raise HostRefused(str(ConfigError(problems)))  # this host's devices: it fails alone
     note = instances.uneven_note(cfg, layout)
     if note:
         logger.warning(f"{host.print_prefix}warning: {note}")
@@ -140,10 +141,10 @@ def refuse_if_whole_box(cfg: ServeConfig) -> None:
     """`instances` unset: a host whose balancer of this service still holds vllm_port cannot start
     one server there; say how to go back, before anything is touched."""
     if host.get_fact(ServiceActive, unit=cfg.balancer_unit) == "active":
-        raise ConfigError([Problem(
+        raise HostRefused(str(ConfigError([Problem(
             host.name, "instances",
             f"unset, but the host runs this service as a whole box ({cfg.balancer_unit} holds "
             f"port {cfg.vllm_port})",
             f"keep instances set, or stop the box first: systemctl disable --now "
             f"{cfg.balancer_unit} {cfg.service_name}-<i>.service ...",
-        )])  # fmt: skip
+        )])))  # fmt: skip

@@ -10,6 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindDirectories, FindFiles, FindLinks
 from pyinfra.operations import server
 
+from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.system import FreeDiskBytes
 from specdeploy.host.facts.vllm import ModelSnapshot
@@ -45,7 +46,7 @@ def fetch_weights(cfg: ServeConfig) -> bool:
     free = host.get_fact(FreeDiskBytes, path=cfg.hf_home)
     needed = int(cfg.min_free_disk_gb * (1 << 30))
     if free < needed:
-        raise RuntimeError(
+        raise HostRefused(
             f"{host.name}: only {free / (1 << 30):.1f} GiB free under {cfg.hf_home}, "
             "min_free_disk_gb is "
             f"{cfg.min_free_disk_gb}; free space or raise the disk before fetching "

@@ -110,8 +110,7 @@ def test_vllm_cpu_has_no_gpu_checks(valid_data):
 
 
 def test_serve_checks_gpus_before_any_install_or_download():
-    source = inspect.getsource(serve.serve.__wrapped__ if hasattr(serve.serve, "__wrapped__")
-                               else serve.serve)  # fmt: skip
+    source = inspect.getsource(serve)  # serve(), then its planning, _serve()
     first = source.index("host_servers(cfg)")
     assert first < source.index("install.prepare_host") < source.index("weights.fetch_weights")
     assert first > source.index("host_config_and_pins()")
