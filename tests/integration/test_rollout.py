@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +173,30 @@ def test_dry_run_prints_the_argv_diff_and_changes_nothing(deployed, hosts, ssh, 
     ), out[-4000:]
     assert "batch 1/2 [" in out and "batch 2/2 [" in out
     assert {h: state_of(ssh, h) for h in hosts} == before
+
+
+def test_a_host_whose_own_state_refuses_fails_alone_and_the_run_goes_on(
+    deployed, hosts, ssh, tmp_path
+):
+    """Issue 37: one host whose own facts refuse the deploy while planning (here its preflight: a
+    KV cache larger than the host's memory) fails alone — named with its cause, untouched, still
+    serving — and the other hosts' operations run; the run exits non-zero. Before, the first such
+    host stopped the whole run at planning with a traceback and no host ran anything."""
+    bad, others = hosts[1], [hosts[0], hosts[2]]
+    inventory = write_inventory(tmp_path, {bad: {"kv_cache_memory_bytes": 4 * 1024**4}})
+    assert run("specdeploy", "check", str(inventory)).returncode == 0  # only the host can tell
+    before = {h: state_of(ssh, h) for h in hosts}
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", timeout=900)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, tail(result)
+    assert "Traceback" not in out, tail(result, 120)
+    assert f"[{bad}] refused, not touched: {bad}: preflight:" in out, tail(result, 120)
+    assert "exceed the cpu memory available" in out, tail(result, 120)
+    ran = {h: re.findall(rf"\[{re.escape(h)}\] (?:No changes|Success|Changed)", out) for h in hosts}
+    assert ran[bad] == [] and all(ran[h] for h in others), {h: len(v) for h, v in ran.items()}
+    for host in hosts:  # nobody restarted, every host still serving, no lock left behind
+        serving_as_before(ssh, host, before[host])
+        assert lock_state(ssh, host).strip() == "free"
 
 
 def lock_state(ssh, host):
