@@ -8,10 +8,18 @@ import json
 import pytest
 from specdeploy_sandbox.request_set import PATH as SAMPLE
 
+from specdeploy.checks import request_set as request_set_checks
 from specdeploy.checks.host_data import check_host, check_warnings
 from specdeploy.config import datasets
 from specdeploy.config.schema import config_from_data
 from specdeploy.host.bench import bench_args
+
+
+def recount():
+    """A new tokenizer for the same request set and target: forget what was counted (a real run
+    never swaps one; checks/request_set.py counts a set once per target)."""
+    getattr(datasets.target_tokenizer, "cache_clear", lambda: None)()  # a fake has none
+    request_set_checks._rows_over_limit.cache_clear()
 
 
 def write_jsonl(path, rows):
@@ -103,12 +111,14 @@ def test_prompts_too_long_for_max_model_len(valid_data, tmp_path, monkeypatch):
             return type("E", (), {"ids": text.splitlines()})()
 
     monkeypatch.setattr(datasets, "target_tokenizer", lambda *a: Tokenizer())
+    recount()
     assert problems(data) == []  # 200 tokens + 64 fit: only the tokenizer can tell
 
     def offline(*a):
         raise OSError("no network")
 
     monkeypatch.setattr(datasets, "target_tokenizer", offline)
+    recount()
     assert problems(data) == []  # the byte bound alone refuses nothing ...
     (w,) = check_warnings("h1", data)  # ... it warns
     assert "1 requests may need more than max_model_len = 1024" in w.what
@@ -134,12 +144,12 @@ def test_a_long_prompt_that_fits_in_tokens_passes_with_a_real_tokenizer(
         output_len=64,
     )  # fmt: skip
     data["max_model_len"] = 1024
-    datasets.target_tokenizer.cache_clear()
+    recount()
     monkeypatch.setattr(
         "huggingface_hub.hf_hub_download", lambda *a, **k: str(tmp_path / "tokenizer.json")
     )
     assert problems(data) == [] and check_warnings("h1", data) == []
-    datasets.target_tokenizer.cache_clear()
+    recount()
 
     def unreadable(*a, **k):
         raise OSError("offline")
@@ -148,7 +158,7 @@ def test_a_long_prompt_that_fits_in_tokens_passes_with_a_real_tokenizer(
     assert problems(data) == []
     (w,) = check_warnings("h1", data)
     assert "may need more than max_model_len = 1024" in w.what and "offline" in w.what
-    datasets.target_tokenizer.cache_clear()
+    recount()
 
 
 def test_sharegpt_from_a_control_node_file(valid_data, tmp_path):
@@ -211,3 +221,26 @@ def test_the_workload_sampling_reaches_every_benchmark(valid_data):
     valid_data["workload"]["top_p"] = 0
     with pytest.raises(ValueError, match="top_p"):
         config_from_data(valid_data)
+
+
+def test_a_fleet_counts_a_request_set_once(valid_data, tmp_path, monkeypatch):
+    """Every host of a fleet shares the request set and the target: the prompts over the byte
+    bound are tokenized once for the whole check, not once per host and per check (issue 37)."""
+    long = rows(19) + [{"prompt": "x = 1\n" * 200}, {"prompt": "y = 2\n" * 300}]
+    data = data_with(valid_data, write_jsonl(tmp_path / "r.jsonl", long), output_len=64)
+    data["max_model_len"] = 1024
+    encoded: list[str] = []
+
+    class Tokenizer:  # one token per line, counting what it is asked
+        def encode(self, text):
+            encoded.append(text)
+            return type("E", (), {"ids": text.splitlines()})()
+
+    monkeypatch.setattr(datasets, "target_tokenizer", lambda *a: Tokenizer())
+    recount()
+    for host in ("h1", "h2", "h3"):
+        assert problems(data) == [] and check_warnings(host, data) == []
+    assert len(encoded) == 2  # the two long prompts, once each
+    data["max_model_len"] = 256  # another limit is another count: both now refused, in tokens
+    (p,) = problems(data)
+    assert "2 requests need more than max_model_len = 256" in p.what and len(encoded) == 4
