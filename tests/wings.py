@@ -62,7 +62,7 @@ EVERY_WING = (
     "specdeploy/config/timestamps.py",
     "specdeploy/checks/host_data.py",
     "specdeploy/checks/capabilities.py",
-    "specdeploy/data/*",
+    "specdeploy/checks/releases/*",
     "specdeploy/render/argv.py",
     "specdeploy/render/units.py",
     "specdeploy/host/server.py",

