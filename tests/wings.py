@@ -111,7 +111,8 @@ WINGS: dict[str, Wing] = {
     ),
     "box": Wing(
         "a whole box: instances behind HAProxy, rolled one at a time, rolled back alone, measured "
-        "drained, one shared gate, status and the host suite per instance",
+        "drained, one shared gate, the weights cache given back to root, status and the host suite "
+        "per instance",
         ("tests/integration/test_whole_box.py",),
         (
             "specdeploy/render/instances.py",
@@ -127,7 +128,8 @@ WINGS: dict[str, Wing] = {
     ),
     "rollout": Wing(
         "fleet rollout: the host suite, --dry, locks and leases, canary and batches with a broken "
-        "draft, the plain pyinfra run host by host (health timeline recorded for the replay)",
+        "draft, the plain pyinfra run host by host (health timeline recorded for the replay), a "
+        "host its own state refuses fails alone",
         ("tests/integration/test_rollout.py",),
         (
             "specdeploy/flows/rollout.py",
