@@ -9,6 +9,7 @@ from pyinfra import host
 
 from specdeploy.config import datasets
 from specdeploy.config.record import (
+    SCHEMA,
     BenchResult,
     DeploymentRecord,
     GateDecision,
@@ -39,6 +40,8 @@ def build_record(
     """The record of a verified deploy; `unit` is the unit the host serves with (its role too)."""
     w = cfg.workload
     record = {
+        # set, not defaulted: to_json writes only what was set; a reader tells releases apart by it
+        "schema": SCHEMA,
         "host": host.name,
         "role": unit.role,
         "target": {
