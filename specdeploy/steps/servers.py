@@ -44,10 +44,6 @@ class HostServers:
     single: tuple[str, ...] = ()
     surplus: tuple[str, ...] = ()  # running instances the box no longer has
 
-    @property
-    def configs(self) -> list[ServeConfig]:
-        return [m.cfg for m in self.members]
-
 
 @dataclass
 class ServerPlan:

@@ -61,6 +61,11 @@ class UnitChange:
         staged = self.stage_op is not None and self.stage_op.did_change()
         return self.unit_differs or self.env_differs or staged
 
+    def will_change(self) -> bool:
+        """`pending()` as planning knows it (an operation's result exists only once it ran)."""
+        staging = self.stage_op is not None and self.stage_op.will_change
+        return self.unit_differs or self.env_differs or staging
+
     def changed(self) -> bool:
         return self.applied
 

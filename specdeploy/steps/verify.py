@@ -75,17 +75,7 @@ def verify_needed(cfg: ServeConfig, rendered, previous, *, change, pins: dict, s
     # the record names the refs this run pinned (status, compare and tune read them back): a ref
     # asked for differently but resolving to the same commit rewrites the record, no restart
     stale_pins = previous is not None and previous.revisions != pins
-    # what planning already knows (an operation's result is known only once it ran)
-    staging = change.stage_op is not None and change.stage_op.will_change
-    planned = change.unit_differs or change.env_differs or staging
-    if not (planned or not up_to_date or active != "active" or stale_workload or stale_pins
-            or (shipped is not None and shipped.will_change)):  # fmt: skip
+    settled = up_to_date and active == "active" and not stale_workload and not stale_pins
+    if settled and not change.will_change() and not (shipped and shipped.will_change):
         host.noop(f"{rendered.name} is active and its record is this run's")
-    return lambda: (
-        change.pending()
-        or not up_to_date
-        or active != "active"
-        or bool(stale_workload)
-        or stale_pins
-        or bool(shipped and shipped.did_change())
-    )
+    return lambda: change.pending() or not settled or bool(shipped and shipped.did_change())
