@@ -21,16 +21,18 @@ Both lock operations report "No changes" (they change no configuration), so a no
 run of zero changes. They only act while pyinfra executes; during planning (`--dry`, or a run
 without `-y`) the acquire operation only reads the lock and warns when someone else holds it.
 
-A lease: the lock line also says until when it holds (`expires=`, the host's clock, which
-writes and judges it alike): `lock_lease_s` (default: health_timeout_s plus the smoke benchmark's
-time limit plus a margin, the longest step of a deploy). The deploy renews it when a longer step
-starts (pip install, a download) and when a host's turn in the rolling restart comes; a
-measurement renews it before every sample. A lease that expired is taken over from any control host
-with a warning naming the old holder (a CI runner that died needs no manual unlock); a renewal that
-finds the lock taken over fails the host before it changes anything more. A lock from this control
-host whose pid no longer runs here is taken over at once; one whose pid still runs is never taken
-over. The lock lives in /run (tmpfs), so a reboot clears it; `specdeploy unlock INVENTORY --limit
-HOST` (or `rm` as root) removes one by hand.
+A lease: the lock line also says until when it holds (`expires=`, the host's clock, which writes and
+judges it alike): `lock_lease_s` (default: health_timeout_s plus the smoke benchmark's time limit
+plus a margin, the longest step of a deploy). The deploy renews it when a longer step starts (pip
+install, a download) and when a host's turn in the rolling restart comes; a measurement renews it
+before every sample. Every renewal also renews, through their own connections, the locks this
+process holds on the run's other hosts whose lease is half spent: a host that waits hours for its
+turn in a serial run of hundreds keeps its lock. A lease that expired is taken over from any control
+host with a warning naming the old holder (a CI runner that died needs no manual unlock); a renewal
+that finds the lock taken over fails the host before it changes anything more. A lock from this
+control host whose pid no longer runs here is taken over at once; one whose pid still runs is never
+taken over. The lock lives in /run (tmpfs), so a reboot clears it; `specdeploy unlock INVENTORY
+--limit HOST` (or `rm` as root) removes one by hand.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import getpass
 import os
 import shlex
 import socket
+import threading
+import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -180,6 +184,18 @@ HOST_NOW = "SPECDEPLOY-HOST-NOW:"
 # Locks this process took, per host name (path -> its line without the expiry): released by
 # release_now and by the failure hook, renewed by renew_held.
 _HELD: dict[str, dict[str, str]] = {}
+# When each of them runs out by the control node's clock, judged early (taken before the command
+# that set it ran), and the lease it was given: (host name, path) -> (monotonic deadline, seconds).
+_LEASES: dict[tuple[str, str], tuple[float, int]] = {}
+# Hosts whose lock a renewal found taken over: their turn stops before any change.
+_LOST: dict[str, str] = {}
+# One renewal or release at a time per host (pyinfra's greenlets: a host's own turn and another
+# host's renewal of it would race on the lock's `.renew` file).
+_GUARDS: dict[str, threading.RLock] = {}
+
+
+def _guard(name: str) -> threading.RLock:
+    return _GUARDS.setdefault(name, threading.RLock())
 
 
 def _expiry(lease_s: int | None) -> str:
@@ -284,10 +300,12 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
     command = acquire_command(cfg.lock_path, line, lease_s=lease_seconds(cfg))
     fields: dict = {}
     for _ in range(2):
+        deadline = time.monotonic() + lease_seconds(cfg)
         _ok, out, _ = sh_status(command)
         text = out.strip()
         if text == ACQUIRED:
             _HELD.setdefault(host.name, {})[cfg.lock_path] = line
+            _LEASES[host.name, cfg.lock_path] = (deadline, lease_seconds(cfg))
             return None
         if text.startswith(REFUSED):
             return {"refused": text[len(REFUSED) :].strip()}
@@ -309,26 +327,78 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
 
 def renew_held(seconds: int) -> None:
     """Execution time: every lock this process holds on the current host lasts `seconds` more
-    (step_lease). Raises LockLost when one was taken over meanwhile: the caller stops before it
-    changes anything more."""
+    (step_lease), and so does each lock it holds on another host of the run whose lease is half
+    spent (renew_waiting). Raises LockLost when this host's was taken over meanwhile: the caller
+    stops before it changes anything more."""
     if not _HELD:
         return  # nothing taken by this process (a measurement's unit tests, say)
-    for path, line in sorted(_HELD.get(host.name, {}).items()):
-        out = sh(renew_command(path, holder_id(), line, int(seconds)))
-        if out.strip() != RENEWED:
-            _HELD[host.name].pop(path, None)
-            who = describe(parse_holder(out)) if out.strip() else "nobody (it was removed)"
-            raise LockLost(
-                f"{host.name}: the deploy lock {path} is no longer this deploy's: its lease ran "
-                f"out and it is now held by {who}. Nothing more was changed here; run again when "
-                "that deploy is done (raise lock_lease_s if a step takes longer than the lease)"
-            )
+    with _guard(host.name):
+        if host.name in _LOST:
+            raise LockLost(_LOST[host.name])
+        for path in sorted(_HELD.get(host.name, {})):
+            _renew_one(path, int(seconds))
+    renew_waiting()
+
+
+def _renew_one(path: str, seconds: int) -> None:
+    """Renew one lock of the current host (its guard held); LockLost when it is not ours now."""
+    line = _HELD[host.name][path]
+    deadline = time.monotonic() + seconds
+    out = sh(renew_command(path, holder_id(), line, seconds))
+    if out.strip() == RENEWED:
+        _LEASES[host.name, path] = (deadline, seconds)
+        return
+    _HELD[host.name].pop(path, None)
+    _LEASES.pop((host.name, path), None)
+    who = describe(parse_holder(out)) if out.strip() else "nobody (it was removed)"
+    _LOST[host.name] = (
+        f"{host.name}: the deploy lock {path} is no longer this deploy's: its lease ran "
+        f"out and it is now held by {who}. Nothing more was changed here; run again when "
+        "that deploy is done (raise lock_lease_s if a step takes longer than the lease)"
+    )
+    raise LockLost(_LOST[host.name])
+
+
+def leases_due(now: float | None = None) -> list[tuple[str, str]]:
+    """(host name, path) of the locks this process holds elsewhere than on the current host whose
+    lease has less than half left: a waiting host's lock must not run out before its turn."""
+    now = time.monotonic() if now is None else now
+    return sorted(
+        (name, path)
+        for name, paths in _HELD.items()
+        if name != host.name
+        for path in paths
+        if (lease := _LEASES.get((name, path))) and lease[0] - now < lease[1] / 2
+    )
+
+
+def renew_waiting() -> list[str]:
+    """Renew, each through its own host's connection, the locks leases_due names, for as long as
+    they were given. A host that does not answer or whose lock was taken over is only warned
+    about here: its own turn renews first and stops there (LockLost). Returns the renewed hosts."""
+    renewed = []
+    for name, path in leases_due():
+        other = host.state.inventory.get_host(name)
+        with _guard(name), ctx_host.use(other):
+            if path not in _HELD.get(name, {}):
+                continue  # released meanwhile (its turn ended)
+            try:
+                _renew_one(path, _LEASES[name, path][1])
+                renewed.append(name)
+            except Exception as error:  # LockLost, or the host is unreachable
+                logger.warning(f"{other.print_prefix}deploy lock lease not renewed: {error}")
+    if renewed:
+        shown = ", ".join(renewed[:5]) + (" ..." if len(renewed) > 5 else "")
+        logger.info(f"{host.print_prefix}renewed the deploy lock of waiting host(s): {shown}")
+    return renewed
 
 
 def release_path(lock_path: str) -> None:
     """Remove the lock at `lock_path` on the current host if (and only if) this process holds it."""
-    sh(release_command(lock_path, holder_id()), check=False)
-    _HELD.get(host.name, {}).pop(lock_path, None)
+    with _guard(host.name):
+        sh(release_command(lock_path, holder_id()), check=False)
+        _HELD.get(host.name, {}).pop(lock_path, None)
+        _LEASES.pop((host.name, lock_path), None)
 
 
 def release_now(cfg: ServeConfig) -> None:

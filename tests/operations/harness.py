@@ -630,6 +630,8 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
     monkeypatch.setattr(lock, "pid_alive", lambda pid: pid in node["running_pids"])
     monkeypatch.setattr(lock, "_HELD", {HOST: dict(data["held_locks"])} if "held_locks" in data
                         else {})  # fmt: skip
+    monkeypatch.setattr(lock, "_LEASES", {})  # the leases and losses this process saw: none yet
+    monkeypatch.setattr(lock, "_LOST", {})
     gate = rollback.RolloutGate()  # this pyinfra run's failed hosts (steps/rollback.py)
     gate.failed = list(data.get("failed_first", []))
     monkeypatch.setattr(rollback, "GATE", gate)
