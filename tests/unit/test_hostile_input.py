@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import subprocess
 
 import pytest
 
@@ -287,3 +288,53 @@ def test_haproxy_and_systemd_helpers_carry_any_printable_word(valid_data):
             haproxy_quote(value)
         quoted = exec_start([value])  # past the schema, a control character is escaped
         assert unsafe_char(quoted) is None and systemd_split(quoted) == [value], value
+
+
+# --- the real parsers, systemd's and HAProxy's own (.ci/install-system-deps.sh installs them)
+
+
+def _systemd_complaints(directory, names: list[str]) -> list[str]:
+    """What `systemd-analyze verify` says about the units, minus the one thing a control node
+    cannot have: the venv's interpreter (it reports a missing ExecStart binary, nothing else)."""
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], cwd=directory,
+                            capture_output=True, text=True)  # fmt: skip
+    return [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line.strip() and "is not executable: No such file or directory" not in line
+    ]
+
+
+def test_systemd_and_haproxy_parse_every_rendered_file_with_hostile_values(valid_data, tmp_path):
+    """Every free-form field at its most hostile legal value: systemd reads both units and the
+    balancer's unit without a complaint (an unknown key, a bad quote or an invalid line would be
+    one), and `haproxy -c` accepts the balancer's config."""
+    sample = PRINTABLE_HOSTILE[:12] + PRINTABLE_HOSTILE[-8:]
+    for index, value in enumerate(sample):
+        data = copy.deepcopy(valid_data) | {"instances": 2}
+        data["speculative_config"]["quantization"] = value
+        data["vllm_extra_args"] = ["--override-generation-config", value]
+        data["vllm_env"] = {"SPECDEPLOY_FUZZ": value}
+        cfg = config_from_data(data)
+        layout = instances.expand(cfg)
+        here = tmp_path / str(index)
+        here.mkdir()
+        files = [render_unit(member.cfg, role, cuda_boot=BOOT) for member in layout.instances
+                 for role in ("speculative", "baseline")]  # fmt: skip
+        config, balancer_unit = render_balancer(cfg, layout.instances)
+        for unit in [*files, balancer_unit]:
+            (here / unit.name).write_text(unit.text)
+        assert _systemd_complaints(here, [u.name for u in [*files, balancer_unit]]) == [], value
+        (here / "haproxy.cfg").write_text(config.text)
+        checked = subprocess.run(["haproxy", "-c", "-f", str(here / "haproxy.cfg")],
+                                 capture_output=True, text=True)  # fmt: skip
+        assert checked.returncode == 0, (value, checked.stdout + checked.stderr)
+
+
+def test_the_real_parsers_do_complain_about_a_broken_file(tmp_path):
+    """The check above can fail: a unit with an unknown key and a config with a bad line."""
+    (tmp_path / "bad.service").write_text('[Service]\nExecStart=/bin/x\nFooBar=1\nEnvironment="A\n')
+    assert len(_systemd_complaints(tmp_path, ["bad.service"])) >= 2
+    (tmp_path / "bad.cfg").write_text("frontend x\n    bind :8000\n    no-such-keyword yes\n")
+    result = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "bad.cfg")], capture_output=True)
+    assert result.returncode != 0
