@@ -127,6 +127,11 @@ def cmd_rollout(args) -> int:
             args.deploy,
             canary_group=args.canary_group or None,
             batch_size=args.batch_size,
+            batches=args.batches,
+            max_fail_percent=args.max_fail_percent,
+            progress_path=args.progress,
+            resume=args.resume,
+            retry_failed=args.retry_failed,
             dry=args.dry,
             pyinfra_args=extra,
             limit=args.limit,
@@ -255,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     p.set_defaults(func=cmd_migrate)
     p = sub.add_parser(
-        "rollout", help="canary group first, then batches; stops at the first unhealthy batch"
+        "rollout",
+        help="canary group first, then a ramp of batches within a failure budget; resumable",
     )
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
     p.add_argument(
@@ -268,7 +274,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--canary-group", default="canary", help="inventory group deployed first ('' for none)"
     )
     p.add_argument(
-        "--batch-size", type=int, default=1, help="hosts per batch after the canary (default 1)"
+        "--batches",
+        help="a ramp after the canary, numbers or percentages of the rollout's hosts, the last "
+        "repeating (Ansible's serial list), e.g. 1,5%%,25%%,100%% (default 1)",
+    )
+    p.add_argument("--batch-size", type=int, help="hosts per batch after the canary (--batches N)")
+    p.add_argument(
+        "--max-fail-percent",
+        type=float,
+        default=0,
+        help="failure budget: failed hosts (rolled back) the rollout goes on past, in %% of its "
+        "hosts (default 0: the first failure stops it; a failed canary always does)",
+    )
+    p.add_argument(
+        "--progress",
+        help="the progress file (default under $XDG_STATE_HOME/specdeploy/rollouts/)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the unfinished rollout of the progress file (same pins, finished hosts "
+        "untouched)",
+    )
+    p.add_argument(
+        "--retry-failed", action="store_true", help="with --resume: try the failed hosts again"
     )
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.add_argument(

@@ -1,18 +1,28 @@
 """Fleet rollouts that cannot take the fleet down.
 
-* `specdeploy rollout INVENTORY deploys/serve.py --canary-group canary --batch-size N` runs pyinfra
-  once per batch with `--limit`: the canary group first, then the other hosts N at a time, in
-  inventory order. A batch is done only when pyinfra exits 0, i.e. every host in it passed its
-  health check; otherwise the rollout stops and the hosts of later batches are never touched.
+* `specdeploy rollout INVENTORY deploys/serve.py --canary-group canary --batches 1,5%,25%,100%`
+  runs pyinfra once per batch with `--limit`: the canary group first, then a ramp like Ansible's
+  `serial` list (numbers or percentages of the rollout's hosts, the last one repeating), in
+  inventory order.
+* Each host of a batch leaves a note (steps/notes.py): done, failed with its cause (rolled back,
+  refused while planning, an operation that failed), or held back (not restarted: a host before it
+  failed). A held-back host goes first in the next batch; a failed one counts against the failure
+  budget (`--max-fail-percent`, of the rollout's hosts; default 0: the first failure stops the
+  rollout). Past the budget, or when a canary fails, the rollout stops; later hosts are untouched.
+* A progress file on the control node (`--progress`, default under $XDG_STATE_HOME) records the
+  plan (hosts, ramp, pinned revisions) and every host's outcome after each batch, written
+  atomically: `--resume` continues a crashed or stopped rollout with the same pins and never puts a
+  finished host in a later `--limit` (a batch cut short by a killed controller runs again: its
+  finished hosts are a no-op re-run there).
 * Inside a deploy (one pyinfra run, one batch), the hosts are restarted one at a time, or
-  `max_unavailable` at a time (serve.py); `steps/rollback.py` restores the previous unit when
-  the health check fails, holds back the batch's later hosts (not restarted at all), and leaves a
-  note (ROLLOUT_REPORT_ENV) per host that this controller prints; `steps/unit.py` prints the argv
-  diff while planning.
+  `max_unavailable` at a time (serve.py); `steps/rollback.py` restores the previous unit when the
+  health check fails and holds back the batch's later hosts; `steps/unit.py` prints the argv diff
+  while planning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -20,15 +30,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import host_data, hosts_with_data
 from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
-from specdeploy.steps.rollback import ROLLOUT_REPORT_ENV
+from specdeploy.config.timestamps import utc_iso
+from specdeploy.steps.notes import ROLLOUT_REPORT_ENV, read_notes
+
+PROGRESS_SCHEMA = 1
 
 # --------------------------------------------------------------------------------------------------
-# The controller: `specdeploy rollout`
+# The plan: which hosts, in which batches
 
 
 def inventory_hosts(inventory_path: str, cwd: str | None = None) -> list[tuple[str, list[str]]]:
@@ -36,24 +53,67 @@ def inventory_hosts(inventory_path: str, cwd: str | None = None) -> list[tuple[s
     return [(name, groups) for name, groups, _ in hosts_with_data(inventory_path, cwd=cwd)]
 
 
-def plan_batches(
-    hosts: list[tuple[str, list[str]]],
-    canary_group: str | None,
-    batch_size: int,
-    limit: list[str] | None = None,
-) -> list[list[str]]:
-    """Canary group first (one batch), then the rest `batch_size` at a time, inventory order."""
-    if batch_size < 1:
-        raise ValueError("batch size must be >= 1")
+def parse_ramp(spec: str) -> list[int | str]:
+    """`1,5%,25%,100%` -> [1, "5%", "25%", "100%"]: batch sizes, as Ansible's `serial` list."""
+    steps: list[int | str] = []
+    for word in (w.strip() for w in str(spec).split(",")):
+        try:
+            if word.endswith("%"):
+                percent = float(word[:-1])
+                if not 0 < percent <= 100:
+                    raise ValueError
+                steps.append(word)
+            else:
+                count = int(word)
+                if count < 1:
+                    raise ValueError
+                steps.append(count)
+        except ValueError:
+            raise ValueError(
+                f"--batches {spec!r}: {word!r} is not a batch size — give whole numbers >= 1 or "
+                "percentages in (0, 100], comma-separated, e.g. 1,5%,25%,100%"
+            ) from None
+    return steps
+
+
+def batch_size(step: int | str, hosts_in_rollout: int) -> int:
+    """A ramp step's hosts: a number as it is, a percentage of the rollout's hosts (at least 1)."""
+    if isinstance(step, int):
+        return step
+    return max(1, int(hosts_in_rollout * float(step[:-1]) / 100))
+
+
+def rollout_order(
+    hosts: list[tuple[str, list[str]]], canary_group: str | None, limit: list[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """(canary hosts, the others) in inventory order."""
     names = [name for name, _ in hosts if not limit or name in limit]
     canary = [
         name for name, groups in hosts if canary_group and canary_group in groups and name in names
     ]
     if canary_group and not canary:
         raise ValueError(f"no host of the inventory is in the canary group {canary_group!r}")
-    rest = [name for name in names if name not in canary]
-    batches = [canary] if canary else []
-    return batches + [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
+    return canary, [name for name in names if name not in canary]
+
+
+def plan_batches(
+    hosts: list[tuple[str, list[str]]],
+    canary_group: str | None,
+    batches: str | int,
+    limit: list[str] | None = None,
+) -> list[list[str]]:
+    """Canary group first (one batch), then the ramp over the rest, inventory order (the plan as
+    printed; the run re-plans after a batch with held-back hosts)."""
+    canary, rest = rollout_order(hosts, canary_group, limit)
+    ramp = parse_ramp(str(batches))
+    total = len(canary) + len(rest)
+    planned = [canary] if canary else []
+    step = 0
+    while rest:
+        size = batch_size(ramp[min(step, len(ramp) - 1)], total)
+        planned.append(rest[:size])
+        rest, step = rest[size:], step + 1
+    return planned
 
 
 def fleet_pins(inventory: str, names: list[str]) -> dict[str, str]:
@@ -67,81 +127,256 @@ def fleet_pins(inventory: str, names: list[str]) -> dict[str, str]:
         raise ValueError(f"nothing was touched:\n{error}") from None
 
 
+# --------------------------------------------------------------------------------------------------
+# The progress file
+
+
+class HostProgress(BaseModel):
+    state: Literal["pending", "done", "failed"] = "pending"
+    cause: str | None = Field(None, description="why it failed: the host's own note")
+    after: str | None = Field(None, description="what the host serves after its failure")
+    batch: int | None = Field(None, description="the batch (1-based) that settled it")
+
+
+class Progress(BaseModel):
+    """One rollout, as the control node keeps it between batches (and across a crash)."""
+
+    schema_version: int = PROGRESS_SCHEMA
+    inventory: str = Field(description="the inventory file, absolute")
+    deploy: str
+    hosts: list[str] = Field(description="every host of the rollout, canary first")
+    canary: list[str]
+    batches: str = Field(description="the ramp as given, e.g. 1,5%,25%,100%")
+    max_fail_percent: float
+    pins: dict[str, str] = Field(description="moving refs resolved once, for every batch")
+    ramp_step: int = Field(0, description="ramp steps used so far (the canary batch is not one)")
+    batches_run: int = 0
+    started_at: str
+    updated_at: str
+    stopped: str | None = Field(None, description="why the rollout stopped early, if it did")
+    finished: bool = False
+    state: dict[str, HostProgress]
+
+    def named(self, state: str) -> list[str]:
+        return [name for name in self.hosts if self.state[name].state == state]
+
+
+def default_progress_path(inventory: str, deploy: str) -> Path:
+    """Under $XDG_STATE_HOME (~/.local/state): one file per inventory and deploy."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    key = hashlib.sha256(f"{Path(inventory).resolve()}\0{deploy}".encode()).hexdigest()[:10]
+    return base / "specdeploy" / "rollouts" / f"{Path(inventory).stem}-{key}.json"
+
+
+def write_progress(path: Path, progress: Progress) -> None:
+    """Atomically (a new 0600 file renamed over the old), in a directory only its owner opens."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    progress.updated_at = utc_iso()
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(progress.model_dump_json(indent=2))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def read_progress(path: Path) -> Progress | None:
+    return Progress.model_validate_json(path.read_text()) if path.exists() else None
+
+
+# --------------------------------------------------------------------------------------------------
+# One batch
+
+
+def run_pyinfra(command: list[str], env: dict) -> int:
+    """The real batch: pyinfra in a subprocess (its output goes to the operator's terminal)."""
+    return subprocess.run(command, env=env).returncode
+
+
+def run_batch(command: list[str], pins: dict, run: Callable[[list[str], dict], int]):
+    """(pyinfra's exit code, the batch's notes by host). The notes' directory is mkdtemp's: 0700
+    and a fresh name, never one another user of a shared bastion made or linked first; removed
+    once read, however the batch ends."""
+    with tempfile.TemporaryDirectory(prefix="specdeploy-rollout-", ignore_cleanup_errors=True) as d:
+        env = {**os.environ, ROLLOUT_REPORT_ENV: d, PINNED_REVISIONS_ENV: json.dumps(pins)}
+        code = run(command, env)
+        return code, read_notes(d)
+
+
+def settle(batch: list[str], code: int, notes: dict[str, dict]) -> tuple[dict, list[str]]:
+    """Each host's outcome from its note: ({host: HostProgress} settled, [held back]). A host
+    without a note in a batch pyinfra failed never reached specdeploy's steps (unreachable, or
+    pyinfra stopped first): failed, with that said."""
+    settled, held = {}, []
+    for name in batch:
+        entry = notes.get(name)
+        if entry is None:
+            if code == 0:
+                settled[name] = HostProgress(state="done")
+            else:
+                settled[name] = HostProgress(
+                    state="failed",
+                    cause=f"{name}: pyinfra failed it before any specdeploy step noted an outcome "
+                    "(unreachable, or a connection or planning error): see pyinfra's output",
+                )
+        elif entry.get("done"):
+            settled[name] = HostProgress(state="done")
+        elif entry.get("held_back"):
+            held.append(name)
+        else:
+            after = entry.get("after")
+            if entry.get("rolled_back"):
+                after = "rolled back to its previous unit and env file; " + (after or "")
+            settled[name] = HostProgress(state="failed", cause=entry.get("cause"), after=after)
+    return settled, held
+
+
+# --------------------------------------------------------------------------------------------------
+# The controller: `specdeploy rollout`
+
+
 def roll_out(
     inventory: str,
     deploy: str,
     *,
     canary_group: str | None = "canary",
-    batch_size: int = 1,
+    batch_size: int | None = None,
+    batches: str | None = None,
+    max_fail_percent: float = 0,
+    progress_path: str | Path | None = None,
+    resume: bool = False,
+    retry_failed: bool = False,
     dry: bool = False,
     pyinfra_args: list[str] | None = None,
     limit: list[str] | None = None,
     out=sys.stdout,
+    run: Callable[[list[str], dict], int] = run_pyinfra,
 ) -> int:
-    """Run pyinfra batch by batch; stop at the first failing batch. Returns the exit code."""
-    batches = plan_batches(inventory_hosts(inventory), canary_group, batch_size, limit)
-    total = len(batches)
+    """Run pyinfra batch by batch within the failure budget. Returns the exit code: 0 when every
+    host is done, 1 when any failed (the budget held or not), 2 for a plan refused before any
+    host was touched (ValueError)."""
 
     def say(text: str) -> None:
         print(f"specdeploy rollout: {text}", file=out, flush=True)
 
-    pins = fleet_pins(inventory, [name for batch in batches for name in batch])
+    if batch_size is not None and batches is not None:
+        raise ValueError("give --batches or --batch-size, not both")
+    ramp_spec = str(batches if batches is not None else batch_size or 1)
+    ramp = parse_ramp(ramp_spec)
+    if not 0 <= max_fail_percent < 100:
+        raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
+    canary, rest = rollout_order(inventory_hosts(inventory), canary_group, limit)
+    hosts = canary + rest
+    path = Path(progress_path) if progress_path else default_progress_path(inventory, deploy)
+    progress = None if dry else read_progress(path)
+    if progress is not None and not progress.finished and not resume:
+        say(f"an unfinished rollout ({path}: {len(progress.named('done'))} of "
+            f"{len(progress.hosts)} host(s) done, updated {progress.updated_at}) is replaced by "
+            "this one; --resume would have continued it with its pins")  # fmt: skip
+    if resume:
+        if progress is None or progress.finished:
+            raise ValueError(f"--resume: no unfinished rollout in {path}")
+        if progress.hosts != hosts or progress.deploy != deploy:
+            raise ValueError(
+                f"--resume: {path} is a rollout of other hosts or another deploy "
+                f"({progress.deploy}, {len(progress.hosts)} host(s)); run without --resume to "
+                "begin anew"
+            )
+        ramp_spec, ramp = progress.batches, parse_ramp(progress.batches)
+        max_fail_percent, pins = progress.max_fail_percent, progress.pins
+        progress.stopped = None
+        if retry_failed:
+            for name in progress.named("failed"):
+                progress.state[name] = HostProgress()
+        done, failed, pending = (len(progress.named(s)) for s in ("done", "failed", "pending"))
+        say(f"resuming {path}: {done} done, {failed} failed, {pending} to go")
+    else:
+        pins = fleet_pins(inventory, hosts)
+        now = utc_iso()
+        progress = Progress(inventory=str(Path(inventory).resolve()), deploy=deploy, hosts=hosts,
+                            canary=canary, batches=ramp_spec, max_fail_percent=max_fail_percent,
+                            pins=pins, started_at=now, updated_at=now,
+                            state={name: HostProgress() for name in hosts})  # fmt: skip
     for key, sha in sorted(pins.items()):
         say(f"pinned for every batch: {key.split('|', 1)[1]} -> {sha}")
-
+    budget = int(len(hosts) * max_fail_percent / 100)
+    planned = plan_batches([(h, ["canary"] if h in canary else []) for h in hosts],
+                           "canary" if canary else None, ramp_spec)  # fmt: skip
     say(
-        f"{sum(map(len, batches))} host(s) in {total} batch(es): "
+        f"{len(hosts)} host(s), failure budget {budget} host(s) ({max_fail_percent:g}%), "
+        f"{len(planned)} batch(es) planned: "
         + " | ".join(
-            f"{'canary ' if i == 0 and canary_group else ''}[{', '.join(b)}]"
-            for i, b in enumerate(batches)
+            f"{'canary ' if i == 0 and canary else ''}[{', '.join(b)}]"
+            for i, b in enumerate(planned)
         )
     )
+    save = (lambda: None) if dry else (lambda: write_progress(path, progress))
+    save()
     started = time.monotonic()
-    for index, batch in enumerate(batches, 1):
+    queue = progress.named("pending")
+    while queue:
+        in_canary = bool(canary) and queue[0] in canary
+        if in_canary:
+            batch = [name for name in queue if name in canary]
+        else:
+            batch = queue[: batch_size_at(ramp, progress.ramp_step, len(hosts))]
+            progress.ramp_step += 1
+        queue = [name for name in queue if name not in batch]
+        progress.batches_run += 1
+        index = progress.batches_run
         command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
         for name in batch:
             command += ["--limit", name]
-        say(f"batch {index}/{total} [{', '.join(batch)}]: $ {shlex.join(command)}")
+        say(f"batch {index}{' (canary)' if in_canary else ''} [{', '.join(batch)}]: "
+            f"$ {shlex.join(command)}")  # fmt: skip
         t0 = time.monotonic()
-        # The failed hosts' notes. mkdtemp's: 0700 and a fresh name, never a directory another
-        # user of a shared bastion made or linked first; removed once read, however the batch ends.
-        with tempfile.TemporaryDirectory(
-            prefix="specdeploy-rollout-", ignore_cleanup_errors=True
-        ) as scratch:
-            env = {**os.environ, ROLLOUT_REPORT_ENV: scratch}
-            env[PINNED_REVISIONS_ENV] = json.dumps(pins)
-            result = subprocess.run(command, env=env)
-            notes = [json.loads(p.read_text()) for p in sorted(Path(scratch).glob("*.json"))]
-        if result.returncode != 0:
-            say(
-                f"batch {index}/{total} FAILED after {time.monotonic() - t0:.0f}s "
-                f"(pyinfra exit {result.returncode})"
-            )
-            for entry in (n for n in notes if not n.get("held_back")):
-                action = (
-                    "rolled back to its previous unit and env file; " + entry.get("after", "")
-                    if entry.get("rolled_back")
-                    else entry.get("after", "not rolled back")
-                )
-                say(
-                    f"FAILED host {entry['host']}: {action}\n  cause: "
-                    + "\n  ".join(entry["cause"].splitlines())
-                )
-            held = [n["host"] for n in notes if n.get("held_back")]
-            if held:
-                say(f"held back in this batch (not restarted, still on their old config): "
-                    f"{', '.join(held)}")  # fmt: skip
-            if not notes:
-                say(f"failed host(s) among [{', '.join(batch)}]: see pyinfra's errors above")
-            untouched = [h for b in batches[index:] for h in b]
-            say(f"rollout STOPPED; not touched: {', '.join(untouched) or 'none'}")
-            return result.returncode or 1
-        say(
-            f"batch {index}/{total} done in {time.monotonic() - t0:.0f}s: "
-            f"{'planned (dry run, nothing changed)' if dry else 'healthy'}: {', '.join(batch)}"
-        )
-    say(
-        f"rollout {'dry run ' if dry else ''}complete: {total} batch(es) "
-        f"in {time.monotonic() - started:.0f}s"
+        code, notes = run_batch(command, pins, run)
+        settled, held = settle(batch, code, notes)
+        for name, outcome in settled.items():
+            outcome.batch = index
+            progress.state[name] = outcome
+        queue = held + queue  # held back: not restarted, first in the next batch
+        failed_now = [name for name in batch if name in settled and settled[name].state == "failed"]
+        for name in failed_now:
+            entry = settled[name]
+            say(f"FAILED host {name}: {entry.after or 'not rolled back'}\n  cause: "
+                + "\n  ".join((entry.cause or "").splitlines()))  # fmt: skip
+        if held:
+            say(f"held back in this batch (not restarted, still on their old config; first in the "
+                f"next batch): {', '.join(held)}")  # fmt: skip
+        failed = progress.named("failed")
+        say(f"batch {index} {'done' if not failed_now else 'ended'} in "
+            f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
+            f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
+            f"budget {budget}")  # fmt: skip
+        if dry:
+            for name in batch:  # a dry run changes nothing: its hosts are planned, not done
+                progress.state[name] = HostProgress()
+        stop = None
+        if len(failed) > budget:
+            stop = f"{len(failed)} failed host(s) exceed the failure budget of {budget}"
+        elif in_canary and failed_now:
+            stop = "the canary failed"
+        if stop:
+            progress.stopped = stop
+            save()
+            say(f"rollout STOPPED: {stop}; not touched: {', '.join(queue) or 'none'}")
+            say(f"progress: {path} (fix the cause, then --resume [--retry-failed])")
+            return 1
+        save()
+    progress.finished = not dry
+    save()
+    failed = progress.named("failed")
+    verdict = (
+        f"rollout {'dry run ' if dry else ''}complete: {len(progress.named('done'))} done, "
+        f"{len(failed)} failed (within the budget of {budget}) in "
+        f"{time.monotonic() - started:.0f}s"
     )
-    return 0
+    say(verdict + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def batch_size_at(ramp: list[int | str], step: int, hosts_in_rollout: int) -> int:
+    """The ramp's `step`th batch (the last size repeats)."""
+    return batch_size(ramp[min(step, len(ramp) - 1)], hosts_in_rollout)

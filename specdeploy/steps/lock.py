@@ -55,6 +55,7 @@ from specdeploy.config.schema import LOCK_PARENT_DIR, ServeConfig
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.on_host import sh, sh_status
+from specdeploy.steps import notes
 
 LEASE_GRACE_S = 120  # beyond the step it covers: connections, unit files, bookkeeping
 ISO = "%Y-%m-%dT%H:%M:%SZ"
@@ -413,15 +414,19 @@ class ReleaseOnFailure(BaseStateCallback):
 
     @staticmethod
     def operation_host_error(state, host, op_hash, retry_count: int = 0, max_retries: int = 0):
-        held = sorted(_HELD.get(host.name, ()))
-        if not held:
-            return
         try:
             arguments = state.get_op_data_for_host(host, op_hash).global_arguments
             if arguments.get("_ignore_errors") or arguments.get("_continue_on_error"):
                 return  # the deploy goes on on this host: it still needs its lock
         except Exception:
             pass
+        # the host's note for `specdeploy rollout`, unless its step left a truer one (a rollback)
+        what = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
+        notes.note({"host": host.name, "cause": f"{host.name}: operation failed: {what} (see "
+                    "pyinfra's output)", "rolled_back": False}, first_only=True)  # fmt: skip
+        held = sorted(_HELD.get(host.name, ()))
+        if not held:
+            return
         with ctx_host.use(host):
             for path in held:
                 try:
@@ -488,6 +493,7 @@ def release(cfg: ServeConfig):
     """Last operation of a deploy: drop the lock (reports no change)."""
     if host.state.is_executing:
         release_now(cfg)
+        notes.note({"host": host.name, "done": True}, first_only=True)  # every step of it ran
         host.noop(f"deploy lock {cfg.lock_path} released (if this deploy held it)")
     else:
         host.noop(f"deploy lock {cfg.lock_path} is released when the deploy ends")

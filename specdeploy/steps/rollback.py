@@ -18,10 +18,7 @@ true: what was restored, whether the host is healthy, and what runs now. A note 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
@@ -32,12 +29,10 @@ from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server
 from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import lock
+from specdeploy.steps import lock, notes
 from specdeploy.steps.gate import BoxGate
 from specdeploy.steps.servers import HostServers, ServerPlan
 from specdeploy.steps.verify import verify_and_record
-
-ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 
 
 class RolledBack(RuntimeError):
@@ -75,11 +70,8 @@ GATE = RolloutGate()
 
 
 def _report(entry: dict) -> None:
-    """Leave a machine-readable failure note for `specdeploy rollout`."""
-    directory = os.environ.get(ROLLOUT_REPORT_ENV)
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
+    """Leave a machine-readable failure note for `specdeploy rollout` (steps/notes.py)."""
+    notes.note(entry)
 
 
 def fail_alone(refused: HostRefused) -> None:

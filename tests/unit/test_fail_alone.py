@@ -18,7 +18,7 @@ from pyinfra.context import ctx_host, ctx_state
 from specdeploy.checks.gpus import PreflightError
 from specdeploy.config.problems import ConfigError, HostRefused, Problem
 from specdeploy.flows import serve
-from specdeploy.steps import rollback
+from specdeploy.steps import notes, rollback
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,7 @@ def test_a_refused_host_fails_alone_and_the_others_are_planned(planned, tmp_path
                                                                caplog):  # fmt: skip
     seen, refusals = planned
     refusals["h2"] = PreflightError("h2: preflight: nvidia-smi exited 255: GPU is lost")
-    monkeypatch.setenv(rollback.ROLLOUT_REPORT_ENV, str(tmp_path))
+    monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(tmp_path))
     state = fleet(["h1", "h2", "h3"])
     with caplog.at_level(logging.ERROR):
         add_deploy(state, serve.serve)

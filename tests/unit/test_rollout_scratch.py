@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specdeploy.flows import rollout
-from specdeploy.steps import rollback
+from specdeploy.steps import notes, rollback
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def fake_pyinfra(monkeypatch, seen: list[Path], fail: set[str], raise_on: str | 
     leaves its note there the way steps/rollback.py does (through `_report`)."""
 
     def run(command, env):
-        scratch = Path(env[rollback.ROLLOUT_REPORT_ENV])
+        scratch = Path(env[notes.ROLLOUT_REPORT_ENV])
         seen.append(scratch)
         assert scratch.is_dir() and not scratch.is_symlink()
         assert stat.S_IMODE(scratch.lstat().st_mode) == 0o700
@@ -47,7 +47,7 @@ def fake_pyinfra(monkeypatch, seen: list[Path], fail: set[str], raise_on: str | 
         if host == raise_on:
             raise KeyboardInterrupt
         if host in fail:
-            monkeypatch.setenv(rollback.ROLLOUT_REPORT_ENV, str(scratch))
+            monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(scratch))
             rollback._report({"host": host, "cause": "health check failed", "rolled_back": True})
         return subprocess.CompletedProcess(command, 1 if host in fail else 0)
 

@@ -1,0 +1,222 @@
+"""`specdeploy rollout` as a fleet operator expects (issue 37): a ramp of batches (numbers or
+percentages), a failure budget across the rollout, held-back hosts first in the next batch, and a
+progress file that `--resume` continues without touching finished hosts. The real controller
+(flows/rollout.roll_out) runs; only pyinfra is replaced, by a batch that leaves each host's note
+the way the deploy does (steps/notes.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from io import StringIO
+
+import pytest
+
+from specdeploy.flows import rollout
+from specdeploy.steps import notes
+
+HOSTS = [("c1", ["canary"])] + [(f"h{i}", []) for i in range(1, 11)]
+
+
+@pytest.fixture
+def fleet(monkeypatch, tmp_path):
+    """An inventory of a canary and ten hosts; `outcome[host]` is what the deploy notes there
+    (default done); `limits` each batch's --limit hosts, `pins_resolved` how often pins were."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: HOSTS)
+    pins_resolved = []
+
+    def pins(inventory, names):
+        pins_resolved.append(names)
+        return {"model|org/target": "a" * 40}
+
+    monkeypatch.setattr(rollout, "fleet_pins", pins)
+    outcome: dict[str, dict] = {}
+    limits: list[list[str]] = []
+
+    def run(command, env):
+        batch = [command[i + 1] for i, word in enumerate(command) if word == "--limit"]
+        limits.append(batch)
+        assert json.loads(env["SPECDEPLOY_PINNED_REVISIONS"]) == {"model|org/target": "a" * 40}
+        monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, env[notes.ROLLOUT_REPORT_ENV])
+        failed = None
+        for name in batch:
+            entry = outcome.get(name, {"done": True})
+            if entry == "kill":
+                raise KeyboardInterrupt  # the controller is killed mid-batch
+            if failed and entry.get("done") is not False:
+                entry = {"held_back": True, "cause": f"{failed} failed first"}
+            notes.note({"host": name, **entry})
+            if "cause" in entry and not entry.get("held_back"):
+                failed = name
+        return 1 if failed else 0
+
+    return outcome, limits, pins_resolved, run, tmp_path
+
+
+def roll(run, tmp_path, **kw):
+    out = StringIO()
+    code = rollout.roll_out("inv.py", "deploys/serve.py", out=out, run=run,
+                            progress_path=tmp_path / "progress.json", **kw)  # fmt: skip
+    return code, out.getvalue()
+
+
+def progress(tmp_path):
+    return json.loads((tmp_path / "progress.json").read_text())
+
+
+def test_the_ramp_takes_numbers_and_percentages_of_the_rollouts_hosts():
+    assert rollout.parse_ramp("1,5%,25%,100%") == [1, "5%", "25%", "100%"]
+    # 11 hosts: the canary, then 1, 10% of 11 = 1, 30% = 3, then 3 again until done
+    assert rollout.plan_batches(HOSTS, "canary", "1,10%,30%") == [
+        ["c1"], ["h1"], ["h2"], ["h3", "h4", "h5"], ["h6", "h7", "h8"], ["h9", "h10"]
+    ]  # fmt: skip
+    assert rollout.plan_batches(HOSTS, None, "50%")[0] == ["c1", "h1", "h2", "h3", "h4"]
+    assert rollout.plan_batches(HOSTS, "canary", 4)[1:] == [[f"h{i}" for i in range(1, 5)],
+        [f"h{i}" for i in range(5, 9)], ["h9", "h10"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["0", "0%", "101%", "-1", "five", "1,,2", "5%%"])
+def test_a_bad_ramp_is_refused_before_any_host(spec, fleet):
+    *_, run, tmp_path = fleet
+    with pytest.raises(ValueError, match="is not a batch size"):
+        roll(run, tmp_path, batches=spec)
+
+
+def test_within_the_budget_a_failed_host_is_counted_and_the_rollout_goes_on(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["h2"] = {"cause": "h2: health check failed", "rolled_back": True, "after": "serving"}
+    code, said = roll(run, tmp_path, batches="1,3", max_fail_percent=10)  # budget: 1 of 11
+    assert code == 1  # a host failed: not a clean rollout, though it finished
+    # h3 and h4 were held back behind h2 and go first in the next batch
+    assert limits == [["c1"], ["h1"], ["h2", "h3", "h4"], ["h3", "h4", "h5"],
+                      ["h6", "h7", "h8"], ["h9", "h10"]]  # fmt: skip
+    state = progress(tmp_path)
+    assert state["finished"] is True and state["stopped"] is None
+    assert [h for h, s in state["state"].items() if s["state"] != "done"] == ["h2"]
+    assert state["state"]["h2"]["cause"] == "h2: health check failed"
+    assert "FAILED host h2: rolled back to its previous unit and env file; serving" in said
+    assert "1 failed (within the budget of 1)" in said and "failed: h2" in said
+
+
+def test_past_the_budget_the_rollout_stops_and_later_hosts_are_untouched(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    for name in ("h2", "h5"):
+        outcome[name] = {"cause": f"{name}: health check failed", "rolled_back": True}
+    code, said = roll(run, tmp_path, batches="1,3", max_fail_percent=10)
+    assert code == 1
+    assert limits[-1] == ["h3", "h4", "h5"]  # h3, h4 held back behind h2; nothing after h5
+    assert "rollout STOPPED: 2 failed host(s) exceed the failure budget of 1" in said
+    assert "not touched: h6, h7, h8, h9, h10" in said
+    state = progress(tmp_path)
+    assert state["stopped"] and not state["finished"]
+    assert [h for h, s in state["state"].items() if s["state"] == "pending"] == [
+        "h6", "h7", "h8", "h9", "h10"]  # fmt: skip
+
+
+def test_without_a_budget_the_first_failure_stops_it_and_a_failed_canary_always_does(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["h1"] = {"cause": "h1: refused", "refused": True}
+    assert roll(run, tmp_path)[0] == 1 and limits == [["c1"], ["h1"]]
+    outcome.clear()
+    outcome["c1"] = {"cause": "c1: health check failed", "rolled_back": True}
+    limits.clear()
+    code, said = roll(run, tmp_path, max_fail_percent=50)
+    assert code == 1 and limits == [["c1"]] and "STOPPED: the canary failed" in said
+
+
+def test_a_host_without_a_note_in_a_failed_batch_failed_before_any_step(fleet):
+    outcome, limits, _, _, tmp_path = fleet
+
+    def unreachable(command, env):
+        return 1  # pyinfra could not connect: nothing of specdeploy ran
+
+    code, said = roll(unreachable, tmp_path)
+    assert code == 1
+    assert "pyinfra failed it before any specdeploy step" in progress(tmp_path)["state"]["c1"][
+        "cause"]  # fmt: skip
+
+
+def test_resume_continues_a_killed_rollout_without_touching_finished_hosts(fleet):
+    outcome, limits, pins_resolved, run, tmp_path = fleet
+    outcome["h4"] = "kill"
+    with pytest.raises(KeyboardInterrupt):
+        roll(run, tmp_path, batches="1,3")
+    assert limits[-1] == ["h2", "h3", "h4"]  # killed during this batch
+    state = progress(tmp_path)
+    assert [h for h, s in state["state"].items() if s["state"] == "done"] == ["c1", "h1"]
+    outcome.clear()
+    limits.clear()
+    code, said = roll(run, tmp_path, resume=True)
+    assert code == 0
+    assert limits == [["h2", "h3", "h4"], ["h5", "h6", "h7"], ["h8", "h9", "h10"]]
+    assert len(pins_resolved) == 1  # the resumed batches use the recorded pins
+    assert progress(tmp_path)["finished"] is True
+    assert "resuming" in said and "2 done, 0 failed, 9 to go" in said
+
+
+def test_resume_refuses_another_fleet_and_retries_failed_hosts_only_when_asked(fleet, monkeypatch):
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["h1"] = {"cause": "h1: health check failed", "rolled_back": True}
+    roll(run, tmp_path)
+    outcome.clear()
+    code, said = roll(run, tmp_path, resume=True)  # the failure still counts: over budget 0
+    assert code == 1 and "exceed the failure budget of 0" in said
+    limits.clear()
+    assert roll(run, tmp_path, resume=True, retry_failed=True)[0] == 0
+    assert limits[0] == ["h1"] and ["c1"] not in limits
+    monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: HOSTS[:5])
+    outcome["h1"] = {"cause": "h1: again", "rolled_back": True}
+    roll(run, tmp_path)
+    with pytest.raises(ValueError, match="other hosts or another deploy"):
+        monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: HOSTS)
+        roll(run, tmp_path, resume=True)
+
+
+def test_the_progress_file_is_private_and_a_dry_run_writes_none(fleet):
+    *_, run, tmp_path = fleet
+    roll(run, tmp_path, dry=True)
+    assert not (tmp_path / "progress.json").exists()
+    roll(run, tmp_path)
+    assert stat.S_IMODE((tmp_path / "progress.json").stat().st_mode) == 0o600
+    default = rollout.default_progress_path("inventories/prod.py", "deploys/serve.py")
+    assert str(default).startswith(os.environ["XDG_STATE_HOME"]) and "prod-" in default.name
+
+
+def test_a_note_is_private_never_follows_a_link_and_the_first_account_stays(tmp_path, monkeypatch):
+    monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(tmp_path))
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere.json"
+    elsewhere.write_text("{}")
+    (tmp_path / "h1.json").symlink_to(elsewhere)
+    notes.note({"host": "h1", "cause": "rolled back", "rolled_back": True})
+    assert elsewhere.read_text() == "{}" and not (tmp_path / "h1.json").is_symlink()
+    assert stat.S_IMODE((tmp_path / "h1.json").stat().st_mode) == 0o600
+    notes.note({"host": "h1", "cause": "operation failed"}, first_only=True)
+    assert notes.read_notes(tmp_path)["h1"]["cause"] == "rolled back"
+    assert [p.name for p in tmp_path.iterdir()] == ["h1.json"]  # no partial left
+
+
+def test_a_failed_operation_is_noted_unless_the_step_noted_first(tmp_path, monkeypatch):
+    """pyinfra's failure hook (steps/lock.ReleaseOnFailure) notes a failed operation unless the
+    step noted its own account first; the deploy's last operation notes done."""
+    from types import SimpleNamespace
+
+    from specdeploy.steps import lock
+
+    monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(tmp_path))
+    monkeypatch.setattr(lock, "_HELD", {})
+    state = SimpleNamespace(
+        get_op_data_for_host=lambda host, op: SimpleNamespace(global_arguments={}),
+        get_op_meta=lambda op: SimpleNamespace(names={"Install vLLM 0.32.0"}),
+    )
+    lock.ReleaseOnFailure.operation_host_error(state, SimpleNamespace(name="h1"), "op1")
+    notes.note({"host": "h2", "cause": "h2: ROLLED BACK", "rolled_back": True})
+    lock.ReleaseOnFailure.operation_host_error(state, SimpleNamespace(name="h2"), "op1")
+    found = notes.read_notes(tmp_path)
+    assert (
+        found["h1"]["cause"] == "h1: operation failed: Install vLLM 0.32.0 (see pyinfra's output)"
+    )
+    assert found["h2"]["cause"] == "h2: ROLLED BACK"
+    assert rollout.settle(["h1", "h2", "h3"], 1, found | {"h3": {"host": "h3", "done": True}})[0][
+        "h3"].state == "done"  # fmt: skip
