@@ -192,6 +192,10 @@ class ServeConfig(BaseModel):
     # the deploy lock's lease (steps/lock.py): unrenewed this long, the next deploy takes it over
     # with a warning. None: health_timeout_s + the smoke's time limit + a margin
     lock_lease_s: PositiveInt | None = None
+    # SSH keepalive on the host's connection, seconds (0: off). A host waits hours for its turn in a
+    # serial run of hundreds; a NAT or firewall drops an idle connection long before. pyinfra takes
+    # it only from ssh_config's ServerAliveInterval, so the deploy sets it on the open connection.
+    ssh_keepalive_s: NonNegativeInt = 30
 
     # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
     # (instances.py). None: one server on vllm_port, exactly as without the key. N: GPUs split

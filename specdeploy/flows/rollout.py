@@ -4,7 +4,7 @@
   runs pyinfra once per batch with `--limit`: the canary group first, then a ramp like Ansible's
   `serial` list (numbers or percentages of the rollout's hosts, the last one repeating), in
   inventory order.
-* Each host of a batch leaves a note (steps/notes.py): done, failed with its cause (rolled back,
+* Each host of a batch leaves a note (report/notes.py): done, failed with its cause (rolled back,
   refused while planning, an operation that failed), or held back (not restarted: a host before it
   failed). A held-back host goes first in the next batch; a failed one counts against the failure
   budget (`--max-fail-percent`, of the rollout's hosts; default 0: the first failure stops the
@@ -40,7 +40,7 @@ from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import host_data, hosts_with_data
 from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from specdeploy.config.timestamps import utc_iso
-from specdeploy.steps.notes import ROLLOUT_REPORT_ENV, read_notes
+from specdeploy.report.notes import ROLLOUT_REPORT_ENV, read_notes
 
 PROGRESS_SCHEMA = 1
 

@@ -65,6 +65,18 @@ KILL_AFTER_S = 30  # SIGTERM first; SIGKILL this long after, for a process that 
 TIME_LIMIT_GRACE_S = 60  # pyinfra's own limit on top of the host's, for a connection that hangs
 
 
+def keep_alive(seconds: int) -> bool:
+    """SSH keepalive every `seconds` on the current host's open connection (pyinfra's SSH connector
+    sets one only from ssh_config's ServerAliveInterval). False where there is no SSH transport
+    (the local or a docker connector, or not connected)."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None or not seconds:
+        return False
+    transport.set_keepalive(seconds)
+    return True
+
+
 def with_time_limit(command: str, seconds: int, message: str) -> str:
     """`command` stopped on the host after `seconds` (coreutils `timeout`, so the process dies with
     the limit rather than outliving a dropped connection), then `message` on stderr and exit 124.

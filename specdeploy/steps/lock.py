@@ -54,8 +54,8 @@ from pyinfra.context import ctx_host
 from specdeploy.config.schema import LOCK_PARENT_DIR, ServeConfig
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.host.bench import bench_time_limit
-from specdeploy.host.on_host import sh, sh_status
-from specdeploy.steps import notes
+from specdeploy.host.on_host import keep_alive, sh, sh_status
+from specdeploy.report import notes
 
 LEASE_GRACE_S = 120  # beyond the step it covers: connections, unit files, bookkeeping
 ISO = "%Y-%m-%dT%H:%M:%SZ"
@@ -420,10 +420,14 @@ class ReleaseOnFailure(BaseStateCallback):
                 return  # the deploy goes on on this host: it still needs its lock
         except Exception:
             pass
-        # the host's note for `specdeploy rollout`, unless its step left a truer one (a rollback)
-        what = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
-        notes.note({"host": host.name, "cause": f"{host.name}: operation failed: {what} (see "
-                    "pyinfra's output)", "rolled_back": False}, first_only=True)  # fmt: skip
+        if os.environ.get(notes.ROLLOUT_REPORT_ENV):  # under `specdeploy rollout`
+            try:
+                what = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
+            except Exception:
+                what = op_hash
+            # the host's note, unless its step left a truer one first (a rollback, a hold-back)
+            cause = f"{host.name}: operation failed: {what} (see pyinfra's output)"
+            notes.note({"host": host.name, "cause": cause, "rolled_back": False}, first_only=True)
         held = sorted(_HELD.get(host.name, ()))
         if not held:
             return
@@ -504,7 +508,9 @@ def release(cfg: ServeConfig):
 @contextmanager
 def held(cfg: ServeConfig):
     """The frame of every deploy that may take a server out of service: the lock is its first
-    operation and its release the last (planning time: what runs between is scheduled inside)."""
+    operation and its release the last (planning time: what runs between is scheduled inside).
+    Its connection is kept alive meanwhile: the host may wait hours for its turn."""
+    keep_alive(cfg.ssh_keepalive_s)
     acquire(name="Take the host's deploy lock", cfg=cfg)
     yield
     release(name="Release the host's deploy lock", cfg=cfg)

@@ -29,7 +29,8 @@ from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server
 from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import lock, notes
+from specdeploy.report import notes
+from specdeploy.steps import lock
 from specdeploy.steps.gate import BoxGate
 from specdeploy.steps.servers import HostServers, ServerPlan
 from specdeploy.steps.verify import verify_and_record
@@ -70,7 +71,7 @@ GATE = RolloutGate()
 
 
 def _report(entry: dict) -> None:
-    """Leave a machine-readable failure note for `specdeploy rollout` (steps/notes.py)."""
+    """Leave a machine-readable failure note for `specdeploy rollout` (report/notes.py)."""
     notes.note(entry)
 
 

@@ -18,7 +18,8 @@ from pyinfra.context import ctx_host, ctx_state
 from specdeploy.checks.gpus import PreflightError
 from specdeploy.config.problems import ConfigError, HostRefused, Problem
 from specdeploy.flows import serve
-from specdeploy.steps import notes, rollback
+from specdeploy.report import notes
+from specdeploy.steps import rollback
 
 
 @pytest.fixture(autouse=True)

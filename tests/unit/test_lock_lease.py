@@ -100,3 +100,37 @@ def test_an_unreachable_waiting_host_is_warned_about_and_the_turn_goes_on(fleet,
         assert lock.renew_waiting() == []
     assert "connection reset" in caplog.text
     assert PATH in lock._HELD["h2"]  # still ours: its own turn renews (or stops) it
+
+
+def test_the_deploy_keeps_the_hosts_ssh_connection_alive(monkeypatch):
+    """A real paramiko Transport on pyinfra's SSH connector gets the keepalive (host data
+    `ssh_keepalive_s`, default 30 s); 0 leaves it off; a host without SSH is left alone."""
+    import socket
+
+    import paramiko
+
+    from specdeploy.config.schema import config_from_data
+    from specdeploy.host import on_host
+    from tests.unit.conftest import VALID
+
+    before = ctx_host.get(), ctx_state.get()
+    state = State(Inventory((["@local", "h1"], {})), Config())
+    ssh_host = state.inventory.get_host("h1")
+    ours, theirs = socket.socketpair()
+    transport = paramiko.Transport(ours)
+    client = paramiko.SSHClient()
+    client._transport = transport  # what SSHClient.connect leaves behind
+    ssh_host.connector.client = client
+    try:
+        ctx_host.set(ssh_host)
+        assert on_host.keep_alive(0) is False
+        assert transport.packetizer._Packetizer__keepalive_interval == 0
+        cfg = config_from_data(VALID)
+        assert cfg.ssh_keepalive_s == 30
+        assert on_host.keep_alive(cfg.ssh_keepalive_s) is True
+        assert transport.packetizer._Packetizer__keepalive_interval == 30
+        ctx_host.set(state.inventory.get_host("@local"))
+        assert on_host.keep_alive(30) is False
+    finally:
+        transport.close(), theirs.close()
+        ctx_host.set(before[0]), ctx_state.set(before[1])

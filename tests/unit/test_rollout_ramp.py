@@ -2,7 +2,7 @@
 percentages), a failure budget across the rollout, held-back hosts first in the next batch, and a
 progress file that `--resume` continues without touching finished hosts. The real controller
 (flows/rollout.roll_out) runs; only pyinfra is replaced, by a batch that leaves each host's note
-the way the deploy does (steps/notes.py)."""
+the way the deploy does (report/notes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from io import StringIO
 import pytest
 
 from specdeploy.flows import rollout
-from specdeploy.steps import notes
+from specdeploy.report import notes
 
 HOSTS = [("c1", ["canary"])] + [(f"h{i}", []) for i in range(1, 11)]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from specdeploy.flows import rollout
-from specdeploy.steps import notes, rollback
+from specdeploy.report import notes
+from specdeploy.steps import rollback
 
 
 @pytest.fixture
