@@ -138,6 +138,16 @@ class HostProgress(BaseModel):
     batch: int | None = Field(None, description="the batch (1-based) that settled it")
 
 
+class BatchLog(BaseModel):
+    """One batch as it ran: its hosts, pyinfra's exit code and each host's note as written."""
+
+    hosts: list[str]
+    canary: bool = False
+    exit_code: int
+    notes: dict[str, dict]
+    seconds: float
+
+
 class Progress(BaseModel):
     """One rollout, as the control node keeps it between batches (and across a crash)."""
 
@@ -156,6 +166,7 @@ class Progress(BaseModel):
     stopped: str | None = Field(None, description="why the rollout stopped early, if it did")
     finished: bool = False
     state: dict[str, HostProgress]
+    log: list[BatchLog] = Field(default_factory=list, description="every batch run, in order")
 
     def named(self, state: str) -> list[str]:
         return [name for name in self.hosts if self.state[name].state == state]
@@ -332,6 +343,8 @@ def roll_out(
             f"$ {shlex.join(command)}")  # fmt: skip
         t0 = time.monotonic()
         code, notes = run_batch(command, pins, run)
+        progress.log.append(BatchLog(hosts=batch, canary=in_canary, exit_code=code, notes=notes,
+                                     seconds=round(time.monotonic() - t0, 1)))  # fmt: skip
         settled, held = settle(batch, code, notes)
         for name, outcome in settled.items():
             outcome.batch = index

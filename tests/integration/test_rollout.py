@@ -354,9 +354,98 @@ def test_canary_then_batches_stop_and_roll_back_on_a_broken_draft(deployed, host
         tail(result)
     )
     assert "not healthy" in out and "crashed" in out
-    assert f"rollout STOPPED; not touched: {third}" in out
+    assert (
+        f"rollout STOPPED: 1 failed host(s) exceed the failure budget of 0; not touched: {third}"
+        in out
+    )
     # the lock was released by the rollback
     assert ssh(broken, f"test -e {LOCK} && echo held || echo free").strip() == "free"
+
+
+def test_a_ramp_goes_on_past_a_failed_host_within_its_failure_budget(
+    deployed, hosts, ssh, tmp_path, record_replay
+):
+    """Issue 37: `--batches 1 --max-fail-percent 40` (a budget of 1 of 3 hosts): the broken host
+    is rolled back and counted, the rollout goes on to the third host, which ends on the new
+    config; the progress file says so, host by host. Its batches, exit codes and notes are the
+    fast tier's replay of the failure budget (tests/unit/test_rollout_budget_replay.py)."""
+    canary, broken, third = hosts
+    plant_broken_draft(ssh, broken)
+    spec = {**cfg_of(canary).speculative_config}
+    spec["num_speculative_tokens"] = 1 if k_of(ssh, canary) != 1 else 2
+    inventory = write_inventory(
+        tmp_path,
+        {
+            canary: {"speculative_config": spec},
+            broken: {"speculative_config": {**spec, "model": BROKEN_DRAFT}},
+            third: {"speculative_config": spec},
+        },
+    )
+    before = {h: state_of(ssh, h) for h in hosts}
+    unit_before = {h: ssh(h, f"cat {UNIT}") for h in hosts}
+    progress = tmp_path / "progress.json"
+    result = run("specdeploy", "rollout", str(inventory), "deploys/serve.py", "--batches", "1",
+                 "--max-fail-percent", "40", "--progress", str(progress), timeout=1800)  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, tail(result)  # a host failed, within the budget
+    assert f"FAILED host {broken}: rolled back to its previous unit and env file" in out
+    assert "1 failed (within the budget of 1)" in out, tail(result)
+    for host in (canary, third):  # both on the new k, restarted, healthy
+        assert k_of(ssh, host) == spec["num_speculative_tokens"], host
+        assert healthy(ssh, host) and state_of(ssh, host)["MainPID"] != before[host]["MainPID"]
+    assert ssh(broken, f"cat {UNIT}") == unit_before[broken] and healthy(ssh, broken)
+    state = json.loads(progress.read_text())
+    assert state["finished"] is True
+    assert {h: s["state"] for h, s in state["state"].items()} == {
+        canary: "done", broken: "failed", third: "done"}  # fmt: skip
+    assert [b["hosts"] for b in state["log"]] == [[canary], [broken], [third]]
+    for host in hosts:
+        assert lock_state(ssh, host).strip() == "free"
+    record_replay("rollout_budget", {"progress.json": progress, "output.txt": out,
+                                     "hosts.json": hosts})  # fmt: skip
+
+
+def test_resume_after_the_controller_is_killed_leaves_finished_hosts_untouched(
+    deployed, hosts, ssh, tmp_path
+):
+    """Issue 37: the control process (the rollout and its pyinfra) is killed once the canary's
+    batch is done; `--resume` finishes the other hosts with the recorded pins and never puts the
+    canary in a later batch: its server keeps its MainPID."""
+    import signal
+    import time
+
+    canary = hosts[0]
+    spec = {**cfg_of(canary).speculative_config}
+    spec["num_speculative_tokens"] = 3 if k_of(ssh, canary) != 3 else 2
+    inventory = write_inventory(tmp_path, {h: {"speculative_config": spec} for h in hosts})
+    progress = tmp_path / "progress.json"
+    command = ["specdeploy", "rollout", str(inventory), "deploys/serve.py", "--batches", "1",
+               "--progress", str(progress)]  # fmt: skip
+    log = (tmp_path / "first.log").open("w")
+    controller = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and controller.poll() is None:
+            if progress.exists() and len(json.loads(progress.read_text())["log"]) >= 1:
+                break  # the canary's batch is done and saved; the next batch is starting
+            time.sleep(0.5)
+        assert controller.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        os.killpg(controller.pid, signal.SIGKILL)  # the control node dies: rollout and pyinfra
+        controller.wait()
+    state = json.loads(progress.read_text())
+    assert state["state"][canary]["state"] == "done" and not state["finished"]
+    canary_pid = state_of(ssh, canary)["MainPID"]
+    result = run(*command, "--resume", timeout=1800)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, tail(result, 120)
+    assert "resuming" in out and f"--limit {canary}" not in out, tail(result)
+    assert state_of(ssh, canary)["MainPID"] == canary_pid  # never touched again
+    for host in hosts:
+        assert k_of(ssh, host) == spec["num_speculative_tokens"] and healthy(ssh, host), host
+        assert lock_state(ssh, host).strip() == "free"
+    assert json.loads(progress.read_text())["finished"] is True
 
 
 def k_of(ssh, host) -> int:
