@@ -339,7 +339,8 @@ def roll_out(
         command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
         for name in batch:
             command += ["--limit", name]
-        say(f"batch {index}{' (canary)' if in_canary else ''} [{', '.join(batch)}]: "
+        total = index + batches_left(len(queue), ramp, progress.ramp_step, len(hosts))
+        say(f"batch {index}/{total}{' (canary)' if in_canary else ''} [{', '.join(batch)}]: "
             f"$ {shlex.join(command)}")  # fmt: skip
         t0 = time.monotonic()
         code, notes = run_batch(command, pins, run)
@@ -359,7 +360,7 @@ def roll_out(
             say(f"held back in this batch (not restarted, still on their old config; first in the "
                 f"next batch): {', '.join(held)}")  # fmt: skip
         failed = progress.named("failed")
-        say(f"batch {index} {'done' if not failed_now else 'ended'} in "
+        say(f"batch {index}/{total} {'done' if not failed_now else 'ended'} in "
             f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
             f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
             f"budget {budget}")  # fmt: skip
@@ -393,3 +394,13 @@ def roll_out(
 def batch_size_at(ramp: list[int | str], step: int, hosts_in_rollout: int) -> int:
     """The ramp's `step`th batch (the last size repeats)."""
     return batch_size(ramp[min(step, len(ramp) - 1)], hosts_in_rollout)
+
+
+def batches_left(hosts_left: int, ramp: list[int | str], step: int, hosts_in_rollout: int) -> int:
+    """How many more batches the ramp takes for `hosts_left` (as planned: a held-back host adds
+    one where it spills over)."""
+    count = 0
+    while hosts_left > 0:
+        hosts_left -= batch_size_at(ramp, step + count, hosts_in_rollout)
+        count += 1
+    return count
