@@ -340,7 +340,7 @@ def roll_out(
         for name in batch:
             command += ["--limit", name]
         total = index + batches_left(len(queue), ramp, progress.ramp_step, len(hosts))
-        say(f"batch {index}/{total}{' (canary)' if in_canary else ''} [{', '.join(batch)}]: "
+        say(f"batch {index}/{total} [{', '.join(batch)}]{' (canary)' if in_canary else ''}: "
             f"$ {shlex.join(command)}")  # fmt: skip
         t0 = time.monotonic()
         code, notes = run_batch(command, pins, run)
@@ -349,7 +349,8 @@ def roll_out(
         settled, held = settle(batch, code, notes)
         for name, outcome in settled.items():
             outcome.batch = index
-            progress.state[name] = outcome
+            # a dry run changes nothing: its hosts stay to do (its failures still count)
+            progress.state[name] = HostProgress() if dry and outcome.state == "done" else outcome
         queue = held + queue  # held back: not restarted, first in the next batch
         failed_now = [name for name in batch if name in settled and settled[name].state == "failed"]
         for name in failed_now:
@@ -364,9 +365,6 @@ def roll_out(
             f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
             f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
             f"budget {budget}")  # fmt: skip
-        if dry:
-            for name in batch:  # a dry run changes nothing: its hosts are planned, not done
-                progress.state[name] = HostProgress()
         stop = None
         if len(failed) > budget:
             stop = f"{len(failed)} failed host(s) exceed the failure budget of {budget}"
