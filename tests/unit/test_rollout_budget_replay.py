@@ -47,7 +47,8 @@ def test_the_recorded_rollout_makes_the_same_batches_and_decisions(monkeypatch, 
     assert code == 1 and progress["finished"] is True and progress["stopped"] is None
     assert progress["state"] == recorded["state"]  # each host's outcome, cause and batch
     failed = [h for h, s in progress["state"].items() if s["state"] == "failed"]
-    assert len(failed) == 1 and "ROLLED BACK" in progress["state"][failed[0]]["cause"]
+    assert len(failed) == 1 and "not healthy" in progress["state"][failed[0]]["cause"]
+    assert progress["state"][failed[0]]["after"].startswith("rolled back to its previous unit")
 
 
 def test_without_the_budget_the_same_notes_stop_the_rollout_before_the_third_host(
