@@ -239,9 +239,12 @@ def speculation_gate(
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
         last, checked, decision = _measure(cfg, units, tokenizer, runs=runs)
         if fleet_key is not None:
+            own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
                 **decision.as_json(), "class_key": fleet_key, "power": power,
-                "band": {**smoke_figures(smoke), "tolerance": units.settings.band,
+                "band": {"smoke_tpot_ms": own["median_tpot_ms"],
+                         "acceptance_rate": own["acceptance_rate"],
+                         "tolerance": units.settings.band,
                          "acceptance_tolerance": units.settings.acceptance_band},
                 **({"outlier": outlier} if outlier else {}),
             })  # fmt: skip
