@@ -128,6 +128,7 @@ class FleetClasses:
     expires after recheck_days)."""
 
     def __init__(self):
+        # by the file's path: another reports folder (SPECDEPLOY_REPORTS) is another fleet
         self.known: dict[str, dict] = {}
 
     @staticmethod
@@ -135,22 +136,23 @@ class FleetClasses:
         return reports_root() / "classes" / f"{key}.json"
 
     def find(self, key: str, recheck_days: float | None) -> dict | None:
-        entry = self.known.get(key)
-        if entry is None and self.path(key).exists():
-            entry = json.loads(self.path(key).read_text())
+        path = self.path(key)
+        entry = self.known.get(str(path))
+        if entry is None and path.exists():
+            entry = json.loads(path.read_text())
         if entry is None:
             return None
         decision = entry["decision"]
         if gate_needs_recheck(decision, decision["fingerprint"], now=datetime.now(UTC),
                               recheck_days=recheck_days)["recheck"]:  # fmt: skip
             return None
-        self.known[key] = entry
+        self.known[str(path)] = entry
         return entry
 
     def keep(self, key: str, decision: GateDecision, where: str) -> None:
         entry = {"class_key": key, "measured_on": where, "decision": decision.as_json()}
-        self.known[key] = entry
         path = self.path(key)
+        self.known[str(path)] = entry
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(json.dumps(entry, indent=1))
@@ -230,8 +232,8 @@ def speculation_gate(
     if known is not None:  # a host of this class measured it; this one serves speculative
         measured_here = False
         last, checked = "speculative", {}
-        decision = _shared(GateDecision.model_validate(known["decision"]), units,
-                           source=known["measured_on"])  # fmt: skip
+        canary = GateDecision.model_validate({**known["decision"], "class_key": fleet_key})
+        decision = _shared(canary, units, source=known["measured_on"])
     elif measured_here:
         power = None
         if fleet_key is not None:
