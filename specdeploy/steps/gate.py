@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,6 +132,15 @@ class FleetClasses:
     def __init__(self):
         # by the file's path: another reports folder (SPECDEPLOY_REPORTS) is another fleet
         self.known: dict[str, dict] = {}
+        self.turns: dict[str, threading.Lock] = {}
+
+    def turn(self, key: str | None):
+        """Held while a host of class `key` decides: the hosts of one pyinfra run go in parallel
+        (gevent makes this lock cooperative), so the class's others wait for its canary's decision
+        instead of each measuring; a canary that fails leaves the next host to measure."""
+        if key is None:
+            return nullcontext()
+        return self.turns.setdefault(key, threading.Lock())
 
     @staticmethod
     def path(key: str) -> Path:
@@ -195,6 +206,21 @@ def unit_it_ends_on(
 
 
 def speculation_gate(
+    cfg: ServeConfig,
+    units: GateInput,
+    tokenizer: str,
+    box: BoxGate | None = None,
+    *,
+    smoke: BenchResult | None = None,
+    hardware: dict | None = None,
+) -> tuple[RenderedUnit, dict, dict]:
+    """_gate, one host of a class at a time (FleetClasses.turn)."""
+    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
+    with CLASSES.turn(fleet_key):
+        return _gate(cfg, units, tokenizer, box, smoke=smoke, hardware=hardware)
+
+
+def _gate(
     cfg: ServeConfig,
     units: GateInput,
     tokenizer: str,

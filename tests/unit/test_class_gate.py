@@ -145,3 +145,14 @@ def test_a_class_decision_outlives_the_process_and_expires_as_a_hosts_does(tmp_p
     assert later.find("k-unknown", recheck_days=None) is None
     kept = json.loads(FleetClasses.path("k-fallback").read_text())
     assert kept["class_key"] == "k-fallback" and not list(tmp_path.glob("classes/.*"))
+
+
+def test_hosts_of_one_class_take_turns_and_other_classes_do_not_wait():
+    classes = FleetClasses()
+    with classes.turn("k1"):
+        assert not classes.turn("k1").acquire(blocking=False)  # a second host of k1 waits
+        with classes.turn("k2"):  # another class goes on
+            pass
+    with classes.turn(None):  # share off: no turn
+        pass
+    assert classes.turn("k1").acquire(blocking=False)
