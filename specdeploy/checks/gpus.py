@@ -25,6 +25,7 @@ class Preflight:
     warnings: list[str] = field(default_factory=list)
     vocab: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)  # checks/preflight.hardware
 
     def raise_if_failed(self, host: str) -> None:
         if self.problems:

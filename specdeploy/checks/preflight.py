@@ -283,4 +283,19 @@ def evaluate(
     devices = check_accelerator(cfg, flags, accelerators, result)
     check_release(cfg, flags, accelerators, target, result)
     check_memory(cfg, flags, need, target, draft, devices, ram, result)
+    result.hardware = hardware(accelerators, ram)
     return result
+
+
+def hardware(accelerators: AcceleratorInfo, ram: dict) -> dict:
+    """What the host runs on, as far as a speculation verdict depends on it (steps/gate.py's
+    class of identical hosts): its GPUs' model and memory, their count, the driver and CUDA; a
+    host without GPUs (vllm-cpu) by its memory, to the GiB."""
+    if not accelerators.gpus:
+        return {"device": "cpu", "memory_gib": round((ram.get("total") or 0) / 2**30)}
+    return {
+        "device": "gpu",
+        "gpus": sorted(f"{g.name} {g.memory_total_bytes // 2**20} MiB" for g in accelerators.gpus),
+        "driver": accelerators.driver_version,
+        "cuda": accelerators.cuda_version,
+    }

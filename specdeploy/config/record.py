@@ -178,8 +178,12 @@ class GateDecision(_Part):
     verdict: str | None = None
     fingerprint: dict[str, Any] | None = None  # what the decision depends on (gate_fingerprint)
     decided_at: str | None = None
-    measured: dict[str, Any] | None = None  # a whole box: the instance that measured
-    shared_from: str | None = None  # a whole box: the instance whose decision this one took
+    measured: dict[str, Any] | None = None  # the host (a whole box's: instance) that measured
+    shared_from: str | None = None  # the host or instance whose decision this one took
+    class_key: str | None = None  # the class of identical hosts it decides for (steps/gate.py)
+    power: dict[str, Any] | None = None  # the canary's runs per arm and the power they give
+    band: dict[str, Any] | None = None  # the canary's smoke figures a sharing host is held to
+    outlier: dict[str, Any] | None = None  # a host of the class measured itself: why
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True)

@@ -100,6 +100,18 @@ class SpeculationGate(BaseModel):
     runs: int = Field(3, ge=2, le=12)
     # re-measure a fall-back after this many days (None: when units, workload or settings change)
     recheck_days: PositiveFloat | None = None
+    # One verdict per class of identical hosts (same units but their addresses, release, hardware,
+    # workload, request set and gate settings): the first host gated (the class's canary, sized
+    # by class_cv) decides for the others, also in later runs (`specdeploy rollout`'s batches),
+    # until its decision would expire on a host. Off: every host is gated with `runs` per arm.
+    share: bool = False
+    # the run-to-run spread (CV of run-level TPOT) the class's canary is sized for: it runs enough
+    # fresh servers per arm (at least `runs`) for 90 % power on a TPOT 10 % below the margin
+    class_cv: PositiveFloat = 0.05
+    # a sharing host's smoke run must be like the canary's (median TPOT within this share, draft
+    # acceptance within acceptance_band), else it is measured itself and flagged
+    band: PositiveFloat = 0.25
+    acceptance_band: PositiveFloat = 0.15
 
 
 class InstanceSpec(BaseModel):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
 
 from specdeploy.decide.decisions import (
     TOO_FEW_RUNS,
@@ -229,3 +231,74 @@ def gate_needs_recheck(
         "why": "same units, workload and gate settings as the previous fall-back"
         + (f", decided {decided}" if decided else ""),
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# One verdict per class of identical hosts (steps/gate.py): the canary's runs, and who may share
+
+CLASS_EFFECT = 0.10  # the effect a class's canary is sized to find: 10 % below the margin
+CLASS_POWER = 0.90
+
+
+@lru_cache(maxsize=64)
+def power_runs(
+    cv: float,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    effect: float = CLASS_EFFECT,
+    power: float = CLASS_POWER,
+    least: int = GATE_MIN_RUNS,
+    most: int = 12,
+    trials: int = 2000,
+) -> dict:
+    """Fresh-server runs per arm the gate needs to pass, with probability >= `power`, when
+    speculation's run-level TPOT truly is `effect` below the margin (max_tpot_ratio x the
+    baseline's), run-to-run spread `cv` (lognormal), under the gate's own test (GATE_RULE) at
+    `alpha`. Monte Carlo, seeded: the same answer on every control node. Returns {runs, power
+    (reached at runs), effect, cv, target_power, method}; `most` runs when even those fall short
+    (the power reached says by how much)."""
+    rng = random.Random(20261204)
+    reached = 0.0
+    for n in range(max(least, GATE_MIN_RUNS), most + 1):
+        passed = 0
+        for _ in range(trials):
+            base = [rng.lognormvariate(0.0, cv) for _ in range(n)]
+            # speculative / max_tpot_ratio, as the test scales it: (1 - effect) x a baseline run
+            spec = [(1 - effect) * rng.lognormvariate(0.0, cv) for _ in range(n)]
+            test = rank_test(spec, base, alternative="less")
+            passed += test["p_value"] <= alpha and test["min_p_value"] <= alpha
+        reached = passed / trials
+        if reached >= power:
+            break
+    return {
+        "runs": n,
+        "power": round(reached, 3),
+        "target_power": power,
+        "effect": effect,
+        "cv": cv,
+        "method": f"{trials} simulated gates per n (seeded), lognormal run-level TPOT with this "
+        "cv, speculative = max_tpot_ratio x (1 - effect) x baseline, the gate's own rank test",
+    }
+
+
+def smoke_outside_band(smoke: Mapping, band: Mapping) -> list[str]:
+    """Why a host's smoke run is not like its class canary's (empty: it is): its median TPOT more
+    than band["tolerance"] away from the canary's (relative), or its draft acceptance rate more
+    than band["acceptance_tolerance"] away (absolute). A figure missing on either side counts as
+    outside: sharing needs evidence the host is like its canary."""
+    why = []
+    tpot, own = band.get("smoke_tpot_ms"), smoke.get("median_tpot_ms")
+    if not tpot or not own:
+        why.append("no smoke TPOT to compare")
+    elif abs(own / tpot - 1) > band["tolerance"]:
+        why.append(f"smoke TPOT {own:.3f} ms vs the canary's {tpot:.3f} ms (outside "
+                   f"+-{band['tolerance']:.0%})")  # fmt: skip
+    rate, own_rate = band.get("acceptance_rate"), smoke.get("acceptance_rate")
+    if (
+        rate is not None
+        and own_rate is not None
+        and abs(own_rate - rate) > band["acceptance_tolerance"]
+    ):
+        why.append(f"acceptance {own_rate:.3f} vs the canary's {rate:.3f} (outside "
+                   f"+-{band['acceptance_tolerance']:.2f})")  # fmt: skip
+    return why

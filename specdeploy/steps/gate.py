@@ -7,9 +7,14 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from pyinfra import host, logger
 
@@ -23,11 +28,18 @@ from specdeploy.decide.decisions import (
     run_order,
     run_values,
 )
-from specdeploy.decide.gate_rule import gate_decision, gate_fingerprint, gate_needs_recheck
+from specdeploy.decide.gate_rule import (
+    gate_decision,
+    gate_fingerprint,
+    gate_needs_recheck,
+    power_runs,
+    smoke_outside_band,
+)
 from specdeploy.host.bench import PendingBench
 from specdeploy.host.server import enable_only, start_fresh, switch_enabled, wait_healthy, warm_up
+from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
-from specdeploy.report.paths import host_reports_dir
+from specdeploy.report.paths import host_reports_dir, reports_root
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -92,6 +104,83 @@ class BoxGate:
         return json.dumps(shared, sort_keys=True)
 
 
+def class_key(units: GateInput, hardware: dict) -> str:
+    """The class of identical hosts this server's gate decides for: its fingerprint without the
+    units' hashes, the units' argv without the address and port (the release is in the venv's
+    path), and the hardware (checks/preflight.hardware); 16 hex digits of its sha256."""
+    shared = json.loads(BoxGate.key(units))
+    shared["argv"] = {u.role: _addressless(u.argv) for u in (units.speculative, units.baseline)}
+    shared["hardware"] = hardware
+    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _addressless(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for flag in ("--host", "--port"):
+        if flag_value(out, flag) is not None:
+            i = len(out) - 1 - out[::-1].index(flag)
+            out[i + 1] = "*"
+    return out
+
+
+class FleetClasses:
+    """The class decisions this control node knows: made in this process, or by an earlier run
+    (`specdeploy rollout` runs one pyinfra per batch), kept as JSON under reports/classes/. A
+    decision stands for its class while it would stand on a host (gate_needs_recheck: a fall-back
+    expires after recheck_days)."""
+
+    def __init__(self):
+        # by the file's path: another reports folder (SPECDEPLOY_REPORTS) is another fleet
+        self.known: dict[str, dict] = {}
+        self.turns: dict[str, threading.Lock] = {}
+
+    def turn(self, key: str | None):
+        """Held while a host of class `key` decides: the hosts of one pyinfra run go in parallel
+        (gevent makes this lock cooperative), so the class's others wait for its canary's decision
+        instead of each measuring; a canary that fails leaves the next host to measure."""
+        if key is None:
+            return nullcontext()
+        return self.turns.setdefault(key, threading.Lock())
+
+    @staticmethod
+    def path(key: str) -> Path:
+        return reports_root() / "classes" / f"{key}.json"
+
+    def find(self, key: str, recheck_days: float | None) -> dict | None:
+        path = self.path(key)
+        entry = self.known.get(str(path))
+        if entry is None and path.exists():
+            entry = json.loads(path.read_text())
+        if entry is None:
+            return None
+        decision = entry["decision"]
+        if gate_needs_recheck(decision, decision["fingerprint"], now=datetime.now(UTC),
+                              recheck_days=recheck_days)["recheck"]:  # fmt: skip
+            return None
+        self.known[str(path)] = entry
+        return entry
+
+    def keep(self, key: str, decision: GateDecision, where: str) -> None:
+        entry = {"class_key": key, "measured_on": where, "decision": decision.as_json()}
+        path = self.path(key)
+        self.known[str(path)] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(entry, indent=1))
+        os.replace(partial, path)  # a reader sees the old decision or the new one, whole
+
+
+CLASSES = FleetClasses()
+
+
+def smoke_figures(smoke: BenchResult | None) -> dict:
+    """What a sharing host's smoke run is compared on (decide/gate_rule.smoke_outside_band)."""
+    if smoke is None:
+        return {}
+    return {"median_tpot_ms": smoke.median_tpot_ms,
+            "acceptance_rate": smoke.counters.acceptance_rate}  # fmt: skip
+
+
 def unit_it_ends_on(
     cfg: ServeConfig,
     rendered: RenderedUnit,
@@ -99,6 +188,9 @@ def unit_it_ends_on(
     units: GateInput | None,
     tokenizer: str,
     box: BoxGate | None = None,
+    *,
+    smoke: BenchResult | None = None,
+    hardware: dict | None = None,
 ) -> tuple[RenderedUnit, dict, dict | None]:
     """The verified server's last step before its record: without a gate (`units` None) it ends on
     `rendered`, with one on what `speculation_gate` decides. Only that unit stays enabled (an
@@ -106,13 +198,36 @@ def unit_it_ends_on(
     the gate record or None)."""
     decision = None
     if units is not None:
-        rendered, checked, decision = speculation_gate(cfg, units, tokenizer, box)
+        rendered, checked, decision = speculation_gate(
+            cfg, units, tokenizer, box, smoke=smoke, hardware=hardware
+        )
     enable_only(cfg, rendered.role)
     return rendered, checked, decision
 
 
 def speculation_gate(
-    cfg: ServeConfig, units: GateInput, tokenizer: str, box: BoxGate | None = None
+    cfg: ServeConfig,
+    units: GateInput,
+    tokenizer: str,
+    box: BoxGate | None = None,
+    *,
+    smoke: BenchResult | None = None,
+    hardware: dict | None = None,
+) -> tuple[RenderedUnit, dict, dict]:
+    """_gate, one host of a class at a time (FleetClasses.turn)."""
+    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
+    with CLASSES.turn(fleet_key):
+        return _gate(cfg, units, tokenizer, box, smoke=smoke, hardware=hardware)
+
+
+def _gate(
+    cfg: ServeConfig,
+    units: GateInput,
+    tokenizer: str,
+    box: BoxGate | None = None,
+    *,
+    smoke: BenchResult | None = None,
+    hardware: dict | None = None,
 ) -> tuple[RenderedUnit, dict, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
@@ -121,15 +236,56 @@ def speculation_gate(
 
     Returns (the unit the server ends on, healthy; its health check; the gate record). With
     on_fail=baseline and a failed gate that is the baseline unit, enabled, with the speculative
-    unit disabled."""
+    unit disabled.
+
+    `speculation_gate.share`: the class of identical hosts (class_key) decides once. Its first
+    host measures, with enough runs for the class (power_runs); a later host of the class takes
+    that decision (shared_from) when its smoke run (`smoke`) is like the canary's, else it is
+    measured itself and flagged (`outlier`)."""
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
-    if measured_here:
-        last, checked, decision = _measure(cfg, units, tokenizer)
+    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
+    known, outlier = None, None
+    if measured_here and fleet_key is not None:
+        known = CLASSES.find(fleet_key, units.settings.recheck_days)
+        why = smoke_outside_band(smoke_figures(smoke), known["decision"]["band"]) if known else []
+        if why:
+            canary = known["measured_on"]
+            logger.warning(f"{host.print_prefix}speculation gate: not like its class's canary "
+                           f"{canary}: {'; '.join(why)}: measured here")  # fmt: skip
+            outlier = {"class_key": fleet_key, "canary": canary, "why": why}
+            known = None
+    if known is not None:  # a host of this class measured it; this one serves speculative
+        measured_here = False
+        last, checked = "speculative", {}
+        canary = GateDecision.model_validate({**known["decision"], "class_key": fleet_key})
+        decision = _shared(canary, units, source=known["measured_on"])
+    elif measured_here:
+        power = None
+        if fleet_key is not None:
+            power = power_runs(units.settings.class_cv, alpha=units.alpha)
+        runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
+        last, checked, decision = _measure(cfg, units, tokenizer, runs=runs)
+        if fleet_key is not None:
+            own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
+            decision = GateDecision.model_validate({
+                **decision.as_json(), "class_key": fleet_key, "power": power,
+                "band": {"smoke_tpot_ms": own["median_tpot_ms"],
+                         "acceptance_rate": own["acceptance_rate"],
+                         "tolerance": units.settings.band,
+                         "acceptance_tolerance": units.settings.acceptance_band},
+                **({"outlier": outlier} if outlier else {}),
+            })  # fmt: skip
+            if outlier is None:  # an outlier does not speak for its class
+                where = f"{host.name}/{cfg.instance_name}" if cfg.instance_name else host.name
+                CLASSES.keep(fleet_key, decision, where)
         if key is not None:
             box.decisions[key] = decision
     else:  # another instance of this box measured it; this one serves speculative (smoked)
-        last, checked, decision = "speculative", {}, _shared(box.decisions[key], units)
+        last, checked = "speculative", {}
+        decision = _shared(
+            box.decisions[key], units, source=box.decisions[key].measured["instance"]
+        )
     keep = decision.passed or decision.on_fail != "baseline"
     rendered = units.speculative if keep else units.baseline
     speculative = rendered.role == "speculative"
@@ -148,14 +304,16 @@ def speculation_gate(
     return rendered, checked, decision
 
 
-def _measure(cfg: ServeConfig, units: GateInput, tokenizer: str) -> tuple[str, dict, dict]:
-    """The gate's runs on this server and their decision. Returns (the arm that ran last, its
-    health check, the gate record)."""
+def _measure(
+    cfg: ServeConfig, units: GateInput, tokenizer: str, *, runs: int
+) -> tuple[str, dict, dict]:
+    """The gate's `runs` per arm on this server and their decision. Returns (the arm that ran last,
+    its health check, the gate record)."""
     gate_cfg = units.settings
     rendered, baseline = units.speculative, units.baseline
     arms = {"baseline": baseline, "speculative": rendered}
     # the order depends on the arms' names alone (baseline first), not on the host
-    order = run_order(list(arms), gate_cfg.runs, mode="alternate")
+    order = run_order(list(arms), runs, mode="alternate")
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
     out = host_reports_dir(host.name)
@@ -191,7 +349,7 @@ def _measure(cfg: ServeConfig, units: GateInput, tokenizer: str) -> tuple[str, d
             "baseline_unit_sha256": baseline.sha256,
             "files": files,
             "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
-            "method": f"{gate_cfg.runs} fresh-server runs per arm in alternating rounds, the "
+            "method": f"{runs} fresh-server runs per arm in alternating rounds, the "
             "median TPOT of each run as one value, production units (prefix caching as deployed)",
         }
     )
@@ -205,19 +363,16 @@ def _measure(cfg: ServeConfig, units: GateInput, tokenizer: str) -> tuple[str, d
     return order["order"][-1], checked, GateDecision.model_validate(decision)
 
 
-def _shared(measured: GateDecision, units: GateInput) -> GateDecision:
-    """The measuring instance's decision as this instance's record keeps it: its own fingerprint
-    (so a re-run settles on it), the numbers and the instance that measured them."""
-    logger.info(
-        f"{host.print_prefix}speculation gate: {measured.reason} (measured on "
-        f"{measured.measured['instance']} in this run)"
-    )
+def _shared(measured: GateDecision, units: GateInput, *, source: str) -> GateDecision:
+    """The measuring host's or instance's decision as this server's record keeps it: its own
+    fingerprint (so a re-run settles on it), the numbers and where they were measured."""
+    logger.info(f"{host.print_prefix}speculation gate: {measured.reason} (measured on {source})")
     return GateDecision.model_validate({
         **measured.as_json(),
         "fingerprint": units.fingerprint,
         "speculative_unit_sha256": units.speculative.sha256,
         "baseline_unit_sha256": units.baseline.sha256,
-        "shared_from": measured.measured["instance"],
+        "shared_from": source,
     })  # fmt: skip
 
 

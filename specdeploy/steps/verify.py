@@ -33,8 +33,9 @@ def verify_and_record(
     checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer)
     # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     rendered, checked, decision = gate.unit_it_ends_on(
-        cfg, rendered, checked, gate_input, tokenizer, box_gate
-    )
+        cfg, rendered, checked, gate_input, tokenizer, box_gate,
+        smoke=result, hardware=preflight.result.hardware,
+    )  # fmt: skip
     removed = install.prune_venvs(cfg)  # verified: older releases can go
     entry = record.write_record(
         cfg,

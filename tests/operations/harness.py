@@ -311,6 +311,27 @@ def _build_box_gate(case: Case, spec: dict | None):
     return box
 
 
+def _build_smoke(case: Case, spec: dict):
+    """A smoke run's result (config/record.BenchResult), as steps/smoke.health_and_smoke returns."""
+    from specdeploy.config.record import BenchResult
+
+    return BenchResult.model_validate(substitute(case, spec))
+
+
+def _build_fleet_class(case: Case, spec: dict):
+    """The host's hardware (checks/preflight.hardware), its class's decision (`decision`, measured
+    on `measured_on`) already kept on the control node when given, as an earlier batch leaves it."""
+    from specdeploy.config.record import GateDecision
+    from specdeploy.steps import gate
+
+    hardware = spec["hardware"]
+    if "decision" in spec:
+        decision = GateDecision.model_validate(substitute(case, spec["decision"]))
+        key = gate.class_key(case.gate_input, hardware)
+        gate.FleetClasses().keep(key, decision, spec["measured_on"])
+    return hardware
+
+
 def _build_operation(case: Case, changes: bool):
     """An operation's result (OperationMeta) as a later step reads it: `will_change` while
     planning, `did_change()` once it ran — both `changes`."""
@@ -343,6 +364,8 @@ BUILDERS = {
     "$preflight": _build_preflight,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
+    "$smoke": _build_smoke,
+    "$fleet_class": _build_fleet_class,
 }
 
 
