@@ -1,0 +1,199 @@
+"""Printed, not asserted: planning and a no-op execution of the serve deploy against N hosts
+(default 1000) on a fake connector, to measure the control node (issue 37).
+
+    python benchmarks/fleet_scale/plan_fleet.py [--hosts 1000] [--hosts 100 ...]
+
+`StandInConnector` is a named STAND-IN for SSH hosts: nothing is connected to. Every host answers
+each command from one table built from the recorded outputs in tests/facts/<Fact>/<case>.json (the
+outputs real sandbox hosts gave), keyed by the exact command; a command the table lacks answers
+empty, as a fresh host would. The figures are therefore the control node's own cost: pyinfra's
+State, fact gathering through the connector, specdeploy's checks and planning, and the execution
+of what was planned — not SSH round trips or anything a host does. It prints total and per-host
+planning time, execution time, peak RSS (resource.getrusage) and per host, commands per host
+(planning / execution), and how often the fleet-wide work ran: the request set's tokenizing and
+the release tables' parse (once each, however many hosts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from collections import Counter
+from pathlib import Path
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.command import StringCommand
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.connectors.base import BaseConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+REPO = Path(__file__).resolve().parents[2]
+FACT_FIXTURES = REPO / "tests" / "facts"
+
+
+# Recorded as parser cases, not as a host's state: the JsonFile cases hold a partial record, which
+# a deploy rightly refuses to read; without them the record reads as absent (a fresh host).
+SKIPPED_FACTS = {"JsonFile"}
+
+
+# pyinfra's own facts a Debian host answers (not specdeploy's facts, so no fixture records them).
+DEBIAN_ANSWERS = {
+    "uname -s": ["Linux"],
+    "cat /etc/group": ["root:x:0:", "vllm:x:998:"],
+    "command -v useradd || true": ["/usr/sbin/useradd"],
+    "cat /etc/passwd": [
+        "root:x:0:0:root:/root:/bin/bash",
+        "vllm:x:998:998::/nonexistent:/bin/false",
+    ],
+}
+
+
+# Asked of several paths while the fixtures record one: free disk is free disk anywhere.
+ANSWER_BY_TOOL = ["df -Pk"]
+
+
+def recorded_answers() -> dict[str, list[str]]:
+    """{command: stdout lines} from every recorded fact output (the first recording wins)."""
+    table: dict[str, list[str]] = dict(DEBIAN_ANSWERS)
+    for path in sorted(FACT_FIXTURES.glob("*/*.json")):
+        if path.parent.name in SKIPPED_FACTS:
+            continue
+        case = json.loads(path.read_text())
+        command, output = case.get("command"), case.get("output")
+        if isinstance(command, str) and isinstance(output, list):
+            table.setdefault(command, [str(line) for line in output])
+    return table
+
+
+class StandInConnector(BaseConnector):
+    """A STAND-IN for an SSH host (see the module docstring): answers from `answers`, counts."""
+
+    handles_execution = True
+    answers: dict[str, list[str]] = {}
+    by_tool: list[tuple[str, list[str]]] = []
+
+    def __init__(self, state, host):
+        super().__init__(state, host)
+        self.commands: Counter[str] = Counter()  # phase -> commands run
+
+    @staticmethod
+    def make_names_data(name: str):
+        yield name, {}, []
+
+    def connect(self) -> None:
+        pass
+
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        phase = "execution" if self.state.is_executing else "planning"
+        self.commands[phase] += 1
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        lines = self.answers.get(text)
+        if lines is None:  # the same tool asked about another path: answered as it was recorded
+            lines = next((out for part, out in self.by_tool if part in text), [])
+        return True, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def put_file(self, filename_or_io, remote_filename, **kwargs) -> bool:
+        self.commands["execution" if self.state.is_executing else "planning"] += 1
+        return True
+
+    def get_file(self, remote_filename, filename_or_io, **kwargs) -> bool:
+        self.commands["execution" if self.state.is_executing else "planning"] += 1
+        return True
+
+
+def fleet(count: int, data: dict) -> State:
+    names = [f"fake-{i:04d}" for i in range(count)]
+    state = State(Inventory((names, data)), Config())
+    for host in state.inventory:
+        host.connector = StandInConnector(state, host)
+        state.activate_host(host)
+    connect_all(state)
+    return state
+
+
+def host_data() -> dict:
+    """One host data for the whole fleet: the unit tests' valid data, its revisions pinned to
+    commits (a moving ref would ask the Hub, which this benchmark must not reach)."""
+    from tests.unit.conftest import VALID
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    data = json.loads(json.dumps(VALID))
+    data["target_revision"] = commit
+    data["speculative_config"]["revision"] = commit
+    return data
+
+
+def once_per_fleet() -> dict[str, int]:
+    """How often the fleet-wide work really ran (cache misses) in this process so far."""
+    from specdeploy.checks import capabilities, request_set
+
+    return {
+        "release table reads": capabilities._tables.cache_info().misses,
+        "request set tokenizings": request_set._rows_over_limit.cache_info().misses,
+    }
+
+
+def measure(count: int) -> dict:
+    """Plan the serve deploy on `count` stand-in hosts, then execute what was planned."""
+    from specdeploy.flows import serve
+
+    if not StandInConnector.answers:
+        StandInConnector.answers = recorded_answers()
+        StandInConnector.by_tool = [
+            (
+                tool,
+                next(out for cmd, out in StandInConnector.answers.items() if tool in cmd and out),
+            )
+            for tool in ANSWER_BY_TOOL
+        ]
+    state = fleet(count, host_data())
+    started = time.perf_counter()
+    add_deploy(state, serve.serve)
+    planned = time.perf_counter()
+    planned_commands = {h.name: h.connector.commands["planning"] for h in state.inventory}
+    try:
+        run_ops(state)
+        execution_error = None
+    except PyinfraError as error:  # every stand-in host failed: see the module docstring
+        execution_error = str(error)
+    executed = time.perf_counter()
+    executed_commands = {h.name: h.connector.commands["execution"] for h in state.inventory}
+    return {
+        "hosts": count,
+        "planning_s": planned - started,
+        "execution_s": executed - planned,
+        "execution_error": execution_error,
+        "failed_hosts": len(state.failed_hosts),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "planning_commands": planned_commands,
+        "execution_commands": executed_commands,
+        **once_per_fleet(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, action="append", help="fleet size (repeatable)")
+    args = parser.parse_args()
+    for count in args.hosts or [1000]:
+        got = measure(count)
+        plan_cmds = sum(got["planning_commands"].values()) / count
+        exec_cmds = sum(got["execution_commands"].values()) / count
+        print(
+            f"{count} hosts: planning {got['planning_s']:.2f} s"
+            f" ({got['planning_s'] / count * 1000:.1f} ms/host), execution"
+            f" {got['execution_s']:.2f} s ({got['failed_hosts']} hosts failed), peak RSS"
+            f" {got['peak_rss_mib']:.0f} MiB ({got['peak_rss_mib'] / count * 1024:.0f} KiB/host,"
+            f" process total), commands per host {plan_cmds:.1f} planning / {exec_cmds:.1f}"
+            f" execution; release table reads {got['release table reads']}, request set"
+            f" tokenizings {got['request set tokenizings']} (this process)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Planning work that does not depend on the host is done once per fleet, not once per host
+(issue 37): the release tables are read and parsed once per process, and a moving Hub ref is
+resolved once per endpoint + repo + revision however many hosts ask. Each test counts the real
+calls, so a cache that broke (or a new per-host read beside it) fails here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdeploy.checks import capabilities
+from specdeploy.config import revisions
+from specdeploy.config.schema import ServeConfig
+from tests.unit.conftest import VALID
+
+HOSTS = 20
+
+
+def test_release_tables_are_parsed_once_for_a_fleet(monkeypatch):
+    parsed: list[int] = []
+    real_loads = json.loads
+
+    def counting_loads(text, *args, **kwargs):
+        parsed.append(1)
+        return real_loads(text, *args, **kwargs)
+
+    capabilities._tables.cache_clear()
+    monkeypatch.setattr(capabilities.json, "loads", counting_loads)
+    try:
+        for version in capabilities.known_versions() * HOSTS:  # every host asks every question
+            capabilities.speculative_keys(version)
+            capabilities.flag_names(version)
+            capabilities.draft_model_runtime(version)
+        tables = len(capabilities._tables())
+    finally:
+        capabilities._tables.cache_clear()
+    assert tables > 0
+    assert len(parsed) == tables  # one parse per release file, not per host or per question
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    asked: list[tuple[str, str]] = []
+
+    def ask_hub(cfg, repo, revision):
+        asked.append((repo, revision))
+        return f"{len(asked):040x}"
+
+    monkeypatch.setattr(revisions, "_resolved", {})
+    monkeypatch.delenv(revisions.PINNED_REVISIONS_ENV, raising=False)
+    monkeypatch.setattr(revisions, "_ask_hub", ask_hub)
+    return asked
+
+
+def test_a_moving_ref_is_resolved_once_for_a_fleet(hub_calls):
+    cfg = ServeConfig(**{**VALID, "target_revision": "main"})
+    pins = [revisions.pin(cfg)[1] for _ in range(HOSTS)]
+    expected = [(repo, rev) for _, repo, rev in revisions.moving_refs(cfg)]
+    assert expected and sorted(hub_calls) == sorted(expected)  # once each, not once per host
+    assert all(p == pins[0] for p in pins)  # every host serves the one commit
+
+
+def test_each_repo_and_revision_is_resolved_once(hub_calls):
+    main = ServeConfig(**{**VALID, "target_revision": "main"})
+    other = ServeConfig(**{**VALID, "target_revision": "release"})
+    revisions.pins_for_hosts([main, other] * HOSTS)
+    expected = {(repo, rev) for c in (main, other) for _, repo, rev in revisions.moving_refs(c)}
+    assert len(expected) >= 2 and sorted(hub_calls) == sorted(expected)
