@@ -22,6 +22,7 @@ from specdeploy.config import datasets
 from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.vllm import VllmVersion
+from specdeploy.steps import install
 
 # The record's workload fields (steps/record.py) that the host data decides.
 WORKLOAD_FIELDS = (
@@ -94,7 +95,7 @@ def ship_request_set(cfg: ServeConfig):
             # the service user could write would let it run code as root
             commands=[
                 f"{cfg.venv}/bin/python -m pip install --disable-pip-version-check -q "
-                f"{shlex.join(cfg.pip_install_args)} {shlex.join(missing)}",
+                f"{shlex.join(install.pip_args_of(cfg))} {shlex.join(missing)}",
             ],
         )
     return put
