@@ -63,7 +63,11 @@ def ship_request_set(cfg: ServeConfig):
         return None
     info = datasets.describe(w.dataset_path, w.dataset)
     files.directory(
-        name="Request set dir", path=datasets.HOST_DIR, user="root", group="root", mode="755"
+        name="Request set dir (root only: production prompts)",
+        path=datasets.HOST_DIR,
+        user="root",
+        group="root",
+        mode="700",
     )
     put = files.put(
         name=f"Request set {w.dataset_path} ({info['rows']} rows, sha256 {info['sha256'][:12]})",
@@ -71,7 +75,7 @@ def ship_request_set(cfg: ServeConfig):
         dest=info["host_path"],
         user="root",
         group="root",
-        mode="644",
+        mode="600",  # production prompts: root's alone (the benchmark runs as root)
     )
     server.shell(
         name="Request set: verify sha256 on the host",

@@ -58,7 +58,7 @@ def prepare_host(cfg: ServeConfig):
     root_dirs = {cfg.install_dir: "755", cfg.venvs_dir: "755", cfg.state_dir: "755"}
     root_dirs |= {cfg.records_dir: "755", cfg.rollback_dir: "700", cfg.bench_root: "700"}
     root_dirs |= {cfg.bench_dir: "700"}
-    root_dirs |= {cfg.datasets_dir: "755", SECRETS_DIR: "700"}
+    root_dirs |= {cfg.datasets_dir: "700", SECRETS_DIR: "700"}  # datasets: production prompts
     for path, mode in root_dirs.items():
         files.directory(name=f"{path} (root)", path=path, user="root", group="root", mode=mode)
     # the weights are root's, readable by the service's group only; the server writes only its home
