@@ -581,7 +581,8 @@ def test_stuck_engine_fires_the_stuck_alert(monitored, sandbox_ssh, tmp_path):
         return [a for a in alerts if a["labels"]["alertname"] == "SpecdeployServerStuck"
                 and a["state"] == "firing" and a["labels"].get("host") == host]  # fmt: skip
 
-    body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 900}  # under the pin's 1024 context
+    # 900 tokens: under the 1024-token context of the pinned sandbox model
+    body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 900}
     body |= {"temperature": 0, "ignore_eos": True}
     answers: list = []
     long_request = threading.Thread(
