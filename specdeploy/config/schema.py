@@ -393,6 +393,14 @@ class ServeConfig(BaseModel):
         return f"{SECRETS_DIR}/{self.service_name}.hf-token"  # downloads only; not the server's
 
     @property
+    def pip_options_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.pip-options"  # pip_install_args (index tokens)
+
+    @property
+    def hub_env_file(self) -> str:
+        return f"{SECRETS_DIR}/{self.service_name}.hub-env"  # hf_endpoint, for downloads only
+
+    @property
     def unit_names(self) -> dict[str, str]:
         """{role: systemd unit}: the speculative server and its baseline (render.ROLES)."""
         return {

@@ -66,7 +66,8 @@ def _measure(
     try:
         if box is not None:  # the balancer stops sending it requests; the others serve
             server.drain(box, name, timeout_s=server.drain_timeout_s(box))
-        measure_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond})
+        readmit = (box.balancer_socket, name) if box is not None else None
+        measure_plan(cfg, plan, out_dir=out, conditions={"kind": kind, **cond}, readmit=readmit)
     except Exception:
         lock.release_now(box or cfg)  # back on its deployed unit (measure_plan's finally)
         if box is not None and server.is_healthy(cfg):

@@ -9,6 +9,7 @@ import shlex
 import time
 
 from specdeploy.config.schema import ServeConfig
+from specdeploy.host.facts.haproxy import BACKEND
 from specdeploy.host.on_host import sh
 
 
@@ -16,9 +17,12 @@ def watchdog_prefix(cfg: ServeConfig) -> str:
     return f"{cfg.service_name}-measure-watchdog"
 
 
-def watchdog_script(cfg: ServeConfig, unit: str) -> str:
+def watchdog_script(cfg: ServeConfig, unit: str, readmit: tuple[str, str] | None = None) -> str:
     """What the watchdog runs as root when it fires: restore_deployed's steps, without the
-    control node (no health wait: systemd brings the deployed unit up, status shows it)."""
+    control node (no health wait: systemd brings the deployed unit up, status shows it).
+    `readmit`: (balancer admin socket, server name) of a whole box's instance the measurement
+    drained: put back `ready`, so its /health check, not a dead control node, decides whether it
+    serves (left in MAINT it would never serve again)."""
     measure = cfg.measure_unit
     q = shlex.quote
     # no quotes and no ";": systemd-run writes the command into the transient unit file, and a
@@ -34,10 +38,21 @@ def watchdog_script(cfg: ServeConfig, unit: str) -> str:
             f"(systemctl reset-failed {q(measure)} {q(unit)} 2>/dev/null || true)",
             f"systemctl start {q(unit)}",
         ]
+        + (
+            # echo's words unquoted (see above): BACKEND and instance names are plain words
+            [
+                f"echo set server {BACKEND}/{readmit[1]} state ready | socat -t 5 stdio "
+                f"UNIX-CONNECT:{q(readmit[0])}"
+            ]  # fmt: skip
+            if readmit
+            else []
+        )
     )
 
 
-def arm_watchdog(cfg: ServeConfig, unit: str, seconds: int) -> str:
+def arm_watchdog(
+    cfg: ServeConfig, unit: str, seconds: int, readmit: tuple[str, str] | None = None
+) -> str:
     """(Re)arm the host's measurement watchdog: a transient systemd timer that puts `unit` back in
     `seconds` unless the control node renews or removes it first, so production returns even when
     the control node dies mid-measurement. A renewal starts the new timer before it stops the old
@@ -48,7 +63,7 @@ def arm_watchdog(cfg: ServeConfig, unit: str, seconds: int) -> str:
         f"systemd-run --quiet --collect --unit={shlex.quote(name)} --on-active={int(seconds)}s "
         f"--timer-property=AccuracySec=1s "  # the default accuracy is a minute
         f"--description={shlex.quote(f'specdeploy: restore {unit} if the measurement stalls')} "
-        f"/bin/sh -c {shlex.quote(watchdog_script(cfg, unit))}"
+        f"/bin/sh -c {shlex.quote(watchdog_script(cfg, unit, readmit))}"
     )
     _stop_watchdogs(prefix, keep=f"{name}.timer")
     return f"{name}.timer"

@@ -113,7 +113,12 @@ def watchdog_seconds(cfg: ServeConfig, workload: Workload | None = None) -> int:
 
 
 def measure_plan(
-    cfg: ServeConfig, plan: Plan, *, out_dir: Path, conditions: Mapping[str, Any]
+    cfg: ServeConfig,
+    plan: Plan,
+    *,
+    out_dir: Path,
+    conditions: Mapping[str, Any],
+    readmit: tuple[str, str] | None = None,
 ) -> list[BenchResult]:
     """Run `plan` (Steps, or the predict flow's SharedSteps, in order) on this host, then restore
     the deployed unit (always). `conditions`: conditions.json's object (plans.Conditions, with the
@@ -152,7 +157,7 @@ def measure_plan(
             # armed before the first sample stops production, renewed before every other one
             seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
             lock.renew_held(lock.step_lease(cfg, seconds))  # the deploy lock outlasts the sample
-            timer = watchdog.arm_watchdog(cfg, prod_unit, seconds)
+            timer = watchdog.arm_watchdog(cfg, prod_unit, seconds, readmit)
             if i == 0:
                 logger.info(
                     f"{host.print_prefix}watchdog {timer}: {prod_unit} comes back by itself if "
@@ -170,7 +175,8 @@ def measure_plan(
                 )
             )
     finally:
-        watchdog.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg))  # for the restore itself
+        # for the restore itself
+        watchdog.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg), readmit)
         try:
             restored = server.restore_deployed(cfg, prod_unit, prod_role)
         finally:

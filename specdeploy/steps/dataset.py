@@ -22,6 +22,7 @@ from specdeploy.config import datasets
 from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.vllm import VllmVersion
+from specdeploy.steps import install
 
 # The record's workload fields (steps/record.py) that the host data decides.
 WORKLOAD_FIELDS = (
@@ -62,7 +63,11 @@ def ship_request_set(cfg: ServeConfig):
         return None
     info = datasets.describe(w.dataset_path, w.dataset)
     files.directory(
-        name="Request set dir", path=datasets.HOST_DIR, user="root", group="root", mode="755"
+        name="Request set dir (root only: production prompts)",
+        path=datasets.HOST_DIR,
+        user="root",
+        group="root",
+        mode="700",
     )
     put = files.put(
         name=f"Request set {w.dataset_path} ({info['rows']} rows, sha256 {info['sha256'][:12]})",
@@ -70,7 +75,7 @@ def ship_request_set(cfg: ServeConfig):
         dest=info["host_path"],
         user="root",
         group="root",
-        mode="644",
+        mode="600",  # production prompts: root's alone (the benchmark runs as root)
     )
     server.shell(
         name="Request set: verify sha256 on the host",
@@ -94,7 +99,7 @@ def ship_request_set(cfg: ServeConfig):
             # the service user could write would let it run code as root
             commands=[
                 f"{cfg.venv}/bin/python -m pip install --disable-pip-version-check -q "
-                f"{shlex.join(cfg.pip_install_args)} {shlex.join(missing)}",
+                f"{shlex.join(install.pip_args_of(cfg))} {shlex.join(missing)}",
             ],
         )
     return put

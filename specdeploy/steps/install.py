@@ -34,6 +34,7 @@ from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 from specdeploy.host.scripts import source
 from specdeploy.render.argv import unit_exec_argv
 from specdeploy.steps import lock
+from specdeploy.steps.secrets import Secret, pip_options_text, secret_file
 
 
 @deploy("Packages, service user and directories")
@@ -57,7 +58,7 @@ def prepare_host(cfg: ServeConfig):
     root_dirs = {cfg.install_dir: "755", cfg.venvs_dir: "755", cfg.state_dir: "755"}
     root_dirs |= {cfg.records_dir: "755", cfg.rollback_dir: "700", cfg.bench_root: "700"}
     root_dirs |= {cfg.bench_dir: "700"}
-    root_dirs |= {cfg.datasets_dir: "755", SECRETS_DIR: "700"}
+    root_dirs |= {cfg.datasets_dir: "700", SECRETS_DIR: "700"}  # datasets: production prompts
     for path, mode in root_dirs.items():
         files.directory(name=f"{path} (root)", path=path, user="root", group="root", mode=mode)
     # the weights are root's, readable by the service's group only; the server writes only its home
@@ -65,6 +66,10 @@ def prepare_host(cfg: ServeConfig):
                     user="root", group=cfg.service_user, mode="750")  # fmt: skip
     files.directory(name=f"{cfg.server_home} ({cfg.service_user})", path=cfg.server_home,
                     user=cfg.service_user, group=cfg.service_user, mode="750")  # fmt: skip
+    # index URLs may carry a token: pip reads them from a root-only file (`-r`), never from argv
+    options = pip_options_text(cfg.pip_install_args)
+    secret_file(name=f"pip options file {cfg.pip_options_file} (root, 0600)",
+                path=cfg.pip_options_file, secret=Secret(options) if options else None)  # fmt: skip
 
 
 @deploy("Install pinned vLLM")
@@ -88,7 +93,7 @@ def install_vllm(cfg: ServeConfig):
         cfg.venv,
         cfg.vllm_package,
         cfg.vllm_version,
-        cfg.pip_install_args,
+        pip_args_of(cfg),
         pip_install=not is_pin(installed, cfg.vllm_version),
         time_limit=(limit, install_timeout_message(host.name, pin, limit)),
     )
@@ -102,6 +107,12 @@ def install_vllm(cfg: ServeConfig):
         _timeout=limit + TIME_LIMIT_GRACE_S,
     )
     python.call(name="Installed version equals the pin", function=_verify_version, cfg=cfg)
+
+
+def pip_args_of(cfg: ServeConfig) -> list[str]:
+    """What pip's command line says about pip_install_args: only the root-only file holding them
+    (written by prepare_host), so no index token shows in ps or sudo's log."""
+    return ["-r", cfg.pip_options_file] if cfg.pip_install_args else []
 
 
 def venv_disk_problem(cfg: ServeConfig, free_bytes: int) -> str | None:

@@ -44,6 +44,27 @@ def written_sha1(value: str) -> str:
     return hashlib.sha1(as_written(value).encode()).hexdigest()
 
 
+def pip_options_text(pip_args: list[str]) -> str | None:
+    """pip_install_args as a requirements file pip reads with `-r` (index URLs may hold a token,
+    so they never go on a command line, where ps and sudo's log show them); None when there are
+    none."""
+    return shlex.join(pip_args) if pip_args else None
+
+
+def env_text(values: dict[str, str | None]) -> str | None:
+    """A root-only file of shell assignments a command sources (`. file`), or None when empty."""
+    lines = [f"{name}={shlex.quote(value)}" for name, value in values.items() if value]
+    return "\n".join(lines) if lines else None
+
+
+def sourced(path: str | None, command: str) -> str:
+    """`command` with the variables of the root-only file at `path` exported into it: the command
+    line names the file, never the values."""
+    if path is None:
+        return command
+    return f"set -a && . {shlex.quote(path)} && set +a && {command}"
+
+
 def _write(path: str, secret: Secret) -> None:
     write_text(path, as_written(secret.value), mode="600")
 

@@ -16,7 +16,7 @@ from specdeploy.host.facts.system import FreeDiskBytes
 from specdeploy.host.facts.vllm import ModelSnapshot
 from specdeploy.host.scripts import source
 from specdeploy.steps import lock
-from specdeploy.steps.secrets import Secret, secret_file
+from specdeploy.steps.secrets import Secret, env_text, secret_file, sourced
 
 
 def snapshots(cfg: ServeConfig) -> dict[str, dict | None]:
@@ -32,6 +32,10 @@ def download_token(cfg: ServeConfig):
     secret = Secret(cfg.hf_token) if cfg.hf_token else None
     secret_file(name=f"HF token file {cfg.hf_token_file} (root, 0600)", path=cfg.hf_token_file,
                 secret=secret)  # fmt: skip
+    # the mirror's URL may carry credentials: a root-only file the download sources, never argv
+    hub_env = env_text({"HF_ENDPOINT": cfg.hf_endpoint})
+    secret_file(name=f"Hub mirror file {cfg.hub_env_file} (root, 0600)", path=cfg.hub_env_file,
+                secret=Secret(hub_env) if hub_env else None)  # fmt: skip
 
 
 @deploy("Fetch model weights")
@@ -54,8 +58,7 @@ def fetch_weights(cfg: ServeConfig) -> bool:
         )
     # The token file is written first, so a gated repo downloads on a fresh host too; it is the
     # download's alone (HF_TOKEN_PATH), never the server's environment.
-    env = f"HF_ENDPOINT={shlex.quote(cfg.hf_endpoint)} " if cfg.hf_endpoint else ""
-    env += f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
+    env = f"HF_TOKEN_PATH={shlex.quote(cfg.hf_token_file)} HF_HUB_DISABLE_TELEMETRY=1 "
     # every cache of the download (Xet chunks too) under state_dir, never root's home
     env += f"HF_HOME={shlex.quote(cfg.hf_home)} "
     script = shlex.quote(source("fetch_weights"))
@@ -71,6 +74,7 @@ def fetch_weights(cfg: ServeConfig) -> bool:
             [cfg.hf_home, repo, rev, limit, str(cfg.download_min_mb_per_s), host.name, str(needed)]
         )
         command = f"{env}{shlex.quote(cfg.venv + '/bin/python')} -c {script} {args}"
+        command = sourced(cfg.hub_env_file if cfg.hf_endpoint else None, command)
         server.shell(name=f"Download {role} {repo}@{rev}", commands=[command])
     return True  # written by root, root's: the server only reads them (ReadOnlyPaths=)
 

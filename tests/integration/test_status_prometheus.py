@@ -523,3 +523,98 @@ def test_watchdog_restores_production_when_the_control_node_dies(monitored, sand
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env=with_repo_path(),
     )  # fmt: skip
+
+
+def engine_pids(sandbox_ssh, host: str) -> list[str]:
+    """The engine core processes of the deployed unit: children of its MainPID titled EngineCore
+    (the API server, which answers /health and /metrics, stays running)."""
+    main = sandbox_ssh(host, "systemctl show -p MainPID --value specdeploy-vllm.service")
+    main_pid = main.stdout.strip()
+    assert main_pid not in ("", "0"), main.stdout + main.stderr
+    children = sandbox_ssh(host, f"ps -o pid=,args= --ppid {main_pid}").stdout
+    return [line.split()[0] for line in children.splitlines() if "EngineCore" in line]
+
+
+def test_stuck_engine_fires_the_stuck_alert(monitored, sandbox_ssh, tmp_path):
+    """Issue 36 item 7: the engine core stopped (SIGSTOP) with a request running, while the API
+    server keeps answering /metrics: the real Prometheus fires SpecdeployServerStuck (its `for:`
+    shortened for the test); SIGCONT afterwards, and the request completes."""
+    inventory, host, address, reports = monitored
+    out = tmp_path / "render"
+    result = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "render", str(inventory), "--out", str(out)]
+        + ["--reports", str(reports)],
+        cwd=REPO, capture_output=True, text=True, env=with_repo_path(),
+    )  # fmt: skip
+    assert result.returncode == 0, tail(result)
+    prom_dir = out / "prometheus"
+    rules = prom_dir / "rules.yml"
+    text = rules.read_text()
+    stuck_rule = "- alert: SpecdeployServerStuck\n        expr: specdeploy:requests_running_without_tokens:2m > 0\n        for: 3m"  # noqa: E501
+    assert stuck_rule in text
+    rules.write_text(text.replace(stuck_rule, stuck_rule.replace("for: 3m", "for: 10s")))
+    config = yaml.safe_load((prom_dir / "prometheus.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    (prom_dir / "prometheus-test.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    prometheus = subprocess.Popen(
+        [shutil.which("prometheus") or "/usr/bin/prometheus",
+         f"--config.file={prom_dir / 'prometheus-test.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    api = f"http://127.0.0.1:{port}/api/v1"
+
+    def query(expr: str) -> list[dict]:
+        try:
+            got = requests.get(f"{api}/query", params={"query": expr}, timeout=10)
+        except requests.ConnectionError:
+            return []  # Prometheus still starting
+        return got.json()["data"]["result"]
+
+    def firing() -> list[dict]:
+        try:
+            alerts = requests.get(f"{api}/alerts", timeout=10).json()["data"]["alerts"]
+        except requests.ConnectionError:
+            return []
+        return [a for a in alerts if a["labels"]["alertname"] == "SpecdeployServerStuck"
+                and a["state"] == "firing" and a["labels"].get("host") == host]  # fmt: skip
+
+    # 900 tokens: under the 1024-token context of the pinned sandbox model
+    body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 900}
+    body |= {"temperature": 0, "ignore_eos": True}
+    answers: list = []
+    long_request = threading.Thread(
+        target=lambda: answers.append(requests.post(
+            f"http://{address}:8000/v1/completions", json=body, timeout=900,
+            headers={"Authorization": f"Bearer {API_KEY}"})),
+        daemon=True,
+    )  # fmt: skip
+    stopped: list[str] = []
+    try:
+        long_request.start()
+        deadline = time.monotonic() + 120
+        while not query(f'vllm:num_requests_running{{host="{host}"}} > 0'):
+            assert time.monotonic() < deadline, "the long request never showed as running"
+            time.sleep(1)
+        assert not firing(), "the alert fired while tokens flowed"
+        stopped = engine_pids(sandbox_ssh, host)
+        assert stopped, "no EngineCore child of the unit's MainPID"
+        assert sandbox_ssh(host, f"kill -STOP {' '.join(stopped)}").returncode == 0
+        # the 2-minute token rate must fall to 0, then the shortened `for:`
+        deadline = time.monotonic() + 240
+        while not firing():
+            assert time.monotonic() < deadline, query(
+                f'specdeploy:requests_running_without_tokens:2m{{host="{host}"}}'
+            )
+            time.sleep(3)
+        assert query(f'up{{host="{host}"}} == 1'), "the scrape failed: this is not the /health case"
+    finally:
+        if stopped:
+            sandbox_ssh(host, f"kill -CONT {' '.join(stopped)}")
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+        log.close()
+    long_request.join(timeout=600)
+    assert answers and answers[0].status_code == 200, "the server did not recover after SIGCONT"

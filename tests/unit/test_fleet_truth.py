@@ -299,6 +299,28 @@ def test_the_watchdog_restores_the_deployed_unit_and_removes_the_measurement(val
     assert "'" not in script and '"' not in script and ";" not in script
 
 
+def test_the_watchdog_readmits_the_drained_instance_last(valid_data):
+    """Issue 36 item 7: a control node that dies while an instance of a box is drained leaves it
+    in MAINT for good unless the watchdog puts it back `ready` (its /health check decides), after
+    the deployed unit is started; in the same quote- and ";"-free form systemd keeps intact."""
+    from specdeploy.host import watchdog
+
+    cfg = config_from_data(valid_data)
+    script = watchdog.watchdog_script(
+        cfg, "specdeploy-vllm-1.service", ("/run/specdeploy-vllm-haproxy.sock", "specdeploy-vllm-1")
+    )
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    steps = [step.strip() for step in script.split(" && ")]
+    assert steps[-2] == "systemctl start specdeploy-vllm-1.service"
+    assert steps[-1] == (
+        "echo set server instances/specdeploy-vllm-1 state ready | socat -t 5 stdio "
+        "UNIX-CONNECT:/run/specdeploy-vllm-haproxy.sock"
+    )
+    assert "'" not in script and '"' not in script and ";" not in script and "$" not in script
+    single = watchdog.watchdog_script(cfg, "specdeploy-vllm.service")
+    assert "socat" not in single  # a single server has no balancer to tell
+
+
 def test_the_watchdog_time_covers_one_sample_or_the_host_data(valid_data):
     from specdeploy.host.bench import bench_time_limit
     from specdeploy.host.server import WARM_UP_TIMEOUT_S

@@ -82,12 +82,17 @@ def test_drained_measured_then_put_back(valid_data, monkeypatch, recorded):
     calls, _ = recorded
     cfg = box(valid_data)
     member = instances.expand(cfg, [0, 1, 2, 3]).instances[-1]
-    monkeypatch.setattr(measure_deploy, "measure_plan", lambda c, plan, out_dir, conditions:
-                        calls.append(("measure", c.service_name, c.vllm_port)))  # fmt: skip
+
+    def measured(c, plan, out_dir, conditions, readmit):
+        calls.append(("measure", c.service_name, c.vllm_port, readmit))
+
+    monkeypatch.setattr(measure_deploy, "measure_plan", measured)
     measure_deploy._measure(member.cfg, kind="compare", plan=[], cond={}, box=cfg)
+    # the watchdog gets the drained instance, to re-enable it if this control node dies
+    readmit = (cfg.balancer_socket, "specdeploy-vllm-1")
     assert calls == [
         ("drain", "specdeploy-vllm", "specdeploy-vllm-1"),
-        ("measure", "specdeploy-vllm-1", 8002),
+        ("measure", "specdeploy-vllm-1", 8002, readmit),
         ("undrain", "specdeploy-vllm", "specdeploy-vllm-1"),
     ]
 

@@ -181,7 +181,7 @@ def test_promtool_accepts_rules_and_rendered_config(tmp_path, valid_data):
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 17 rules found" in result.stdout and "SUCCESS: 2 rules found" in result.stdout
+    assert "SUCCESS: 20 rules found" in result.stdout and "SUCCESS: 2 rules found" in result.stdout
 
 
 # --- a whole box (issue 23) -------------------------------------------------------------------
@@ -309,3 +309,85 @@ def test_the_exporter_port_is_no_instances(valid_data):
     ]
     moved = config_from_data({**valid_data, "instances": listed, "balancer_metrics_port": 9404})
     assert instances.expand(moved).problems == []
+
+
+def promtool_test(tmp_path, inputs: list[dict], checks: list[dict]) -> None:
+    """Runs promtool's rule unit test of rules.yml on these series (one sample a minute)."""
+    test = {
+        "rule_files": [str(monitoring_dir() / "rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": checks}],
+    }
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def fired(alert: str, at: str, *alerts: tuple[dict, dict]) -> dict:
+    """An alert_rule_test entry: `alert` at `at` fires once for each (labels, annotations)."""
+    expected = [{"exp_labels": labels, "exp_annotations": notes} for labels, notes in alerts]
+    return {"eval_time": at, "alertname": alert, "exp_alerts": expected}
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
+)
+def test_stuck_server_alerts_while_a_busy_and_an_idle_one_do_not(tmp_path):
+    """Issue 36 item 7: a server holding running requests while its token counter stands still
+    (a wedged engine whose /health answers) alerts; one emitting tokens, and an idle one, do
+    not. Fails if the rule is removed or keys on completions only (NaN when none complete)."""
+
+    def server(name, running, tokens):
+        labels = f'job="specdeploy-vllm",instance="{name}:8000",host="{name}"'
+        return [
+            {"series": f'vllm:num_requests_running{{{labels},engine="0"}}', "values": running},
+            {"series": f'vllm:generation_tokens_total{{{labels},engine="0"}}', "values": tokens},
+        ]
+
+    inputs = server("stuck", "3x20", "500x20")  # requests in, no token out
+    inputs += server("busy", "3x20", "0+400x20")
+    inputs += server("idle", "0x20", "100x20")
+    stuck = {"job": "specdeploy-vllm", "instance": "stuck:8000", "host": "stuck",
+             "severity": "critical"}  # fmt: skip
+    notes = {
+        "summary": "stuck: requests run but no token comes out",
+        "description": "3 requests running and no token generated for 2 minutes while /health "
+        "may still answer (a wedged GPU or engine). Restart the server's unit; `specdeploy "
+        "status`.",
+    }
+    promtool_test(
+        tmp_path,
+        inputs,
+        [
+            fired("SpecdeployServerStuck", "3m"),
+            fired("SpecdeployServerStuck", "10m", (stuck, notes)),
+        ],
+    )
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
+)
+def test_instance_left_in_maintenance_alerts_after_a_roll_would_have_ended(tmp_path):
+    """Issue 36 item 7: an instance drained (MAINT) for a roll's minutes does not alert; one left
+    in MAINT past 30 minutes (its control node died mid-roll) does."""
+    labels = 'job="specdeploy-balancer",host="box",proxy="instances"'
+    inputs = [
+        {"series": f'haproxy_server_status{{{labels},server="left",state="MAINT"}}',
+         "values": "1x45"},
+        {"series": f'haproxy_server_status{{{labels},server="rolled",state="MAINT"}}',
+         "values": "1x5 0x40"},
+    ]  # fmt: skip
+    left = {"job": "specdeploy-balancer", "host": "box", "proxy": "instances", "server": "left",
+            "state": "MAINT", "severity": "warning"}  # fmt: skip
+    alert = "SpecdeployBalancerInstanceInMaintenance"
+    notes = {
+        "summary": "box: instance left has been in maintenance for 30 minutes",
+        "description": "The balancer sends left no requests: longer than a roll takes, so the "
+        "deploy that drained it likely died. Check it with `specdeploy status`, then run the "
+        "deploy again or re-enable it in the balancer.",
+    }
+    promtool_test(tmp_path, inputs, [fired(alert, "20m"), fired(alert, "40m", (left, notes))])
