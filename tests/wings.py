@@ -58,6 +58,7 @@ EVERY_WING = (
     "specdeploy/config/host_text.py",
     "specdeploy/config/inventory.py",
     "specdeploy/host/on_host.py",
+    "specdeploy/host/pyinfra_speed.py",
     "specdeploy/config/problems.py",
     "specdeploy/config/timestamps.py",
     "specdeploy/checks/host_data.py",
