@@ -214,21 +214,6 @@ def speculation_gate(
     smoke: BenchResult | None = None,
     hardware: dict | None = None,
 ) -> tuple[RenderedUnit, dict, dict]:
-    """_gate, one host of a class at a time (FleetClasses.turn)."""
-    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
-    with CLASSES.turn(fleet_key):
-        return _gate(cfg, units, tokenizer, box, smoke=smoke, hardware=hardware)
-
-
-def _gate(
-    cfg: ServeConfig,
-    units: GateInput,
-    tokenizer: str,
-    box: BoxGate | None = None,
-    *,
-    smoke: BenchResult | None = None,
-    hardware: dict | None = None,
-) -> tuple[RenderedUnit, dict, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
     (decide/gate_rule.gate_decision). `box`: a whole box's rolling restart, where the instance
@@ -238,13 +223,28 @@ def _gate(
     on_fail=baseline and a failed gate that is the baseline unit, enabled, with the speculative
     unit disabled.
 
-    `speculation_gate.share`: the class of identical hosts (class_key) decides once. Its first
+    `speculation_gate.share`: the class of identical hosts (class_key, from the units and the
+    host's `hardware`) decides once, one host of the class at a time (FleetClasses.turn). Its first
     host measures, with enough runs for the class (power_runs); a later host of the class takes
     that decision (shared_from) when its smoke run (`smoke`) is like the canary's, else it is
     measured itself and flagged (`outlier`)."""
+    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
+    with CLASSES.turn(fleet_key):
+        return _gate(cfg, units, tokenizer, box, smoke=smoke, fleet_key=fleet_key)
+
+
+def _gate(
+    cfg: ServeConfig,
+    units: GateInput,
+    tokenizer: str,
+    box: BoxGate | None,
+    *,
+    smoke: BenchResult | None,
+    fleet_key: str | None,
+) -> tuple[RenderedUnit, dict, dict]:
+    """speculation_gate within its class's turn."""
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
-    fleet_key = class_key(units, hardware or {}) if units.settings.share else None
     known, outlier = None, None
     if measured_here and fleet_key is not None:
         known = CLASSES.find(fleet_key, units.settings.recheck_days)

@@ -72,3 +72,28 @@ def assert_tune_leaves_speculation_off(host_summary: dict, tpot: dict[str, list[
     assert choice["speculation"] == "off" and choice["recommended_k"] is None, choice["verdict"]
     assert choice["reachable"]["vs_baseline"] is True and "too few" not in choice["verdict"]
     assert host_summary["host_data_change"] is None
+
+
+def recorded_bench(runs: dict, asked: list, who):
+    """A stand-in for bench.PendingBench whose run returns the live run's JSON for that (index,
+    arm) of `runs`, noting (who(its config), index, arm) in `asked`; a run the live run did not
+    make fails the replay."""
+    from specdeploy.config.record import BenchResult
+
+    class RecordedBench:
+        def __init__(self, c, *, tokenizer, name, **kw):
+            self.c, self.name = c, name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *, local, meta: dict) -> BenchResult:
+            key = (meta["index"], meta["arm"])
+            asked.append((who(self.c), *key))
+            assert key in runs, f"the gate asked for a run the live run did not make: {key}"
+            return BenchResult.model_validate(runs[key])
+
+    return RecordedBench

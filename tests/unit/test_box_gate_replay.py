@@ -22,13 +22,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdeploy.config.record import BenchResult
 from specdeploy.config.schema import config_from_data
 from specdeploy.render import instances
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import approx_tree, load, recorded_bench, recording
 
 # an instance's own: its units, hence their hashes and the fingerprint; when and where it ran
 OWN_KEYS = ("fingerprint", "speculative_unit_sha256", "baseline_unit_sha256", "decided_at", "files")
@@ -109,25 +108,9 @@ def replay(monkeypatch, tmp_path):
     monkeypatch.setattr(gate, "wait_healthy", host_call("healthy"))
     monkeypatch.setattr(gate, "switch_enabled", host_call("switch"))
 
-    class RecordedBench:
-        """bench.PendingBench whose run returns the live run's JSON for that index and arm."""
-
-        def __init__(self, c, *, tokenizer, name, **kw):
-            self.c, self.name = c, name
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def run(self, *, local: Path, meta: dict) -> BenchResult:
-            key = (meta["index"], meta["arm"])
-            asked.append((self.c.instance_name, *key))
-            assert key in runs, f"the gate asked for a run the live run did not make: {key}"
-            return BenchResult.model_validate(runs[key])
-
-    monkeypatch.setattr(gate, "PendingBench", RecordedBench)
+    monkeypatch.setattr(
+        gate, "PendingBench", recorded_bench(runs, asked, lambda c: c.instance_name)
+    )
     rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     done = {}
     for name in box["instances"]:

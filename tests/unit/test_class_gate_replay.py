@@ -12,7 +12,6 @@ their own smoke must lie inside the canary's band (else they would have measured
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +22,7 @@ from specdeploy.decide.gate_rule import power_runs, smoke_outside_band
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import approx_tree, load, recorded_bench, recording
 
 CPU = {"device": "cpu", "memory_gib": 16}  # the sandbox's hosts are alike (one machine's cores)
 OWN_KEYS = ("fingerprint", "speculative_unit_sha256", "baseline_unit_sha256", "decided_at",
@@ -70,23 +69,7 @@ def replay(monkeypatch, tmp_path):
         monkeypatch.setattr(gate, name, lambda *a, **kw: {"seconds_to_healthy": 0.0})
     asked = []
 
-    class RecordedBench:
-        def __init__(self, c, *, tokenizer, name, **kw):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def run(self, *, local: Path, meta: dict) -> BenchResult:
-            key = (meta["index"], meta["arm"])
-            asked.append((current[0], *key))
-            assert key in runs, f"the gate asked for a run the live run did not make: {key}"
-            return BenchResult.model_validate(runs[key])
-
-    monkeypatch.setattr(gate, "PendingBench", RecordedBench)
+    monkeypatch.setattr(gate, "PendingBench", recorded_bench(runs, asked, lambda c: current[0]))
     current, done = [None], {}
     for name in hosts:  # one pyinfra process per host: nothing known but what is on disk
         current[0] = name
