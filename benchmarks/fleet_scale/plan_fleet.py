@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import time
 from collections import Counter
@@ -76,6 +77,8 @@ class StandInConnector(BaseConnector):
     handles_execution = True
     answers: dict[str, list[str]] = {}
     by_tool: list[tuple[str, list[str]]] = []
+    settled: dict[str, dict] = {}  # normal(command) -> {ok, stdout}: record_settled.py's
+    unanswered: Counter[str] = Counter()
 
     def __init__(self, state, host):
         super().__init__(state, host)
@@ -92,6 +95,13 @@ class StandInConnector(BaseConnector):
         phase = "execution" if self.state.is_executing else "planning"
         self.commands[phase] += 1
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        if self.settled:  # a settled host's recorded answers (record_settled.py)
+            entry = self.settled.get(normal(text, self.host.name))
+            if entry is None:
+                self.unanswered[normal(text, self.host.name)] += 1
+                return True, CommandOutput([])
+            lines = [line.replace("{host}", self.host.name) for line in entry["stdout"]]
+            return entry["ok"], CommandOutput([OutputLine("stdout", line) for line in lines])
         lines = self.answers.get(text)
         if lines is None:  # the same tool asked about another path: answered as it was recorded
             lines = next((out for part, out in self.by_tool if part in text), [])
@@ -138,9 +148,20 @@ def once_per_fleet() -> dict[str, int]:
     }
 
 
-def measure(count: int) -> dict:
-    """Plan the serve deploy on `count` stand-in hosts, then execute what was planned."""
+def normal(text: str, host: str) -> str:
+    """As record_settled.py stores a command: the host's name `{host}`, digit runs `#`."""
+    return re.sub(r"\d+", "#", text.replace(host, "{host}"))
+
+
+def measure(count: int, settled: Path | None = None) -> dict:
+    """Plan the serve deploy on `count` stand-in hosts, then execute what was planned. `settled`:
+    every host answers as the recorded settled sandbox host did, with its host data (a no-op)."""
     from specdeploy.flows import serve
+
+    data = host_data()
+    if settled is not None:
+        recording = json.loads(Path(settled).read_text())
+        StandInConnector.settled, data = recording["answers"], recording["data"]
 
     if not StandInConnector.answers:
         StandInConnector.answers = recorded_answers()
@@ -151,7 +172,7 @@ def measure(count: int) -> dict:
             )
             for tool in ANSWER_BY_TOOL
         ]
-    state = fleet(count, host_data())
+    state = fleet(count, data)
     started = time.perf_counter()
     add_deploy(state, serve.serve)
     planned = time.perf_counter()
@@ -169,6 +190,13 @@ def measure(count: int) -> dict:
         "execution_s": executed - planned,
         "execution_error": execution_error,
         "failed_hosts": len(state.failed_hosts),
+        "changed_operations": sum(
+            1
+            for h in state.inventory
+            for op in state.ops[h].values()
+            if op.operation_meta.is_complete() and op.operation_meta.did_change()
+        ),
+        "unanswered_commands": dict(StandInConnector.unanswered),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "planning_commands": planned_commands,
         "execution_commands": executed_commands,
@@ -179,9 +207,10 @@ def measure(count: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, action="append", help="fleet size (repeatable)")
+    parser.add_argument("--settled", type=Path, help="record_settled.py's recording: a no-op run")
     args = parser.parse_args()
     for count in args.hosts or [1000]:
-        got = measure(count)
+        got = measure(count, args.settled)
         plan_cmds = sum(got["planning_commands"].values()) / count
         exec_cmds = sum(got["execution_commands"].values()) / count
         print(
@@ -193,6 +222,9 @@ def main() -> None:
             f" execution; release table reads {got['release table reads']}, request set"
             f" tokenizings {got['request set tokenizings']} (this process)"
         )
+        if args.settled:
+            print(f"  no-op check: {got['changed_operations']} operation(s) changed; commands "
+                  f"the recording lacks: {len(got['unanswered_commands'])}")  # fmt: skip
 
 
 if __name__ == "__main__":
