@@ -581,23 +581,31 @@ def test_stuck_engine_fires_the_stuck_alert(monitored, sandbox_ssh, tmp_path):
         return [a for a in alerts if a["labels"]["alertname"] == "SpecdeployServerStuck"
                 and a["state"] == "firing" and a["labels"].get("host") == host]  # fmt: skip
 
-    # 900 tokens: under the 1024-token context of the pinned sandbox model
+    # 900 tokens each, under the 1024-token context of the pinned sandbox model; the random-weight
+    # pair makes them in seconds, so 16 at once (queued past max_num_seqs) keep the engine busy
+    # long enough to be seen running and stopped while it is
     body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 900}
     body |= {"temperature": 0, "ignore_eos": True}
     answers: list = []
-    long_request = threading.Thread(
-        target=lambda: answers.append(requests.post(
-            f"http://{address}:8000/v1/completions", json=body, timeout=900,
-            headers={"Authorization": f"Bearer {API_KEY}"})),
-        daemon=True,
-    )  # fmt: skip
+
+    def ask():
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        url = f"http://{address}:8000/v1/completions"
+        answers.append(requests.post(url, json=body, timeout=900, headers=auth))
+
+    long_requests = [threading.Thread(target=ask, daemon=True) for _ in range(16)]
     stopped: list[str] = []
     try:
-        long_request.start()
+        deadline = time.monotonic() + 120
+        while not query(f'up{{host="{host}"}} == 1'):  # Prometheus up and scraping the host
+            assert time.monotonic() < deadline, "Prometheus never scraped the host"
+            time.sleep(1)
+        for thread in long_requests:
+            thread.start()
         deadline = time.monotonic() + 120
         while not query(f'vllm:num_requests_running{{host="{host}"}} > 0'):
-            assert time.monotonic() < deadline, "the long request never showed as running"
-            time.sleep(1)
+            assert time.monotonic() < deadline, "the long requests never showed as running"
+            time.sleep(0.5)
         assert not firing(), "the alert fired while tokens flowed"
         stopped = engine_pids(sandbox_ssh, host)
         assert stopped, "no EngineCore child of the unit's MainPID"
@@ -616,5 +624,8 @@ def test_stuck_engine_fires_the_stuck_alert(monitored, sandbox_ssh, tmp_path):
         prometheus.terminate()
         prometheus.wait(timeout=30)
         log.close()
-    long_request.join(timeout=600)
-    assert answers and answers[0].status_code == 200, "the server did not recover after SIGCONT"
+    for thread in long_requests:
+        thread.join(timeout=600)
+    assert len(answers) == 16 and {a.status_code for a in answers} == {200}, (
+        "the server did not recover after SIGCONT"
+    )

@@ -325,7 +325,7 @@ def test_request_set_is_shipped_verified_and_recorded(deployed, host, sandbox_ss
     out = sandbox_ssh(host, f"stat -c '%U:%G %a' {datasets.HOST_DIR} {path} && sha256sum {path}")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
-    assert lines[:2] == ["root:root 755", "root:root 644"]
+    assert lines[:2] == ["root:root 700", "root:root 600"]  # production prompts: root's alone
     assert lines[2].split()[0] == described["sha256"]
     recorded = record_of(sandbox_ssh, host)["workload"]["request_set"]
     assert recorded["sha256"] == described["sha256"]
