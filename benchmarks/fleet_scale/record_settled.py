@@ -4,12 +4,12 @@ plan_fleet.py's `--settled` stand-in (issue 37: a 1,000-host no-op run on the co
     python benchmarks/fleet_scale/record_settled.py HOST [--inventory inventories/sandbox.py]
         [--out benchmarks/fleet_scale/settled.json]
 
-Runs `pyinfra -y INVENTORY deploys/serve.py --limit HOST` (the host must already be deployed, so
-the run is a no-op) with pyinfra's SSH connector wrapped: every command it runs and its output,
-and the host's data as the inventory gives it, go to OUT. Commands and output are stored with the
-host's name as `{host}` and every run of digits as `#` (pids, times, expiries), so a stand-in of
-another name finds them. Prints how many commands the no-op run sent and whether it changed
-anything (it must not).
+Runs `pyinfra -y INVENTORY deploys/serve.py --limit HOST` (the host must already be deployed, so the
+run is a no-op) with pyinfra's SSH connector wrapped: every command it runs and its output, and the
+host's data as the inventory gives it, go to OUT. Commands are stored with the host's name as
+`{host}` and every run of digits as `#` (pids, times, expiries), so a stand-in of another name finds
+them; output with the host's name as `{host}`. Prints how many commands the no-op run sent and
+whether it changed anything (it must not).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def main() -> None:
         raw = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         answers.setdefault(normal(raw, self.host.name), {
             "ok": ok,
-            "stdout": [normal(line.line, self.host.name) for line in output.output_lines
-                       if line.buffer_name == "stdout"],
+            # raw but for the name: a record's JSON, a hash, a version are parsed as they are
+            "stdout": [line.replace(self.host.name, "{host}") for line in output.stdout_lines],
         })  # fmt: skip
         return ok, output
 
