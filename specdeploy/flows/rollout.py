@@ -110,7 +110,7 @@ def plan_batches(
     planned = [canary] if canary else []
     step = 0
     while rest:
-        size = batch_size(ramp[min(step, len(ramp) - 1)], total)
+        size = batch_size_at(ramp, step, total)
         planned.append(rest[:size])
         rest, step = rest[size:], step + 1
     return planned
