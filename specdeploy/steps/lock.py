@@ -298,15 +298,16 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
     {"refused": why} when the lock's place is not what root alone controls."""
     me = holder_id()
     line = shlex.join([f"holder={me}", f"since={utc_iso()}", f"host={host.name}"])
-    command = acquire_command(cfg.lock_path, line, lease_s=lease_seconds(cfg))
+    lease = lease_seconds(cfg)
+    command = acquire_command(cfg.lock_path, line, lease_s=lease)
     fields: dict = {}
     for _ in range(2):
-        deadline = time.monotonic() + lease_seconds(cfg)
+        deadline = time.monotonic() + lease
         _ok, out, _ = sh_status(command)
         text = out.strip()
         if text == ACQUIRED:
             _HELD.setdefault(host.name, {})[cfg.lock_path] = line
-            _LEASES[host.name, cfg.lock_path] = (deadline, lease_seconds(cfg))
+            _LEASES[host.name, cfg.lock_path] = (deadline, lease)
             return None
         if text.startswith(REFUSED):
             return {"refused": text[len(REFUSED) :].strip()}
