@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from pyinfra import host, logger
@@ -77,9 +78,19 @@ GATE = RolloutGate()
 def _report(entry: dict) -> None:
     """Leave a machine-readable failure note for `specdeploy rollout`."""
     directory = os.environ.get(ROLLOUT_REPORT_ENV)
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2))
+    if not directory:
+        return
+    # the directory is the rollout's own 0700 mkdtemp: never created here (a missing one was not
+    # made by the rollout), and the note is written to a fresh 0600 file and renamed over its name,
+    # so a link planted at that name is replaced, never followed
+    fd, scratch = tempfile.mkstemp(prefix=".note-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as note:
+            note.write(json.dumps(entry, indent=2))
+        os.replace(scratch, Path(directory) / f"{entry['host']}.json")
+    except BaseException:
+        os.unlink(scratch)
+        raise
 
 
 def fail_alone(refused: HostRefused) -> None:
