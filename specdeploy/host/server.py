@@ -9,6 +9,7 @@ pyinfra operations in `steps/unit.py`; what runs here is what can only be decide
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import time
@@ -335,6 +336,15 @@ def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
     return text if text and text.strip() else None
 
 
+def unverified_installed(cfg: ServeConfig, name: str, verified_sha256: str | None) -> bool:
+    """Execution time: the installed unit is not the one the record last verified (an earlier run
+    swapped it in and never finished its health check). False without a record to compare."""
+    if verified_sha256 is None:
+        return False
+    text = read_text(cfg.unit_path(name), missing_ok=True) or ""
+    return hashlib.sha256(text.encode()).hexdigest() != verified_sha256
+
+
 def restore_previous(cfg: ServeConfig, name: str) -> str | None:
     """Put the kept unit + env file back, daemon-reload and restart. Returns the restored unit's
     text, or None when no unit was kept (nothing is changed)."""
@@ -353,6 +363,7 @@ def restore_previous(cfg: ServeConfig, name: str) -> str | None:
                 f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
                 "systemctl daemon-reload",
                 f"(systemctl reset-failed {unit} || true)",
+                f"systemctl enable -q {unit}",
                 f"systemctl restart {unit}",
             ]
         )

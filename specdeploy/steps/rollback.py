@@ -125,13 +125,16 @@ def verify_or_rollback(
     change=None,
     changed=None,
     lock_cfg: ServeConfig | None = None,
+    verified_sha256: str | None = None,
     **kwargs,
 ):
     """python.call target, one host at a time: unless an earlier host of this run failed, swap in
     the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
     `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
     deploy lock (`lock_cfg`'s: a whole box's instances run under the host's lock) and raise with a
-    true account of the host's state."""
+    true account of the host's state. `verified_sha256`: the unit the record last verified; an
+    installed unit that differs from it (an earlier run interrupted after its swap) is rolled back
+    on failure like one this run swapped in."""
     unit = rendered.name
     lock_cfg = lock_cfg or cfg
     if change is not None:
@@ -155,7 +158,7 @@ def verify_or_rollback(
         cause = str(error)
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
-            if not changed():
+            if not changed() and not server.unverified_installed(cfg, unit, verified_sha256):
                 state = server.is_active(unit)
                 entry["after"] = (
                     "not rolled back: this run changed neither unit nor env file; "
@@ -175,8 +178,12 @@ def verify_or_rollback(
                     f"{host.name}: the new config failed its health check; {entry['after']}.\n"
                     f"cause: {cause}"
                 ) from error
+            restored_argv = unit_exec_argv(previous) or []
+            # only the restored unit starts at boot: a gate's fall-back may have left the other on
+            server.enable_only(cfg, "speculative" if "--speculative-config" in restored_argv
+                               else "baseline")  # fmt: skip
             entry["rolled_back"] = True
-            entry["after"] = _after_restore(cfg, unit, unit_exec_argv(previous) or [])
+            entry["after"] = _after_restore(cfg, unit, restored_argv)
             raise RolledBack(
                 f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
                 f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
@@ -216,6 +223,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                 verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=box_gate,
+                                   verified_sha256=plan.previous and plan.previous.unit.sha256,
                                    **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
