@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from specdeploy.config.record import UnitRef
 from specdeploy.config.schema import config_from_data
 from specdeploy.host import server
 from specdeploy.render.units import RenderedUnit
@@ -65,9 +66,13 @@ def unhealthy(cfg, rendered):
 
 def rerun_after_interruption(on_host):
     """This run swaps nothing in; the record last verified VERIFIED; the new config fails."""
-    verified = hashlib.sha256(VERIFIED.encode()).hexdigest()
+    verified = UnitRef(name=on_host.rendered.name, sha256=sha256(VERIFIED), argv=[])
     rollback.verify_or_rollback(unhealthy, on_host.cfg, on_host.rendered, change=NothingToSwap(),
-                                verified_sha256=verified)  # fmt: skip
+                                verified=verified)  # fmt: skip
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_an_unverified_unit_left_by_an_interrupted_run_is_rolled_back(on_host):
@@ -93,6 +98,26 @@ def test_a_rollback_enables_the_restored_unit_and_disables_the_other(on_host):
     restore = next(c for c in on_host.commands if "systemctl restart" in c)
     assert f"systemctl enable -q {restored}" in restore
     assert any(f"systemctl disable {other}" in c for c in on_host.commands)
+
+
+def test_after_a_gate_fall_back_a_failed_change_goes_back_to_the_recorded_baseline(on_host):
+    # the record serves with the baseline (the gate fell back); this run re-gates a changed
+    # speculative unit, which fails its health check: the baseline comes back, enabled alone,
+    # and the kept copy of the speculative unit (the one the gate rejected) is not restored
+    cfg, commands = on_host.cfg, on_host.commands
+    speculative, baseline = cfg.unit_names["speculative"], cfg.unit_names["baseline"]
+    on_host.files[cfg.unit_path(baseline)] = VERIFIED
+    rendered = RenderedUnit(name=speculative, text=UNVERIFIED, argv=[], role="speculative",
+                            path=cfg.unit_path(speculative))  # fmt: skip
+    recorded = UnitRef(name=baseline, sha256=sha256(VERIFIED), argv=[])
+    with pytest.raises(rollback.RolledBack, match=f"{baseline} runs"):
+        rollback.verify_or_rollback(unhealthy, cfg, rendered, change=NothingToSwap(),
+                                    verified=recorded)  # fmt: skip
+    assert not any(f"mv -f {cfg.unit_path(speculative)}" in c for c in commands)
+    assert any(f"systemctl disable -q {speculative}" in c for c in commands)
+    assert any(f"systemctl enable -q {baseline}" in c for c in commands)
+    assert any(f"systemctl restart {baseline}" in c for c in commands)
+    assert not any(f"systemctl restart {speculative}" in c for c in commands)
 
 
 def test_on_fail_fail_raises_before_the_record_is_written(monkeypatch, valid_data):
