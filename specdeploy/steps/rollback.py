@@ -83,7 +83,11 @@ def _report(entry: dict) -> None:
     # the directory is the rollout's own 0700 mkdtemp: never created here (a missing one was not
     # made by the rollout), and the note is written to a fresh 0600 file and renamed over its name,
     # so a link planted at that name is replaced, never followed
-    fd, scratch = tempfile.mkstemp(prefix=".note-", dir=directory)
+    try:
+        fd, scratch = tempfile.mkstemp(prefix=".note-", dir=directory)
+    except OSError as error:  # a note lost must not hide the failure it was to describe
+        logger.warning(f"{host.print_prefix}rollout note not written in {directory}: {error}")
+        return
     try:
         with os.fdopen(fd, "w") as note:
             note.write(json.dumps(entry, indent=2))
