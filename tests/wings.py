@@ -170,9 +170,15 @@ WINGS: dict[str, Wing] = {
         ),
     ),
     "faults": Wing(
-        "a SIGKILLed server comes back through systemd; an interrupted download completes",
-        ("tests/integration/test_hardening.py",),
-        ("specdeploy/host/watchdog.py",),
+        "a SIGKILLed server comes back through systemd; an interrupted download completes; "
+        "a killed control process, a gate fall-back then a failed change and on_fail fail each "
+        "leave the host serving the unit its record verified, enabled alone, no lock",
+        ("tests/integration/test_hardening.py", "tests/integration/test_fault_matrix.py"),
+        (
+            "specdeploy/host/watchdog.py",
+            "specdeploy/steps/rollback.py",
+            "specdeploy/steps/verify.py",
+        ),
     ),
     "downloads": Wing(
         "a multi-format repo comes down as only what vLLM loads; a small disk is refused first",

@@ -72,7 +72,10 @@ GATE = RolloutGate()
 
 def _report(entry: dict) -> None:
     """Leave a machine-readable failure note for `specdeploy rollout` (report/notes.py)."""
-    notes.note(entry)
+    try:
+        notes.note(entry)
+    except OSError as error:  # a note lost must not hide the failure it was to describe
+        logger.warning(f"{host.print_prefix}rollout note not written: {error}")
 
 
 def fail_alone(refused: HostRefused) -> None:
@@ -107,13 +110,17 @@ def verify_or_rollback(
     change=None,
     changed=None,
     lock_cfg: ServeConfig | None = None,
+    verified=None,
     **kwargs,
 ):
     """python.call target, one host at a time: unless an earlier host of this run failed, swap in
     the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
     `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
     deploy lock (`lock_cfg`'s: a whole box's instances run under the host's lock) and raise with a
-    true account of the host's state."""
+    true account of the host's state. `verified`: the record's unit (config/record.UnitRef), the
+    last one verified: a failure on a host that does not run it (an earlier run interrupted after
+    its swap, or a gate's fall-back to the other unit) puts it back, like a unit this run swapped
+    in; only the restored unit stays enabled."""
     unit = rendered.name
     lock_cfg = lock_cfg or cfg
     if change is not None:
@@ -137,7 +144,7 @@ def verify_or_rollback(
         cause = str(error)
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
-            if not changed():
+            if not changed() and not server.unverified_installed(cfg, unit, verified):
                 state = server.is_active(unit)
                 entry["after"] = (
                     "not rolled back: this run changed neither unit nor env file; "
@@ -145,7 +152,11 @@ def verify_or_rollback(
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
-            previous = server.restore_previous(cfg, unit)
+            if verified is not None and verified.name != unit:  # the record serves with another
+                previous = server.restore_recorded(cfg, unit, verified.name)
+                unit = verified.name if previous is not None else unit
+            else:
+                previous = server.restore_previous(cfg, unit)
             if previous is None:
                 server.stop([unit])
                 entry["after"] = (
@@ -157,8 +168,12 @@ def verify_or_rollback(
                     f"{host.name}: the new config failed its health check; {entry['after']}.\n"
                     f"cause: {cause}"
                 ) from error
+            restored_argv = unit_exec_argv(previous) or []
+            # only the restored unit starts at boot: a gate's fall-back may have left the other on
+            server.enable_only(cfg, "speculative" if "--speculative-config" in restored_argv
+                               else "baseline")  # fmt: skip
             entry["rolled_back"] = True
-            entry["after"] = _after_restore(cfg, unit, unit_exec_argv(previous) or [])
+            entry["after"] = _after_restore(cfg, unit, restored_argv)
             raise RolledBack(
                 f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
                 f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
@@ -198,6 +213,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                 verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=box_gate,
+                                   verified=plan.previous and plan.previous.unit,
                                    **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
