@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.units import RenderedUnit
 from specdeploy.steps import lock
 from specdeploy.steps.gate import BoxGate
-from specdeploy.steps.servers import HostServers, ServerPlan
+from specdeploy.steps.servers import HostServers, ServerPlan, surplus_files
 from specdeploy.steps.verify import verify_and_record
 
 ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
@@ -186,6 +187,15 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
     longer sends them requests. The first server that fails is rolled back and put back if
     healthy; the host's other servers are not touched, so it keeps answering on vllm_port."""
     cfg = servers.cfg
+    if servers.balanced and GATE.failed_first() is not None:
+        # held back before anything stops: a host becoming a box keeps its one-server unit
+        first = plans[0].rendered.name if plans else cfg.balancer_unit
+        unit = servers.single[0] if servers.single else first
+        message = GATE.held_back_message(host.name, unit, server.is_active(unit), restart=True)
+        _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
+                 "after": message.split(": ", 1)[1]})  # fmt: skip
+        lock.release_now(cfg)
+        raise HeldBack(message)
     if servers.single:
         logger.warning(
             f"{host.print_prefix}becoming a whole box: stopping {', '.join(servers.single)} (it "
@@ -222,12 +232,47 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
         for plan in batch if serving else ():
             server.undrain(cfg, plan.member.name)
     if servers.balanced:
-        server.start_balancer(cfg, reload=balancer.needs_reload())
+        try:
+            server.start_balancer(cfg, reload=balancer.needs_reload())
+        except Exception as error:  # a balancer that cannot serve is a host failure, like a unit's
+            _balancer_failed(servers, plans, error)
     if servers.surplus:
         logger.warning(
-            f"{host.print_prefix}no longer in the box, stopped: {', '.join(servers.surplus)}"
+            f"{host.print_prefix}no longer in the box, stopped, disabled and removed: "
+            f"{', '.join(servers.surplus)}"
         )
         _stop_and_disable(list(servers.surplus))
+        doomed = " ".join(shlex.quote(p) for p in surplus_files(cfg, servers.surplus))
+        server.sh(f"rm -f {doomed} && systemctl daemon-reload")
+
+
+def _balancer_failed(servers: HostServers, plans: list[ServerPlan], error: Exception) -> None:
+    """The box's balancer did not start or answer: the host failed its turn, so the hosts after it
+    are held back (GATE). A host that was becoming a box gets its one-server unit back: the box's
+    instances and balancer are stopped and disabled first (they hold its GPUs and port)."""
+    cfg = servers.cfg
+    GATE.note_failure(host.name)
+    cause = str(error)
+    entry = {"host": host.name, "cause": f"balancer: {cause}", "rolled_back": False}
+    try:
+        if servers.single:
+            box = [cfg.balancer_unit, *(p.rendered.name for p in plans)]
+            _stop_and_disable(box)
+            for unit in servers.single:
+                server.enable(unit)
+                server.sh(f"systemctl reset-failed {shlex.quote(unit)} 2>/dev/null; "
+                          f"systemctl start {shlex.quote(unit)}", check=False)  # fmt: skip
+            states = ", ".join(f"{u} {server.is_active(u)}" for u in servers.single)
+            entry["rolled_back"] = True
+            entry["after"] = f"the box was stopped and the one server started again: {states}"
+        else:
+            entry["after"] = f"{cfg.balancer_unit} is {server.is_active(cfg.balancer_unit)}"
+        raise RolledBack(
+            f"{host.name}: the balancer failed: {entry['after']}.\ncause: {cause}"
+        ) from error
+    finally:
+        _report(entry)
+        lock.release_now(cfg)
 
 
 def _stop_and_disable(units: list[str]) -> None:
