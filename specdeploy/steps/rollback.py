@@ -277,7 +277,10 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], error: Excep
 
 def _stop_and_disable(units: list[str]) -> None:
     server.stop(units)
-    server.sh("systemctl disable -q " + " ".join(units) + " 2>/dev/null; true", check=False)
+    names = " ".join(shlex.quote(u) for u in units)
+    # reset-failed: a stopped crashed unit would still read "failed" and be found again next run
+    server.sh(f"systemctl disable -q {names} 2>/dev/null; systemctl reset-failed {names} "
+              "2>/dev/null; true", check=False)  # fmt: skip
 
 
 def restart_for(change, unit: str) -> None:

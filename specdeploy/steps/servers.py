@@ -32,6 +32,9 @@ from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.unit import UnitChange
 
 
+LEFT_ON = ("active", "activating", "failed")  # states whose unit is running or enabled to start
+
+
 @dataclass(frozen=True)
 class HostServers:
     """What one host serves with, fixed while planning."""
@@ -71,8 +74,9 @@ def host_servers(cfg: ServeConfig) -> HostServers:
         refuse_if_whole_box(cfg)
         check_gpus_first(cfg)
         return HostServers(cfg, (the_one_server(cfg),), balanced=False)
+    # a crashed one-server unit is still enabled and would take vllm_port at boot: stopped too
     running = tuple(u for u in cfg.unit_names.values()
-                    if host.get_fact(ServiceActive, unit=u) == "active")  # fmt: skip
+                    if host.get_fact(ServiceActive, unit=u) in LEFT_ON)  # fmt: skip
     layout = box_layout(cfg, running)
     surplus = tuple(surplus_units(cfg, layout))
     return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus)
