@@ -31,7 +31,6 @@ from specdeploy.steps import gate, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.unit import UnitChange
 
-
 LEFT_ON = ("active", "activating", "failed")  # states whose unit is running or enabled to start
 
 
