@@ -189,7 +189,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
     cfg = servers.cfg
     if servers.balanced and GATE.failed_first() is not None:
         # held back before anything stops: a host becoming a box keeps its one-server unit
-        first = plans[0].rendered.name if plans else cfg.balancer_unit
+        first = plans[0].member.cfg.unit_names["speculative"] if plans else cfg.balancer_unit
         unit = servers.single[0] if servers.single else first
         message = GATE.held_back_message(host.name, unit, server.is_active(unit), restart=True)
         _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
@@ -256,7 +256,7 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], error: Excep
     entry = {"host": host.name, "cause": f"balancer: {cause}", "rolled_back": False}
     try:
         if servers.single:
-            box = [cfg.balancer_unit, *(p.rendered.name for p in plans)]
+            box = [cfg.balancer_unit, *(p.member.cfg.unit_names["speculative"] for p in plans)]
             _stop_and_disable(box)
             for unit in servers.single:
                 server.enable(unit)
