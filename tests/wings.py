@@ -113,7 +113,7 @@ WINGS: dict[str, Wing] = {
         "a whole box: instances behind HAProxy, rolled one at a time, rolled back alone, measured "
         "drained, one shared gate, the weights cache given back to root, status and the host suite "
         "per instance",
-        ("tests/integration/test_whole_box.py",),
+        ("tests/integration/test_whole_box.py", "tests/integration/test_box_lifecycle.py"),
         (
             "specdeploy/render/instances.py",
             "specdeploy/host/facts/haproxy.py",
