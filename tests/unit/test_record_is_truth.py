@@ -19,6 +19,7 @@ from specdeploy.config.record import UnitRef
 from specdeploy.config.schema import config_from_data
 from specdeploy.host import server
 from specdeploy.render.units import RenderedUnit
+from specdeploy.report import notes
 from specdeploy.steps import rollback, verify
 
 VERIFIED = "[Service]\nExecStart=/venv/old/bin/python -m vllm.entrypoints.openai.api_server\n"
@@ -126,18 +127,20 @@ def test_on_fail_fail_raises_before_the_record_is_written(monkeypatch, valid_dat
     decision = SimpleNamespace(passed=False, on_fail="fail", reason="acceptance 0.1 < 0.3")
     monkeypatch.setattr(verify, "host", SimpleNamespace(name="h1", get_fact=lambda *a, **k: None))
     monkeypatch.setattr(verify.smoke, "health_and_smoke", lambda *a: ({}, None, {}))
-    ends_on = lambda cfg, rendered, checked, *a: (rendered, checked, decision)  # noqa: E731
+    ends_on = lambda cfg, rendered, checked, *a, **k: (rendered, checked, decision)  # noqa: E731
     monkeypatch.setattr(verify.gate, "unit_it_ends_on", ends_on)
     monkeypatch.setattr(verify.install, "prune_venvs", lambda cfg: [])
     monkeypatch.setattr(verify.record, "write_record", lambda *a, **k: written.append(k))
     with pytest.raises(verify.gate.GateFailed, match="acceptance 0.1"):
-        preflight = SimpleNamespace(tokenizer=None, snapshots={}, result={})
+        preflight = SimpleNamespace(
+            tokenizer=None, snapshots={}, result=SimpleNamespace(hardware={})
+        )
         verify.verify_and_record(cfg, object(), 0.0, preflight=preflight)
     assert written == []
 
 
 def test_a_rollout_note_replaces_a_planted_link_and_is_root_only(tmp_path, monkeypatch):
-    monkeypatch.setenv(rollback.ROLLOUT_REPORT_ENV, str(tmp_path))
+    monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(tmp_path))
     target = tmp_path / "elsewhere"
     target.write_text("untouched")
     (tmp_path / "h1.json").symlink_to(target)
@@ -151,7 +154,7 @@ def test_a_rollout_note_replaces_a_planted_link_and_is_root_only(tmp_path, monke
 
 def test_a_rollout_note_never_creates_its_directory(tmp_path, monkeypatch):
     missing = tmp_path / "not-made-by-the-rollout"
-    monkeypatch.setenv(rollback.ROLLOUT_REPORT_ENV, str(missing))
+    monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(missing))
     monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h1", print_prefix="[h1] "))
     rollback._report({"host": "h1", "cause": "boom"})  # logged, never raised over the failure
     assert not missing.exists()
