@@ -114,7 +114,7 @@ WINGS: dict[str, Wing] = {
         "a whole box: instances behind HAProxy, rolled one at a time, rolled back alone, measured "
         "drained, one shared gate, the weights cache given back to root, status and the host suite "
         "per instance",
-        ("tests/integration/test_whole_box.py",),
+        ("tests/integration/test_whole_box.py", "tests/integration/test_box_lifecycle.py"),
         (
             "specdeploy/render/instances.py",
             "specdeploy/host/facts/haproxy.py",
@@ -171,9 +171,15 @@ WINGS: dict[str, Wing] = {
         ),
     ),
     "faults": Wing(
-        "a SIGKILLed server comes back through systemd; an interrupted download completes",
-        ("tests/integration/test_hardening.py",),
-        ("specdeploy/host/watchdog.py",),
+        "a SIGKILLed server comes back through systemd; an interrupted download completes; "
+        "a killed control process, a gate fall-back then a failed change and on_fail fail each "
+        "leave the host serving the unit its record verified, enabled alone, no lock",
+        ("tests/integration/test_hardening.py", "tests/integration/test_fault_matrix.py"),
+        (
+            "specdeploy/host/watchdog.py",
+            "specdeploy/steps/rollback.py",
+            "specdeploy/steps/verify.py",
+        ),
     ),
     "downloads": Wing(
         "a multi-format repo comes down as only what vLLM loads; a small disk is refused first",

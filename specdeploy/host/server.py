@@ -9,6 +9,7 @@ pyinfra operations in `steps/unit.py`; what runs here is what can only be decide
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import time
@@ -335,6 +336,41 @@ def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
     return text if text and text.strip() else None
 
 
+def unverified_installed(cfg: ServeConfig, name: str, verified) -> bool:
+    """Execution time: `name`'s installed unit is not the one the record last verified
+    (`verified`, the record's UnitRef: another unit, or another text: an earlier run swapped it in
+    and never finished its health check). False without a record to compare."""
+    if verified is None:
+        return False
+    if verified.name != name:
+        return True
+    text = read_text(cfg.unit_path(name), missing_ok=True) or ""
+    return hashlib.sha256(text.encode()).hexdigest() != verified.sha256
+
+
+def restore_recorded(cfg: ServeConfig, failed: str, serving: str) -> str | None:
+    """The record serves with another unit than the one that failed (a gate's fall-back to the
+    baseline, then a change of the speculative unit): `failed` is stopped and disabled, the env
+    file kept with it put back, and `serving` — untouched by this run — enabled and restarted.
+    Returns `serving`'s unit text, or None when it is not installed (nothing is changed)."""
+    text = read_text(cfg.unit_path(serving), missing_ok=True)
+    if not text or not text.strip():
+        return None
+    kept, env_file = shlex.quote(cfg.kept_unit_path(failed)), shlex.quote(cfg.env_file)
+    stop([failed])
+    sh(
+        " && ".join(
+            [
+                f"(systemctl disable -q {shlex.quote(failed)} || true)",
+                f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
+                f"systemctl enable -q {shlex.quote(serving)}",
+            ]
+        )
+    )
+    restart(serving)
+    return text
+
+
 def restore_previous(cfg: ServeConfig, name: str) -> str | None:
     """Put the kept unit + env file back, daemon-reload and restart. Returns the restored unit's
     text, or None when no unit was kept (nothing is changed)."""
@@ -353,6 +389,7 @@ def restore_previous(cfg: ServeConfig, name: str) -> str | None:
                 f"if [ -f {kept}.env ]; then cp -p {kept}.env {env_file}; fi",
                 "systemctl daemon-reload",
                 f"(systemctl reset-failed {unit} || true)",
+                f"systemctl enable -q {unit}",
                 f"systemctl restart {unit}",
             ]
         )

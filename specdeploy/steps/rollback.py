@@ -18,6 +18,7 @@ true: what was restored, whether the host is healthy, and what runs now. A note 
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from pyinfra import host, logger
@@ -32,7 +33,7 @@ from specdeploy.render.units import RenderedUnit
 from specdeploy.report import notes
 from specdeploy.steps import lock
 from specdeploy.steps.gate import BoxGate
-from specdeploy.steps.servers import HostServers, ServerPlan
+from specdeploy.steps.servers import HostServers, ServerPlan, surplus_files
 from specdeploy.steps.verify import verify_and_record
 
 
@@ -72,7 +73,10 @@ GATE = RolloutGate()
 
 def _report(entry: dict) -> None:
     """Leave a machine-readable failure note for `specdeploy rollout` (report/notes.py)."""
-    notes.note(entry)
+    try:
+        notes.note(entry)
+    except OSError as error:  # a note lost must not hide the failure it was to describe
+        logger.warning(f"{host.print_prefix}rollout note not written: {error}")
 
 
 def fail_alone(refused: HostRefused) -> None:
@@ -107,13 +111,17 @@ def verify_or_rollback(
     change=None,
     changed=None,
     lock_cfg: ServeConfig | None = None,
+    verified=None,
     **kwargs,
 ):
     """python.call target, one host at a time: unless an earlier host of this run failed, swap in
     the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
     `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
     deploy lock (`lock_cfg`'s: a whole box's instances run under the host's lock) and raise with a
-    true account of the host's state."""
+    true account of the host's state. `verified`: the record's unit (config/record.UnitRef), the
+    last one verified: a failure on a host that does not run it (an earlier run interrupted after
+    its swap, or a gate's fall-back to the other unit) puts it back, like a unit this run swapped
+    in; only the restored unit stays enabled."""
     unit = rendered.name
     lock_cfg = lock_cfg or cfg
     if change is not None:
@@ -137,7 +145,7 @@ def verify_or_rollback(
         cause = str(error)
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
-            if not changed():
+            if not changed() and not server.unverified_installed(cfg, unit, verified):
                 state = server.is_active(unit)
                 entry["after"] = (
                     "not rolled back: this run changed neither unit nor env file; "
@@ -145,7 +153,11 @@ def verify_or_rollback(
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
-            previous = server.restore_previous(cfg, unit)
+            if verified is not None and verified.name != unit:  # the record serves with another
+                previous = server.restore_recorded(cfg, unit, verified.name)
+                unit = verified.name if previous is not None else unit
+            else:
+                previous = server.restore_previous(cfg, unit)
             if previous is None:
                 server.stop([unit])
                 entry["after"] = (
@@ -157,8 +169,12 @@ def verify_or_rollback(
                     f"{host.name}: the new config failed its health check; {entry['after']}.\n"
                     f"cause: {cause}"
                 ) from error
+            restored_argv = unit_exec_argv(previous) or []
+            # only the restored unit starts at boot: a gate's fall-back may have left the other on
+            server.enable_only(cfg, "speculative" if "--speculative-config" in restored_argv
+                               else "baseline")  # fmt: skip
             entry["rolled_back"] = True
-            entry["after"] = _after_restore(cfg, unit, unit_exec_argv(previous) or [])
+            entry["after"] = _after_restore(cfg, unit, restored_argv)
             raise RolledBack(
                 f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
                 f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
@@ -179,6 +195,15 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
     longer sends them requests. The first server that fails is rolled back and put back if
     healthy; the host's other servers are not touched, so it keeps answering on vllm_port."""
     cfg = servers.cfg
+    if servers.balanced and GATE.failed_first() is not None:
+        # held back before anything stops: a host becoming a box keeps its one-server unit
+        first = plans[0].member.cfg.unit_names["speculative"] if plans else cfg.balancer_unit
+        unit = servers.single[0] if servers.single else first
+        message = GATE.held_back_message(host.name, unit, server.is_active(unit), restart=True)
+        _report({"host": host.name, "cause": message, "rolled_back": False, "held_back": True,
+                 "after": message.split(": ", 1)[1]})  # fmt: skip
+        lock.release_now(cfg)
+        raise HeldBack(message)
     if servers.single:
         logger.warning(
             f"{host.print_prefix}becoming a whole box: stopping {', '.join(servers.single)} (it "
@@ -198,6 +223,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                 verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=box_gate,
+                                   verified=plan.previous and plan.previous.unit,
                                    **kwargs)  # fmt: skip
             except RolledBack:
                 # the batch back into the balancer where it serves: the rolled-back instance on
@@ -215,17 +241,64 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
         for plan in batch if serving else ():
             server.undrain(cfg, plan.member.name)
     if servers.balanced:
-        server.start_balancer(cfg, reload=balancer.needs_reload())
+        try:
+            balancer.swap_in()  # only now: a held-back host keeps its topology on disk too
+            server.start_balancer(cfg, reload=balancer.needs_reload())
+        except Exception as error:  # a balancer that cannot serve is a host failure, like a unit's
+            _balancer_failed(servers, plans, balancer, error)
     if servers.surplus:
         logger.warning(
-            f"{host.print_prefix}no longer in the box, stopped: {', '.join(servers.surplus)}"
+            f"{host.print_prefix}no longer in the box, stopped, disabled and removed: "
+            f"{', '.join(servers.surplus)}"
         )
         _stop_and_disable(list(servers.surplus))
+        doomed = " ".join(shlex.quote(p) for p in surplus_files(cfg, servers.surplus))
+        server.sh(f"rm -f {doomed} && systemctl daemon-reload")
+
+
+def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
+                     error: Exception) -> None:  # fmt: skip
+    """The box's balancer did not start or answer: the host failed its turn, so the hosts after it
+    are held back (GATE). A host that was becoming a box gets its one-server unit back: the box's
+    instances and balancer are stopped and disabled first (they hold its GPUs and port); a box
+    gets its previous balancer files back."""
+    cfg = servers.cfg
+    GATE.note_failure(host.name)
+    cause = str(error)
+    entry = {"host": host.name, "cause": f"balancer: {cause}", "rolled_back": False}
+    try:
+        if servers.single:
+            box = [cfg.balancer_unit, *(p.member.cfg.unit_names["speculative"] for p in plans)]
+            _stop_and_disable(box)
+            for unit in servers.single:
+                server.enable(unit)
+                server.sh(f"systemctl reset-failed {shlex.quote(unit)} 2>/dev/null; "
+                          f"systemctl start {shlex.quote(unit)}", check=False)  # fmt: skip
+            states = ", ".join(f"{u} {server.is_active(u)}" for u in servers.single)
+            entry["rolled_back"] = True
+            entry["after"] = f"the box was stopped and the one server started again: {states}"
+        else:  # a box before: its previous balancer files back, reloaded (or started)
+            balancer.restore()
+            if balancer.swapped:
+                unit = shlex.quote(cfg.balancer_unit)
+                server.sh(f"systemctl reset-failed {unit} 2>/dev/null; "
+                          f"systemctl reload-or-restart {unit}", check=False)  # fmt: skip
+            entry["rolled_back"] = balancer.swapped
+            entry["after"] = f"{cfg.balancer_unit} is {server.is_active(cfg.balancer_unit)}"
+        raise RolledBack(
+            f"{host.name}: the balancer failed: {entry['after']}.\ncause: {cause}"
+        ) from error
+    finally:
+        _report(entry)
+        lock.release_now(cfg)
 
 
 def _stop_and_disable(units: list[str]) -> None:
     server.stop(units)
-    server.sh("systemctl disable -q " + " ".join(units) + " 2>/dev/null; true", check=False)
+    names = " ".join(shlex.quote(u) for u in units)
+    # reset-failed: a stopped crashed unit would still read "failed" and be found again next run
+    server.sh(f"systemctl disable -q {names} 2>/dev/null; systemctl reset-failed {names} "
+              "2>/dev/null; true", check=False)  # fmt: skip
 
 
 def restart_for(change, unit: str) -> None:

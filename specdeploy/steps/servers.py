@@ -20,7 +20,7 @@ from pyinfra.operations import files
 
 from specdeploy.config.problems import ConfigError, HostRefused, Problem
 from specdeploy.config.record import DeploymentRecord, service_record
-from specdeploy.config.schema import UNIT_DIR, ServeConfig
+from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.files import JsonFile
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.systemd import ServiceActive
@@ -30,6 +30,8 @@ from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.steps import gate, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.unit import UnitChange
+
+LEFT_ON = ("active", "activating", "failed")  # states whose unit is running or enabled to start
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,9 @@ def host_servers(cfg: ServeConfig) -> HostServers:
         refuse_if_whole_box(cfg)
         check_gpus_first(cfg)
         return HostServers(cfg, (the_one_server(cfg),), balanced=False)
+    # a crashed one-server unit is still enabled and would take vllm_port at boot: stopped too
     running = tuple(u for u in cfg.unit_names.values()
-                    if host.get_fact(ServiceActive, unit=u) == "active")  # fmt: skip
+                    if host.get_fact(ServiceActive, unit=u) in LEFT_ON)  # fmt: skip
     layout = box_layout(cfg, running)
     surplus = tuple(surplus_units(cfg, layout))
     return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus)
@@ -122,15 +125,28 @@ def instance_dirs(servers: HostServers):
 
 
 def surplus_units(cfg: ServeConfig, layout: instances.Layout) -> list[str]:
-    """Enabled or running units of this service's instances beyond the layout (the box had more
-    instances before), which the rolling restart stops once the balancer dropped them."""
+    """Installed units of this service's instances beyond the layout (the box had more instances
+    before), running or not: the rolling restart stops, disables and removes them once the balancer
+    dropped them (steps/rollback.roll_servers)."""
     names = {m.name for m in layout.instances}
     pattern = shlex.quote(f"^{re.escape(cfg.service_name)}-[0-9]+(-baseline)?[.]service$")
     listed = host.get_fact(Command, command=f"ls -1 {UNIT_DIR} | grep -E {pattern} || true")
     units = [u for u in (listed or "").split() if u]
     stem = lambda u: u.removesuffix(".service").removesuffix("-baseline")  # noqa: E731
-    extra = [u for u in units if stem(u) not in names]
-    return [u for u in extra if host.get_fact(ServiceActive, unit=u) in ("active", "activating")]
+    # every installed one, whatever its state: a failed instance is still enabled and starts at boot
+    return [u for u in units if stem(u) not in names]
+
+
+def surplus_files(cfg: ServeConfig, units: tuple[str, ...]) -> list[str]:
+    """What a surplus instance leaves on disk, secrets first (its env file holds the API key):
+    env file, unit files and their staged copies, rollback copies, record."""
+    stems = sorted({u.removesuffix(".service").removesuffix("-baseline") for u in units})
+    secrets = [f"{SECRETS_DIR}/{s}.env" for s in stems]
+    rest = []
+    for u in units:
+        rest += [cfg.unit_path(u), cfg.staged_unit_path(u), cfg.kept_unit_path(u),
+                 cfg.kept_unit_path(u) + ".env"]  # fmt: skip
+    return secrets + rest + [f"{cfg.records_dir}/{s}.json" for s in stems]
 
 
 def refuse_if_whole_box(cfg: ServeConfig) -> None:

