@@ -172,8 +172,9 @@ WINGS: dict[str, Wing] = {
     ),
     "faults": Wing(
         "a SIGKILLed server comes back through systemd; an interrupted download completes; "
-        "a killed control process, a gate fall-back then a failed change and on_fail fail each "
-        "leave the host serving the unit its record verified, enabled alone, no lock",
+        "a killed control process, SSH cut or a reboot after the swap, a gate fall-back then a "
+        "failed change and on_fail fail each leave the host serving the unit its record "
+        "verified, enabled alone, no lock",
         ("tests/integration/test_hardening.py", "tests/integration/test_fault_matrix.py"),
         (
             "specdeploy/host/watchdog.py",

@@ -6,6 +6,7 @@ Public API (wired to `specdeploy-sandbox up|status|down`):
   (`specdeploy_sandbox.services.start` when available) and write the state.
 * :func:`status` -- per-host liveness and `systemctl is-system-running`.
 * :func:`down` -- tear everything down; safe after a crash.
+* :func:`reboot` -- reboot one host (its root boots again, /run is new).
 * :func:`state_path` -- where the state JSON lives.
 
 State file (`$SPECDEPLOY_STATE_DIR`, default `/run/specdeploy/sandbox`,
@@ -34,7 +35,7 @@ from .hosts import SandboxError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["up", "status", "down", "state_path", "load_state", "SandboxError"]
+__all__ = ["up", "status", "down", "reboot", "state_path", "load_state", "SandboxError"]
 
 # Keys that belong to the fleet itself; services may not overwrite them.
 _CORE_KEYS = {
@@ -276,6 +277,20 @@ def status() -> dict:
         except Exception as e:
             res["services_status"] = {"error": str(e)}
     return res
+
+
+def reboot(name: str) -> dict:
+    """Reboot host `name` of the running fleet and wait until it is up again; returns its state."""
+    with _state.locked():
+        st = _state.load()
+        h = next((h for h in (st or {}).get("hosts", []) if h["name"] == name), None)
+        if h is None:
+            raise SandboxError(f"{name}: no such host in {state_path()}")
+        h["nspawn_pid"] = _hosts.reboot_host(st, h)
+        h["system_state"] = _hosts.system_state(st, h)
+        st["updated"] = time.time()
+        _state.save(st)
+        return h
 
 
 def _teardown(st: dict | None) -> None:

@@ -1,5 +1,5 @@
-"""`specdeploy-sandbox up|status|down`, and `specdeploy-sandbox demo` (the README's first
-command)."""
+"""`specdeploy-sandbox up|status|down`, `specdeploy-sandbox reboot HOST`, and
+`specdeploy-sandbox demo` (the README's first command)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import down, status, up
+from . import down, reboot, status, up
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: inventories/, deploys/
 
@@ -25,6 +25,11 @@ def cmd_fleet(args) -> int:
     else:
         down()
         print("sandbox is down")
+    return 0
+
+
+def cmd_reboot(args) -> int:
+    print(json.dumps(reboot(args.host), indent=2))
     return 0
 
 
@@ -73,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(action, help=f"{action} the local fleet (nspawn hosts + services)")
         p.add_argument("--hosts", type=int, default=3)
         p.set_defaults(func=cmd_fleet, action=action)
+    p = sub.add_parser("reboot", help="reboot one host (systemctl reboot; its root boots again)")
+    p.add_argument("host", help="the host's name, as `status` lists it")
+    p.set_defaults(func=cmd_reboot)
     p = sub.add_parser("demo", help="sandbox up + deploys/serve.py on it")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument(

@@ -494,6 +494,25 @@ def wait_ready(st: dict, name: str, address: str, pid: int, timeout: float = BOO
     )
 
 
+def reboot_host(st: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> int:
+    """Reboot one host the way a machine reboots: its systemd stops every unit, /run (and a deploy
+    lock in it) is gone, and the same root boots again with the units enabled there. Inside, it
+    is `systemctl reboot`; nspawn then exits 133, and the sandbox boots the root again (what
+    systemd-nspawn@.service's RestartForceExitStatus=133 does; these hosts run unregistered).
+    Returns the new nspawn pid (the caller records it)."""
+    name, old = h["name"], h["nspawn_pid"]
+    if not (_alive(old) and is_our_nspawn(old, name)):
+        raise SandboxError(f"{name}: not running (nspawn pid {old}), nothing to reboot")
+    # the ssh session ends with the container's sshd: its exit status says nothing
+    subprocess.run(ssh_command(st, h["address"], "systemctl reboot"), capture_output=True,
+                   timeout=30, check=False)  # fmt: skip
+    if _wait_gone({old}, timeout):
+        raise SandboxError(f"{name}: still running {timeout:.0f}s after systemctl reboot")
+    pid = start_nspawn(st["prefix"], name, Path(h["root"]))
+    wait_ready(st, name, h["address"], pid, timeout)
+    return pid
+
+
 def console_tail(prefix: str, name: str, n: int = 30) -> str:
     try:
         lines = (host_dir(prefix, name) / "console.log").read_text(errors="replace").splitlines()

@@ -138,7 +138,7 @@ def verify_or_rollback(
     lock.renew_held(lock.lease_seconds(lock_cfg))  # this host's turn: LockLost before any change
     try:
         if change is not None:
-            restart_for(change, unit)
+            restart_for(change, unit, unverified=server.unverified_installed(cfg, unit, verified))
         return verify(cfg, rendered, **kwargs)
     except Exception as error:  # any failure of the new config
         GATE.note_failure(host.name)
@@ -301,11 +301,18 @@ def _stop_and_disable(units: list[str]) -> None:
               "2>/dev/null; true", check=False)  # fmt: skip
 
 
-def restart_for(change, unit: str) -> None:
+def restart_for(change, unit: str, *, unverified: bool = False) -> None:
     """This host's turn: swap in what changed and restart; start the unit if it is not running;
-    a change of the workload alone restarts nothing (the server keeps its MainPID)."""
+    a change of the workload alone restarts nothing (the server keeps its MainPID).
+    `unverified`: the installed unit is not the one the record verified (an earlier run was cut
+    off between its swap and its health check): restarted too, since the running process may
+    still be the old unit's and a health check of it would prove nothing about the new one."""
     if change.apply():
         logger.info(f"{host.print_prefix}restarting {unit} (unit or env file changed)")
+        server.restart(unit)
+    elif unverified:
+        logger.info(f"{host.print_prefix}restarting {unit} (installed, never verified: an "
+                    "earlier run stopped between its swap and its health check)")  # fmt: skip
         server.restart(unit)
     elif server.start_if_inactive(unit):
         logger.info(f"{host.print_prefix}started {unit} (it was not running)")

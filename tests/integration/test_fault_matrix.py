@@ -1,8 +1,8 @@
 """The fault matrix of issue 36 on the sandbox: whatever interrupts or fails a host's turn, the host
 ends serving the unit its record last verified, enabled alone, with no deploy lock left, and the
 other host as it was. (a) the control process SIGKILLed after the unit swap and before health;
-(d) a gate's fall-back to the baseline followed by a failing change; (e) `on_fail: "fail"`.
-SSH cut and reboot mid-turn are not here yet: the sandbox has no helper for either."""
+(b) SSH to the host cut (its connections reset) after the swap; (c) the host rebooted after the
+swap; (d) a gate's fall-back to the baseline followed by a failing change; (e) `on_fail: "fail"`."""
 
 from __future__ import annotations
 
@@ -113,6 +113,27 @@ def k_in(text) -> int:
     return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
 
 
+def start_control(inventory: Path, host: str, tmp_path: Path) -> subprocess.Popen:
+    """The control process of one host's deploy, in its own session, its output in a file."""
+    command = ["pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host]
+    with open(tmp_path / "control.log", "w") as out:  # the child keeps its own copy
+        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+
+def wait_for_swap(ssh, host: str, control: subprocess.Popen, swapped) -> None:
+    """Until the installed speculative unit is the new one (`swapped(text)`)."""
+    deadline = time.monotonic() + 900
+    while not swapped(ssh(host, f"cat {UNIT_DIR}/{SPECULATIVE}")):
+        assert control.poll() is None, "pyinfra ended before it swapped the unit in"
+        assert time.monotonic() < deadline, "the unit was never swapped in"
+        time.sleep(0.5)
+
+
+def other_k(state) -> int:
+    return 2 if k_in(state[SPECULATIVE]["text"]) != 2 else 3
+
+
 def test_a_control_process_killed_after_the_swap_is_rolled_back_by_the_next_run(
     pair, ssh, tmp_path
 ):
@@ -126,19 +147,96 @@ def test_a_control_process_killed_after_the_swap_is_rolled_back_by_the_next_run(
     before, other_before = host_state(ssh, host), host_state(ssh, other)
     spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
     inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
-    command = ["pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host]
-    control = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    control = start_control(inventory, host, tmp_path)
     try:
-        deadline = time.monotonic() + 900
-        while BROKEN_DRAFT not in ssh(host, f"cat {UNIT_DIR}/{SPECULATIVE}"):
-            assert control.poll() is None, "pyinfra ended before it swapped the unit in"
-            assert time.monotonic() < deadline, "the unit was never swapped in"
-            time.sleep(0.5)
+        wait_for_swap(ssh, host, control, lambda unit: BROKEN_DRAFT in unit)
     finally:
         os.kill(control.pid, signal.SIGKILL)  # only the process this test started
         control.wait()
     assert host_state(ssh, host)["record"] == before["record"]  # never verified
+
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
+    assert result.returncode != 0, tail(result)
+    assert f"{host}: ROLLED BACK" in result.stdout + result.stderr, tail(result)
+    after = host_state(ssh, host)
+    assert after[SPECULATIVE]["text"] == before[SPECULATIVE]["text"]
+    assert after["record"] == before["record"]
+    assert_serves_its_record(after, SPECULATIVE)
+    assert host_state(ssh, other) == other_before
+
+
+def test_ssh_cut_after_the_swap_leaves_a_unit_the_next_run_verifies(
+    pair, ssh, sandbox_fleet, tmp_path
+):
+    """(b) A good change (another k) is swapped in, then SSH to the host is cut: every TCP
+    connection from here to its port 22 is reset (`ss -K`) until the control process gives up.
+    The record still names the old unit (the new one was never verified); the next run restarts
+    the installed unit, verifies it and records it, taking over the lock the dead run left."""
+    host, other = pair
+    address = next(h["address"] for h in sandbox_fleet["hosts"] if h["name"] == host)
+    before, other_before = host_state(ssh, host), host_state(ssh, other)
+    new_k = other_k(before)
+    spec = {**cfg_of(host).speculative_config, "num_speculative_tokens": new_k}
+    inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
+    control = start_control(inventory, host, tmp_path)
+    try:
+        wait_for_swap(ssh, host, control, lambda unit: k_in(unit) == new_k)
+        deadline = time.monotonic() + 600
+        while control.poll() is None:  # the cut lasts as long as the run does
+            subprocess.run(["ss", "-K", "dst", address, "dport", "=", "22"],
+                           capture_output=True, check=False)  # fmt: skip
+            assert time.monotonic() < deadline, "pyinfra never gave up on the cut connection"
+            time.sleep(0.2)
+    finally:
+        if control.poll() is None:
+            os.kill(control.pid, signal.SIGKILL)  # only the process this test started
+        control.wait()
+    log = (tmp_path / "control.log").read_text()
+    assert control.returncode != 0, log[-3000:]
+    cut = host_state(ssh, host)
+    assert cut["record"] == before["record"], "a record written for a turn that never finished"
+    assert k_in(cut[SPECULATIVE]["text"]) == new_k
+
+    result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
+    assert result.returncode == 0, tail(result)
+    after = host_state(ssh, host)
+    assert k_in(after[SPECULATIVE]["text"]) == new_k
+    assert after["record"]["unit"]["sha256"] != before["record"]["unit"]["sha256"]
+    assert_serves_its_record(after, SPECULATIVE)
+    assert host_state(ssh, other) == other_before
+
+    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host)
+    assert result.returncode == 0, tail(result)  # back on the base config for the next tests
+    assert_serves_its_record(host_state(ssh, host), SPECULATIVE)
+
+
+def test_a_host_rebooted_after_the_swap_is_rolled_back_by_the_next_run(pair, ssh, tmp_path):
+    """(c) A broken change is swapped in and the host reboots before its health check: the
+    control run fails, the host boots with the unverified unit enabled (and failing) and no lock
+    in its new /run; the next run verifies it, and its failure puts the kept unit back."""
+    import specdeploy_sandbox as sandbox
+
+    host, other = pair
+    plant_broken_draft(ssh, host)
+    before, other_before = host_state(ssh, host), host_state(ssh, other)
+    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
+    inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
+    control = start_control(inventory, host, tmp_path)
+    try:
+        wait_for_swap(ssh, host, control, lambda unit: BROKEN_DRAFT in unit)
+        booted = sandbox.reboot(host)
+        control.wait(timeout=600)
+    finally:
+        if control.poll() is None:
+            os.kill(control.pid, signal.SIGKILL)  # only the process this test started
+        control.wait()
+    log = (tmp_path / "control.log").read_text()
+    assert control.returncode != 0, log[-3000:]
+    assert booted["system_state"] in ("running", "degraded"), booted
+    rebooted = host_state(ssh, host)
+    assert rebooted["record"] == before["record"]
+    assert BROKEN_DRAFT in rebooted[SPECULATIVE]["text"]
+    assert rebooted["lock"] == "free"  # /run is new after a reboot
 
     result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
     assert result.returncode != 0, tail(result)
