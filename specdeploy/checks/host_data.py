@@ -19,6 +19,7 @@ from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import read_record
 from specdeploy.config.schema import FIELDS, ServeConfig, config_from_data
+from specdeploy.decide.stats import min_p_value
 from specdeploy.host.facts.files import JsonFile
 from specdeploy.render import instances
 from specdeploy.render.argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
@@ -124,10 +125,36 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
     return (
         problems
         + _check_instances(host, cfg)
+        + _check_pip_options(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
+
+
+# What pip accepts in a requirements file (pip_install_args reach pip as one, `-r`, so a token in
+# an index URL never shows in ps): pip's req_file.SUPPORTED_OPTIONS and SUPPORTED_OPTIONS_REQ, with
+# their short forms (tests/unit/test_record_is_truth.py compares it with the installed pip's).
+PIP_FILE_OPTIONS = frozenset({
+    "--index-url", "-i", "--extra-index-url", "--no-index", "--constraint", "-c",
+    "--requirement", "-r", "--editable", "-e", "--find-links", "-f", "--no-binary",
+    "--only-binary", "--prefer-binary", "--require-hashes", "--pre", "--trusted-host",
+    "--use-feature", "--global-option", "--hash", "--config-settings", "-C", "--pypi-url",
+})  # fmt: skip
+
+
+def _check_pip_options(host: str, cfg: ServeConfig) -> list[Problem]:
+    """Options pip refuses in a requirements file would stop pip on every host: refused here."""
+    refused = [a.split("=", 1)[0] for a in cfg.pip_install_args
+               if a.startswith("-") and a.split("=", 1)[0] not in PIP_FILE_OPTIONS]  # fmt: skip
+    if not refused:
+        return []
+    return [Problem(host, "pip_install_args",
+                    f"{', '.join(refused)}: pip does not take these in the requirements file "
+                    "specdeploy hands it (pip install -r, so index tokens stay off the command "
+                    "line)",
+                    "keep index and find-links options only (--index-url, --extra-index-url, "
+                    "--find-links, --trusted-host, --pre, --only-binary, ...)")]  # fmt: skip
 
 
 def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
@@ -211,7 +238,22 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
         return []
     cfg = config_from_data(data)
     warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg)
-    return warnings + request_set_checks.length_warnings(host, cfg)
+    return warnings + request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
+
+
+def _gate_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
+    """A gate whose runs can never reach decision_alpha always falls back (or fails)."""
+    gate = cfg.speculation_gate
+    if gate is None or gate.share:  # a shared gate sizes the canary's runs itself (power_runs)
+        return []
+    floor = min_p_value(gate.runs, gate.runs, alternative="less")
+    if floor <= cfg.decision_alpha:
+        return []
+    return [Problem(host, "speculation_gate.runs",
+                    f"{gate.runs} + {gate.runs} runs cannot show speculation faster at "
+                    f"decision_alpha {cfg.decision_alpha:g} (the smallest p is {floor:.3g}): the "
+                    f"gate always ends on {gate.on_fail!r}",
+                    "raise runs (3 + 3 reach p = 0.05), or raise decision_alpha")]  # fmt: skip
 
 
 def check_config(host: str, data: dict[str, Any]) -> ServeConfig:

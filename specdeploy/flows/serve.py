@@ -62,9 +62,9 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
             every = " of every instance" if servers.balanced else ""
             python.call(name=f"Preflight{every} (vocabulary, context, memory)",
                         function=preflight_every_server, plans=plans,
-                        also_own=servers.single)  # fmt: skip
+                        also_own=servers.also_own)  # fmt: skip
         else:  # the weights are there: refuse now, before any operation runs
-            preflight_every_server(plans, servers.single)
+            preflight_every_server(plans, servers.also_own)
 
         staged = balancer.stage(cfg, servers.members) if servers.balanced else None
         for plan in plans:
@@ -89,7 +89,7 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
             started=started,
             pins=pins,
             _if=lambda: (
-                bool(servers.single or servers.surplus)
+                bool(servers.single or servers.surplus or servers.resplit)
                 or bool(staged and staged.pending())
                 or any(plan.needed() for plan in plans)
             ),

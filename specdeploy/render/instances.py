@@ -162,6 +162,27 @@ def expand(cfg: ServeConfig, available: list[int] | None = None) -> Layout:
     return _check(cfg, layout, available, word)
 
 
+def instance_of_unit(unit: str) -> str:
+    """The instance a unit serves: `specdeploy-vllm-1` for its speculative, baseline and
+    measurement units."""
+    name = unit.removesuffix(".service")
+    for suffix in ("-baseline", "-measure"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def resplit_units(layout: Layout, held: dict[int, list[str]]) -> list[str]:
+    """A re-split (8 x TP1 -> 4 x TP2): the running instance units that hold a GPU the new layout
+    gives to another instance (`held`: GPU index -> the units whose processes hold memory there,
+    from the Accelerators fact asked about every instance unit). They cannot keep serving while
+    the new instances start, so the host's turn stops them first, and every instance's preflight
+    counts their memory as freed. Empty when each GPU stays with its instance."""
+    owner = {device: member.name for member in layout.instances for device in member.devices}
+    return sorted(
+        {u for gpu, units in held.items() for u in units if instance_of_unit(u) != owner.get(gpu)}
+    )
+
+
 def _listed(spec: InstanceSpec, cpu: bool) -> list[int]:
     return (spec.cpus if cpu else spec.gpus) or []
 

@@ -29,6 +29,7 @@ from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server
 from specdeploy.render.argv import flag_value, unit_exec_argv
+from specdeploy.render.instances import instance_of_unit
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report import notes
 from specdeploy.steps import lock
@@ -211,6 +212,11 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
         )
         _stop_and_disable(list(servers.single))
     serving = servers.balanced and server.is_active(cfg.balancer_unit) == "active"
+    if servers.resplit:  # a re-split: the old instances give their GPUs up before any new starts
+        logger.warning(f"{host.print_prefix}re-split: stopping {', '.join(servers.resplit)}")
+        for name in sorted({instance_of_unit(u) for u in servers.resplit}) if serving else ():
+            server.drain(cfg, name, timeout_s=server.drain_timeout_s(cfg))
+        server.stop(list(servers.resplit))
     todo = [plan for plan in plans if plan.needed()]
     width = cfg.max_unavailable_instances
     box_gate = BoxGate() if servers.balanced else None  # the first instance gated decides

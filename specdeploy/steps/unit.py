@@ -18,6 +18,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
+from pyinfra.facts.systemd import SystemdEnabled
 from pyinfra.operations import files, server, systemd
 
 from specdeploy.config.schema import ServeConfig
@@ -112,7 +113,15 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True) -
         mode="644",
     )
     if enable and installed:  # a new unit is enabled by apply(), once it is in place
-        systemd.service(name=f"Enable {unit.name}", service=unit.name, enabled=True)
+        enabled = host.get_fact(
+            SystemdEnabled, machine=None, user_mode=False, user_name=None, services=[unit.name]
+        )  # as systemd.service reads it: one fact
+        if enabled.get(unit.name):
+            host.noop(f"{unit.name} is enabled")
+        else:  # running=None: a stopped server starts at the host's turn (restart_for), never
+            # here on every host at once (pyinfra's default is running=True)
+            systemd.service(name=f"Enable {unit.name}", service=unit.name, running=None,
+                            enabled=True)  # fmt: skip
     return UnitChange(cfg, unit, unit_differs, env_differs, enable=enable, stage_op=stage_op)
 
 

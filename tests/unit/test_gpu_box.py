@@ -40,14 +40,15 @@ def box(valid_data, n: int, tp: int):
     return one.model_copy(update={"instances": n, "vllm_extra_args": args})
 
 
-def verdicts(cfg, name: str) -> dict[str, object]:
-    """Each instance's preflight on the fixture, as steps/preflight.preflight_every_server does."""
+def verdicts(cfg, name: str, also_own: list[str] = ()) -> dict[str, object]:
+    """Each instance's preflight on the fixture, as steps/preflight.preflight_every_server does
+    (`also_own`: units the host's turn stops before any new instance starts)."""
     gpus = [g.index for g in parse_accelerators(fixture(name)["output"]).gpus]
     layout = instances.expand(cfg, gpus)
     assert layout.problems == []
     out = {}
     for member in layout.instances:
-        units = member.cfg.service_units
+        units = [*member.cfg.service_units, *also_own]
         assert fixture(name)["command"].startswith(Accelerators().command(units=[]))
         info = parse_accelerators(as_asked(name, units))
         out[member.name] = evaluate(member.cfg, TARGET, DRAFT, info, RAM)
@@ -110,6 +111,41 @@ def test_serving_box_resplit_counts_the_neighbours(valid_data):
     # the old instance 3's GPUs (6, 7) hold its 9000 MiB so far: the new 6 and 7 still fit
     assert results["specdeploy-vllm-6"].problems == []
     assert results["specdeploy-vllm-6"].memory["device_memory_other_bytes"] == (9000 + 9) * MIB
+
+
+def moving(cfg, name: str, surplus: tuple[str, ...] = ()) -> list[str]:
+    """steps/servers.gpus_moving on the fixture: the fact asked about every instance's units and
+    the `surplus` ones (instances the new layout no longer has)."""
+    gpus = [g.index for g in parse_accelerators(fixture(name)["output"]).gpus]
+    layout = instances.expand(cfg, gpus)
+    every = [u for member in layout.instances for u in member.cfg.service_units] + list(surplus)
+    info = parse_accelerators(as_asked(name, every))
+    return instances.resplit_units(layout, {g.index: list(g.own_bytes_by_unit) for g in info.gpus})
+
+
+def test_serving_box_resplit_stops_the_old_instances_and_then_fits(valid_data):
+    """4 x TP2 -> 8 x TP1 (issue 36 item 6: refused on main): every old instance holds a GPU the
+    new split gives to another, so all four stop at the host's turn and every new instance's
+    preflight counts their memory as freed."""
+    cfg = box(valid_data, 8, 1)
+    old = moving(cfg, "constructed_8gpu_4x_tp2")
+    assert old == [f"specdeploy-vllm-{i}.service" for i in range(4)]
+    results = verdicts(cfg, "constructed_8gpu_4x_tp2", also_own=old)
+    assert {name: result.problems for name, result in results.items() if result.problems} == {}
+    # GPU 5's other process stays in use (62 GiB); 0.55 of the GPU still fits beside it
+    assert results["specdeploy-vllm-5"].memory["device_memory_other_bytes"] > 60 * GIB
+    assert results["specdeploy-vllm-1"].memory["device_memory_own_bytes"] == {
+        "specdeploy-vllm-0.service": 79264 * MIB  # the old instance 0's worker on GPU 1
+    }
+    back = box(valid_data, 2, 4)  # and 4 x TP2 -> 2 x TP4: instance 0 keeps GPUs 0-3
+    gone = ("specdeploy-vllm-2.service", "specdeploy-vllm-3.service")
+    assert moving(back, "constructed_8gpu_4x_tp2", gone) == [f"specdeploy-vllm-{i}.service"
+                                                       for i in (1, 2, 3)]  # fmt: skip
+
+
+def test_same_split_moves_nothing(valid_data):
+    assert moving(box(valid_data, 4, 2), "constructed_8gpu_4x_tp2") == []
+    assert moving(box(valid_data, 8, 1), "constructed_8gpu_idle") == []
 
 
 # Recorded on one H200 (benchmarks/gpu_preflight/box_device/, `device_box_*.json`): a box of one

