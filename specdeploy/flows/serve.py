@@ -68,7 +68,9 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
 
         staged = balancer.stage(cfg, servers.members) if servers.balanced else None
         for plan in plans:
-            plan.change = unit.install_unit(plan.member.cfg, plan.rendered)
+            plan.change = unit.install_unit(
+                plan.member.cfg, plan.rendered, verified=plan.previous and plan.previous.unit
+            )
             plan.needed = verify_needed(plan.member.cfg, plan.rendered, plan.previous,
                                         change=plan.change, pins=pins, shipped=shipped)  # fmt: skip
         what = (

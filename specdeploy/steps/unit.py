@@ -17,7 +17,7 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.files import Sha1File
+from pyinfra.facts.files import Sha1File, Sha256File
 from pyinfra.facts.systemd import SystemdEnabled
 from pyinfra.operations import files, server, systemd
 
@@ -85,13 +85,23 @@ class UnitChange:
 
 
 @deploy("Install systemd unit")
-def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True) -> UnitChange:
+def install_unit(
+    cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True, verified=None
+) -> UnitChange:
     """Keep the current pair, stage the new unit; returns the UnitChange whose `apply()` the
-    rolling restart calls on each host in turn (nothing here stops or restarts a server)."""
+    rolling restart calls on each host in turn (nothing here stops or restarts a server).
+    `verified`: the record's unit (config/record.UnitRef), the last one verified: an installed
+    unit that is not it (an earlier run cut off after its swap) is never kept over the copy of
+    the verified one, which stays what a rollback restores."""
     staged, target = cfg.staged_unit_path(unit.name), cfg.unit_path(unit.name)
     unit_differs, env_differs = pending_changes(cfg, unit)
     installed = host.get_fact(Sha1File, path=target) is not None
-    if unit_differs or env_differs:  # keep the current pair before either changes
+    if (unit_differs or env_differs) and never_verified(cfg, unit.name, verified):
+        logger.warning(
+            f"{host.print_prefix}{unit.name} as installed was never verified (an earlier run "
+            "stopped after its swap): the kept copy of the verified unit stays the rollback"
+        )
+    elif unit_differs or env_differs:  # keep the current pair before either changes
         server.shell(
             name=f"Keep current {unit.name} and env file for rollback",
             commands=[keep_previous_command(cfg, unit.name)],
@@ -123,6 +133,14 @@ def install_unit(cfg: ServeConfig, unit: RenderedUnit, *, enable: bool = True) -
             systemd.service(name=f"Enable {unit.name}", service=unit.name, running=None,
                             enabled=True)  # fmt: skip
     return UnitChange(cfg, unit, unit_differs, env_differs, enable=enable, stage_op=stage_op)
+
+
+def never_verified(cfg: ServeConfig, name: str, verified) -> bool:
+    """Planning time: `name` is installed, and it is the record's unit in another text."""
+    if verified is None or verified.name != name:
+        return False
+    installed = host.get_fact(Sha256File, path=cfg.unit_path(name))
+    return installed is not None and installed != verified.sha256
 
 
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:
