@@ -91,12 +91,18 @@ def test_a_box_whose_balancer_cannot_start_fails_its_host_and_holds_the_next(
     result = deploy(inventory(tmp_path, [first], plain))
     assert result.returncode == 0, tail(result)
     assert code(ssh, first, 8300) == "200"
-    listener = ssh(first, "nohup socat TCP-LISTEN:8304,fork,reuseaddr /dev/null "
-                   ">/dev/null 2>&1 & echo $!").strip()  # fmt: skip
+    # the balancer's metrics port taken, by a unit of this test's own (a background process of
+    # an ssh session may not outlive it), on the address HAProxy binds
+    ssh(first, "systemd-run -q --unit=conv-port-taker socat "
+               "TCP-LISTEN:8304,bind=127.0.0.1,fork,reuseaddr /dev/null")  # fmt: skip
     try:
+        taken = ssh(first, "for i in $(seq 50); do ss -Hltn 'sport = :8304' | grep -q . && "
+                           "echo taken && break; sleep 0.1; done; true")  # fmt: skip
+        assert taken.strip() == "taken", "socat did not take port 8304"
         result = deploy(inventory(tmp_path, [first, second], {**plain, "instances": 2}))
     finally:
-        ssh(first, f"kill {int(listener)}", check=False)
+        ssh(first, "systemctl stop conv-port-taker; systemctl reset-failed conv-port-taker "
+                   "2>/dev/null; true", check=False)  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode != 0, tail(result)
     assert "the balancer failed" in output, tail(result)
