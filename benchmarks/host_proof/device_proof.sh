@@ -24,8 +24,11 @@ case "$1" in
     mkdir -p /var/lib/specdeploy/cache && chown vllm:vllm /var/lib/specdeploy/cache
     venv=/opt/specdeploy/venvs/vllm-0.26.0
     [ -x $venv/bin/python ] || python3 -m venv --system-site-packages $venv || exit 4
-    echo /tmp/site > "$($venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/specdeploy-pack.pth"
-    PYTHONPATH=/tmp/site python3 $c/make_weights.py /var/lib/specdeploy/hf || exit 5
+    # the venv sees the unpacked vLLM and the image's torch (found through the image's PYTHONPATH,
+    # which the proof's empty environment does not have)
+    { echo /tmp/site; python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))"; } \
+      > "$($venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/specdeploy-pack.pth"
+    PYTHONPATH=/tmp/site python3 $c/gpu_truth/make_weights.py /var/lib/specdeploy/hf || exit 5
     chgrp -R vllm /var/lib/specdeploy/hf && chmod -R g+rX,o-rwx /var/lib/specdeploy/hf
     $venv/bin/python -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
     nvidia-smi --query-gpu=name,memory.used,driver_version --format=csv,noheader | tee $OUT/gpu.txt
