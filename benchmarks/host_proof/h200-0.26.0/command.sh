@@ -271,6 +271,10 @@ def parser_error(stderr_text: str) -> str | None:
     return lines[-1].split(": error: ", 1)[1].strip() if lines else None
 
 
+# what pydantic appends to a validator'"'"'s message: the input'"'"'s repr and a link, not vLLM'"'"'s words
+PYDANTIC_TRAILER = re.compile(r"\[type=[^\]]*\]|For further information visit \S+")
+
+
 def _snake(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -286,6 +290,7 @@ def named_keys(argv: list[str], error: str | None) -> list[str]:
     the message names none (a vocabulary mismatch, say)."""
     if not error:
         return []
+    error = PYDANTIC_TRAILER.sub("", error)  # it echoes the input: every key would be "named"
     flags, keys = [], []
     for i, word in enumerate(argv):
         if not word.startswith("--"):
