@@ -37,6 +37,7 @@ from specdeploy.host.on_host import (
 from specdeploy.host.scripts import source
 from specdeploy.render.units import RenderedUnit, secrets, service_environment
 from specdeploy.report import notes
+from specdeploy.steps import lock
 
 # importing vLLM and reading two configs: ~30 s on a 2-core sandbox host; a hung import must not
 # hold the host's deploy lock for ever
@@ -148,11 +149,14 @@ def prove(cfg: ServeConfig, rendered: RenderedUnit) -> ArgvProof:
     return ArgvProof(rendered.sha256, release, utc_iso(), report)
 
 
-def prove_plans(plans: list) -> None:
+def prove_plans(plans: list, lock_cfg: ServeConfig | None = None) -> None:
     """python.call target, every host at once (before the rolling restart): each changed server's
     proof, kept in its plan (steps/servers.ServerPlan.proof) for the record. The first refusal
-    fails the host and is noted for `specdeploy rollout`."""
+    fails the host and is noted for `specdeploy rollout`. `lock_cfg`: the host's config, whose
+    deploy lock each proof's time limit must fit in (a whole box proves its instances in turn)."""
     for plan in plans:
+        if lock_cfg is not None:  # LockLost here: taken over meanwhile, stop before any change
+            lock.renew_held(max(lock.lease_seconds(lock_cfg), PROOF_TIMEOUT_S + TIME_LIMIT_GRACE_S))
         try:
             plan.proof = prove(plan.member.cfg, plan.rendered)
         except (ArgvRefused, HostCommandError) as error:
@@ -176,6 +180,7 @@ def prove_changed(cfg: ServeConfig, plans: list) -> None:
         name=f"Prove the new argv with the host's vLLM ({names})",
         function=prove_plans,
         plans=changing,
+        lock_cfg=cfg,
     )
 
 
