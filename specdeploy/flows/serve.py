@@ -3,9 +3,9 @@ One flow for a plain host and a whole box (host data `instances`: N servers behi
 HAProxy on vllm_port): a plain host is a layout of one server without a balancer
 (steps/servers.py).
 
-check -> GPU checks -> render -> install -> weights -> preflight -> unit -> health -> smoke ->
-(gate) -> record. A re-run with nothing changed schedules no operation at all: every branch below
-is decided from facts.
+check -> GPU checks -> render -> install -> weights -> preflight -> unit -> argv proof (the host's
+vLLM, steps/proof.py) -> health -> smoke -> (gate) -> record. A re-run with nothing changed
+schedules no operation at all: every branch below is decided from facts.
 
 The plain `pyinfra INVENTORY deploys/serve.py` is a rolling update: everything that can take a
 server down (swap in the unit and env file, restart, health, smoke, gate, record, rollback) is ONE
@@ -28,7 +28,7 @@ from pyinfra.operations import python
 from specdeploy.checks.host_data import host_config_and_pins
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
-from specdeploy.steps import balancer, dataset, install, lock, unit, weights
+from specdeploy.steps import balancer, dataset, install, lock, proof, unit, weights
 from specdeploy.steps.preflight import preflight_every_server
 from specdeploy.steps.rollback import fail_alone, host_turn, refuse_no_wait, roll_servers
 from specdeploy.steps.servers import host_servers, instance_dirs, plan_server
@@ -73,6 +73,8 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
             )
             plan.needed = verify_needed(plan.member.cfg, plan.rendered, plan.previous,
                                         change=plan.change, pins=pins, shipped=shipped)  # fmt: skip
+        # the host's own vLLM proves each changed argv before anything is swapped in
+        proof.prove_changed(cfg, plans)
         what = (
             f"Rolling restart of {len(plans)} instances ({cfg.max_unavailable_instances} at a "
             "time), health, smoke, records; the balancer"

@@ -99,6 +99,7 @@ class RecordSummary:
     vllm_version: str | None = None
     unit_sha256: str | None = None
     gate: GateSummary | None = None
+    validated_by: str | None = None  # what stood behind the unit's argv (ValidatedBy.authority)
 
 
 @dataclass

@@ -125,6 +125,7 @@ def _record_summary(record: DeploymentRecord | None) -> RecordSummary | None:
         vllm_version=record.vllm.version,
         unit_sha256=record.unit.sha256,
         gate=GateSummary(gate.passed, gate.reason) if gate is not None else None,
+        validated_by=record.validated_by.authority if record.validated_by else None,
     )
 
 

@@ -123,6 +123,8 @@ def _details(
             f"k={record.k}, "
             f"smoke TPOT {_fmt(record.smoke_tpot_ms, '.2f')} ms"
         )
+    if record and record.validated_by:
+        details.append(f"argv validated by {record.validated_by}")
     if figures.get("tpot_mean_s") is not None:
         details.append(
             f"TPOT mean {_ms(figures.get('tpot_mean_s'))}, ITL mean "

