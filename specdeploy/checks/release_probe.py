@@ -213,7 +213,7 @@ def model_runners(files: Sources) -> dict:
             f"{VLLM_CONFIG}: one runner's unsupported-feature list, but {PLATFORM} does not "
             "refuse VLLM_USE_V2_MODEL_RUNNER=0 as Model Runner V1 removed (or V1 still ships)"
         )
-    return {"v1": False, "v1_env_refusal": refusal[0].replace("{value}", "0")}
+    return {"v1": False, "v1_env_refusal": refusal[0]}  # "{value}": the variable's value
 
 
 def _string_parts(node: ast.AST) -> list[str]:
