@@ -122,10 +122,12 @@ def _is_table(name: str) -> bool:
 
 
 @cache
-def _load(user_dir: Path) -> dict[str, dict]:
+def _tables() -> dict[str, dict]:
     """The packaged tables, and the user's for releases the package has none of (a packaged table
-    was reviewed with its commit; a user's fills a gap until the next specdeploy release)."""
+    was reviewed with its commit; a user's fills a gap until the next specdeploy release). Read
+    once per process: `releases add` clears it after writing."""
     tables = {}
+    user_dir = user_releases_dir()
     if user_dir.is_dir():
         for path in user_dir.iterdir():
             if _is_table(path.name):
@@ -137,13 +139,6 @@ def _load(user_dir: Path) -> dict[str, dict]:
         if _is_table(entry.name):
             tables[entry.name.removesuffix(".json")] = json.loads(entry.read_text())
     return tables
-
-
-def _tables() -> dict[str, dict]:
-    return _load(user_releases_dir())
-
-
-_tables.cache_clear = _load.cache_clear  # tests count parses, and clear between user dirs
 
 
 def release_index() -> dict:

