@@ -141,6 +141,11 @@ def _tables() -> dict[str, dict]:
     return tables
 
 
+def packaged_dir() -> Path:
+    """The packaged tables' folder (a plain folder in a wheel or a checkout)."""
+    return Path(str(resources.files(__package__).joinpath(RELEASES_DIR)))
+
+
 def release_index() -> dict:
     """The vLLM releases PyPI listed when the tables were last brought up to date."""
     return json.loads(resources.files(__package__).joinpath(RELEASES_DIR, INDEX).read_text())

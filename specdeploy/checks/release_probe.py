@@ -263,9 +263,8 @@ def captures_cuda_graphs(src: str, where: str) -> bool:
     bare = [name for name, fn in methods.items() if all(isinstance(s, ast.Pass) for s in fn.body)]
     if bare:
         return False
-    if "init_cudagraph_manager" in methods and "cudagraph_manager" in ast.unparse(
-        methods["init_cudagraph_manager"]
-    ):
+    setup = methods.get("init_cudagraph_manager")
+    if setup and "cudagraph_manager" in "\n".join(ast.unparse(stmt) for stmt in setup.body):
         return True
     raise ProbeError(f"{where}: CUDA graph capture of the draft_model speculator not recognised")
 
