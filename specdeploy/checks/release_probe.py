@@ -477,12 +477,14 @@ def read_wheel(path: Path) -> tuple[str, str, dict, dict]:
     return package, Version(version).public, release, facts
 
 
-def write(paths: list[Path], out: Path) -> Path:
-    """Read the wheels (one release) into `out/<version>.json`, adding to a table already there
-    (another build of the same release); returns the file written."""
+def write(paths: list[Path], out: Path, expect: str | None = None) -> Path:
+    """Read the wheels (one release, `expect` where given) into `out/<version>.json`, adding to a
+    table already there (another build of the same release); returns the file written."""
     tables: dict[str, dict] = {}
     for path in paths:
         package, version, release, facts = read_wheel(path)
+        if expect and version != Version(expect).public:
+            raise ProbeError(f"{path.name} is {package} {version}, not {expect}")
         target = out / f"{version}.json"
         table = tables.get(version)
         if table is None:
@@ -522,11 +524,12 @@ def add_release(
     """The table of `version` written into `out`: from the given wheels, else from the packages'
     wheels downloaded one at a time into a temporary directory (each is hundreds of MB)."""
     if wheels:
-        return write(list(wheels), out)
+        return write(list(wheels), out, version)
     target = None
     for package in packages:
         with tempfile.TemporaryDirectory() as tmp:
-            target = write(download([f"{package}=={version}"], Path(tmp), list(pip_args)), out)
+            wheels = download([f"{package}=={version}"], Path(tmp), list(pip_args))
+            target = write(wheels, out, version)
     return target
 
 
