@@ -354,6 +354,7 @@ class ReleaseRules:
     pipeline_parallel_refusals: list[str]  # vLLM's messages refusing PP > 1 with speculation
     tokens_per_batch_size: dict | None  # num_speculative_tokens_per_batch_size's validation
     cuda_graphs_since: str | None  # the oldest table whose V2 draft_model loop captures graphs
+    unknown_keys_refused: bool | None  # SpeculativeConfig refuses keys it does not know
 
 
 def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
@@ -371,4 +372,5 @@ def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRule
         rules["pipeline_parallel_refusals"],
         rules["tokens_per_batch_size"],
         captures[0] if captures else None,
+        rules.get("unknown_keys_refused"),  # None in a table read before the probe asked
     )

@@ -200,8 +200,13 @@ def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
                 Problem(
                     host,
                     f"{field}.{key}",
-                    f"removed after vLLM {last}: {release}'s SpeculativeConfig refuses unknown "
-                    "keys, so a server given it does not start",
+                    f"removed after vLLM {last}"
+                    + (
+                        f": {release}'s SpeculativeConfig refuses unknown keys, so a server "
+                        "given it does not start"
+                        if rules_of(cfg).unknown_keys_refused
+                        else ""
+                    ),
                     REMOVED_KEY_TODO.get(key, f"remove it, or pin vLLM {last} to keep it").format(
                         last=last
                     ),

@@ -18,10 +18,12 @@ the file already holds. What is read, and from where inside the wheel:
   speculator captures CUDA graphs (its `capture` is not a bare `pass`)
 - model runners: whether Model Runner V1 ships (`vllm/v1/worker/gpu_model_runner.py`), and vLLM's
   own refusal of `VLLM_USE_V2_MODEL_RUNNER=0` where V1 is gone (`vllm/platforms/interface.py`)
-- speculation rules: the methods `parallel_drafting` is limited to (`SpeculativeConfig`), vLLM's
-  refusals of pipeline parallelism with speculation (`vllm/config/vllm.py`), and the validation of
-  `num_speculative_tokens_per_batch_size` (`vllm/v1/spec_decode/dynamic/utils.py`; the clamp to
-  num_speculative_tokens in its lookup builder; the data-parallel drop in `vllm/config/vllm.py`)
+- speculation rules: whether SpeculativeConfig refuses unknown keys (`@config`, whose decorator in
+  `vllm/config/utils.py` forbids extra fields), the methods `parallel_drafting` is limited to
+  (`SpeculativeConfig`), vLLM's refusals of pipeline parallelism with speculation
+  (`vllm/config/vllm.py`), and the validation of `num_speculative_tokens_per_batch_size`
+  (`vllm/v1/spec_decode/dynamic/utils.py`; the clamp to num_speculative_tokens in its lookup
+  builder; the data-parallel drop in `vllm/config/vllm.py`)
 - per build, from `*.dist-info/METADATA`: Requires-Python and the torch pin (markers evaluated for
   Linux x86_64); for the CUDA build, `VLLM_MAIN_CUDA_VERSION`'s default in `vllm/envs.py`,
   cross-checked against the `libcudart.so.N` the wheel's extension modules link.
@@ -66,6 +68,7 @@ TP_REFUSAL = "'tensor_parallel_size' is not a valid argument"
 
 SPECULATIVE = "vllm/config/speculative.py"
 VLLM_CONFIG = "vllm/config/vllm.py"
+CONFIG_UTILS = "vllm/config/utils.py"
 PLATFORM = "vllm/platforms/interface.py"
 V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 V1_DRAFT_PROPOSER = "vllm/v1/spec_decode/draft_model.py"
@@ -327,8 +330,30 @@ def async_scheduling_default(vllm_config: str) -> bool:
     return '"draft_model"' in segment
 
 
+def unknown_keys_refused(files: Sources) -> bool:
+    """Whether SpeculativeConfig refuses a key it does not know (so a unit carrying a removed key
+    does not start): it is a `@config` class, and vLLM's `config` decorator forbids extra fields."""
+    tree = ast.parse(files.need(SPECULATIVE))
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig"
+    )
+    decorators = [ast.unparse(d) for d in cls.decorator_list]
+    if "config" not in decorators:
+        raise ProbeError(f"{SPECULATIVE}: SpeculativeConfig is not a @config class: {decorators}")
+    utils = files.need(CONFIG_UTILS)
+    decorator = [  # the implementation, not its @overload stubs
+        ast.get_source_segment(utils, n) or ""
+        for n in ast.walk(ast.parse(utils))
+        if isinstance(n, ast.FunctionDef) and n.name == "config"
+    ]
+    if not decorator:
+        raise ProbeError(f"{CONFIG_UTILS}: no config decorator")
+    return any('extra="forbid"' in text for text in decorator)
+
+
 def speculation_rules(files: Sources, spec_keys: list[str]) -> dict:
     return {
+        "unknown_keys_refused": unknown_keys_refused(files),
         "parallel_drafting": parallel_drafting(files.need(SPECULATIVE), spec_keys),
         "pipeline_parallel_refusals": pipeline_parallel_refusals(files.need(VLLM_CONFIG)),
         "tokens_per_batch_size": tokens_schedule(files, spec_keys),

@@ -9,6 +9,7 @@ SPECULATIVE = """
 from typing import Literal
 MTPModelTypes = Literal["mtp", "deepseek_mtp"]
 SpeculativeMethod = Literal["ngram", "draft_model", "dflash", MTPModelTypes]
+@config
 class SpeculativeConfig:
     model: str | None = None
     num_speculative_tokens: int = None
@@ -121,6 +122,7 @@ class StandaloneARSpeculator(AutoRegressiveSpeculator):
         super().init_cudagraph_manager(cudagraph_mode)
 """
 COMMON = {
+    "vllm/config/utils.py": 'def config(cls):\n    merged_config = ConfigDict(extra="forbid")\n',
     "vllm/engine/arg_utils.py": "class EngineArgs:\n    model: str = 'm'\n    dtype: str = 'a'\n",
     "vllm/v1/spec_decode/dynamic/utils.py": SCHEDULE,
     "vllm/envs.py": '"VLLM_MAIN_CUDA_VERSION": lambda: (\n    os.getenv("X", "") or "13.0"\n),\n',
