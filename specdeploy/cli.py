@@ -244,7 +244,10 @@ def cmd_releases_add(args) -> int:
         return 1
     capabilities._tables.cache_clear()
     print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))
-    print(f"wrote {target}; `specdeploy check` reads it from there")
+    if capabilities.table_source(target.stem) == "specdeploy":  # the reviewed one wins
+        print(f"wrote {target}; specdeploy's own table of {target.stem} is the one checks use")
+    else:
+        print(f"wrote {target}; `specdeploy check` reads it from there")
     return 0
 
 

@@ -55,3 +55,18 @@ def test_add_a_local_wheel_then_check_uses_its_table(tmp_path):
     listed = run("releases", "list", cwd=tmp_path, releases=releases)
     assert f"0.35.0 ({releases / '0.35.0.json'})" in listed.stdout
     assert "0.34.0 (packaged)" in listed.stdout
+
+
+def test_check_passes_each_release_the_issue_names(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'target_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 2}\n'
+    )
+    versions = ["0.27.1", "0.29.0", "0.30.0", "0.34.0"]
+    hosts = ", ".join(f'("h{v}", {{"vllm_version": "{v}"}})' for v in versions)
+    (tmp_path / "inv.py").write_text(f"hosts = [{hosts}]\n")
+    result = run("check", "inv.py", cwd=tmp_path, releases=tmp_path / "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines() == ["4 host(s) valid."]  # no warning either
