@@ -242,7 +242,7 @@ def cmd_releases_add(args) -> int:
     except (release_probe.ProbeError, subprocess.CalledProcessError) as error:
         print(f"specdeploy releases add {args.version}: {error}", file=sys.stderr)
         return 1
-    capabilities._tables.cache_clear()
+    capabilities.reread_tables()
     print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))
     if capabilities.table_source(target.stem) == "specdeploy":  # the reviewed one wins
         print(f"wrote {target}; specdeploy's own table of {target.stem} is the one checks use")

@@ -150,6 +150,16 @@ def packaged_dir() -> Path:
     return Path(str(resources.files(__package__).joinpath(RELEASES_DIR)))
 
 
+def table(release: str) -> dict:
+    """The table of a known release as read (KeyError for another)."""
+    return _tables()[release]
+
+
+def reread_tables() -> None:
+    """Forget the tables read so far: `releases add` has just written one."""
+    _tables.cache_clear()
+
+
 def release_index() -> dict:
     """The vLLM releases PyPI listed when the tables were last brought up to date."""
     return json.loads(resources.files(__package__).joinpath(RELEASES_DIR, INDEX).read_text())

@@ -30,7 +30,7 @@ def _names(names) -> str:
 def summary(release: str) -> ReleaseSummary:
     """The release's table in words: what `specdeploy check` accepts, what it refuses as removed
     since the next older table, and what it warns about."""
-    table = capabilities._tables()[release]
+    table = capabilities.table(release)
     keys = capabilities.speculative_keys(release)
     runtime = capabilities.draft_model_runtime(release)
     rules = capabilities.release_rules(release)

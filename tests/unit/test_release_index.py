@@ -28,12 +28,12 @@ def test_every_build_pypi_has_is_in_its_table():
     for package, versions in index["packages"].items():
         for version in versions:
             if Version(version) >= Version(index["oldest_supported"]):
-                builds = capabilities._tables()[version]["builds"]
+                builds = capabilities.table(version)["builds"]
                 assert package in builds, f"{version}: {package} wheel not read"
 
 
 def test_each_table_names_the_wheel_it_was_read_from():
     for version in packaged():
-        for package, facts in capabilities._tables()[version]["builds"].items():
+        for package, facts in capabilities.table(version)["builds"].items():
             dist = package.replace("-", "_")
             assert facts["wheel"].startswith(f"{dist}-{version}-") and "sha256:" in facts["wheel"]
