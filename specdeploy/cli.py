@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+from specdeploy.checks import capabilities, release_matrix, release_probe
 from specdeploy.checks import host_data as checks
 from specdeploy.config.inventory import host_data, hosts_with_data
 from specdeploy.render import units as render
@@ -226,6 +228,29 @@ def cmd_predict_k(args) -> int:
     return 0
 
 
+def cmd_releases_list(args) -> int:
+    for release in capabilities.known_versions():
+        print("\n".join(release_matrix.lines(release)))
+    return 0
+
+
+def cmd_releases_add(args) -> int:
+    out = Path(args.out) if args.out else capabilities.user_releases_dir()
+    packages = tuple(args.package or ["vllm"])
+    try:
+        target = release_probe.add_release(args.version, out, args.wheel, packages, args.pip)
+    except (release_probe.ProbeError, subprocess.CalledProcessError) as error:
+        print(f"specdeploy releases add {args.version}: {error}", file=sys.stderr)
+        return 1
+    capabilities.reread_tables()
+    print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))
+    if capabilities.table_source(target.stem) == "specdeploy":  # the reviewed one wins
+        print(f"wrote {target}; specdeploy's own table of {target.stem} is the one checks use")
+    else:
+        print(f"wrote {target}; `specdeploy check` reads it from there")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -342,6 +367,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per k")
     p.set_defaults(func=cmd_predict_k)
+    p = sub.add_parser("releases", help="the vLLM releases specdeploy knows, and adding one")
+    releases = p.add_subparsers(dest="releases_cmd", required=True)
+    releases.add_parser(
+        "list", help="per known release: what check accepts, refuses as removed, warns about"
+    ).set_defaults(func=cmd_releases_list)
+    p = releases.add_parser("add", help="read a release's table from its own wheels")
+    p.add_argument("version", help="the release, e.g. 0.34.0")
+    p.add_argument("--wheel", action="append", type=Path, default=[], help="a local wheel")
+    p.add_argument("--package", action="append", choices=release_probe.PACKAGES,
+                   help="download this build (repeatable; default vllm)")  # fmt: skip
+    p.add_argument("--out", help=f"where to write (default ${capabilities.USER_RELEASES_ENV}, "
+                   "else $XDG_DATA_HOME/specdeploy/releases)")  # fmt: skip
+    p.add_argument("--pip", nargs=argparse.REMAINDER, default=[], help="extra pip arguments")
+    p.set_defaults(func=cmd_releases_add)
     return parser
 
 

