@@ -32,6 +32,7 @@ from specdeploy.host.on_host import (
     TIME_LIMIT_GRACE_S,
     TIMED_OUT,
     HostCommandError,
+    sh,
     sh_status,
 )
 from specdeploy.host.scripts import source
@@ -161,10 +162,18 @@ def prove_plans(plans: list, lock_cfg: ServeConfig | None = None) -> None:
             plan.proof = prove(plan.member.cfg, plan.rendered)
         except (ArgvRefused, HostCommandError) as error:
             logger.error(f"{host.print_prefix}{error}")
+            unstage(plan.member.cfg, plan.rendered.name)
             notes.note({"host": host.name, "cause": str(error), "rolled_back": False,
                         "refused": True, "after": "not touched: the argv proof failed before "
                         "the swap"})  # fmt: skip
             raise
+
+
+def unstage(cfg: ServeConfig, name: str) -> None:
+    """A refused unit leaves nothing of itself: the staged copy goes back to the installed unit
+    (or away, where none is installed), so the next run of the running config changes nothing."""
+    installed, staged = shlex.quote(cfg.unit_path(name)), shlex.quote(cfg.staged_unit_path(name))
+    sh(f"if [ -f {installed} ]; then cp -p {installed} {staged}; else rm -f {staged}; fi")
 
 
 def prove_changed(cfg: ServeConfig, plans: list) -> None:

@@ -93,12 +93,13 @@ def test_a_box_whose_balancer_cannot_start_fails_its_host_and_holds_the_next(
     assert code(ssh, first, 8300) == "200"
     # the balancer's metrics port taken, by a unit of this test's own (a background process of
     # an ssh session may not outlive it), on the address HAProxy binds
-    ssh(first, "systemd-run -q --unit=conv-port-taker socat "
-               "TCP-LISTEN:8304,bind=127.0.0.1,fork,reuseaddr /dev/null")  # fmt: skip
+    ssh(first, "systemd-run -q --unit=conv-port-taker python3 -c 'import socket, time; "
+               "s = socket.socket(); s.bind((\"127.0.0.1\", 8304)); s.listen(); "
+               "time.sleep(3600)'")  # fmt: skip  # python3: the plain image has no socat
     try:
         taken = ssh(first, "for i in $(seq 50); do ss -Hltn 'sport = :8304' | grep -q . && "
                            "echo taken && break; sleep 0.1; done; true")  # fmt: skip
-        assert taken.strip() == "taken", "socat did not take port 8304"
+        assert taken.strip() == "taken", "the port taker did not take port 8304"
         result = deploy(inventory(tmp_path, [first, second], {**plain, "instances": 2}))
     finally:
         ssh(first, "systemctl stop conv-port-taker; systemctl reset-failed conv-port-taker "
