@@ -63,6 +63,33 @@ def parse_int_list(value) -> list[int]:
     return out
 
 
+class LoadLevel(BaseModel):
+    """One load a schedule is tuned and proven at: a batch of `concurrency` requests in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: PositiveInt = Field(
+        description="requests in flight (vllm bench --max-concurrency): the batch size proven"
+    )
+    request_rate: PositiveFloat | None = Field(
+        None,
+        description="requests/s; None: as fast as the concurrency allows (inf), so the running "
+        "batch holds `concurrency` requests",
+    )
+    num_prompts: PositiveInt | None = Field(
+        None, description="requests per run; None: the workload's, at least one full batch"
+    )
+
+
+def _load_levels(value):
+    """[1, 4, 16] or "1,4,16" (concurrencies) or [{"concurrency": 4, "request_rate": 2.0}, ...]."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else parse_int_list(value)
+    return [{"concurrency": x} if isinstance(x, int) and not isinstance(x, bool) else x
+            for x in items]  # fmt: skip
+
+
 class Workload(BaseModel):
     """The traffic the server is sized and measured for (also the smoke benchmark's request set)."""
 
@@ -80,6 +107,15 @@ class Workload(BaseModel):
     # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # the loads a load-aware tune and its proof measure (decide/load_rule.py); each at most
+    # max_num_seqs (checks/load.py)
+    load_levels: Annotated[list[LoadLevel] | None, BeforeValidator(_load_levels)] = Field(
+        None,
+        min_length=1,
+        description="the loads to tune and prove speculation at (tune_method = load, "
+        "compare_across_load): concurrencies [1, 4, 16] or {concurrency, request_rate, "
+        "num_prompts} each; None: 1, about the square root of max_concurrency, and max_concurrency",
+    )
 
     @field_validator("request_rate")
     @classmethod
@@ -87,6 +123,39 @@ class Workload(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be a finite number of requests per second")
         return value
+
+    @field_validator("load_levels")
+    @classmethod
+    def _distinct_levels(cls, value: list[LoadLevel] | None) -> list[LoadLevel] | None:
+        if value is None:
+            return None
+        seen = [level.concurrency for level in value]
+        if len(set(seen)) != len(seen):
+            raise ValueError(f"each concurrency once (got {seen})")
+        return sorted(value, key=lambda level: level.concurrency)
+
+    @property
+    def effective_load_levels(self) -> list[LoadLevel]:
+        """load_levels, else a geometric spread up to max_concurrency: 1, ~sqrt, the maximum (8:
+        1, 3, 8; 64: 1, 8, 64), the three points where the step is latency-bound, between, and
+        compute-bound."""
+        if self.load_levels is not None:
+            return list(self.load_levels)
+        top = self.max_concurrency
+        spread = sorted({1, math.isqrt(top - 1) + 1, top})  # the middle: ceil(sqrt(top))
+        return [LoadLevel(concurrency=c) for c in spread]
+
+    def at_level(self, level: LoadLevel) -> Workload:
+        """This workload at one load level: its concurrency, its rate (inf: as fast as the
+        concurrency allows) and at least one full batch of requests."""
+        return self.model_copy(
+            update={
+                "max_concurrency": level.concurrency,
+                "request_rate": level.request_rate or math.inf,
+                "num_prompts": level.num_prompts or max(self.num_prompts, level.concurrency),
+                "load_levels": None,
+            }
+        )
 
 
 class SpeculationGate(BaseModel):
