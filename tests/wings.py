@@ -104,6 +104,7 @@ WINGS: dict[str, Wing] = {
             "specdeploy/measure/*",
             "specdeploy/decide/*",
             "specdeploy/report/*",
+            "specdeploy/checks/load.py",
             "specdeploy/config/datasets.py",
             "specdeploy/host/watchdog.py",
             "deploys/compare.py",

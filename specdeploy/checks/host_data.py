@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from pyinfra import host as current_host
 
 from specdeploy.checks import capabilities
+from specdeploy.checks.load import check_load
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
 from specdeploy.config import revisions
@@ -126,6 +127,7 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         + _check_instances(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
+        + check_load(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
 

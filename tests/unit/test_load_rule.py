@@ -181,3 +181,63 @@ def test_a_schedule_behind_the_fixed_k_falls_back_to_it():
     p = prove_schedule(proof, alpha=0.05)
     assert not p["proven"] and p["behind_fixed_at"] == [1]
     assert p["decision"] == "fixed" and "the fixed k instead" in p["verdict"]
+
+
+# --- refused before any host is touched (checks/load.py) ------------------------------------------
+
+
+def problems_of(data) -> dict[str, str]:
+    from specdeploy.checks.host_data import check_host
+
+    return {p.field: str(p) for p in check_host("gpu-1", data)}
+
+
+def test_load_levels_default_to_a_spread_and_read_short_forms(valid_data):
+    from specdeploy.config.schema import config_from_data
+
+    workload = config_from_data(valid_data).workload
+    assert [lv.concurrency for lv in workload.effective_load_levels] == [1, 2, 4]
+    valid_data["workload"] |= {"load_levels": "4,1"}
+    levels = config_from_data(valid_data).workload.load_levels
+    assert [lv.concurrency for lv in levels] == [1, 4]  # sorted
+    at = config_from_data(valid_data).workload.at_level(levels[1])
+    assert (at.max_concurrency, at.request_rate, at.num_prompts) == (4, float("inf"), 16)
+    assert problems_of(valid_data) == {}
+
+
+def test_a_load_level_above_max_num_seqs_is_refused(valid_data):
+    valid_data["workload"] |= {"load_levels": [1, 4, 16]}
+    found = problems_of(valid_data)
+    assert found == {
+        "workload.load_levels[2].concurrency": "gpu-1: workload.load_levels[2].concurrency: 16 "
+        "is above max_num_seqs 4: the server never runs a batch that large, so that level would "
+        "measure a queue — lower it to at most 4, or raise max_num_seqs"
+    }
+    valid_data["max_num_seqs"] = 16
+    assert problems_of(valid_data) == {}
+
+
+def test_a_repeated_load_level_is_refused(valid_data):
+    valid_data["workload"] |= {"load_levels": [4, 4]}
+    assert "each concurrency once" in problems_of(valid_data)["workload.load_levels"]
+
+
+def test_a_schedule_vllm_would_refuse_or_clamp_is_refused(valid_data):
+    field = "speculative_config.num_speculative_tokens_per_batch_size"
+    valid_data["speculative_config"] |= {field.split(".")[1]: [[2, 4, 3], [5, 8, 9]]}
+    found = problems_of(valid_data)
+    assert list(found) == [field]
+    assert "k 9 is above num_speculative_tokens 5" in found[field]
+    valid_data["speculative_config"][field.split(".")[1]] = [[1, 4, 3], [5, 8, 0]]
+    assert problems_of(valid_data) == {}
+
+
+def test_a_schedule_with_data_parallelism_is_refused(valid_data):
+    key = "num_speculative_tokens_per_batch_size"
+    valid_data["speculative_config"] |= {key: [[1, 4, 3], [5, 8, 0]]}
+    valid_data["vllm_extra_args"] = ["--data-parallel-size", "2"]
+    found = problems_of(valid_data)
+    assert (
+        "drops the schedule silently with data parallelism > 1"
+        in found[f"speculative_config.{key}"]
+    )
