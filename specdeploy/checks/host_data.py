@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from pyinfra import host as current_host
 
 from specdeploy.checks import capabilities
-from specdeploy.checks.load import check_load
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
+from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import read_record
