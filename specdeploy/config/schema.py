@@ -313,11 +313,25 @@ class ServeConfig(BaseModel):
     tune_warmup_runs: NonNegativeInt = 1
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
-    tune_method: Literal["predict", "sweep"] = "predict"
+    # "load": the baseline and every k of tune_k at every workload.load_levels level, a k per
+    # level and the schedule they call for (decide/load_rule.py, measure/load_flow.py)
+    tune_method: Literal["predict", "sweep", "load"] = "predict"
     # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE).
     # Off by default: runs on one server are not independent samples
     # (benchmarks/predict_k/REPORT.md).
     tune_share_server: bool = False
+    # compare across workload.load_levels: the deployed config (its schedule) against the
+    # baseline and the fixed k at every level, the proof a schedule must pass before it is kept
+    compare_across_load: bool = Field(
+        False,
+        description="deploys/compare.py measures the deployed config, the baseline and (with a "
+        "num_speculative_tokens_per_batch_size schedule) the fixed k at every load level",
+    )
+    compare_fixed_k: PositiveInt | None = Field(
+        None,
+        description="the fixed k compare_across_load runs beside a schedule (the best single k "
+        "tune found); None: num_speculative_tokens",
+    )
 
     @field_validator("vllm_host")
     @classmethod

@@ -11,10 +11,12 @@ measured winning (`recommend`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
+from specdeploy.config.record import BenchResult, bench_result
 from specdeploy.decide.choose import choose_k
-from specdeploy.decide.decisions import BETTER, WORSE, compare_values
+from specdeploy.decide.decisions import BETTER, WORSE, compare_values, run_values
 from specdeploy.decide.stats import DEFAULT_ALPHA, median, rank_test
 
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's (vllm#32374), from 0.26.0
@@ -35,6 +37,39 @@ PROOF_RULE = (
     "significantly slower than the baseline at none and significantly slower than the fixed k at "
     "none; else the fixed k under the same test, else leave speculation off"
 )
+
+
+# --- the runs: labels `<arm>@c<concurrency>` (measure/load_flow.py) ------------------------------
+
+_LABEL = re.compile(r"^(?P<arm>.+)@c(?P<concurrency>[0-9]+)$")
+
+
+def level_label(arm: str, concurrency: int) -> str:
+    return f"{arm}@c{concurrency}"
+
+
+def split_label(label: str) -> tuple[str, int] | None:
+    """("k3", 4) from "k3@c4"; None for a label of no level (warm-up runs keep theirs too)."""
+    m = _LABEL.match(label)
+    return (m["arm"], int(m["concurrency"])) if m else None
+
+
+def tpot_by_level(results: Sequence[BenchResult | Mapping]) -> dict[int, dict[str, list[float]]]:
+    """{concurrency: {arm: run-level TPOTs}} of the counted runs, in index order."""
+    out: dict[int, dict[str, list]] = {}
+    for r in map(bench_result, results):
+        parts = split_label(r.run.arm) if r.run and not r.run.warmup else None
+        if parts:
+            arm, c = parts
+            out.setdefault(c, {}).setdefault(arm, []).append(r)
+    return {c: {arm: run_values(rs, "tpot") for arm, rs in arms.items()} for c, arms in out.items()}
+
+
+def k_of(arm: str) -> int | None:
+    """0 for the baseline, k for "k<k>", None for any other arm."""
+    if arm == "baseline":
+        return 0
+    return int(arm[1:]) if re.fullmatch(r"k[0-9]+", arm) else None
 
 
 def level_alpha(alpha: float, levels: int) -> float:
