@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from specdeploy.checks.capabilities import speculative_keys
 from specdeploy.config.schema import LoadLevel, ServeConfig
 from specdeploy.decide.load_rule import SCHEDULE_KEY, level_alpha, level_label, schedule_config
 from specdeploy.decide.stats import min_runs_per_arm
 from specdeploy.measure.arms import BASELINE, Arm, SharedStep, k_arm
 from specdeploy.measure.conditions import LoadConditions
+from specdeploy.render.argv import engine_flags
 
 
 def at_level(cfg: ServeConfig, arm: Arm, level: LoadLevel) -> Arm:
@@ -66,6 +68,13 @@ def _levels_json(cfg: ServeConfig) -> list[dict]:
     return [lv.model_dump() for lv in cfg.workload.effective_load_levels]
 
 
+def _schedule_facts(cfg: ServeConfig) -> dict:
+    return {
+        "schedule_supported": SCHEDULE_KEY in speculative_keys(cfg.vllm_version).keys,
+        "data_parallel_size": engine_flags(cfg).dp,
+    }
+
+
 @dataclass(frozen=True)
 class LoadTune:
     """tune_method = "load": the baseline and every k at every level."""
@@ -95,6 +104,7 @@ class LoadTune:
             fixed_k=None,
             order=f"warm-up, then rounds over {arms} rotating by one; each visit a fresh "
             "server and one run per load level, lowest first",
+            **_schedule_facts(self.cfg),
         )
 
 
@@ -135,4 +145,5 @@ class LoadProof:
             order=f"warm-up, then rounds over {' '.join(a.label for a in arms)} rotating by one; "
             "each visit a fresh server and one run per load level, lowest first",
             across_load=True,
+            **_schedule_facts(self.cfg),
         )
