@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from specdeploy.config.record import BenchResult, bench_result
+from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.choose import choose_k
 from specdeploy.decide.decisions import BETTER, WORSE, compare_values, run_values
 from specdeploy.decide.stats import DEFAULT_ALPHA, median, rank_test
@@ -342,6 +343,25 @@ def prove_schedule(
 def proven_range(levels: Sequence[int]) -> tuple[int, int]:
     """The batch sizes a proof covers: 1 up to the highest concurrency measured."""
     return (1, max(levels))
+
+
+def schedule_proven_range(cfg: ServeConfig) -> tuple[int, int] | None:
+    """The batch sizes a host's schedule is tuned and proven over (its workload's load levels,
+    which tune_method = load and compare_across_load measure); None without a schedule. Status and
+    the Prometheus alert compare the running batch against it."""
+    if SCHEDULE_KEY not in cfg.speculative_config:
+        return None
+    return proven_range([lv.concurrency for lv in cfg.workload.effective_load_levels])
+
+
+def batch_outside_proven(proven: tuple[int, int] | None, running: float | None) -> str | None:
+    """A sentence when the running batch is larger than any the schedule was proven at."""
+    if proven is None or running is None or running <= proven[1]:
+        return None
+    return (
+        f"running batch {running:g} is outside the schedule's proven range {proven[0]}-"
+        f"{proven[1]} (workload.load_levels): add the level and prove it (compare_across_load)"
+    )
 
 
 def ratio_by_level(

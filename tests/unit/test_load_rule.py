@@ -6,6 +6,8 @@ v1/spec_decode/dynamic/utils.py)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from specdeploy.decide.load_rule import (
@@ -240,4 +242,100 @@ def test_a_schedule_with_data_parallelism_is_refused(valid_data):
     assert (
         "drops the schedule silently with data parallelism > 1"
         in found[f"speculative_config.{key}"]
+    )
+
+
+# --- the proven range: status and the Prometheus alert ---------------------------------------
+
+
+def scheduled(valid_data, levels=(1, 2, 4)):
+    from specdeploy.config.schema import config_from_data
+
+    key = "num_speculative_tokens_per_batch_size"
+    data = {**valid_data, "max_num_seqs": 8}
+    data["speculative_config"] = {**valid_data["speculative_config"], key: [[1, 2, 5], [3, 8, 0]]}
+    data["workload"] = {**valid_data["workload"], "load_levels": list(levels)}
+    return config_from_data(data)
+
+
+def test_the_proven_range_is_the_schedules_load_levels(valid_data):
+    from specdeploy.config.schema import config_from_data
+    from specdeploy.decide.load_rule import batch_outside_proven, schedule_proven_range
+
+    assert schedule_proven_range(config_from_data(valid_data)) is None  # no schedule: no range
+    proven = schedule_proven_range(scheduled(valid_data))
+    assert proven == (1, 4)
+    assert batch_outside_proven(proven, 4.0) is None
+    assert batch_outside_proven(proven, 6.0) == (
+        "running batch 6 is outside the schedule's proven range 1-4 (workload.load_levels): add "
+        "the level and prove it (compare_across_load)"
+    )
+
+
+def test_render_writes_the_proven_batch_size_of_a_scheduled_host(tmp_path, valid_data):
+    import yaml
+
+    from specdeploy.observe.monitoring import write_prometheus
+
+    plain = config_from_data_open({**valid_data, "vllm_host": "0.0.0.0"})
+    with_schedule = scheduled({**valid_data, "vllm_host": "0.0.0.0"})
+    hosts = [("a", [], {}, with_schedule), ("b", [], {}, plain)]
+    write_prometheus(tmp_path, hosts, reports=tmp_path / "reports", warn=print)
+    groups = yaml.safe_load((tmp_path / "baselines.yml").read_text())["groups"]
+    assert [g["name"] for g in groups] == ["specdeploy-baselines", "specdeploy-schedules"]
+    proven = groups[1]["rules"]
+    # b has no schedule: its max_num_seqs, which no batch exceeds (the alert has data, stays quiet)
+    assert proven == [
+        {
+            "record": "specdeploy:proven_batch_size_max",
+            "expr": "vector(4)",
+            "labels": {"host": "a"},
+        },
+        {
+            "record": "specdeploy:proven_batch_size_max",
+            "expr": "vector(4)",
+            "labels": {"host": "b"},
+        },
+    ]
+    assert plain.effective_max_num_seqs == 4
+
+
+def config_from_data_open(data):
+    from specdeploy.config.schema import config_from_data
+
+    return config_from_data(data)
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
+)
+def test_the_alert_fires_when_the_running_batch_leaves_the_proven_range(tmp_path):
+    """A host whose servers ran 6 requests at once for 10 minutes, proven up to 4, alerts; one
+    running 3 does not, and a host with no schedule (its constant: max_num_seqs) does not."""
+    from tests.unit.test_monitoring import fired, promtool_test
+
+    def running(host, values):
+        labels = f'job="specdeploy-vllm",instance="{host}:8000",host="{host}",engine="0"'
+        return {"series": f"vllm:num_requests_running{{{labels}}}", "values": values}
+
+    inputs = [
+        running("busy", "6x30"),
+        running("calm", "3x30"),
+        running("plain", "16x30"),
+        {"series": 'specdeploy:proven_batch_size_max{host="busy"}', "values": "4x30"},
+        {"series": 'specdeploy:proven_batch_size_max{host="calm"}', "values": "4x30"},
+        {"series": 'specdeploy:proven_batch_size_max{host="plain"}', "values": "16x30"},
+    ]
+    alert = "SpeculationBatchOutsideProvenRange"
+    notes = {
+        "summary": "busy: batches larger than its speculation schedule was proven at",
+        "description": "Up to 6 requests ran at once; the schedule "
+        "(num_speculative_tokens_per_batch_size) was measured winning only up to the highest of "
+        "workload.load_levels, and speculation can lose at a larger batch. Add that level and "
+        "prove it with deploys/compare.py (compare_across_load).",
+    }
+    promtool_test(
+        tmp_path,
+        inputs,
+        [fired(alert, "5m"), fired(alert, "20m", ({"host": "busy", "severity": "warning"}, notes))],
     )
