@@ -20,6 +20,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_serializer,
 )
 
 # Host data that ends up in paths, units and shell commands: validated here, quoted where it lands
@@ -123,6 +124,15 @@ class Workload(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be a finite number of requests per second")
         return value
+
+    @model_serializer(mode="wrap")
+    def _without_unset_levels(self, handler):
+        # a workload without load_levels dumps as before the key existed: gate fingerprints,
+        # records and measurement conditions of every other host stay byte for byte the same
+        out = handler(self)
+        if self.load_levels is None and isinstance(out, dict):
+            out.pop("load_levels", None)
+        return out
 
     @field_validator("load_levels")
     @classmethod

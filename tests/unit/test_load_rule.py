@@ -339,3 +339,15 @@ def test_the_alert_fires_when_the_running_batch_leaves_the_proven_range(tmp_path
         inputs,
         [fired(alert, "5m"), fired(alert, "20m", ({"host": "busy", "severity": "warning"}, notes))],
     )
+
+
+def test_a_workload_without_load_levels_dumps_as_before(valid_data):
+    """The gate's fingerprint and every record hold workload.model_dump(): a host that sets no
+    load_levels must not look changed (and be re-gated) after an upgrade."""
+    from specdeploy.config.schema import config_from_data
+
+    dumped = config_from_data(valid_data).workload.model_dump()
+    assert "load_levels" not in dumped and set(dumped) >= set(valid_data["workload"])
+    valid_data["workload"] |= {"load_levels": [1, 4]}
+    levels = config_from_data(valid_data).workload.model_dump()["load_levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4]
