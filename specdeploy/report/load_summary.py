@@ -83,8 +83,16 @@ def load_proof_host(name: str, h: dict) -> dict:
     runs = {c: {"baseline": arms.get("baseline", []), "schedule": arms.get(deployed, []),
                 "fixed": arms.get("fixed", [])} for c, arms in by_level.items()}  # fmt: skip
     proof = prove_schedule(runs, alpha=alpha)
+    spec = cond["speculative_config"]
+    if proof["decision"] == "schedule":
+        change = None  # proven: keep what is deployed
+    elif proof["decision"] == "fixed":
+        change = _line(name, schedule_config(spec, None, cond["fixed_k"]))
+    else:
+        change = f"host_data/{name}: leave speculation off (deploy without speculative_config)"
     return {
         "conditions": cond,
+        "host_data_change": change,
         "deployed": deployed,
         "schedule": cond["speculative_config"].get(SCHEDULE_KEY),
         "proof": _str_keys(proof),
@@ -142,6 +150,8 @@ def load_markdown(s: dict) -> str:
                       f"`{h['host_data_change']}`", ""]  # fmt: skip
         else:
             lines += [f"**Proof:** {h['proof']['verdict']}", ""]
+            if h["host_data_change"]:
+                lines += [f"`{h['host_data_change']}`", ""]
         lines += [f"Rule: {h['rule']}", ""]
     return "\n".join(lines)
 

