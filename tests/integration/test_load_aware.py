@@ -12,13 +12,13 @@
    k beside a schedule) at every level, 4 visits per arm: the proof's verdict, and the report's
    load_ratio.png.
 
-decision_alpha is 0.1 here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one
-or two-sided): at 0.05 the proof would need 5 visits per arm, about 5 sandbox minutes more. What
-the runs decide is recomputed from the raw JSONs (tests.unit.replays.rank_p_less), never assumed:
+Runs at concurrency 1 and 2 send 2 requests, at 4 one full batch of 4. decision_alpha is 0.1
+here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one or two-sided): at
+0.05 the proof would need 5 visits per arm, about 5 sandbox minutes more. What the runs decide is recomputed from the raw JSONs (tests.unit.replays.rank_p_less), never assumed:
 whether a crossover shows on this machine is read from the runs. The tune and the proof are
 recorded for the fast tier's replays (tests/unit/test_load_replay.py): `trained_load_tune`,
-`trained_load_proof`. About 20 fresh-server visits of 3 runs each and two or three deploys:
-~20-25 sandbox minutes."""
+`trained_load_proof`. 16-20 fresh-server visits of 3 runs each (~55 s each) and two or three
+deploys: ~20-25 sandbox minutes on a fleet already up."""
 
 from __future__ import annotations
 
@@ -36,7 +36,10 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
 LEVELS = [1, 2, 4]
 ALPHA = 0.1
-PROMPTS = 4  # per run and level: at least one full batch at the highest level
+PROMPTS = 4  # per run at concurrency 4: one full batch
+# two requests per run below 4: a run at concurrency 1 sends them one after the other, the visit's
+# longest part (written as host data's long form, so the live run reads that form too)
+LOAD_LEVELS = [{"concurrency": c, "num_prompts": 2 if c < 4 else PROMPTS} for c in LEVELS]
 K = 3  # the trained pair's k (group_data/sandbox.py)
 
 
@@ -48,7 +51,8 @@ def load_inventory(path: Path, host: str, speculative: dict | None = None) -> Pa
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
-        f"_workload = {{**_group['workload'], 'num_prompts': {PROMPTS}, 'load_levels': {LEVELS}}}\n"
+        f"_workload = {{**_group['workload'], 'num_prompts': {PROMPTS}, "
+        f"'load_levels': {LOAD_LEVELS}}}\n"
         f"_data = {{'workload': _workload, 'max_num_seqs': {max(LEVELS)}, "
         f"'decision_alpha': {ALPHA}, 'speculative_config': {spec}}}\n"
         f"sandbox = [(n, {{**d, **_data}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
