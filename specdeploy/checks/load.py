@@ -25,25 +25,29 @@ def check_load(host: str, cfg: ServeConfig) -> list[Problem]:
                     f"lower it to at most {limit}, or raise max_num_seqs",
                 )
             )
-    schedule = cfg.speculative_config.get(SCHEDULE_KEY)
-    if schedule is None:
-        return problems
-    field = f"speculative_config.{SCHEDULE_KEY}"
     k = cfg.speculative_config.get("num_speculative_tokens")
-    for what in schedule_problems(schedule, k if isinstance(k, int) else None):
-        problems.append(
-            Problem(host, field, what, "write [[1, end, k], [end + 1, ..., k], ...] in order")
-        )
+    schedules = {"compare_schedule": (cfg.compare_schedule, None)}  # measured at its largest k
+    if SCHEDULE_KEY in cfg.speculative_config:
+        field = f"speculative_config.{SCHEDULE_KEY}"
+        schedules[field] = (cfg.speculative_config[SCHEDULE_KEY], k if isinstance(k, int) else None)
     dp = engine_flags(cfg).dp
-    if dp > 1:
-        problems.append(
-            Problem(
-                host,
-                field,
-                f"vLLM drops the schedule silently with data parallelism > 1 (--data-parallel-size"
-                f" {dp}) and runs num_speculative_tokens at every batch size",
-                f"remove {SCHEDULE_KEY} (set the fixed k tune recommends), or run without data "
-                "parallelism",
+    for field, (schedule, cap) in schedules.items():
+        if schedule is None:
+            continue
+        for what in schedule_problems(schedule, cap):
+            problems.append(
+                Problem(host, field, what, "write [[1, end, k], [end + 1, ..., k], ...] in order")
             )
-        )
+        if dp > 1:
+            problems.append(
+                Problem(
+                    host,
+                    field,
+                    f"vLLM drops the schedule silently with data parallelism > 1 "
+                    f"(--data-parallel-size {dp}) and runs num_speculative_tokens at every batch "
+                    "size",
+                    f"remove {SCHEDULE_KEY} (set the fixed k tune recommends), or run without "
+                    "data parallelism",
+                )
+            )
     return problems

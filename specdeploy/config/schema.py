@@ -7,6 +7,7 @@ and nowhere else; `DATA_DEFAULTS` hands them to `@deploy(data_defaults=...)`.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -62,6 +63,16 @@ def parse_int_list(value) -> list[int]:
         elif part:
             out.append(int(part))
     return out
+
+
+def _json_value(value):
+    """A list given as JSON text (SPECDEPLOY_<NAME> in the environment) as the list."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value  # refused by the field's type, with the text shown
+    return value
 
 
 class LoadLevel(BaseModel):
@@ -341,6 +352,12 @@ class ServeConfig(BaseModel):
         None,
         description="the fixed k compare_across_load runs beside a schedule (the best single k "
         "tune found); None: num_speculative_tokens",
+    )
+    compare_schedule: Annotated[list[list[int]] | None, BeforeValidator(_json_value)] = Field(
+        None,
+        description="a candidate num_speculative_tokens_per_batch_size (tune_method = load "
+        "prints it) that compare_across_load measures instead of the deployed config, so a "
+        "schedule is seen winning before it is ever deployed; None: the deployed config",
     )
 
     @field_validator("vllm_host")

@@ -122,6 +122,8 @@ class LoadConditions(JsonView):
     schedule_supported: bool = False
     data_parallel_size: int = 1
     across_load: bool = False
+    schedule: list[list[int]] | None = None  # the schedule the proof measured
+    schedule_deployed: bool = False  # False: a candidate (compare_schedule), never deployed
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

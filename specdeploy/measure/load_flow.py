@@ -110,21 +110,31 @@ class LoadTune:
 
 @dataclass(frozen=True)
 class LoadProof:
-    """compare_across_load: the deployed speculative config (its schedule) against the baseline
-    and, when it has a schedule, the fixed k (the config without the schedule) at every level."""
+    """compare_across_load: a schedule against the baseline and the fixed k (the config without
+    the schedule) at every level. The schedule: compare_schedule (a candidate tune printed,
+    measured without ever being deployed), else the deployed config's; without either, the
+    deployed config against the baseline."""
 
     cfg: ServeConfig
     fixed_k: int | None  # None: num_speculative_tokens of the deployed config
     repeats: int
     warmup_runs: int
+    schedule: tuple[tuple[int, int, int], ...] | None = None  # compare_schedule
+
+    def measured_schedule(self) -> list[list[int]] | None:
+        if self.schedule:
+            return [list(e) for e in self.schedule]
+        return self.cfg.speculative_config.get(SCHEDULE_KEY)
 
     def arms(self) -> list[Arm]:
         spec = self.cfg.speculative_config
-        if SCHEDULE_KEY not in spec:
+        schedule = self.measured_schedule()
+        if not schedule:
             return [BASELINE, Arm("speculative", True)]
         k = self.fixed_k or spec.get("num_speculative_tokens")
+        candidate = schedule_config(spec, schedule) if self.schedule else None  # None: deployed
         fixed = Arm("fixed", True, speculative_config=schedule_config(spec, None, k))
-        return [BASELINE, Arm("schedule", True), fixed]
+        return [BASELINE, Arm("schedule", True, speculative_config=candidate), fixed]
 
     def __iter__(self) -> Iterator[SharedStep]:
         return iter(
@@ -145,5 +155,7 @@ class LoadProof:
             order=f"warm-up, then rounds over {' '.join(a.label for a in arms)} rotating by one; "
             "each visit a fresh server and one run per load level, lowest first",
             across_load=True,
+            schedule=self.measured_schedule(),
+            schedule_deployed=bool(self.measured_schedule()) and not self.schedule,
             **_schedule_facts(self.cfg),
         )

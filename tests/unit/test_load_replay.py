@@ -1,7 +1,8 @@
 """The tune and the proof across load levels replayed on a live run: the trained sandbox pair with
 its good draft at concurrency 1, 2 and 4, measured on a sandbox host by
 tests/integration/test_load_aware.py, which records `trained_load_tune` (tune_method = load, k =
-3) and `trained_load_proof` (compare_across_load on what the tune recommended): raw/<host>/
+3) and `trained_load_proof` (compare_across_load on what the tune recommended: its candidate
+schedule as an arm, or the single k): raw/<host>/
 NN-<arm>@c<level>.json and conditions.json, summary.json, provenance.json.
 
 The plans (measure/load_flow.py) rebuilt from the recorded conditions must ask for exactly the
@@ -115,10 +116,21 @@ def test_the_load_tune_decides_each_level_as_recorded_and_as_its_runs_say(tmp_pa
 def test_the_proof_asks_for_exactly_the_recorded_runs():
     path, host, cond, runs = recorded(PROOF)
     assert cond["across_load"] is True
-    proof = LoadProof(config_of(cond), cond["fixed_k"], cond["repeats"], cond["warmup_runs"])
+    candidate = None if cond["schedule_deployed"] else cond["schedule"]  # compare_schedule
+    proof = LoadProof(
+        config_of(cond),
+        cond["fixed_k"],
+        cond["repeats"],
+        cond["warmup_runs"],
+        tuple(tuple(e) for e in candidate) if candidate else None,
+    )
     assert [a.label for a in proof.arms()] == cond["arms"]
     assert asked(proof) == ran(runs)
-    assert (SCHEDULE_KEY in cond["speculative_config"]) == ("schedule" in cond["arms"])
+    assert bool(cond["schedule"]) == ("schedule" in cond["arms"])
+    if candidate:  # the candidate ran as an arm; the deployed config has no schedule
+        assert SCHEDULE_KEY not in cond["speculative_config"]
+        (arm,) = [r for r in runs if r["specdeploy"]["arm"].startswith("schedule@")][:1]
+        assert arm["specdeploy"]["speculative_config"][SCHEDULE_KEY] == candidate
 
 
 def test_the_proof_decides_as_recorded_and_as_its_runs_say(tmp_path):

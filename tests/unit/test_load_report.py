@@ -36,7 +36,9 @@ def write_run(run_dir: Path, cfg, plan, tpot_ms: dict[str, dict[int, float]], ki
             "median_tpot_ms": tpot,
             "completed": 4,
             "specdeploy": {"arm": arm.label, "index": i, "warmup": warmup,
-                           "speculative": arm.speculative, "fresh_server": not same_server},
+                           "speculative": arm.speculative, "fresh_server": not same_server,
+                           "speculative_config": arm.config(cfg).speculative_config
+                           if arm.speculative else None},
         }  # fmt: skip
         raw.joinpath(f"{i:02d}-{arm.label}.json").write_text(json.dumps(result))
 
@@ -62,12 +64,19 @@ def test_a_load_tune_reports_the_crossover_a_candidate_schedule_and_the_plot(tmp
     assert rec["schedule"] == [[1, 1, 3], [2, 2, 1], [3, 4, 0]]
     assert rec["recommended"] == "schedule candidate" and rec["fixed"]["k"] is None
     assert "k = 1 pays at 1, 2 but loses at 4" in rec["verdict"]
-    assert f"'{SCHEDULE_KEY}': [[1, 1, 3], [2, 2, 1], [3, 4, 0]]" in h["host_data_change"]
-    assert "'num_speculative_tokens': 3" in h["host_data_change"]
+    # what to run now is the fallback; the candidate is only named for its proof, never deployed
+    assert (
+        h["host_data_change"] == "host_data/gpu-1: leave speculation off (deploy without "
+        "speculative_config)"
+    )
+    assert h["prove_with"] == (
+        "SPECDEPLOY_COMPARE_ACROSS_LOAD=1 SPECDEPLOY_COMPARE_SCHEDULE='[[1, 1, 3], [2, 2, 1], "
+        "[3, 4, 0]]' SPECDEPLOY_COMPARE_FIXED_K=5 pyinfra INVENTORY deploys/compare.py"
+    )
     assert h["ratios"]["k3"]["1"]["ratio"] == 0.5 and h["ratios"]["k1"]["4"]["ratio"] == 1.2
     assert s["charts"] == ["load_ratio.png"] and (tmp_path / "load_ratio.png").stat().st_size
     md = (tmp_path / "summary.md").read_text()
-    assert "| 4 | 1.20" in md and "candidate schedule" in md
+    assert "| 4 | 1.20" in md and "Prove the candidate schedule" in md
     assert json.loads((tmp_path / "summary.json").read_text())["hosts"]["gpu-1"]["decision"]
 
 
@@ -95,3 +104,26 @@ def test_a_schedule_that_lost_at_every_level_is_reported_off(tmp_path):
         "speculative_config)"
     )
     assert "the schedule is not deployed" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_candidate_schedule_proven_winning_is_what_to_deploy(tmp_path):
+    """compare_schedule: the candidate runs as an arm (the deployed config stays k = 5 without a
+    schedule) against the baseline and the fixed k; proven, its host-data line is printed."""
+    cfg = cfg_with()
+    candidate = ((1, 2, 3), (3, 4, 0))
+    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=candidate)
+    arms = {a.label: a for a in plan.arms()}
+    assert arms["schedule"].speculative_config[SCHEDULE_KEY] == [[1, 2, 3], [3, 4, 0]]
+    assert arms["fixed"].speculative_config["num_speculative_tokens"] == 3
+    assert SCHEDULE_KEY not in arms["fixed"].speculative_config
+    tpot = {
+        "baseline": {1: 40.0, 2: 45.0, 4: 50.0},
+        "schedule": {1: 20.0, 2: 30.0, 4: 50.3},
+        "fixed": {1: 20.2, 2: 30.1, 4: 75.0},
+    }
+    write_run(tmp_path, cfg, plan, tpot, "compare")
+    h = report.write(tmp_path, "compare")["hosts"]["gpu-1"]
+    assert h["proof"]["proven"] and h["proven_range"] == [1, 4] and h["deployed"] == "schedule"
+    assert h["schedule"] == [[1, 2, 3], [3, 4, 0]]
+    assert f"'{SCHEDULE_KEY}': [[1, 2, 3], [3, 4, 0]]" in h["host_data_change"]
+    assert "'num_speculative_tokens': 3" in h["host_data_change"]

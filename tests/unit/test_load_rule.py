@@ -351,3 +351,18 @@ def test_a_workload_without_load_levels_dumps_as_before(valid_data):
     valid_data["workload"] |= {"load_levels": [1, 4]}
     levels = config_from_data(valid_data).workload.model_dump()["load_levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 4]
+
+
+def test_a_candidate_schedule_is_read_from_json_text_and_checked(valid_data):
+    from specdeploy.config.schema import config_from_data
+
+    text = "[[1, 2, 3], [3, 4, 0]]"  # as SPECDEPLOY_COMPARE_SCHEDULE carries it
+    assert config_from_data({**valid_data, "compare_schedule": text}).compare_schedule == [
+        [1, 2, 3],
+        [3, 4, 0],
+    ]
+    found = problems_of({**valid_data, "compare_schedule": [[2, 4, 3]]})
+    assert (
+        list(found) == ["compare_schedule"]
+        and "must start at batch size 1" in found["compare_schedule"]
+    )
