@@ -220,7 +220,8 @@ def tune_recommendation(
     data_parallel_size: int = 1,
 ) -> dict:
     """What a load-aware tune recommends before any proof: {schedule (the candidate, or None),
-    candidate_why, fixed (fixed_k_over_levels), recommended ("schedule candidate", "k", "off"),
+    schedule_needed (the schedule the levels call for, candidate or not), candidate_why (why it is
+    no candidate), fixed (fixed_k_over_levels), recommended ("schedule candidate", "k", "off"),
     verdict}. A schedule is only a candidate: compare_across_load must measure it winning
     (`recommend`) before it is deployed; until then the fixed k (or off) is what to run."""
     fixed = fixed_k_over_levels(decision)

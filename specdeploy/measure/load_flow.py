@@ -1,6 +1,6 @@
 """Measuring across load levels (issue 39): tune_method = "load" (the baseline and every k of
-tune_k at every level of workload.load_levels) and compare_across_load (the deployed schedule
-against the baseline and the best fixed k at every level).
+tune_k at every level of workload.load_levels) and compare_across_load (a schedule, tune's
+candidate or the deployed one, against the baseline and the fixed k at every level).
 
 One visit = one freshly started server for one arm, then one `vllm bench serve` per load level on
 it, lowest concurrency first (harness.sample's same_server). Each level's runs of an arm therefore
