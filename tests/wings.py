@@ -101,13 +101,14 @@ WINGS: dict[str, Wing] = {
         ),
     ),
     "measure": Wing(
-        "the trained pair: smoke figures, the compare, gate and tune verdicts (recorded for the "
-        "replays)",
-        ("tests/integration/test_trained_models.py",),
+        "the trained pair: smoke figures, the compare, gate and tune verdicts, the tune and proof "
+        "across load levels (recorded for the replays)",
+        ("tests/integration/test_trained_models.py", "tests/integration/test_load_aware.py"),
         (
             "specdeploy/measure/*",
             "specdeploy/decide/*",
             "specdeploy/report/*",
+            "specdeploy/checks/load.py",
             "specdeploy/config/datasets.py",
             "specdeploy/host/watchdog.py",
             "deploys/compare.py",

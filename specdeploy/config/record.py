@@ -240,6 +240,9 @@ class DeploymentRecord(_Part):
     smoke_counters: ServerCounters | None = None
     gate: GateDecision | None = None
     validated_by: ValidatedBy | None = None
+    # a num_speculative_tokens_per_batch_size schedule's proof at every load level
+    # (report/load_summary.latest_proof); None: deployed without one. Absent without a schedule.
+    schedule_proof: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     started_at: str
     finished_at: str
