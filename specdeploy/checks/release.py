@@ -470,16 +470,8 @@ def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseR
                     f"lower those k to {k} or raise num_speculative_tokens",
                 )
             )
-    if validation["dropped_with_data_parallel"] and engine_flags(cfg).dp > 1:
-        warnings.append(
-            Problem(
-                host,
-                field,
-                f"{release} drops it with data parallel size {engine_flags(cfg).dp} and "
-                f"speculates num_speculative_tokens = {k} at every batch size",
-                "remove it, or serve without --data-parallel-size",
-            )
-        )
+    # dropped with data parallel > 1 (validation["dropped_with_data_parallel"]): refused by
+    # checks/load.py, not warned of
     return warnings
 
 

@@ -224,12 +224,18 @@ def test_a_repeated_load_level_is_refused(valid_data):
     assert "each concurrency once" in problems_of(valid_data)["workload.load_levels"]
 
 
-def test_a_schedule_vllm_would_refuse_or_clamp_is_refused(valid_data):
+def test_a_schedule_vllm_would_refuse_is_refused_and_one_it_clamps_warned_of(valid_data):
     field = "speculative_config.num_speculative_tokens_per_batch_size"
     valid_data["speculative_config"] |= {field.split(".")[1]: [[2, 4, 3], [5, 8, 9]]}
     found = problems_of(valid_data)
-    assert list(found) == [field]
-    assert "k 9 is above num_speculative_tokens 5" in found[field]
+    assert list(found) == [field]  # the pinned release's own rules (checks/release.py)
+    assert "refuses it unless the first range starts at 1" in found[field]
+    valid_data["speculative_config"][field.split(".")[1]] = [[1, 4, 3], [5, 8, 9]]
+    assert problems_of(valid_data) == {}
+    from specdeploy.checks.host_data import check_warnings
+
+    clamped = [w.what for w in check_warnings("h1", valid_data) if w.field == field]
+    assert any("exceeds num_speculative_tokens 5" in w for w in clamped), clamped
     valid_data["speculative_config"][field.split(".")[1]] = [[1, 4, 3], [5, 8, 0]]
     assert problems_of(valid_data) == {}
 
