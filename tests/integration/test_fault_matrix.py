@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -113,12 +114,30 @@ def k_in(text) -> int:
     return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
 
 
-def start_control(inventory: Path, host: str, tmp_path: Path) -> subprocess.Popen:
-    """The control process of one host's deploy, in its own session, its output in a file."""
+@contextmanager
+def control_run(inventory: Path, host: str, tmp_path: Path):
+    """The control process of one host's deploy, in its own session, its output in
+    tmp_path/control.log; SIGKILLed on leaving the block if it still runs (only the process this
+    test started)."""
     command = ["pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host]
     with open(tmp_path / "control.log", "w") as out:  # the child keeps its own copy
-        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        control = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    try:
+        yield control
+    finally:
+        if control.poll() is None:
+            os.kill(control.pid, signal.SIGKILL)
+        control.wait()
+
+
+def broken_change(ssh, host: str, other: str, tmp_path: Path):
+    """A draft whose weights fail at load time, planted; (host's state, other's state, the
+    inventory that deploys it on host)."""
+    plant_broken_draft(ssh, host)
+    before, other_before = host_state(ssh, host), host_state(ssh, other)
+    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
+    return before, other_before, write_inventory(tmp_path, {host: {"speculative_config": spec}})
 
 
 def wait_for_swap(ssh, host: str, control: subprocess.Popen, swapped) -> None:
@@ -128,6 +147,13 @@ def wait_for_swap(ssh, host: str, control: subprocess.Popen, swapped) -> None:
         assert control.poll() is None, "pyinfra ended before it swapped the unit in"
         assert time.monotonic() < deadline, "the unit was never swapped in"
         time.sleep(0.5)
+
+
+def back_on_the_base_config(ssh, host: str) -> None:
+    """The base inventory's config deployed again, for the next tests."""
+    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host)
+    assert result.returncode == 0, tail(result)
+    assert_serves_its_record(host_state(ssh, host), SPECULATIVE)
 
 
 def other_k(state) -> int:
@@ -143,16 +169,9 @@ def test_a_control_process_killed_after_the_swap_is_rolled_back_by_the_next_run(
     unit — main left the host on the unverified unit ("this run changed neither unit nor env
     file")."""
     host, other = pair
-    plant_broken_draft(ssh, host)
-    before, other_before = host_state(ssh, host), host_state(ssh, other)
-    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
-    inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
-    control = start_control(inventory, host, tmp_path)
-    try:
+    before, other_before, inventory = broken_change(ssh, host, other, tmp_path)
+    with control_run(inventory, host, tmp_path) as control:
         wait_for_swap(ssh, host, control, lambda unit: BROKEN_DRAFT in unit)
-    finally:
-        os.kill(control.pid, signal.SIGKILL)  # only the process this test started
-        control.wait()
     assert host_state(ssh, host)["record"] == before["record"]  # never verified
 
     result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
@@ -178,8 +197,7 @@ def test_ssh_cut_after_the_swap_leaves_a_unit_the_next_run_verifies(
     new_k = other_k(before)
     spec = {**cfg_of(host).speculative_config, "num_speculative_tokens": new_k}
     inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
-    control = start_control(inventory, host, tmp_path)
-    try:
+    with control_run(inventory, host, tmp_path) as control:
         wait_for_swap(ssh, host, control, lambda unit: k_in(unit) == new_k)
         deadline = time.monotonic() + 600
         while control.poll() is None:  # the cut lasts as long as the run does
@@ -187,10 +205,6 @@ def test_ssh_cut_after_the_swap_leaves_a_unit_the_next_run_verifies(
                            capture_output=True, check=False)  # fmt: skip
             assert time.monotonic() < deadline, "pyinfra never gave up on the cut connection"
             time.sleep(0.2)
-    finally:
-        if control.poll() is None:
-            os.kill(control.pid, signal.SIGKILL)  # only the process this test started
-        control.wait()
     log = (tmp_path / "control.log").read_text()
     assert control.returncode != 0, log[-3000:]
     cut = host_state(ssh, host)
@@ -205,9 +219,7 @@ def test_ssh_cut_after_the_swap_leaves_a_unit_the_next_run_verifies(
     assert_serves_its_record(after, SPECULATIVE)
     assert host_state(ssh, other) == other_before
 
-    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host)
-    assert result.returncode == 0, tail(result)  # back on the base config for the next tests
-    assert_serves_its_record(host_state(ssh, host), SPECULATIVE)
+    back_on_the_base_config(ssh, host)
 
 
 def test_a_host_rebooted_after_the_swap_is_rolled_back_by_the_next_run(pair, ssh, tmp_path):
@@ -217,19 +229,11 @@ def test_a_host_rebooted_after_the_swap_is_rolled_back_by_the_next_run(pair, ssh
     import specdeploy_sandbox as sandbox
 
     host, other = pair
-    plant_broken_draft(ssh, host)
-    before, other_before = host_state(ssh, host), host_state(ssh, other)
-    spec = {**cfg_of(host).speculative_config, "model": BROKEN_DRAFT}
-    inventory = write_inventory(tmp_path, {host: {"speculative_config": spec}})
-    control = start_control(inventory, host, tmp_path)
-    try:
+    before, other_before, inventory = broken_change(ssh, host, other, tmp_path)
+    with control_run(inventory, host, tmp_path) as control:
         wait_for_swap(ssh, host, control, lambda unit: BROKEN_DRAFT in unit)
         booted = sandbox.reboot(host)
         control.wait(timeout=600)
-    finally:
-        if control.poll() is None:
-            os.kill(control.pid, signal.SIGKILL)  # only the process this test started
-        control.wait()
     log = (tmp_path / "control.log").read_text()
     assert control.returncode != 0, log[-3000:]
     assert booted["system_state"] in ("running", "degraded"), booted
@@ -275,9 +279,7 @@ def test_a_failed_change_after_a_gate_fall_back_restores_the_baseline_alone(pair
     assert_serves_its_record(after, BASELINE)
     assert host_state(ssh, other) == other_before
 
-    result = run("pyinfra", "-y", "inventories/sandbox.py", "deploys/serve.py", "--limit", host)
-    assert result.returncode == 0, tail(result)  # back on the base config for the next tests
-    assert_serves_its_record(host_state(ssh, host), SPECULATIVE)
+    back_on_the_base_config(ssh, host)
 
 
 def test_on_fail_fail_keeps_the_record_of_the_unit_put_back(pair, ssh, tmp_path):
