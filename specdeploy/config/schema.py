@@ -202,6 +202,16 @@ class SpeculationGate(BaseModel):
     # acceptance within acceptance_band), else it is measured itself and flagged
     band: PositiveFloat = 0.25
     acceptance_band: PositiveFloat = 0.15
+    across_load: bool = Field(
+        False,
+        description="with a num_speculative_tokens_per_batch_size schedule in speculative_config: "
+        "the gate measures the deployed schedule, the baseline and the fixed k "
+        "(compare_fixed_k, else num_speculative_tokens) at every load level "
+        "(workload.load_levels), on fresh servers, and keeps the schedule only where "
+        "compare_across_load's rule proves it (faster than the baseline at one level, slower "
+        "than the baseline and the fixed k at none); else it falls back (on_fail), the per-level "
+        "evidence in the record. Without a schedule the gate measures at one load as before",
+    )
 
 
 class InstanceSpec(BaseModel):

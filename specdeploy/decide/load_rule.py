@@ -18,7 +18,7 @@ from specdeploy.config.record import BenchResult, bench_result
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.choose import choose_k
 from specdeploy.decide.decisions import BETTER, WORSE, compare_values, run_values
-from specdeploy.decide.stats import DEFAULT_ALPHA, median, rank_test
+from specdeploy.decide.stats import DEFAULT_ALPHA, median, min_runs_per_arm, rank_test
 
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's (vllm#32374), from 0.26.0
 
@@ -76,6 +76,12 @@ def k_of(arm: str) -> int | None:
 def level_alpha(alpha: float, levels: int) -> float:
     """Each level's share of the family's alpha (Bonferroni over the levels)."""
     return alpha / max(levels, 1)
+
+
+def proof_runs(levels: int, alpha: float = DEFAULT_ALPHA) -> int:
+    """The fewest runs per arm at which the proof's two-sided test at alpha / L can decide
+    (PROOF_RULE): 5 over three levels at 0.05 (2/252), 4 at 0.1 (2/70)."""
+    return min_runs_per_arm(level_alpha(alpha, levels))
 
 
 # --- vLLM's rules for the schedule ----------------------------------------------------------------
@@ -277,7 +283,8 @@ def prove_schedule(
     fixed k, optional). Returns {alpha, level_alpha, rule, levels {c: {vs_baseline, vs_fixed
     (compare_values at level_alpha; lower TPOT is better)}}, proven, fixed_proven, slower_at
     (levels where the schedule is significantly slower than the baseline), behind_fixed_at,
-    faster_at, decision ("schedule", "fixed", "off"), verdict}."""
+    faster_at, fixed_faster_at, fixed_slower_at (the fixed k against the baseline), decision
+    ("schedule", "fixed", "off"), verdict}."""
     levels = sorted(runs)
     each = level_alpha(alpha, len(levels))
     per: dict[int, dict] = {}
@@ -336,6 +343,8 @@ def prove_schedule(
         "slower_at": slower,
         "behind_fixed_at": behind,
         "faster_at": faster,
+        "fixed_faster_at": fixed_faster,
+        "fixed_slower_at": fixed_slower,
         "decision": decision,
         "verdict": verdict,
     }

@@ -16,7 +16,13 @@ from dataclasses import dataclass, replace
 
 from specdeploy.checks.capabilities import speculative_keys
 from specdeploy.config.schema import LoadLevel, ServeConfig
-from specdeploy.decide.load_rule import SCHEDULE_KEY, level_alpha, level_label, schedule_config
+from specdeploy.decide.load_rule import (
+    SCHEDULE_KEY,
+    level_alpha,
+    level_label,
+    proof_runs,
+    schedule_config,
+)
 from specdeploy.decide.stats import min_runs_per_arm
 from specdeploy.measure.arms import BASELINE, Arm, SharedStep, k_arm
 from specdeploy.measure.conditions import LoadConditions
@@ -59,9 +65,8 @@ def tune_runs_per_arm(cfg: ServeConfig, ks: Sequence[int], alpha: float) -> int:
 
 
 def proof_runs_per_arm(cfg: ServeConfig, alpha: float) -> int:
-    """The fewest runs per arm at which the two-sided test at alpha / L can decide: 5 over three
-    levels at 0.05 (2/252), 4 at 0.1 (2/70)."""
-    return min_runs_per_arm(level_alpha(alpha, len(cfg.workload.effective_load_levels)))
+    """load_rule.proof_runs over the workload's load levels."""
+    return proof_runs(len(cfg.workload.effective_load_levels), alpha)
 
 
 def _levels_json(cfg: ServeConfig) -> list[dict]:
