@@ -9,13 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from specdeploy.config.schema import SpeculationGate, config_from_data
+from specdeploy.decide.decisions import TOO_FEW_RUNS
 from specdeploy.decide.gate_rule import (
     ACROSS_LOAD_BEHIND,
     ACROSS_LOAD_PASSED,
     ACROSS_LOAD_SLOWER,
     across_load_decision,
 )
-from specdeploy.decide.decisions import TOO_FEW_RUNS
 from specdeploy.decide.load_rule import proof_runs
 
 SPREAD = (0.97, 0.99, 1.0, 1.01, 1.03)  # five fresh-server runs around a median, 3 % apart
