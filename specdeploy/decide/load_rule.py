@@ -66,6 +66,13 @@ def tpot_by_level(results: Sequence[BenchResult | Mapping]) -> dict[int, dict[st
     return {c: {arm: run_values(rs, "tpot") for arm, rs in arms.items()} for c, arms in out.items()}
 
 
+def rotating_rounds(arms: Sequence[str], repeats: int) -> list[str]:
+    """`repeats` rounds over `arms`, each round starting one arm later (no arm always first):
+    the order of the visits of compare_across_load, tune_method = load and the gate across load."""
+    n = len(arms)
+    return [arms[(r + i) % n] for r in range(repeats) for i in range(n)]
+
+
 def k_of(arm: str) -> int | None:
     """0 for the baseline, k for "k<k>", None for any other arm."""
     if arm == "baseline":

@@ -21,6 +21,7 @@ from specdeploy.decide.load_rule import (
     level_alpha,
     level_label,
     proof_runs,
+    rotating_rounds,
     schedule_config,
 )
 from specdeploy.decide.stats import min_runs_per_arm
@@ -47,12 +48,12 @@ def visits(
         SharedStep(at_level(cfg, arms[i % len(arms)], levels[0]), True, False)
         for i in range(warmup_runs)
     ]
-    for r in range(repeats):
-        shift = r % len(arms)
-        for arm in list(arms[shift:]) + list(arms[:shift]):
-            steps += [
-                SharedStep(at_level(cfg, arm, lv), False, j > 0) for j, lv in enumerate(levels)
-            ]
+    by_label = {a.label: a for a in arms}
+    for label in rotating_rounds([a.label for a in arms], repeats):
+        steps += [
+            SharedStep(at_level(cfg, by_label[label], lv), False, j > 0)
+            for j, lv in enumerate(levels)
+        ]
     return steps
 
 
