@@ -184,6 +184,9 @@ class GateDecision(_Part):
     power: dict[str, Any] | None = None  # the canary's runs per arm and the power they give
     band: dict[str, Any] | None = None  # the canary's smoke figures a sharing host is held to
     outlier: dict[str, Any] | None = None  # a host of the class measured itself: why
+    # speculation_gate.across_load: the schedule, the fixed k and, at every load level, each arm's
+    # run TPOTs, the schedule against the baseline and the fixed k (gate_rule.across_load_decision)
+    across_load: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True)

@@ -178,12 +178,17 @@ def gate_fingerprint(
     max_tpot_ratio: float,
     on_fail: str,
     alpha: float = DEFAULT_ALPHA,
+    across_load: Mapping | None = None,
 ) -> dict:
     """What a gate decision depends on, to record with it (gate["fingerprint"]): both units (the
     vLLM version, argv and speculative config are in them), the workload (request set, rate,
-    concurrency, sampling; digested) and the gate's own settings."""
+    concurrency, sampling; digested) and the gate's own settings; `across_load` (the schedule, the
+    fixed k, the load levels) only where the gate measures across load, so every other host's
+    fingerprint stays as it was."""
     blob = json.dumps(workload, sort_keys=True, default=str).encode()
+    extra = {"across_load": dict(across_load)} if across_load is not None else {}
     return {
+        **extra,
         "speculative_unit_sha256": speculative_unit_sha256,
         "baseline_unit_sha256": baseline_unit_sha256,
         "workload_sha256": hashlib.sha256(blob).hexdigest(),

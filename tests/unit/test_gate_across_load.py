@@ -5,6 +5,8 @@ engine, and its opt-in key (config/schema.SpeculationGate)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -109,3 +111,64 @@ def test_the_opt_in_is_off_by_default_and_described(valid_data):
     assert cfg.speculation_gate.across_load is True
     with pytest.raises(ValidationError):
         SpeculationGate(across_load="sometimes")
+
+
+# --- what the gate measures across load, and what its decision depends on (steps/gate.py) --------
+
+SCHEDULED = {
+    "speculation_gate": {"across_load": True},
+    "speculative_config": {
+        "method": "draft_model",
+        "model": "Qwen/Qwen3-0.6B",
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 1]],
+    },
+    "workload": {"load_levels": [1, 4]},
+}
+
+
+def gate_of(data: dict):
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps import gate
+
+    cfg = config_from_data(data)
+    return gate.gate_input(cfg, render_unit(cfg, "speculative"))
+
+
+def test_across_load_measures_the_fixed_k_on_the_measurement_instance(valid_data):
+    across = gate_of({**valid_data, **SCHEDULED}).across_load
+    assert across.schedule == [[1, 1, 3], [2, 16, 1]] and across.fixed_k == 3
+    assert [lv.concurrency for lv in across.levels] == [1, 4]
+    assert across.fixed.name == "specdeploy-vllm-measure.service"
+    config = json.loads(across.fixed.argv[across.fixed.argv.index("--speculative-config") + 1])
+    assert config == {
+        "method": "draft_model",
+        "model": "Qwen/Qwen3-0.6B",
+        "num_speculative_tokens": 3,
+    }
+    # compare_fixed_k names the best single k tune found
+    other = gate_of({**valid_data, **SCHEDULED, "compare_fixed_k": 1}).across_load
+    assert other.fixed_k == 1
+
+
+def test_without_the_opt_in_or_a_schedule_the_gate_and_its_fingerprint_are_as_before(valid_data):
+    plain = gate_of({**valid_data, "speculation_gate": {}})
+    no_schedule = gate_of({**valid_data, "speculation_gate": {"across_load": True}})
+    off = gate_of({**valid_data, **SCHEDULED, "speculation_gate": {}})
+    assert plain.across_load is None and no_schedule.across_load is None and off.across_load is None
+    assert "across_load" not in plain.fingerprint and "across_load" not in off.fingerprint
+    assert plain.fingerprint == no_schedule.fingerprint  # a record written before stays settled
+
+
+def test_a_new_load_level_or_fixed_k_makes_the_gate_measure_again(valid_data):
+    from datetime import UTC, datetime
+
+    from specdeploy.decide.gate_rule import gate_needs_recheck
+
+    first = gate_of({**valid_data, **SCHEDULED})
+    previous = {"fingerprint": first.fingerprint, "passed": True, "decided_at": "2026-12-01T17:00Z"}
+    wider = {**SCHEDULED, "workload": {"load_levels": [1, 4, 8]}}
+    for changed in (wider, {**SCHEDULED, "compare_fixed_k": 1}):
+        fp = gate_of({**valid_data, **changed}).fingerprint
+        verdict = gate_needs_recheck(previous, fp, now=datetime.now(UTC))
+        assert verdict["recheck"] and "across_load" in verdict["why"], verdict
