@@ -394,3 +394,92 @@ def ratio_by_level(
             out[c] = {"ratio": r["ratio"], "low": r["low"], "high": r["high"],
                       "median": median(arms[arm])}  # fmt: skip
     return out
+
+
+# --- the threshold-crossing collapse (vllm#49548): a load ramp across a schedule boundary --------
+
+CROSSING_RULE = (
+    "at each ramp level, the schedule's run-level output throughput against each neighbouring "
+    "fixed config's (the k of the range below the boundary, the k above; k = 0 is the baseline) "
+    "by the exact two-sided rank test at alpha / L: a collapse is a level where the schedule is "
+    "significantly below both neighbours, i.e. worse than either config it switches between"
+)
+
+
+def schedule_boundaries(schedule: Sequence[Sequence[int]]) -> list[dict]:
+    """Where a valid schedule's k changes: [{at (the last batch size running the lower range's k:
+    a gap carries it, as k_at does), below (its k), above (the next range's k)}], in order;
+    neighbouring ranges with the same k are no boundary."""
+    return [
+        {"at": start - 1, "below": k, "above": next_k}
+        for (_, _, k), (start, _, next_k) in zip(schedule, schedule[1:], strict=False)
+        if k != next_k
+    ]
+
+
+def ramp_levels(boundary: int, *, width: int, max_num_seqs: int) -> list[int]:
+    """The concurrencies of a ramp across the boundary after batch size `boundary`: `width` sizes
+    up to it and `width` above it, within 1..max_num_seqs, lowest first (the order a visit runs
+    them on one server: the load crosses the threshold while the server runs)."""
+    return [c for c in range(boundary - width + 1, boundary + width + 1) if 1 <= c <= max_num_seqs]
+
+
+def crossing_verdict(
+    runs: Mapping[int, Mapping[str, Sequence[float]]],
+    *,
+    boundary: int,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict:
+    """runs: {concurrency: {"schedule", "below", "above": run-level output throughputs (tokens/s,
+    higher is better)}}; `boundary`: the last batch size the lower range governs. Returns {rule,
+    level_alpha, levels {c: {runs_as ("below" or "above": the config the schedule runs there),
+    vs_below, vs_above (compare_values, higher is better)}}, collapsed_at (levels where the
+    schedule is significantly below both neighbours), behind_own_at (below the config it runs
+    there), verdict}."""
+    levels = sorted(runs)
+    if not levels:
+        raise ValueError("no ramp level was measured")
+    each = level_alpha(alpha, len(levels))
+    per: dict[int, dict] = {}
+    for c in levels:
+        arms = runs[c]
+        missing = {"schedule", "below", "above"} - {a for a, v in arms.items() if v}
+        if missing:
+            raise ValueError(f"concurrency {c}: no {', '.join(sorted(missing))} runs")
+        per[c] = {
+            "runs_as": "below" if c <= boundary else "above",
+            **{
+                f"vs_{side}": compare_values(
+                    arms["schedule"], arms[side], lower_is_better=False, alpha=each
+                )
+                for side in ("below", "above")
+            },
+        }
+    collapsed = [c for c in levels if all(per[c][f"vs_{s}"]["verdict"] == WORSE
+                                          for s in ("below", "above"))]  # fmt: skip
+    behind = [c for c in levels if per[c][f"vs_{per[c]['runs_as']}"]["verdict"] == WORSE]
+    if collapsed:
+        verdict = (
+            f"collapse: the schedule's throughput is significantly below both neighbouring fixed "
+            f"configs at concurrency {_levels(collapsed)} (boundary after batch size {boundary})"
+        )
+    elif behind:
+        verdict = (
+            f"no collapse, but the schedule is below the config it runs at concurrency "
+            f"{_levels(behind)} (boundary after batch size {boundary})"
+        )
+    else:
+        verdict = (
+            f"no collapse across the boundary after batch size {boundary}: the schedule is not "
+            f"significantly below the config it runs at any ramp level"
+        )
+    return {
+        "rule": CROSSING_RULE,
+        "alpha": alpha,
+        "level_alpha": each,
+        "boundary": boundary,
+        "levels": per,
+        "collapsed_at": collapsed,
+        "behind_own_at": behind,
+        "verdict": verdict,
+    }

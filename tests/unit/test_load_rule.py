@@ -12,11 +12,14 @@ import pytest
 
 from specdeploy.decide.load_rule import (
     build_schedule,
+    crossing_verdict,
     decide_levels,
     fixed_k_over_levels,
     k_at,
     level_alpha,
     prove_schedule,
+    ramp_levels,
+    schedule_boundaries,
     schedule_config,
     schedule_problems,
     tune_recommendation,
@@ -372,3 +375,55 @@ def test_a_candidate_schedule_is_read_from_json_text_and_checked(valid_data):
         list(found) == ["compare_schedule"]
         and "must start at batch size 1" in found["compare_schedule"]
     )
+
+
+# --- the threshold-crossing collapse (vllm#49548): the ramp and its verdict -----------------------
+
+
+def test_boundaries_are_where_k_changes_and_agree_with_vllms_lookup():
+    schedule = [[1, 2, 3], [3, 4, 3], [5, 8, 1], [12, 16, 0]]  # a gap 9-11 carries k = 1
+    found = schedule_boundaries(schedule)
+    assert found == [{"at": 4, "below": 3, "above": 1}, {"at": 11, "below": 1, "above": 0}]
+    for b in found:  # each boundary is exactly where vLLM's lookup switches k
+        assert (
+            k_at(schedule, b["at"], 3) == b["below"]
+            and k_at(schedule, b["at"] + 1, 3) == b["above"]
+        )
+    assert schedule_boundaries([[1, 8, 2]]) == []
+
+
+def test_the_ramp_straddles_the_boundary_within_max_num_seqs():
+    assert ramp_levels(2, width=2, max_num_seqs=4) == [1, 2, 3, 4]
+    assert ramp_levels(1, width=2, max_num_seqs=4) == [1, 2, 3]
+    assert ramp_levels(4, width=2, max_num_seqs=5) == [3, 4, 5]
+
+
+def ramp(table: dict) -> dict:
+    """{c: (schedule, below, above) median tokens/s} -> runs."""
+    return {c: {"schedule": runs(s), "below": runs(b), "above": runs(a)}
+            for c, (s, b, a) in table.items()}  # fmt: skip
+
+
+def test_a_schedule_that_follows_its_neighbours_does_not_collapse():
+    # k = 3 pays at 1-2, off (the baseline) pays above: the schedule matches whichever it runs
+    r = crossing_verdict(
+        ramp({1: (30, 30, 20), 2: (50, 50, 40), 3: (60, 55, 60), 4: (70, 60, 70)}), boundary=2
+    )
+    assert r["collapsed_at"] == [] and r["behind_own_at"] == [] and "no collapse" in r["verdict"]
+    assert [r["levels"][c]["runs_as"] for c in (1, 2, 3, 4)] == ["below", "below", "above", "above"]
+
+
+def test_a_collapse_past_the_threshold_is_named():
+    # past the boundary the schedule falls below both fixed configs (vllm#49548's report)
+    r = crossing_verdict(
+        ramp({1: (30, 30, 20), 2: (50, 50, 40), 3: (35, 55, 60), 4: (40, 60, 70)}), boundary=2
+    )
+    assert r["collapsed_at"] == [3, 4] and r["behind_own_at"] == [3, 4]
+    assert r["verdict"].startswith("collapse") and "concurrency 3, 4" in r["verdict"]
+    assert r["levels"][3]["vs_above"]["verdict"] == "worse"
+
+
+def test_below_its_own_config_but_not_both_is_no_collapse_yet_is_said():
+    r = crossing_verdict(ramp({1: (25, 30, 20), 2: (50, 50, 40)}), boundary=2)
+    assert r["collapsed_at"] == [] and r["behind_own_at"] == [1]
+    assert "below the config it runs at concurrency 1" in r["verdict"]
