@@ -102,13 +102,19 @@ WINGS: dict[str, Wing] = {
     ),
     "measure": Wing(
         "the trained pair: smoke figures, the compare, gate and tune verdicts, the tune and proof "
-        "across load levels (recorded for the replays)",
-        ("tests/integration/test_trained_models.py", "tests/integration/test_load_aware.py"),
+        "across load levels (recorded for the replays), the gate across load levels and a load "
+        "ramp across a schedule boundary",
+        (
+            "tests/integration/test_trained_models.py",
+            "tests/integration/test_load_aware.py",
+            "tests/integration/test_load_gate.py",
+        ),
         (
             "specdeploy/measure/*",
             "specdeploy/decide/*",
             "specdeploy/report/*",
             "specdeploy/checks/load.py",
+            "specdeploy/steps/gate.py",
             "specdeploy/config/datasets.py",
             "specdeploy/host/watchdog.py",
             "deploys/compare.py",
