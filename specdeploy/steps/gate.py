@@ -277,8 +277,10 @@ def speculation_gate(
 ) -> tuple[RenderedUnit, dict, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
-    (decide/gate_rule.gate_decision). `box`: a whole box's rolling restart, where the instance
-    measured first decides for the others (they are not measured).
+    (decide/gate_rule.gate_decision). Across load (`units.across_load`: a deployed schedule
+    and speculation_gate.across_load), three arms at every load level instead
+    (_measure_across_load, gate_rule.across_load_decision). `box`: a whole box's rolling
+    restart, where the instance measured first decides for the others (they are not measured).
 
     Returns (the unit the server ends on, healthy; its health check; the gate record). With
     on_fail=baseline and a failed gate that is the baseline unit, enabled, with the speculative
