@@ -29,7 +29,9 @@ from device_common import http_ok, kill_group, log, wait_gpu_free, warm
 LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"
 KEPT = "/tmp/kept"  # every run's raw result, as round<r>/<label>.json
-LOADING = "Starting to load model"
+# the next server of a "plan" round starts once the one before has applied its recorded KV size
+# (or, where vLLM did not apply it, finished profiling): its snapshot is taken by then
+PLANNED = ("Applying persisted startup plan", "Available KV cache memory")
 PLANS = "/var/lib/specdeploy/cache/.cache/vllm/startup_plan"  # HOME of the unit, vLLM's cache root
 GRAPH_LINES = (
     "cudagraph_mode",
@@ -57,12 +59,12 @@ def start(arm: str, spec: dict, rnd: int, py: str) -> tuple[subprocess.Popen, st
     return proc, path
 
 
-def wait_for(proc: subprocess.Popen, path: str, needle: str | None, url: str, deadline: float):
-    """'ok' when the log holds `needle` (or, needle None, /health answers), 'exited', 'timeout'."""
+def wait_for(proc: subprocess.Popen, path: str, needles: tuple, url: str, deadline: float):
+    """'ok' when the log holds one of `needles` or /health answers, 'exited', 'timeout'."""
     while time.time() < deadline:
         if proc.poll() is not None:
             return "exited"
-        if needle is not None and needle in open(path, errors="replace").read():
+        if needles and any(n in open(path, errors="replace").read() for n in needles):
             return "ok"
         if http_ok(url):
             return "ok"
@@ -89,9 +91,10 @@ def start_all(plan: dict, order: list[str], rnd: int, deadline: float, py: str, 
     compile cache; nothing measured, its startup plans deleted after). "serial": each after the
     one before is healthy, so each memory profile sees only finished co-tenants; with
     VLLM_ENABLE_STARTUP_PLAN=1 each records its KV size and the free memory it saw. "plan": in
-    the same order, each once the one before has taken its own memory snapshot ("Starting to load
-    model"): its free memory is then at least what the serial round recorded, so vLLM applies
-    the recorded KV size and skips profiling (v1/worker/startup_plan.py)."""
+    the same order, each once the one before has applied its recorded KV size (PLANNED): the
+    next one's free memory is then at least what the serial round recorded, when every earlier
+    server was fully up, so vLLM applies its recorded KV size too and skips profiling
+    (v1/worker/startup_plan.py)."""
     procs, states = {}, {}
     for arm in order:
         spec = plan[arm]
@@ -100,9 +103,9 @@ def start_all(plan: dict, order: list[str], rnd: int, deadline: float, py: str, 
         procs[arm] = (proc, path, t0)
         url = f"http://127.0.0.1:{spec['port']}/health"
         if mode == "serial":
-            states[arm] = wait_for(proc, path, None, url, deadline)
+            states[arm] = wait_for(proc, path, (), url, deadline)
         elif mode == "plan":
-            states[arm] = wait_for(proc, path, LOADING, url, deadline)
+            states[arm] = wait_for(proc, path, PLANNED, url, deadline)
         log(f"r{rnd} {arm}: started ({states.get(arm, mode)}) after {time.time() - t0:.0f} s")
     return procs
 
@@ -117,7 +120,10 @@ def run_round(plan: dict, order: list[str], rnd: int, deadline: float, py: str, 
         for arm in order:
             proc, path, t0 = procs[arm]
             url = f"http://127.0.0.1:{plan[arm]['port']}/health"
-            state = wait_for(proc, path, None, url, deadline)
+            # a warm-up server is done once compiled and profiled: graphs are captured anew on
+            # every start, only the compile cache carries over
+            sized = ("Available KV cache memory",) if mode == "warmup" else ()
+            state = wait_for(proc, path, sized, url, deadline)
             rec["servers"][arm] = {"state": state, "seconds_to_healthy": round(time.time() - t0, 1)}
             if state != "ok" and mode != "warmup":
                 raise RuntimeError(f"{arm}: {state}")
