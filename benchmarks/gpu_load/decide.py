@@ -16,7 +16,8 @@ acceptance the acceptance length must fit the k (vLLM refuses L > k + 1), so the
 L 1.8 where the k = 3 and schedule arms run L 2.5 (the earlier sweep's lengths).
 
 Usage: python benchmarks/gpu_load/decide.py RECORDING_DIR
-  reads RECORDING_DIR/rounds.json, plan.json and results/round<r>/<label>.json (device_run.py's);
+  reads RECORDING_DIR/rounds.json, plan.json and results/round<r>/<label>.json (device_run.py's
+  results.tar.gz unpacked; without it, the kept results.json);
   writes RECORDING_DIR/results.json (every counted run, vLLM's scalar figures), inputs.json (what
   load_summary gets), summary.json and summary.md (what it answers)
 """
@@ -42,7 +43,10 @@ def compact(raw: dict) -> dict:
 
 
 def counted_runs(rec: Path) -> list[dict]:
-    """Every measured run as a bench result, in the order it ran."""
+    """Every measured run as a bench result, in the order it ran (from the device's raw files
+    where they are unpacked, else from the kept results.json)."""
+    if not (rec / "results").is_dir():
+        return json.loads((rec / "results.json").read_text())
     plan = json.loads((rec / "plan.json").read_text())
     out = []
     for rnd in json.loads((rec / "rounds.json").read_text()):
