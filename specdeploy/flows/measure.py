@@ -88,8 +88,18 @@ def _write_report(kind: str) -> None:
     logger.info(
         f"{host.print_prefix}report: {directory}/summary.md ({', '.join(summary['charts'])})"
     )
+    for name, h in summary["hosts"].items():  # across load levels (report/load_summary.py)
+        verdict = (h.get("recommendation") or {}).get("verdict") or (h.get("proof") or {}).get(
+            "verdict"
+        )
+        if verdict:
+            print(f"{name}: {verdict}")
+            if h.get("host_data_change"):
+                print(f"  {h['host_data_change']}")
     if kind == "tune":
         for name, h in summary["hosts"].items():
+            if "choice" not in h:
+                continue
             c = h["choice"]
             if c["recommended_k"] is None:
                 print(f"{name}: {c['verdict']} (currently k = {h['current_k']})")

@@ -298,14 +298,20 @@ def start_fresh(
     return wait_healthy(cfg, unit.name, speculative=speculative)
 
 
-def restore_deployed(cfg: ServeConfig, unit: str, role: str) -> dict:
-    """Remove the measurement unit and bring the deployed unit back, healthy."""
+def remove_measure_unit(cfg: ServeConfig) -> None:
+    """Stop and remove the measurement instance (compare/tune/gate), so no arm's unit outlives
+    its measurement."""
     measure = cfg.measure_unit
     stop([measure])
     sh(
         f"rm -f {shlex.quote(cfg.unit_path(measure))} && systemctl daemon-reload && "
         f"systemctl reset-failed {shlex.quote(measure)} 2>/dev/null; true"
     )
+
+
+def restore_deployed(cfg: ServeConfig, unit: str, role: str) -> dict:
+    """Remove the measurement unit and bring the deployed unit back, healthy."""
+    remove_measure_unit(cfg)
     sh(f"systemctl start {shlex.quote(unit)}")
     checked = wait_healthy(cfg, unit, speculative=role == "speculative")
     logger.info(f"{host.print_prefix}back on {unit}, healthy")

@@ -103,6 +103,32 @@ class TuneConditions(JsonView):
         return asdict(self)
 
 
+@dataclass(frozen=True, eq=False)
+class LoadConditions(JsonView):
+    """A measurement across load levels (load_flow.py): tune_method "load" (ks, the baseline and
+    every k) or compare_across_load (across_load: the deployed config, the baseline, the fixed k);
+    the levels, the arms and runs per arm at every level."""
+
+    ks: list[int]
+    repeats: int
+    warmup_runs: int
+    tune_method: str | None  # "load" for tune, None for compare
+    load_levels: list[dict[str, Any]]  # schema.LoadLevel's, lowest concurrency first
+    arms: list[str]
+    fixed_k: int | None
+    order: str
+    # what the release and the engine flags say of a schedule (checks/capabilities.py,
+    # render/argv.py), for the report, which may not read them itself
+    schedule_supported: bool = False
+    data_parallel_size: int = 1
+    across_load: bool = False
+    schedule: list[list[int]] | None = None  # the schedule the proof measured
+    schedule_deployed: bool = False  # False: a candidate (compare_schedule), never deployed
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class Limits:
     max_model_len: int
@@ -134,7 +160,7 @@ class Conditions(JsonView):
     warm_up: str
     decision_alpha: float
     decision_rule: str
-    plan: CompareConditions | TuneConditions
+    plan: CompareConditions | TuneConditions | LoadConditions
 
     def as_json(self) -> dict[str, Any]:
         return {

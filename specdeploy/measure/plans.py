@@ -24,6 +24,7 @@ from specdeploy.decide.decisions import (
     round_order,
 )
 from specdeploy.decide.decisions import run_values as _run_values
+from specdeploy.decide.load_rule import schedule_problems
 from specdeploy.decide.stats import SEQUENTIAL_RULE, min_runs_per_arm, sequential_looks
 from specdeploy.decide.tune_rule import runs_by_label
 from specdeploy.host.bench import bench_args
@@ -37,6 +38,12 @@ from specdeploy.measure.conditions import (
     SequentialRule,
     TuneConditions,
     VllmPin,
+)
+from specdeploy.measure.load_flow import (
+    LoadProof,
+    LoadTune,
+    proof_runs_per_arm,
+    tune_runs_per_arm,
 )
 from specdeploy.measure.tune_flow import PredictPlan, read_raw
 from specdeploy.render.units import render_unit
@@ -274,6 +281,8 @@ class Measurement(NamedTuple):
 def compare_measurement(cfg: ServeConfig) -> Measurement:
     """compare_repeats set: that many runs per arm (one look at alpha); unset (the default): the
     sequential compare up to compare_max_repeats runs per arm."""
+    if setting(cfg, "compare_across_load"):
+        return load_proof_measurement(cfg)
     repeats = setting(cfg, "compare_repeats")
     max_runs = setting(cfg, "compare_max_repeats")
     warmup_runs = setting(cfg, "compare_warmup_runs")
@@ -326,7 +335,10 @@ def tune_measurement(cfg: ServeConfig) -> Measurement:
     ks = setting(cfg, "tune_k")
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}tune: {RANDOM_REQUESTS_WARNING}")
-    predict = setting(cfg, "tune_method") == "predict"
+    method = setting(cfg, "tune_method")
+    if method == "load":
+        return load_tune_measurement(cfg, ks)
+    predict = method == "predict"
     # None: the fewest runs at which choose_k can decide; the predict flow sizes it to the k it
     # confirms (tune_flow.predict_plan), the sweep to all of tune_k
     repeats = setting(cfg, "tune_repeats")
@@ -357,3 +369,50 @@ def tune_measurement(cfg: ServeConfig) -> Measurement:
     )
     what = f"Sweep k over {ks} ({repeats} runs each, {warmup_runs} warm-up)"
     return Measurement(sweep, conditions(cfg, part), what)
+
+
+# --- across load levels (issue 39) ----------------------------------------------------------------
+
+VISIT_NOTE = (
+    "per visit: a fresh server for one arm, then one run per load level on it, lowest concurrency "
+    "first; each level's runs of an arm come from distinct server starts"
+)
+
+
+def _levels_text(cfg: ServeConfig) -> str:
+    return ", ".join(str(lv.concurrency) for lv in cfg.workload.effective_load_levels)
+
+
+def load_tune_measurement(cfg: ServeConfig, ks: list[int]) -> Measurement:
+    """tune_method = "load": tune_repeats, else the fewest runs at which a k can be shown faster
+    at one level under the levels' correction (load_flow.tune_runs_per_arm)."""
+    repeats = setting(cfg, "tune_repeats") or tune_runs_per_arm(cfg, ks, cfg.decision_alpha)
+    plan = LoadTune(cfg, tuple(ks), repeats, setting(cfg, "tune_warmup_runs"))
+    cond = conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)
+    what = (
+        f"Tune k over {ks} at concurrency {_levels_text(cfg)} ({repeats} visits per arm, one run "
+        "per level each)"
+    )
+    return Measurement(plan, cond, what)
+
+
+def load_proof_measurement(cfg: ServeConfig) -> Measurement:
+    """compare_across_load: compare_repeats, else the fewest runs at which the two-sided test at
+    alpha / L can decide (load_flow.proof_runs_per_arm)."""
+    repeats = setting(cfg, "compare_repeats") or proof_runs_per_arm(cfg, cfg.decision_alpha)
+    candidate = setting(cfg, "compare_schedule")  # from the environment too: check it here
+    wrong = schedule_problems(candidate, None) if candidate is not None else []
+    if wrong:
+        fix = "set it as tune printed it: [[1, end, k], [end + 1, ..., k], ...]"
+        raise ConfigError([Problem(host.name, "compare_schedule", what, fix) for what in wrong])
+    plan = LoadProof(
+        cfg,
+        setting(cfg, "compare_fixed_k"),
+        repeats,
+        setting(cfg, "compare_warmup_runs"),
+        tuple(tuple(e) for e in candidate) if candidate else None,
+    )
+    cond = conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)
+    arms = " vs ".join(a.label for a in plan.arms())
+    what = f"{arms} at concurrency {_levels_text(cfg)} ({repeats} visits per arm)"
+    return Measurement(plan, cond, what)

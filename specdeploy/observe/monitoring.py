@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.config.schema import ServeConfig
+from specdeploy.decide.load_rule import schedule_proven_range
 
 JOB = "specdeploy-vllm"
 BALANCER_JOB = "specdeploy-balancer"  # a job of its own: job=~"specdeploy-vllm.*" is vLLM only
@@ -122,8 +123,10 @@ def latest_smoke(reports: Path, host: str) -> dict | None:
     return None
 
 
-def baseline_rules(baselines: dict[str, dict]) -> dict:
-    """Recording rules with one constant per host (what the deploy measured), for the alerts."""
+def baseline_rules(baselines: dict[str, dict], proven: dict[str, int] | None = None) -> dict:
+    """Recording rules with one constant per host (what the deploy measured), for the alerts;
+    `proven`: {host: the largest batch its schedule was proven at (schedule_proven_range), else
+    max_num_seqs}."""
     rules = []
     for host, smoke in sorted(baselines.items()):
         tpot = smoke.get("median_tpot_ms")
@@ -144,7 +147,15 @@ def baseline_rules(baselines: dict[str, dict]) -> dict:
                     "labels": {"host": host},
                 }
             )
-    return {"groups": [{"name": "specdeploy-baselines", "rules": rules}]}
+    schedule = [
+        {"record": "specdeploy:proven_batch_size_max", "expr": f"vector({top})",
+         "labels": {"host": host}}
+        for host, top in sorted((proven or {}).items())
+    ]  # fmt: skip
+    groups = [{"name": "specdeploy-baselines", "rules": rules}]
+    if schedule:  # a group of its own: the smoke baselines stay the first group
+        groups.append({"name": "specdeploy-schedules", "rules": schedule})
+    return {"groups": groups}
 
 
 @dataclass
@@ -206,6 +217,7 @@ def write_prometheus(
 
     jobs: dict[str | None, ScrapeJob] = {}  # api key (or None) -> job
     skipped, baselines = [], {}
+    proven: dict[str, int] = {}
     balancers = []
     for name, groups, data, cfg in hosts:
         targets = [(a, labels) for a, labels in scrape_targets(name, groups, data, cfg) if a]
@@ -228,6 +240,9 @@ def write_prometheus(
         smoke = latest_smoke(reports, name)
         if smoke:
             baselines[name] = smoke
+        # without a schedule, max_num_seqs: no batch leaves it, so the alert has data and is quiet
+        schedule = schedule_proven_range(cfg)
+        proven[name] = schedule[1] if schedule else cfg.effective_max_num_seqs
     if (out / "api-keys").is_dir():
         shutil.rmtree(out / "api-keys")  # keys of jobs that no longer exist must not linger
     if (out / "targets").is_dir():
@@ -243,7 +258,7 @@ def write_prometheus(
     header = "# Written by `specdeploy render`; regenerate rather than edit.\n"
     config = prometheus_config(scraped)
     _write(out / "prometheus.yml", header + yaml.safe_dump(config, sort_keys=False))
-    _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines)))
+    _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines, proven)))
     for name in MONITORING_TEMPLATES:
         shutil.copyfile(monitoring_dir() / name, out / name)
     return PrometheusFiles(

@@ -26,6 +26,7 @@ from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import load_inventory
 from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
 from specdeploy.config.revisions import as_deployed
+from specdeploy.decide.load_rule import batch_outside_proven, schedule_proven_range
 from specdeploy.decide.metrics import live_figures
 from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
 from specdeploy.host.facts.http import HttpGet
@@ -238,6 +239,11 @@ class HostProbe:
             )
             if expected.role == "speculative" and not live.since_start["speculative"]:
                 problems.append("/metrics has no vllm:spec_decode_* counters: speculation is off")
+            outside = batch_outside_proven(  # a schedule proven up to its highest load level
+                schedule_proven_range(cfg), live.since_start.get("requests_running")
+            )
+            if outside and expected.role == "speculative":
+                problems.append(outside)
         return ServerStatus(
             record=_record_summary(record),
             unit=unit,

@@ -206,3 +206,51 @@ def acceptance_curves(s: dict, kind: str) -> dict[str, list[float]]:
         for name, h in s["hosts"].items()
         for k, pk in h["per_k"].items()
     }
+
+
+def load_chart(s: dict, run_dir: Path) -> list[str]:
+    """load_ratio.png: TPOT over the baseline's against concurrency, one line per k (tune) or per
+    arm (the schedule, the fixed k: the proof), with each level's rank-test interval; below 1
+    speculation pays at that load."""
+    hosts = [(name, h) for name, h in s["hosts"].items() if h["ratios"]]
+    if not hosts:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    measured: set[int] = set()
+    for name, h in hosts:
+        for arm, by_level in h["ratios"].items():
+            levels = sorted(by_level, key=int)
+            points = [(int(c), by_level[c]) for c in levels if by_level[c]["ratio"] is not None]
+            if not points:
+                continue
+            xs = [c for c, _ in points]
+            measured |= set(xs)
+            ys = [r["ratio"] for _, r in points]
+            # an end the runs cannot bound is drawn as a zero-length bar, never invented
+            low = [
+                y - (r["low"] if r["low"] is not None else y)
+                for y, (_, r) in zip(ys, points, strict=True)
+            ]
+            high = [
+                (r["high"] if r["high"] is not None else y) - y
+                for y, (_, r) in zip(ys, points, strict=True)
+            ]
+            label = arm if len(hosts) == 1 else f"{name} {arm}"
+            ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=4, label=label,
+                        linewidth=2.5 if arm in ("schedule", "speculative") else 1.2)  # fmt: skip
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(measured), [str(c) for c in sorted(measured)])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency (requests in flight: the batch size)")
+    ax.set_ylabel("TPOT median / baseline's (interval per level)")
+    ax.set_title(
+        "speculative / baseline TPOT by load (below 1: speculation pays at that load)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "load_ratio.png", dpi=110)
+    plt.close(fig)
+    return ["load_ratio.png"]

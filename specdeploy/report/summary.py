@@ -38,8 +38,10 @@ from specdeploy.report.charts import (
     acceptance_chart,
     acceptance_curves,
     compare_charts,
+    load_chart,
     tune_charts,
 )
+from specdeploy.report.load_summary import is_load_run, load_markdown, load_summary
 from specdeploy.report.markdown import compare_markdown, tune_markdown
 
 APC_NOTE = (
@@ -304,6 +306,15 @@ def write(run_dir: Path, kind: str | None = None) -> dict:
     if kind is None:
         conds = [json.loads(p.read_text()) for p in (run_dir / "raw").glob("*/conditions.json")]
         kind = conds[0].get("kind", "compare") if conds else "compare"
+    hosts = load_run(run_dir)
+    if any(is_load_run(h["conditions"]) for h in hosts.values()):  # across load levels
+        s = load_summary(hosts, _head(run_dir, kind, {}))
+        s["charts"] = load_chart(s, run_dir)
+        (run_dir / "summary.json").write_text(
+            json.dumps(s, indent=1, sort_keys=True, default=str) + "\n"
+        )
+        (run_dir / "summary.md").write_text(load_markdown(s) + "\n")
+        return s
     s = compare_summary(run_dir) if kind == "compare" else tune_summary(run_dir)
     s["charts"] = compare_charts(s, run_dir) if kind == "compare" else tune_charts(s, run_dir)
     s["charts"] += acceptance_chart(

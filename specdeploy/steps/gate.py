@@ -3,7 +3,12 @@ deploys/serve.py measures baseline and speculative on fresh servers, alternating
 is not shown faster than the margin at decision_alpha (gate_rule.py) the host ends on the baseline
 unit (or the deploy fails), and the deployment record says why, with the numbers. A fall-back is
 kept on re-runs until the units, the workload or the gate's settings change (or it is
-`recheck_days` old); then the gate measures again."""
+`recheck_days` old); then the gate measures again.
+
+With `speculation_gate.across_load` and a num_speculative_tokens_per_batch_size schedule deployed,
+the gate measures the schedule, the baseline and the fixed k at every load level (issue 39) and
+keeps the schedule only where compare_across_load's own rule proves it (gate_rule.
+across_load_decision); the record keeps the per-level evidence."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from pyinfra import host, logger
 
 from specdeploy.config import datasets
 from specdeploy.config.record import BenchResult, DeploymentRecord, GateDecision
-from specdeploy.config.schema import ServeConfig, SpeculationGate
+from specdeploy.config.schema import LoadLevel, ServeConfig, SpeculationGate
 from specdeploy.config.timestamps import utc_iso, utc_stamp
 from specdeploy.decide.decisions import (
     RANDOM_REQUESTS_WARNING,
@@ -29,17 +34,34 @@ from specdeploy.decide.decisions import (
     run_values,
 )
 from specdeploy.decide.gate_rule import (
+    across_load_decision,
     gate_decision,
     gate_fingerprint,
     gate_needs_recheck,
     power_runs,
     smoke_outside_band,
 )
-from specdeploy.host.bench import PendingBench
-from specdeploy.host.server import enable_only, start_fresh, switch_enabled, wait_healthy, warm_up
+from specdeploy.decide.load_rule import (
+    SCHEDULE_KEY,
+    level_label,
+    proof_runs,
+    rotating_rounds,
+    schedule_config,
+    tpot_by_level,
+)
+from specdeploy.host.bench import PendingBench, bench_time_limit
+from specdeploy.host.server import (
+    enable_only,
+    remove_measure_unit,
+    start_fresh,
+    switch_enabled,
+    wait_healthy,
+    warm_up,
+)
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
+from specdeploy.steps import lock
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -57,19 +79,57 @@ def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedU
         max_tpot_ratio=gate_cfg.max_tpot_ratio,
         on_fail=gate_cfg.on_fail,
         alpha=cfg.decision_alpha,
+        across_load=across.fingerprint() if (across := across_load_input(cfg)) else None,
+    )
+
+
+@dataclass(frozen=True)
+class AcrossLoad:
+    """What the gate across load measures beside the two production units: the deployed schedule,
+    the fixed k's unit (the measurement instance: the speculative config without the schedule,
+    as compare_across_load's fixed arm) and the load levels."""
+
+    schedule: list[list[int]]
+    fixed_k: int
+    fixed: RenderedUnit
+    levels: tuple[LoadLevel, ...]
+
+    def fingerprint(self) -> dict:
+        """What the decision depends on beyond the production units (the fixed unit is theirs
+        with another k, so its hash, which names a box instance's port, stays out)."""
+        return {"schedule": self.schedule, "fixed_k": self.fixed_k,
+                "levels": [lv.model_dump() for lv in self.levels]}  # fmt: skip
+
+
+def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
+    """speculation_gate.across_load on a deployed schedule, else None (the gate measures at one
+    load). The fixed k: compare_fixed_k (the best single k tune found), else
+    num_speculative_tokens (the schedule's largest k)."""
+    gate_cfg, spec = cfg.speculation_gate, cfg.speculative_config
+    if gate_cfg is None or not gate_cfg.across_load or not spec.get(SCHEDULE_KEY):
+        return None
+    k = cfg.compare_fixed_k or spec["num_speculative_tokens"]
+    fixed_cfg = cfg.model_copy(update={"speculative_config": schedule_config(spec, None, k)})
+    return AcrossLoad(
+        schedule=[list(e) for e in spec[SCHEDULE_KEY]],
+        fixed_k=k,
+        fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed"),
+        levels=tuple(cfg.workload.effective_load_levels),
     )
 
 
 @dataclass(frozen=True)
 class GateInput:
     """What the gate measures and what its decision depends on, fixed while planning (the units are
-    rendered then): the two production units, the gate's settings and their fingerprint."""
+    rendered then): the two production units, the gate's settings and their fingerprint; across
+    load, the fixed k's unit and the levels."""
 
     speculative: RenderedUnit
     baseline: RenderedUnit
     settings: SpeculationGate
     alpha: float
     fingerprint: dict
+    across_load: AcrossLoad | None = None
 
 
 def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
@@ -84,6 +144,7 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
         cfg.speculation_gate,
         cfg.decision_alpha,
         fingerprint(cfg, rendered, baseline),
+        across_load_input(cfg),
     )
 
 
@@ -216,8 +277,10 @@ def speculation_gate(
 ) -> tuple[RenderedUnit, dict, dict]:
     """`speculation_gate.runs` fresh-server runs per arm on the production units, in alternating
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
-    (decide/gate_rule.gate_decision). `box`: a whole box's rolling restart, where the instance
-    measured first decides for the others (they are not measured).
+    (decide/gate_rule.gate_decision). Across load (`units.across_load`: a deployed schedule
+    and speculation_gate.across_load), three arms at every load level instead
+    (_measure_across_load, gate_rule.across_load_decision). `box`: a whole box's rolling
+    restart, where the instance measured first decides for the others (they are not measured).
 
     Returns (the unit the server ends on, healthy; its health check; the gate record). With
     on_fail=baseline and a failed gate that is the baseline unit, enabled, with the speculative
@@ -265,7 +328,11 @@ def _gate(
         if fleet_key is not None:
             power = power_runs(units.settings.class_cv, alpha=units.alpha)
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
-        last, checked, decision = _measure(cfg, units, tokenizer, runs=runs)
+        if units.across_load is not None:  # enough for the proof's test at alpha / L to decide
+            runs = max(runs, proof_runs(len(units.across_load.levels), units.alpha))
+            last, checked, decision = _measure_across_load(cfg, units, tokenizer, runs=runs)
+        else:
+            last, checked, decision = _measure(cfg, units, tokenizer, runs=runs)
         if fleet_key is not None:
             own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
@@ -340,19 +407,25 @@ def _measure(
         on_fail=gate_cfg.on_fail,
         alpha=units.alpha,
     )
-    decision.update(
-        {
-            "fingerprint": units.fingerprint,
-            "decided_at": utc_iso(),
-            "run_order": order,
-            "speculative_unit_sha256": rendered.sha256,
-            "baseline_unit_sha256": baseline.sha256,
-            "files": files,
-            "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
-            "method": f"{runs} fresh-server runs per arm in alternating rounds, the "
-            "median TPOT of each run as one value, production units (prefix caching as deployed)",
-        }
-    )
+    evidence = {
+        "run_order": order,
+        "files": files,
+        "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
+        "method": f"{runs} fresh-server runs per arm in alternating rounds, the median TPOT of "
+        "each run as one value, production units (prefix caching as deployed)",
+    }
+    return order["order"][-1], checked, _recorded(cfg, units, decision | evidence)
+
+
+def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecision:
+    """A measured decision as the record keeps it: what it depends on, when, which units, and on
+    a whole box the instance that measured it."""
+    decision |= {
+        "fingerprint": units.fingerprint,
+        "decided_at": utc_iso(),
+        "speculative_unit_sha256": units.speculative.sha256,
+        "baseline_unit_sha256": units.baseline.sha256,
+    }
     if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
         devices = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES") or cfg.vllm_env.get(
             "VLLM_CPU_OMP_THREADS_BIND"
@@ -360,7 +433,64 @@ def _measure(
         decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
                                 "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
-    return order["order"][-1], checked, GateDecision.model_validate(decision)
+    return GateDecision.model_validate(decision)
+
+
+def _measure_across_load(
+    cfg: ServeConfig, units: GateInput, tokenizer: str, *, runs: int
+) -> tuple[str, dict, GateDecision]:
+    """The gate across load: `runs` visits per arm (the deployed schedule on the production unit,
+    the baseline, the fixed k on the measurement instance) in rotating rounds; each visit one
+    fresh server and one benchmark per load level on it, lowest first (compare_across_load's
+    discipline, measure/load_flow.py), so each level's runs of an arm come from distinct starts.
+    Returns (the role the last server had, its health check, the gate record)."""
+    across, gate_cfg = units.across_load, units.settings
+    arms = {"baseline": units.baseline, "schedule": units.speculative, "fixed": across.fixed}
+    order = rotating_rounds(list(arms), runs)
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
+    workloads = [cfg.workload.at_level(lv) for lv in across.levels]
+    visit_s = cfg.health_timeout_s + sum(bench_time_limit(cfg, w) for w in workloads)
+    out, stamp = host_reports_dir(host.name), utc_stamp()
+    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
+    results: list[BenchResult] = []
+    files: dict[str, list[str]] = {arm: [] for arm in arms}
+    checked: dict = {}
+    for i, arm in enumerate(order):
+        lock.renew_held(lock.step_lease(cfg, visit_s))  # the deploy lock outlasts the visit
+        for j, (level, workload) in enumerate(zip(across.levels, workloads, strict=True)):
+            label = level_label(arm, level.concurrency)
+            name = f"gate-{own}{stamp}-{i:02d}-{label}"
+            with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload) as bench:
+                if j == 0:  # the visit's fresh server; the higher levels run on it
+                    # the schedule's unit is the production one, already installed
+                    checked = start_fresh(
+                        cfg, arms[arm], speculative=arm != "baseline", install=arm != "schedule"
+                    )
+                    warm_up(cfg, workload)
+                meta = {"arm": label, "gate": True, "index": i, "fresh_server": j == 0}
+                results.append(bench.run(local=out / f"{name}.json", meta=meta))
+            files[arm].append(str(out / f"{name}.json"))
+    remove_measure_unit(cfg)  # the fixed k's instance never outlives the gate
+    decision = across_load_decision(
+        tpot_by_level(results),
+        schedule=across.schedule,
+        fixed_k=across.fixed_k,
+        on_fail=gate_cfg.on_fail,
+        alpha=units.alpha,
+    )
+    schedule_runs = [r for r in results if r.run.arm.startswith("schedule@")]
+    evidence = {
+        "run_order": {"order": order, "rounds": runs, "mode": "rotating"},
+        "files": files,
+        "acceptance": acceptance_summary([r.counters for r in schedule_runs]),
+        "method": f"{runs} visits per arm in rotating rounds, each a fresh server and one run per "
+        f"load level ({', '.join(str(lv.concurrency) for lv in across.levels)}), lowest first; "
+        "the median TPOT of each run as one value; production units (prefix caching as "
+        f"deployed), the fixed k = {across.fixed_k} on the measurement instance",
+    }
+    last = {"schedule": "speculative"}.get(order[-1], order[-1])  # "fixed": stopped, removed
+    return last, checked, _recorded(cfg, units, decision | evidence)
 
 
 def _shared(measured: GateDecision, units: GateInput, *, source: str) -> GateDecision:

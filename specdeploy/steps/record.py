@@ -21,6 +21,8 @@ from specdeploy.config.timestamps import utc_iso
 from specdeploy.host.on_host import read_text, sh, write_text
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report.bench_summary import summarize
+from specdeploy.report.load_summary import schedule_evidence
+from specdeploy.report.paths import reports_root
 
 
 def build_record(
@@ -92,6 +94,7 @@ def build_record(
         "smoke_counters": smoke.run.server_counters if smoke and smoke.run else None,
         "gate": gate,
         **({"validated_by": validated_by} if validated_by is not None else {}),
+        **schedule_evidence(reports_root(), host.name, cfg.speculative_config),
         "timings": timings,
         "started_at": utc_iso(started),
         "finished_at": utc_iso(),

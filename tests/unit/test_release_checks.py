@@ -172,3 +172,34 @@ def test_install_pins_the_full_local_version():
     assert any(c.endswith(" -f /srv/w vllm==0.32.0+cu129") for c in commands)
     assert is_pin("0.32.0+cu129", "0.32.0+CU129") and not is_pin("0.32.0+cu129", "0.32.0")
     assert not is_pin("0.32.0", "0.32.0+cu129") and not is_pin(None, "0.32.0")
+
+
+# --- a k schedule where draft_model runs on the V1 runner: PIECEWISE CUDA graphs (issue 39) -----
+
+SCHEDULE = [[1, 4, 2], [5, 64, 1]]
+PIECEWISE_FIELD = "speculative_config.num_speculative_tokens_per_batch_size"
+
+
+@pytest.mark.parametrize(
+    "version, env, warned",
+    [
+        ("0.26.0", {}, True),  # draft_model on the V1 runner
+        ("0.32.0", {}, False),  # Model Runner V2 keeps full graphs with a schedule
+        ("0.32.0", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, True),  # forced back onto V1
+        ("0.34.0", {}, False),
+    ],
+)
+def test_schedule_without_full_cuda_graphs_is_warned(valid_data, version, env, warned):
+    data = spec(valid_data, num_speculative_tokens_per_batch_size=SCHEDULE)
+    data |= {"vllm_version": version, "vllm_env": env}
+    assert check_host("gpu-1", data) == []
+    w = fields(check_warnings("gpu-1", data)).get(PIECEWISE_FIELD)
+    assert (w is not None) == warned
+    if warned:
+        assert "V1 model runner" in w.what and "FULL_AND_PIECEWISE to PIECEWISE" in w.what
+        assert "compare_across_load" in w.todo
+
+
+def test_fixed_k_on_the_v1_runner_is_not_warned_of_piecewise_graphs(valid_data):
+    data = {**valid_data, "vllm_version": "0.26.0"}
+    assert PIECEWISE_FIELD not in fields(check_warnings("gpu-1", data))
