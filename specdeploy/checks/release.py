@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 from specdeploy.checks import capabilities
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import ServeConfig
+from specdeploy.decide.load_rule import broken_schedule_rule
 from specdeploy.render.argv import engine_flags, has_flag
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).
@@ -345,32 +346,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _no_overlap(schedule: list) -> bool:
-    ends = 0
-    for start, end, _ in sorted(schedule):
-        if start <= ends:
-            return False
-        ends = end
-    return True
-
-
-# num_speculative_tokens_per_batch_size: each rule the release's validator enforces (its table's
-# `refused_unless`, named by release_probe.SCHEDULE_RULES), in the validator's order, each
-# assuming the ones before it hold.
-SCHEDULE_CHECKS = {
-    "a list of entries": lambda s: isinstance(s, list),
-    "not empty": lambda s: bool(s),
-    "entries are [start, end, k]": lambda s: all(
-        isinstance(e, list | tuple) and len(e) == 3 and all(_is_int(x) for x in e) for e in s
-    ),
-    "start >= 1 and end >= 1": lambda s: all(e[0] >= 1 and e[1] >= 1 for e in s),
-    "start <= end": lambda s: all(e[0] <= e[1] for e in s),
-    "k >= 0": lambda s: all(e[2] >= 0 for e in s),
-    "ranges do not overlap": _no_overlap,
-    "the first range starts at 1": lambda s: min(e[0] for e in s) == 1,
-}
-
-
 def rules_of(cfg: ServeConfig) -> capabilities.ReleaseRules:
     return capabilities.release_rules(cfg.vllm_version, cfg.allow_unknown_release)
 
@@ -428,14 +403,7 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
         )
     schedule = spec.get("num_speculative_tokens_per_batch_size")
     if schedule is not None and rules.tokens_per_batch_size:
-        broken = next(
-            (
-                rule
-                for rule in rules.tokens_per_batch_size["refused_unless"]
-                if not SCHEDULE_CHECKS[rule](schedule)
-            ),
-            None,
-        )
+        broken = broken_schedule_rule(schedule, rules.tokens_per_batch_size["refused_unless"])
         if broken:
             problems.append(
                 Problem(

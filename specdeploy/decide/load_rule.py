@@ -94,41 +94,80 @@ def proof_runs(levels: int, alpha: float = DEFAULT_ALPHA) -> int:
 # --- vLLM's rules for the schedule ----------------------------------------------------------------
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _no_overlap(schedule: list) -> bool:
+    ends = 0
+    for start, end, _ in sorted(schedule):
+        if start <= ends:
+            return False
+        ends = end
+    return True
+
+
+# The one home of a schedule's form: each rule of vLLM's validator (v1/spec_decode/dynamic/utils.py
+# validate_and_normalize_dynamic_sd_schedule), named as a release table's `refused_unless` names it
+# (checks/release_probe.SCHEDULE_RULES), in the validator's order, each assuming the ones before it
+# hold, with the sentence a user reads when it breaks.
+SCHEDULE_FORM = {
+    "a list of entries": (
+        lambda s: isinstance(s, list),
+        "must be a non-empty list of [start_batch_size, end_batch_size, k]",
+    ),
+    "not empty": (
+        lambda s: bool(s),
+        "must be a non-empty list of [start_batch_size, end_batch_size, k]",
+    ),
+    "entries are [start, end, k]": (
+        lambda s: all(
+            isinstance(e, list | tuple) and len(e) == 3 and all(_is_int(x) for x in e) for e in s
+        ),
+        "every entry must be three integers [start, end, k]",
+    ),
+    "start >= 1 and end >= 1": (
+        lambda s: all(e[0] >= 1 and e[1] >= 1 for e in s),
+        "every range must be 1 <= start <= end: batch sizes start at 1",
+    ),
+    "start <= end": (
+        lambda s: all(e[0] <= e[1] for e in s),
+        "every range must be 1 <= start <= end: a range ends before it starts",
+    ),
+    "k >= 0": (
+        lambda s: all(e[2] >= 0 for e in s),
+        "every k must be >= 0 (0: speculation off)",
+    ),
+    "ranges do not overlap": (_no_overlap, "ranges must be sorted and non-overlapping"),
+    "the first range starts at 1": (
+        lambda s: min(e[0] for e in s) == 1,
+        "the first range must start at batch size 1",
+    ),
+}
+
+
+def broken_schedule_rule(schedule: object, rules: Sequence[str] | None = None) -> str | None:
+    """The first of `rules` (a release table's `refused_unless`; None: every rule of
+    SCHEDULE_FORM, which is vLLM 0.32.0's validator) that `schedule` breaks, or None."""
+    return next(
+        (rule for rule in rules or SCHEDULE_FORM if not SCHEDULE_FORM[rule][0](schedule)), None
+    )
+
+
 def schedule_problems(schedule: object, num_speculative_tokens: int | None) -> list[str]:
-    """What vLLM (0.32.0, v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_schedule
-    and build_dynamic_sd_schedule_lookup) refuses or silently changes in a schedule, as sentences:
-    a non-empty list of [start, end, k], start and end > 0, start <= end, k >= 0, ranges sorted
-    and non-overlapping, the first starting at 1. vLLM clamps a k above num_speculative_tokens to
-    it without a word; that is refused here, since the schedule would not run as written."""
-    if not isinstance(schedule, list) or not schedule:
-        return ["must be a non-empty list of [start_batch_size, end_batch_size, k]"]
-    problems, previous_end = [], 0
-    for i, entry in enumerate(schedule):
-        if (
-            not isinstance(entry, list | tuple)
-            or len(entry) != 3
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry)
-        ):
-            problems.append(f"entry {i} ({entry!r}) must be three integers [start, end, k]")
-            continue
-        start, end, k = entry
-        if start <= 0 or end <= 0 or start > end:
-            problems.append(f"entry {i} {list(entry)}: the range must be 1 <= start <= end")
-        if k < 0:
-            problems.append(f"entry {i} {list(entry)}: k must be >= 0 (0: speculation off)")
-        if num_speculative_tokens is not None and k > num_speculative_tokens:
-            problems.append(
-                f"entry {i} {list(entry)}: k {k} is above num_speculative_tokens "
-                f"{num_speculative_tokens} (vLLM would clamp it silently)"
-            )
-        if start <= previous_end:
-            problems.append(f"entry {i} {list(entry)}: ranges must be sorted and non-overlapping")
-        previous_end = max(previous_end, end)
-    if not problems and schedule[0][0] != 1:
-        problems.append(
-            f"the first range must start at batch size 1 (it starts at {schedule[0][0]})"
-        )
-    return problems
+    """What vLLM refuses or silently changes in a schedule, as sentences: the first rule of
+    SCHEDULE_FORM it breaks; and, since vLLM clamps a k above num_speculative_tokens to it without
+    a word (build_dynamic_sd_schedule_lookup), such a k, since the schedule
+    would not run as written."""
+    broken = broken_schedule_rule(schedule)
+    if broken:
+        return [f"{schedule!r}: {SCHEDULE_FORM[broken][1]}"]
+    return [
+        f"entry {i} {list(entry)}: k {entry[2]} is above num_speculative_tokens "
+        f"{num_speculative_tokens} (vLLM would clamp it silently)"
+        for i, entry in enumerate(schedule)
+        if num_speculative_tokens is not None and entry[2] > num_speculative_tokens
+    ]
 
 
 def k_at(schedule: Sequence[Sequence[int]], batch_size: int, num_speculative_tokens: int) -> int:

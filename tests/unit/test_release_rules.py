@@ -143,7 +143,7 @@ def test_newer_than_every_table_needs_allow_unknown_release(valid_data):
 
 
 def test_every_schedule_rule_a_probe_can_name_has_a_check():
-    from specdeploy.checks.release import SCHEDULE_CHECKS
     from specdeploy.checks.release_probe import SCHEDULE_RULES
+    from specdeploy.decide.load_rule import SCHEDULE_FORM
 
-    assert set(SCHEDULE_RULES.values()) - {None} == set(SCHEDULE_CHECKS)
+    assert set(SCHEDULE_RULES.values()) - {None} == set(SCHEDULE_FORM)
