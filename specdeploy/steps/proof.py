@@ -200,15 +200,17 @@ def validated_by(
     previous: DeploymentRecord | None,
 ) -> ValidatedBy:
     """The record's account of what stood behind `rendered`: the release table the checks read
-    (None: a release newer than every table, deployed under allow_unknown_release) and the proof
-    of this run, or of the run that swapped the same unit in (a re-record keeps it)."""
-    choice = table_for(cfg.vllm_version)
-    table = choice.release if choice else None
+    (for a release newer than every table, deployed under allow_unknown_release, the newest table,
+    marked borrowed) and the proof of this run, or of the run that swapped the same unit in (a
+    re-record keeps it)."""
+    choice = table_for(cfg.vllm_version, cfg.allow_unknown_release)
+    table = {"table": choice.release if choice else None,
+             "table_borrowed": bool(choice and choice.unknown)}  # fmt: skip
     if proof is not None and proof.unit_sha256 == rendered.sha256:
-        return ValidatedBy(table=table, proof=proof.what, proved_at=proof.proved_at,
+        return ValidatedBy(**table, proof=proof.what, proved_at=proof.proved_at,
                            unit_sha256=proof.unit_sha256)  # fmt: skip
     kept = previous.validated_by if previous is not None else None
     if kept is not None and kept.proof and kept.unit_sha256 == rendered.sha256:
-        return ValidatedBy(table=table, proof=kept.proof, proved_at=kept.proved_at,
+        return ValidatedBy(**table, proof=kept.proof, proved_at=kept.proved_at,
                            unit_sha256=kept.unit_sha256)  # fmt: skip
-    return ValidatedBy(table=table)
+    return ValidatedBy(**table)

@@ -13,7 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
+from specdeploy.checks.capabilities import known_versions
 from specdeploy.config.record import DeploymentRecord, ValidatedBy, read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.host.scripts import source
@@ -243,14 +245,19 @@ def test_validated_by_this_runs_proof_or_the_one_that_swapped_the_same_unit_in()
     assert proof.validated_by(cfg, unit, stale, None) == ValidatedBy(table="0.32.0")
 
 
-def test_a_release_without_a_table_is_validated_by_the_proof_alone(monkeypatch):
-    monkeypatch.setattr(proof, "table_for", lambda version: None)
-    cfg = cfg_of()
+def test_a_release_newer_than_every_table_records_the_borrowed_table_beside_its_proof():
+    newest = known_versions()[-1]
+    newer = f"{Version(newest).major}.{Version(newest).minor + 1}.0"
+    cfg = cfg_of(vllm_version=newer, allow_unknown_release=True)
     unit = render_unit(cfg, "speculative", cuda_boot=None)
-    fresh = proof.ArgvProof(unit.sha256, "vllm 0.35.0", "t", {})
+    fresh = proof.ArgvProof(unit.sha256, f"vllm {newer}", "t", {})
     validated = proof.validated_by(cfg, unit, fresh, None)
-    assert validated.table is None
-    assert validated.authority == "proof: vllm 0.35.0 parser + engine config"
+    # the checks read the newest table for it: the record says so, not "no table"
+    assert (validated.table, validated.table_borrowed) == (newest, True)
+    assert validated.authority == (
+        f"proof: vllm {newer} parser + engine config (table {newest}, borrowed for a newer release)"
+    )
+    assert proof.validated_by(cfg_of(), unit, fresh, None).table_borrowed is False
 
 
 def test_the_record_keeps_it_and_an_older_record_has_none():
