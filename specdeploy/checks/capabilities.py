@@ -365,6 +365,8 @@ class ReleaseRules:
     tokens_per_batch_size: dict | None  # num_speculative_tokens_per_batch_size's validation
     cuda_graphs_since: str | None  # the oldest table whose V2 draft_model loop captures graphs
     unknown_keys_refused: bool | None  # SpeculativeConfig refuses keys it does not know
+    # {"kept": [methods], "names": {fragment: method}}: a draft's name overrides an explicit method
+    method_from_draft_name: dict | None
 
 
 def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
@@ -383,4 +385,5 @@ def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRule
         rules["tokens_per_batch_size"],
         captures[0] if captures else None,
         rules.get("unknown_keys_refused"),  # None in a table read before the probe asked
+        rules.get("method_from_draft_name"),
     )

@@ -350,6 +350,31 @@ def rules_of(cfg: ServeConfig) -> capabilities.ReleaseRules:
     return capabilities.release_rules(cfg.vllm_version, cfg.allow_unknown_release)
 
 
+def _method_from_draft_name(
+    host: str, cfg: ServeConfig, rules: capabilities.ReleaseRules, release: str
+) -> list[Problem]:
+    """0.26-0.33 re-detect the method from the draft's repository name even when one is given:
+    a draft_model draft named "...eagle3..." would run as eagle3, not the draft model specdeploy
+    deploys, measures and records. 0.34.0 keeps an explicit method."""
+    detection, spec = rules.method_from_draft_name, cfg.speculative_config
+    method, draft = spec.get("method"), str(spec.get("model") or "")
+    if not detection or not draft or method in detection["kept"]:
+        return []
+    hit = next((f for f in detection["names"] if f in draft.lower()), None)
+    if hit is None:
+        return []
+    return [
+        Problem(
+            host,
+            "speculative_config.model",
+            f"{draft!r} has {hit!r} in its name: {release} re-detects the method from it and "
+            f"runs {detection['names'][hit]}, not {method or 'draft_model'}",
+            "pin vLLM 0.34.0 or later (it keeps an explicit method), or use a copy of the draft "
+            f"under a repo id without {hit!r}",
+        )
+    ]
+
+
 def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
     """What the pinned release's own code refuses (its table's rules): the V1 runner where it is
     gone, parallel_drafting outside its methods, pipeline parallelism with speculation, and a
@@ -401,6 +426,7 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
                 "speculation",
             )
         )
+    problems += _method_from_draft_name(host, cfg, rules, release)
     schedule = spec.get("num_speculative_tokens_per_batch_size")
     if schedule is not None and rules.tokens_per_batch_size:
         broken = broken_schedule_rule(schedule, rules.tokens_per_batch_size["refused_unless"])

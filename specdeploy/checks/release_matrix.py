@@ -66,6 +66,12 @@ def summary(release: str) -> ReleaseSummary:
     if drafting and drafting["methods"]:
         removes.append(f"parallel_drafting except with {_names(drafting['methods'])}")
     removes.append("pipeline parallel > 1 with speculation (refused by specdeploy)")
+    detection = rules.method_from_draft_name
+    if detection:
+        removes.append(
+            "a draft whose name holds " + _names(list(detection["names"]))
+            + " (the method is re-detected from it: refused by specdeploy)"
+        )  # fmt: skip
     warns = []
     if runtime.model_runner == "v2" and runtime.v2_cuda_graphs is False:
         warns.append(
@@ -135,6 +141,14 @@ def upgrade(old: str, new: str) -> str:
             f"{_names(rules.parallel_drafting['methods'])}"
             + (" and deprecated" if rules.parallel_drafting["deprecated"] else "")
             + ": remove it from draft_model hosts."
+        )
+    if not rules.method_from_draft_name and any(
+        capabilities.release_rules(v).method_from_draft_name for v in [old, *between]
+    ):
+        steps.append(
+            "An explicit `speculative_config.method` is kept: the method is no longer re-detected "
+            "from the draft's name, so a draft named like an EAGLE or DFlash head now runs as the "
+            "method written (specdeploy refused such drafts before)."
         )
     steps.append(
         f"The wheel: torch {old_build['torch']} -> {new_build['torch']}, Python "

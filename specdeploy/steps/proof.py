@@ -122,6 +122,22 @@ def refusal_message(cfg: ServeConfig, unit: str, report: dict) -> str:
     )
 
 
+def changed_method(cfg: ServeConfig, report: dict) -> dict | None:
+    """vLLM 0.26-0.33 re-detect the speculative method from the draft (its name, its config's
+    model_type) even when the argv gives one: an engine config whose method is not the one written
+    would serve, measure and record something else. The report's error and key when it differs."""
+    written = cfg.speculative_config.get("method")
+    built = ((report.get("engine") or {}).get("speculative") or {}).get("method")
+    if not written or not built or built == written:
+        return None
+    return {
+        "error": f"it builds speculative method {built!r} from the draft, not {written!r} as "
+        "written (vLLM before 0.34.0 re-detects the method from the draft's name or config; "
+        "0.34.0 keeps an explicit one)",
+        "keys": ["--speculative-config method"],
+    }
+
+
 def prove(cfg: ServeConfig, rendered: RenderedUnit) -> ArgvProof:
     """Execution time: the host's vLLM proves `rendered`'s argv; raises ArgvRefused with vLLM's
     message when it refuses, HostCommandError when the proof could not run at all."""
@@ -145,6 +161,9 @@ def prove(cfg: ServeConfig, rendered: RenderedUnit) -> ArgvProof:
         )
     if not report.get("ok"):
         raise ArgvRefused(refusal_message(cfg, rendered.name, report))
+    changed = changed_method(cfg, report)
+    if changed:
+        raise ArgvRefused(refusal_message(cfg, rendered.name, {**report, **changed}))
     release = f"{report.get('vllm_package')} {report.get('vllm_version')}"
     logger.info(f"{host.print_prefix}{rendered.name}: argv proven by {release} (parser + engine)")
     return ArgvProof(rendered.sha256, release, utc_iso(), report)
@@ -204,8 +223,9 @@ def validated_by(
     marked borrowed) and the proof of this run, or of the run that swapped the same unit in (a
     re-record keeps it)."""
     choice = table_for(cfg.vllm_version, cfg.allow_unknown_release)
-    table = {"table": choice.release if choice else None,
-             "table_borrowed": bool(choice and choice.unknown)}  # fmt: skip
+    table = {"table": choice.release if choice else None}
+    if choice and choice.unknown:  # only then: records of a release's own table stay as they were
+        table["table_borrowed"] = True
     if proof is not None and proof.unit_sha256 == rendered.sha256:
         return ValidatedBy(**table, proof=proof.what, proved_at=proof.proved_at,
                            unit_sha256=proof.unit_sha256)  # fmt: skip

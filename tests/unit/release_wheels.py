@@ -24,6 +24,22 @@ class SpeculativeConfig:
         )
 """
 HETEROGENEOUS = "    use_heterogeneous_vocab: bool = False\n"
+# 0.26-0.33: the method re-detected from the draft's name unless it is one of the kept ones
+DETECT_FROM_NAME = """
+    def _post_init(self):
+        if self.model is not None:
+            if self.method in ("eagle", "eagle3"):
+                pass
+            elif "eagle-" in self.draft_model_config.model.lower():
+                self.method = "eagle"
+            elif (
+                "dflash" in self.draft_model_config.model.lower()
+                or "Muse" in self.draft_model_config.architectures
+            ):
+                self.method = "dflash"
+            elif self.draft_model_config.hf_config.model_type == "medusa":
+                self.method = "medusa"
+"""
 PARALLEL_DRAFTING_034 = """
     def _check(self):
         if self.parallel_drafting is not None:
@@ -130,7 +146,7 @@ COMMON = {
 FILES_033 = COMMON | {
     "vllm/config/speculative.py": SPECULATIVE.replace(
         "    target_model", HETEROGENEOUS + "    target_model"
-    ),
+    ).replace("    def _verify_args", DETECT_FROM_NAME + "    def _verify_args"),
     "vllm/config/vllm.py": VLLM_CONFIG_033,
     "vllm/v1/worker/gpu_model_runner.py": "class GPUModelRunner:\n    pass\n",
     "vllm/v1/spec_decode/draft_model.py": "def _raise_if_draft_tp_mismatch(self):\n    pass\n",

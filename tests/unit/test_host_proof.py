@@ -257,7 +257,7 @@ def test_a_release_newer_than_every_table_records_the_borrowed_table_beside_its_
     assert validated.authority == (
         f"proof: vllm {newer} parser + engine config (table {newest}, borrowed for a newer release)"
     )
-    assert proof.validated_by(cfg_of(), unit, fresh, None).table_borrowed is False
+    assert proof.validated_by(cfg_of(), unit, fresh, None).table_borrowed is None
 
 
 def test_the_record_keeps_it_and_an_older_record_has_none():

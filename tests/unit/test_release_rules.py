@@ -34,6 +34,17 @@ def test_034_refuses_use_heterogeneous_vocab_with_what_to_do(valid_data):
     assert check_host("gpu-1", {**data, "vllm_version": "0.33.0"}) == []
 
 
+@pytest.mark.parametrize("version", ["0.26.0", "0.31.0", "0.33.0"])
+def test_a_draft_whose_name_re_detects_the_method_is_refused_before_034(valid_data, version):
+    data = pinned(valid_data, version, model="org/Qwen3-0.6B-EAGLE3-draft")
+    (p,) = check_host("gpu-1", data)
+    assert p.field == "speculative_config.model"
+    assert "re-detects the method from it and runs eagle3, not draft_model" in p.what
+    assert "pin vLLM 0.34.0 or later" in p.todo
+    # 0.34.0 keeps the explicit method, whatever the draft is called
+    assert check_host("gpu-1", {**data, "vllm_version": "0.34.0"}) == []
+
+
 @pytest.mark.parametrize("value", ["0", "false"])
 def test_034_refuses_the_v1_runner_env(valid_data, value):
     data = pinned(valid_data, "0.34.0") | {"vllm_env": {"VLLM_USE_V2_MODEL_RUNNER": value}}

@@ -59,6 +59,10 @@ def test_table_read_from_the_wheel(tmp_path):
         "k_above_num_speculative_tokens": "clamped",
         "dropped_with_data_parallel": True,
     }
+    assert rules["method_from_draft_name"] == {
+        "kept": ["eagle", "eagle3"],
+        "names": {"eagle-": "eagle", "dflash": "dflash"},  # architectures are not names
+    }
     build = table["builds"]["vllm"]
     assert (build["torch"], build["cuda"], build["requires_python"]) == (
         "2.14.0",
@@ -89,6 +93,7 @@ def test_a_release_without_model_runner_v1(tmp_path):
         "methods": ["dflash", "dspark"],
         "deprecated": True,
     }
+    assert table["speculation_rules"]["method_from_draft_name"] is None  # an explicit one is kept
 
 
 def test_unrecognised_code_stops_the_probe_naming_the_file(tmp_path):
@@ -104,6 +109,12 @@ def test_unrecognised_code_stops_the_probe_naming_the_file(tmp_path):
     silent = {k: v for k, v in FILES_034.items() if k != "vllm/platforms/interface.py"}
     with pytest.raises(extract.ProbeError, match="interface.py does not refuse"):
         extract.write([wheel(tmp_path, silent)], tmp_path)
+    renamed = FILES_033["vllm/config/speculative.py"].replace(
+        "if self.method in (", "if self.method_kept in ("
+    )  # the draft's name still read, but no longer in the shape the probe knows
+    files = dict(FILES_033, **{"vllm/config/speculative.py": renamed})
+    with pytest.raises(extract.ProbeError, match="speculative.py: the draft's name is read"):
+        extract.write([wheel(tmp_path, files)], tmp_path)
     schedule = FILES_033["vllm/v1/spec_decode/dynamic/utils.py"]
     stricter = schedule.replace(
         "        parsed_schedule.append", "        if range_end > 4096:\n            raise X\n"
