@@ -146,6 +146,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/flows/rollout.py",
             "specdeploy/cli.py",
+            "tests/integration/planted.py",
             "specdeploy/config/revisions.py",
             "tests/host/*",
             "tests/timeline.py",
@@ -190,6 +191,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/host/watchdog.py",
             "specdeploy/steps/rollback.py",
+            "tests/integration/planted.py",
             "specdeploy/steps/verify.py",
         ),
     ),

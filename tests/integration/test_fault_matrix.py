@@ -20,6 +20,7 @@ import pytest
 from specdeploy.checks.host_data import check_config
 from specdeploy.config.inventory import host_data
 from specdeploy.render.argv import unit_exec_argv
+from tests.integration.planted import BROKEN_DRAFT, plant_broken_draft, write_inventory
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -28,8 +29,6 @@ SPECULATIVE, BASELINE = "specdeploy-vllm.service", "specdeploy-vllm-baseline.ser
 UNIT_DIR = "/etc/systemd/system"
 RECORD = "/var/lib/specdeploy/records/specdeploy-vllm.json"
 LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
-HUB = "/var/lib/specdeploy/hf/hub"
-BROKEN_DRAFT = "specdeploy-sandbox/tiny-llama-draft-broken"
 # a gate that can never pass: 2 + 2 runs never reach p = 0.05, and no draft cuts TPOT to 1 %
 NEVER_PASSES = {"max_tpot_ratio": 0.01, "runs": 2}
 
@@ -55,30 +54,6 @@ def pair(sandbox_services, sandbox_fleet):
 
 def cfg_of(host):
     return check_config(host, host_data(str(REPO / "inventories/sandbox.py"), cwd=str(REPO))[host])
-
-
-def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
-    path = tmp_path / "faults_inventory.py"
-    path.write_text(
-        "import runpy\n"
-        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"_over = {overrides!r}\n"
-        "sandbox = [(n, {**d, **_over.get(n, {})}) for n, d in _base['sandbox']]\n"
-        "canary = _base['canary']\n"
-    )
-    return path
-
-
-def plant_broken_draft(ssh, host):
-    """A draft that passes every check and preflight but whose weights are truncated: vLLM fails
-    only when it loads them, at health-check time (as test_rollout.py plants it)."""
-    ssh(
-        host,
-        f"set -e; src={HUB}/models--specdeploy-sandbox--tiny-llama-draft; "
-        f"dst={HUB}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
-        "for f in $dst/snapshots/*/*.safetensors; "
-        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; chown -R root:root $dst",
-    )
 
 
 def host_state(ssh, host) -> dict:

@@ -21,14 +21,13 @@ import pytest
 from specdeploy.checks.host_data import check_config
 from specdeploy.config.inventory import host_data
 from specdeploy.render.argv import unit_exec_argv
+from tests.integration.planted import BROKEN_DRAFT, plant_broken_draft, write_inventory
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "/etc/systemd/system/specdeploy-vllm.service"
-BROKEN_DRAFT = "specdeploy-sandbox/tiny-llama-draft-broken"
 LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
-HUB = "/var/lib/specdeploy/hf/hub"
 
 
 def tail(result, n=80):
@@ -87,33 +86,6 @@ def healthy(ssh, host):
             check=False,
         )
         == "200"
-    )
-
-
-def write_inventory(tmp_path, overrides: dict[str, dict]) -> Path:
-    """The sandbox inventory with per-host data overrides (keeps the canary group)."""
-    path = tmp_path / "rollout_inventory.py"
-    path.write_text(
-        "import runpy\n"
-        f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
-        f"_over = {overrides!r}\n"
-        "sandbox = [(n, {**d, **_over.get(n, {})}) for n, d in _base['sandbox']]\n"
-        "canary = _base['canary']\n"
-    )
-    return path
-
-
-def plant_broken_draft(ssh, host):
-    """A draft repo that exists in the host's cache and passes every check and preflight (config,
-    vocabulary, context, memory are read from headers) but whose weights are truncated: vLLM fails
-    only when it loads them, i.e. at health-check time."""
-    ssh(
-        host,
-        f"set -e; src={HUB}/models--specdeploy-sandbox--tiny-llama-draft; "
-        f"dst={HUB}/models--{BROKEN_DRAFT.replace('/', '--')}; rm -rf $dst; cp -rL $src $dst; "
-        "for f in $dst/snapshots/*/*.safetensors; "
-        "do truncate -s $(( $(stat -c %s $f) / 2 )) $f; done; "
-        f"chown -R root:root $dst",
     )
 
 
