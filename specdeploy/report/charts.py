@@ -18,6 +18,15 @@ def _plt():
     return plt
 
 
+def _save(fig, run_dir: Path, name: str, rect=(0, 0, 1, 1)) -> str:
+    """Lay out, write `run_dir/name` at the reports' one resolution, and free the figure."""
+    plt = _plt()
+    fig.tight_layout(rect=rect)
+    fig.savefig(run_dir / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def compare_charts(s: dict, run_dir: Path) -> list[str]:
     plt = _plt()
     written = []
@@ -67,10 +76,7 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
         f"{s['run']}: medians over runs, MAD bars, dots = individual runs (prefix caching off)",
         fontsize=10,
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    fig.savefig(run_dir / "latency.png", dpi=110)
-    plt.close(fig)
-    written.append("latency.png")
+    written.append(_save(fig, run_dir, "latency.png", rect=(0, 0, 1, 0.92)))
 
     fig, ax = plt.subplots(figsize=(9, 1.5 + 1.1 * len(groups)))
     LIMITS, ticks = (0.2, 5.0), []  # band edges beyond the axis are drawn at its edge
@@ -100,10 +106,7 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
         "ratio of medians with its interval (green better, red worse, grey: not decided at alpha)",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(run_dir / "ratios.png", dpi=110)
-    plt.close(fig)
-    written.append("ratios.png")
+    written.append(_save(fig, run_dir, "ratios.png"))
 
     apc = [(n, h["apc_profile"]) for n, h in s["hosts"].items() if h["apc_profile"]]
     if apc:
@@ -129,10 +132,7 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
             "prefix-caching profile (baseline server, shared-prefix requests): APC off vs on",
             fontsize=10,
         )
-        fig.tight_layout(rect=(0, 0, 1, 0.9))
-        fig.savefig(run_dir / "apc.png", dpi=110)
-        plt.close(fig)
-        written.append("apc.png")
+        written.append(_save(fig, run_dir, "apc.png", rect=(0, 0, 1, 0.9)))
     return written
 
 
@@ -169,10 +169,7 @@ def tune_charts(s: dict, run_dir: Path) -> list[str]:
         fontsize=8,
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(run_dir / "tune_tpot.png", dpi=110)
-    plt.close(fig)
-    return ["tune_tpot.png"]
+    return [_save(fig, run_dir, "tune_tpot.png")]
 
 
 def acceptance_chart(curves: dict[str, list[float]], run_dir: Path, title: str) -> list[str]:
@@ -192,10 +189,7 @@ def acceptance_chart(curves: dict[str, list[float]], run_dir: Path, title: str) 
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "acceptance.png", dpi=110)
-    plt.close(fig)
-    return ["acceptance.png"]
+    return [_save(fig, run_dir, "acceptance.png")]
 
 
 def acceptance_curves(s: dict, kind: str) -> dict[str, list[float]]:
@@ -250,7 +244,4 @@ def load_chart(s: dict, run_dir: Path) -> list[str]:
     )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "load_ratio.png", dpi=110)
-    plt.close(fig)
-    return ["load_ratio.png"]
+    return [_save(fig, run_dir, "load_ratio.png")]
