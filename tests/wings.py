@@ -146,6 +146,7 @@ WINGS: dict[str, Wing] = {
         (
             "specdeploy/flows/rollout.py",
             "specdeploy/cli.py",
+            "specdeploy/docs/*",  # the reference pages document the CLI the rollout drives
             "specdeploy/config/revisions.py",
             "tests/host/*",
             "tests/timeline.py",
