@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Wing:
-    proves: str  # the marker's description, and the README's
+    proves: str  # the marker's description, and docs/develop/tests.md's
     tests: tuple[str, ...]  # its test modules, repo-relative
     code: tuple[str, ...]  # fnmatch patterns, repo-relative: a change here runs the wing
 

@@ -158,7 +158,7 @@ def upgrade(old: str, new: str) -> str:
 
 
 def page() -> str:
-    """docs/reference/releases.md: the release matrix, one section per release, and the upgrade path."""
+    """docs/reference/releases.md: the release matrix, a section per release, the upgrade path."""
     index = capabilities.release_index()
     out = [
         "# vLLM releases specdeploy knows",

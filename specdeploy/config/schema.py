@@ -509,7 +509,8 @@ class ServeConfig(BaseModel):
         description='Hosts of one run out of service at once: N, or "N%" of the run\'s hosts '
         "(rounded down, at least 1). The plain `pyinfra INVENTORY deploys/serve.py` restarts "
         "that many at a time and the first failure holds back the rest; compare and tune measure "
-        "that many. One value per run.",
+        "that many. One value per run (`rollout_max_parallel`, its old name, is refused with "
+        "this one).",
     )
     lock_lease_s: PositiveInt | None = Field(
         None,
@@ -529,7 +530,10 @@ class ServeConfig(BaseModel):
         description="A whole box: N servers of this config on the host behind a local HAProxy "
         "on vllm_port, GPUs split evenly by tensor x pipeline parallel (vllm-cpu: the host's "
         'cores), ports vllm_port+1..+N; or a list [{"gpus": [0, 1], "port": 8001}, ...] '
-        "(`cpus` for vllm-cpu). None: one server on vllm_port.",
+        "(`cpus` for vllm-cpu). Each instance is the service `<service_name>-<i>`: its own unit, "
+        "env file, record, rollback copy, bench output and cache; one venv and one weights "
+        "snapshot for all. None: one server on vllm_port (GPUs it leaves idle are named in a "
+        "`warning:`).",
     )
     max_unavailable_instances: PositiveInt = Field(
         1,
