@@ -100,3 +100,18 @@ def test_the_cli_page_has_every_subcommand_and_flag_of_both_parsers():
                     assert f"`{flag}`" in page, flag
     assert "### specdeploy-sandbox demo\n" in page and "`--instances`" in page
     assert re.search(r"specdeploy check INVENTORY \[--group-data GROUP_DATA\] \[--strict\]", page)
+
+
+def test_every_page_the_product_points_a_user_at_exists():
+    """A message, a generated file or a template that says "read docs/..." names a page that is
+    there (the pages move; the pointers must move with them)."""
+    sources = [*(REPO / "specdeploy").rglob("*.py"), *(REPO / "templates").rglob("*")]
+    named = {
+        (path.relative_to(REPO), page)
+        for path in sources
+        if path.is_file()
+        for page in re.findall(r"docs/[\w./-]+\.md", path.read_text(errors="replace"))
+    }
+    assert any(page == REFERENCE_PAGE for _, page in named)
+    missing = [f"{source}: {page}" for source, page in sorted(named) if not (REPO / page).is_file()]
+    assert not missing, missing
