@@ -204,7 +204,8 @@ def host_data_page() -> str:
         "Host data is what pyinfra gives each host: `group_data/*.py` and the inventory's host "
         "data. specdeploy's keys are flat, so a group or a host overrides them one at a time; "
         "`workload`, `speculation_gate` and a list of `instances` are objects whose keys are "
-        "listed under them. `specdeploy check` validates every key before any host is touched "
+        "listed under them. The defaults are the schema's own, which `@deploy(data_defaults=...)` "
+        "uses too. `specdeploy check` validates every key before any host is touched "
         f"and links each problem to its key's section here (`{REFERENCE_PAGE}#KEY`). A complete "
         "example: [your first real host](../start/first-host.md).",
         "",
