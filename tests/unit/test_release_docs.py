@@ -1,17 +1,16 @@
-"""docs/releases.md is the release matrix generated from the packaged tables: the committed page
-equals the generator's output (regenerate: python -m specdeploy.checks.release_matrix >
-docs/releases.md)."""
+"""docs/reference/releases.md is the release matrix generated from the packaged tables: the
+committed page equals the generator's output (regenerate: python -m specdeploy.docs.reference)."""
 
 from pathlib import Path
 
 from specdeploy.checks import capabilities, release_matrix
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "releases.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "releases.md"
 
 
 def test_the_committed_page_is_the_generators_output():
     assert PAGE.read_text() == release_matrix.page(), (
-        "docs/releases.md is stale: python -m specdeploy.checks.release_matrix > docs/releases.md"
+        "docs/reference/releases.md is stale: python -m specdeploy.docs.reference"
     )
 
 
