@@ -261,7 +261,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, required=True, help="measured rounds (after a warm-up)")
     ap.add_argument("--budget", type=float, required=True, help="seconds this script may run")
     ap.add_argument("--round-s", type=float, default=200, help="no round starts with less left")
-    ap.add_argument("--stagger", type=float, default=8, help="s after the previous engine began")
+    ap.add_argument("--stagger", type=float, default=10, help="s after the previous engine began")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     deadline = time.time() + args.budget
