@@ -5,10 +5,12 @@ measurement keeps (config/record.BenchResult: vLLM's figures plus specdeploy's B
 `<arm>@c<concurrency>` as measure/load_flow labels its runs), and go through what a load tune and
 a proof across load report (report/load_summary.load_summary, which runs decide/load_rule):
 
-- the tune (tune_method = "load"): the baseline, k = 1 and k = 3 at every level: the k per level
-  (decide_levels), the schedule those call for, the single k or off (tune_recommendation);
+- the tune (tune_method = "load"): the baseline and every fixed-k arm of the plan (`k<k>`: k = 1
+  and k = 3 in h200-0.26.0, k = 1 alone in h200-0.26.0-5starts) at every level: the k per level
+  (decide_levels), the schedule those call for, the single k or off (tune_recommendation); the
+  tuned config is the largest fixed k's;
 - the proof (compare_across_load of a candidate schedule, compare_schedule): the issue's schedule
-  against the baseline and the fixed k the tune recommends (else the config's k = 3) at every
+  against the baseline and the fixed k the tune recommends (else the tuned config's k) at every
   level (prove_schedule).
 
 The fixed arm of the proof is that k's own runs (same rounds, same fresh servers): with synthetic
@@ -85,7 +87,8 @@ def relabel(run: dict, arm: str) -> dict:
 def inputs(runs: list[dict], plan: dict, levels: list[dict]) -> dict:
     """The two hosts load_summary is given: the tune's and the proof's (conditions as
     measure/load_flow's LoadTune and LoadProof write them, runs as the harness keeps them)."""
-    deployed = plan["k3"]["speculative_config"]
+    ks = sorted(k for arm in plan if (k := k_of(arm)))
+    deployed = plan[f"k{ks[-1]}"]["speculative_config"]
     schedule = plan["schedule"]["speculative_config"][SCHEDULE_KEY]
     common = {
         "decision_alpha": ALPHA,
@@ -96,7 +99,7 @@ def inputs(runs: list[dict], plan: dict, levels: list[dict]) -> dict:
     }
     tune = {
         "conditions": common
-        | {"tune_method": "load", "ks": [1, 3], "arms": ["baseline", "k1", "k3"]}
+        | {"tune_method": "load", "ks": ks, "arms": ["baseline", *(f"k{k}" for k in ks)]}
         | {"speculative_config": deployed},
         "runs": [r for r in runs if k_of(split_label(r["specdeploy"]["arm"])[0]) is not None],
     }
@@ -106,7 +109,9 @@ def inputs(runs: list[dict], plan: dict, levels: list[dict]) -> dict:
 def proof_host(tune_summary: dict, given: dict, runs: list[dict]) -> dict:
     """compare_schedule of the issue's schedule with the fixed k the tune printed
     (SPECDEPLOY_COMPARE_FIXED_K: its single k, else the config's num_speculative_tokens)."""
-    fixed_k = tune_summary["recommendation"]["fixed"]["k"] or 3
+    fixed_k = (
+        tune_summary["recommendation"]["fixed"]["k"] or given["deployed"]["num_speculative_tokens"]
+    )
     by_arm = {"baseline": "baseline", "schedule": "schedule", f"k{fixed_k}": "fixed"}
     chosen = [
         relabel(r, by_arm[arm])
@@ -122,9 +127,9 @@ def proof_host(tune_summary: dict, given: dict, runs: list[dict]) -> dict:
     }
 
 
-def decide(given: dict, runs: list[dict]) -> dict:
+def decide(given: dict, runs: list[dict], run: str) -> dict:
     """summary.json of both: the tune first (its fixed k picks the proof's fixed arm)."""
-    head = {"run": "h200-0.26.0", "kind": "tune", "hosts": {}}
+    head = {"run": run, "kind": "tune", "hosts": {}}
     tune = load_summary({f"{HOST}-tune": given["tune"]}, head)
     proof_in = proof_host(tune["hosts"][f"{HOST}-tune"], given, runs)
     proof = load_summary({f"{HOST}-proof": proof_in}, head | {"kind": "compare", "hosts": {}})
@@ -136,7 +141,7 @@ def main(rec: Path) -> None:
     runs = counted_runs(rec)
     levels = [{"concurrency": int(c)} for c in plan["baseline"]["bench"]]
     given = inputs(runs, plan, levels)
-    out = decide(given, runs)
+    out = decide(given, runs, rec.name)
     (rec / "results.json").write_text(json.dumps(runs, indent=1) + "\n")
     (rec / "inputs.json").write_text(json.dumps(given | {"proof": out["proof_input"]}, indent=1))
     summary = {"tune": out["tune"], "proof": out["proof"]}

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The device calls of the H200 load proof (README.md), from the root of the checkout the device
-# call sends, with .gpu/gpu39 carried. State lives in /tmp, which survives between calls only while
-# the machine stays warm (30 s after each call).
+# call sends, with this script's folder (prepare.sh's DIR, e.g. .gpu/gpu39b) carried. State lives in
+# /tmp, which survives between calls only while the machine stays warm (30 s after each call).
 #   recv N          copy carried part N of the vLLM 0.26.0 pack to /tmp/parts
 #   start S ROUNDS  unpack, copy models and plan, start device_run.py in its own session with S
-#                   seconds and ROUNDS measured rounds; then wait like `wait 540`
+#                   seconds and ROUNDS measured rounds; then wait like `wait 480`
 #   wait MAXS       wait for the runner (at most MAXS s); its files to $OUT
 set -uo pipefail
-c=.gpu/gpu39; po=/tmp/po
+c=$(dirname "$0"); po=/tmp/po
 wait_runner() {
   local maxs=$1 t0=$SECONDS
   while [ $((SECONDS - t0)) -lt "$maxs" ] && kill -0 "$(cat $po/pid)" 2>/dev/null; do sleep 5; done
-  cp $po/rounds.json $po/results.tar.gz $po/logs.tar.gz $po/run.log "$OUT"/ 2>/dev/null
+  cp $po/rounds.json $po/results.tar.gz $po/logs.tar.gz $po/run.log $po/gpu.txt "$OUT"/ 2>/dev/null
   nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv,noheader
   kill -0 "$(cat $po/pid)" 2>/dev/null && echo "RUNNER STILL RUNNING" || echo "RUNNER FINISHED"
   tail -n 60 $po/run.log
@@ -35,6 +35,6 @@ case "$1" in
     setsid nohup python3 -u /tmp/device_run.py --plan /tmp/plan.json --budget "$2" \
       --rounds "$3" --out $po > $po/run.log 2>&1 < /dev/null &
     echo $! > $po/pid
-    wait_runner 540 ;;
+    wait_runner 480 ;;
   wait) wait_runner "$2" ;;
 esac

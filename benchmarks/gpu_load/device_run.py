@@ -2,12 +2,22 @@
 anew each round, then one `vllm bench serve` per load level on each, one server at a time.
 
 Runs under the device image's python3 with vLLM 0.26.0 unpacked on PYTHONPATH; every argv comes
-from plan.json (render.py: the product's own rendered unit argv and bench argv). The four servers
-of a round share the GPU (0.23 of its memory each) and start one after another: the next starts
-once the previous has sized its KV cache ("Available KV cache memory"), so no start's memory
-profile sees another's allocations. Benchmarks run in this process through vLLM's own
-`vllm bench serve` entry (vllm.benchmarks.serve.main with the argv parsed by its parser), so the
-CLI's start-up is paid once, not per run. Idle servers run no kernels while another is measured.
+from plan.json (render.py: the product's own rendered unit argv and bench argv). The servers of a
+round share the GPU (gpu_memory_utilization 0.23 each). vLLM sizes a server's KV cache from a
+memory profile that counts every allocation on the device between its start-up snapshot and the
+end of its profile run as its own (v1/worker/gpu_worker.py determine_available_memory), so no
+other server may allocate inside that window: started all at once, the first recording's servers
+computed -40, -8 and -6 GiB. The window is short (snapshot to "init engine ... took": 17-35 s);
+the ~40 s before it are imports that use no device memory. So a measured round is pipelined: the
+next server is launched once the one before has begun its engine ("Initializing a V1 LLM
+engine") and `--stagger` seconds more, and only after every earlier server is ready; its own
+imports then outlast the window before it. Every start is checked afterwards from its log (the
+non-torch memory vLLM attributes to itself, and the windows' times); a start whose window saw
+another's allocation, or that exited, is restarted alone once the others are up.
+
+Benchmarks run in this process through vLLM's own `vllm bench serve` entry
+(vllm.benchmarks.serve.main with the argv parsed by its parser), so the CLI's start-up is paid
+once, not per run. Idle servers run no kernels while another is measured.
 
 Usage: python3 device_run.py --plan plan.json --rounds N --budget S --out DIR
 """
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,25 +40,35 @@ from device_common import http_ok, kill_group, log, wait_gpu_free, warm
 LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"
 KEPT = "/tmp/kept"  # every run's raw result, as round<r>/<label>.json
-# the next server of a "plan" round starts once the one before has applied its recorded KV size
-# (or, where vLLM did not apply it, finished profiling): its snapshot is taken by then
-PLANNED = ("Applying persisted startup plan", "Available KV cache memory")
-PLANS = "/var/lib/specdeploy/cache/.cache/vllm/startup_plan"  # HOME of the unit, vLLM's cache root
+# vLLM 0.26.0's log lines (v1/engine/core.py, distributed/parallel_state.py, v1/worker/...)
+ENGINE_START = "Initializing a V1 LLM engine"
+SNAPSHOT = "world_size=1 rank=0"  # init_device: the memory snapshot is taken right after
+SIZED = "Available KV cache memory"  # the profile's end
+READY = "init engine (profile, create kv cache, warmup model) took"  # KV and graphs allocated
+USAGE = re.compile(
+    r"Actual usage is (?P<weights>-?[0-9.]+) GiB for weight, (?P<activation>-?[0-9.]+) GiB for "
+    r"peak activation, (?P<non_torch>-?[0-9.]+) GiB for non-torch memory, and "
+    r"(?P<graphs>-?[0-9.]+) GiB for CUDAGraph mem"
+)
+KV = re.compile(r"Available KV cache memory: (-?[0-9.]+) GiB")
+STAMP = re.compile(r"INFO (\d\d-\d\d \d\d:\d\d:\d\d) ")
+# a clean profile attributes ~0.2 GiB of non-torch memory to itself; another server's weights
+# (16 GiB) or KV cache (15 GiB) inside the window would add that much
+NON_TORCH_CLEAN_GIB = 2.0
 GRAPH_LINES = (
     "cudagraph_mode",
     "CUDAGraphMode",
     "PIECEWISE",
     "Model Runner V2",
     "V1 model runner",
-    "startup plan",
     "Available KV cache memory",
 )
 
 
-def start(arm: str, spec: dict, rnd: int, py: str) -> tuple[subprocess.Popen, str]:
+def start(arm: str, spec: dict, rnd: int, py: str, tag: str = "") -> tuple[subprocess.Popen, str]:
     env = os.environ | spec["env"]
     os.makedirs(env["HOME"], exist_ok=True)
-    path = f"{LOGS}/r{rnd}.{arm}.serve.log"
+    path = f"{LOGS}/r{rnd}.{arm}{tag}.serve.log"
     with open(path, "w") as lf:
         proc = subprocess.Popen(
             [py, "-m", "vllm.entrypoints.cli.main", "serve", *spec["serve"]],
@@ -77,6 +98,31 @@ def graph_lines(path: str) -> list[str]:
     return [ln[-400:] for ln in lines if any(g in ln for g in GRAPH_LINES)][:16]
 
 
+def stamp(path: str, needle: str) -> str | None:
+    """The time ("MM-DD HH:MM:SS") of the first log line holding `needle`."""
+    for ln in open(path, errors="replace"):
+        if needle in ln and (m := STAMP.search(ln)):
+            return m[1]
+    return None
+
+
+def memory(path: str) -> dict:
+    """What the start's memory profile found (vLLM's own figures, GiB) and when its window ran."""
+    text = open(path, errors="replace").read()
+    usage, kv = USAGE.search(text), KV.search(text)
+    out = {k: float(v) for k, v in usage.groupdict().items()} if usage else {}
+    out["kv_cache_gib"] = float(kv[1]) if kv else None
+    out["window"] = [stamp(path, SNAPSHOT), stamp(path, READY)]
+    return out
+
+
+def clean(mem: dict) -> bool | None:
+    """Whether the profile saw only its own allocations; None where vLLM logged no figures."""
+    if "non_torch" not in mem:
+        return None
+    return abs(mem["non_torch"]) < NON_TORCH_CLEAN_GIB and (mem["kv_cache_gib"] or 0) > 0
+
+
 def bench(bargs: list[str]) -> None:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -86,51 +132,83 @@ def bench(bargs: list[str]) -> None:
     main(parser.parse_args(bargs[2:]))  # after "bench serve"
 
 
-def start_all(plan: dict, order: list[str], rnd: int, deadline: float, py: str, mode: str):
+def url(spec: dict) -> str:
+    return f"http://127.0.0.1:{spec['port']}/health"
+
+
+def start_all(plan: dict, order: list[str], rnd: int, deadline: float, py: str, mode: str,
+              stagger: float):  # fmt: skip
     """Start the round's servers. "warmup": all at once (compiles every arm's graphs into the
-    compile cache; nothing measured, its startup plans deleted after). "serial": each after the
-    one before is healthy, so each memory profile sees only finished co-tenants; with
-    VLLM_ENABLE_STARTUP_PLAN=1 each records its KV size and the free memory it saw. "plan": in
-    the same order, each once the one before has applied its recorded KV size (PLANNED): the
-    next one's free memory is then at least what the serial round recorded, when every earlier
-    server was fully up, so vLLM applies its recorded KV size too and skips profiling
-    (v1/worker/startup_plan.py)."""
-    procs, states = {}, {}
-    for arm in order:
-        spec = plan[arm]
+    compile cache; nothing measured: their memory profiles overlap). "pipelined": each next one
+    once the one before has begun its engine, `stagger` s more, and every earlier one is ready
+    (module docstring): its imports run while the one before profiles, its own window after."""
+    procs = {}
+    for i, arm in enumerate(order):
+        if mode == "pipelined" and i:
+            prev = order[i - 1]
+            proc, path, _ = procs[prev]
+            wait_for(proc, path, (ENGINE_START,), "", deadline)
+            time.sleep(stagger)
+            for earlier in order[: i - 1]:
+                proc, path, _ = procs[earlier]
+                wait_for(proc, path, (READY,), url(plan[earlier]), deadline)
         t0 = time.time()
-        proc, path = start(arm, spec, rnd, py)
+        proc, path = start(arm, plan[arm], rnd, py)
         procs[arm] = (proc, path, t0)
-        url = f"http://127.0.0.1:{spec['port']}/health"
-        if mode == "serial":
-            states[arm] = wait_for(proc, path, (), url, deadline)
-        elif mode == "plan":
-            states[arm] = wait_for(proc, path, PLANNED, url, deadline)
-        log(f"r{rnd} {arm}: started ({states.get(arm, mode)}) after {time.time() - t0:.0f} s")
+        log(f"r{rnd} {arm}: launched")
     return procs
 
 
-def run_round(plan: dict, order: list[str], rnd: int, deadline: float, py: str, mode: str):
+def restart_alone(plan: dict, arm: str, rnd: int, deadline: float, py: str, procs: dict) -> str:
+    """Stop `arm`'s server and start it again while the others stand still: its memory profile
+    then sees only their finished allocations."""
+    proc, _, _ = procs[arm]
+    kill_group(proc)
+    time.sleep(3)  # its memory is released a little after its processes end
+    t0 = time.time()
+    proc, path = start(arm, plan[arm], rnd, py, tag=".restart")
+    procs[arm] = (proc, path, t0)
+    return wait_for(proc, path, (), url(plan[arm]), deadline)
+
+
+def run_round(plan: dict, order: list[str], rnd: int, deadline: float, py: str, mode: str,
+              stagger: float):  # fmt: skip
     rec: dict = {"round": rnd, "mode": mode, "order": order, "servers": {}, "runs": []}
     procs = {}
+    t_round = time.time()
     try:
         if mode == "warmup":  # a warm-up that hangs must not eat the measured rounds
             deadline = min(deadline, time.time() + 420)
-        procs = start_all(plan, order, rnd, deadline, py, mode)
+        procs = start_all(plan, order, rnd, deadline, py, mode, stagger)
         for arm in order:
             proc, path, t0 = procs[arm]
-            url = f"http://127.0.0.1:{plan[arm]['port']}/health"
             # a warm-up server is done once compiled and profiled: graphs are captured anew on
             # every start, only the compile cache carries over
-            sized = ("Available KV cache memory",) if mode == "warmup" else ()
-            state = wait_for(proc, path, sized, url, deadline)
+            sized = (SIZED,) if mode == "warmup" else ()
+            state = wait_for(proc, path, sized, url(plan[arm]), deadline)
             rec["servers"][arm] = {"state": state, "seconds_to_healthy": round(time.time() - t0, 1)}
-            if state != "ok" and mode != "warmup":
-                raise RuntimeError(f"{arm}: {state}")
         if mode == "warmup":
             log(f"r{rnd}: warm-up round {rec['servers']}")
             return rec
-        log(f"r{rnd}: all healthy {rec['servers']}")
+        rec["seconds_to_all_started"] = round(time.time() - t_round, 1)
+        for arm in order:
+            server = rec["servers"][arm]
+            server["memory"] = memory(procs[arm][1])
+            server["clean_profile"] = clean(server["memory"])
+            if server["state"] == "ok" and server["clean_profile"] is not False:
+                continue
+            log(f"r{rnd} {arm}: {server['state']}, profile {server['memory']}: restarting alone")
+            server["first_start"] = {k: server.pop(k) for k in list(server)}
+            server["first_start"]["graph_lines"] = graph_lines(procs[arm][1])
+            t0 = time.time()
+            state = restart_alone(plan, arm, rnd, deadline, py, procs)
+            server |= {"state": state, "seconds_to_healthy": round(time.time() - t0, 1)}
+            server["memory"] = memory(procs[arm][1])
+            server["clean_profile"] = clean(server["memory"])
+            if state != "ok":
+                raise RuntimeError(f"{arm}: {state} after a restart alone")
+        rec["seconds_to_all_healthy"] = round(time.time() - t_round, 1)
+        log(f"r{rnd}: all healthy after {rec['seconds_to_all_healthy']} s {rec['servers']}")
         for arm in order:
             warm(plan[arm]["port"], plan[arm]["served_name"])
         os.makedirs(f"{KEPT}/round{rnd}", exist_ok=True)
@@ -156,16 +234,15 @@ def run_round(plan: dict, order: list[str], rnd: int, deadline: float, py: str, 
                     f"r{rnd} {name}: TPOT {r.get('median_tpot_ms'):.2f} ms "
                     f"AL {r.get('spec_decode_acceptance_length')} ({time.time() - t:.0f} s)"
                 )
-    except RuntimeError as e:
-        rec["error"] = str(e)
-        log(f"r{rnd}: stopped: {e}")
+    except Exception as e:  # a broken round is recorded; the next one starts clean
+        rec["error"] = repr(e)[:500]
+        log(f"r{rnd}: stopped: {e!r}")
     finally:
         for arm, (proc, path, _) in procs.items():
             rec["servers"].setdefault(arm, {})["graph_lines"] = graph_lines(path)
             kill_group(proc)
         wait_gpu_free(below_mib=2000, tries=60)
-        if mode == "warmup":  # its profiles overlapped: never reuse their KV sizes
-            shutil.rmtree(PLANS, ignore_errors=True)
+        rec["seconds"] = round(time.time() - t_round, 1)
     return rec
 
 
@@ -184,6 +261,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, required=True, help="measured rounds (after a warm-up)")
     ap.add_argument("--budget", type=float, required=True, help="seconds this script may run")
     ap.add_argument("--round-s", type=float, default=200, help="no round starts with less left")
+    ap.add_argument("--stagger", type=float, default=10, help="s after the previous engine began")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     deadline = time.time() + args.budget
@@ -196,8 +274,8 @@ def main() -> None:
         if rnd and deadline - time.time() < args.round_s:
             log(f"r{rnd}: {deadline - time.time():.0f} s left, no more rounds")
             break
-        mode = "warmup" if rnd == 0 else "serial" if rnd == 1 else "plan"
-        records.append(run_round(plan, arms, rnd, deadline, sys.executable, mode))
+        mode = "warmup" if rnd == 0 else "pipelined"
+        records.append(run_round(plan, arms, rnd, deadline, sys.executable, mode, args.stagger))
         save(args.out, records)
     log("done")
 
