@@ -323,14 +323,18 @@ def schedule_config(
 
 
 def prove_schedule(
-    runs: Mapping[int, Mapping[str, Sequence[float]]], *, alpha: float = DEFAULT_ALPHA
+    runs: Mapping[int, Mapping[str, Sequence[float]]],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    subject: str = "the schedule",
 ) -> dict:
     """runs: {concurrency: {"baseline": TPOTs, "schedule": TPOTs, "fixed": TPOTs}} (fixed: the best
     fixed k, optional). Returns {alpha, level_alpha, rule, levels {c: {vs_baseline, vs_fixed
     (compare_values at level_alpha; lower TPOT is better)}}, proven, fixed_proven, slower_at
     (levels where the schedule is significantly slower than the baseline), behind_fixed_at,
     faster_at, fixed_faster_at, fixed_slower_at (the fixed k against the baseline), decision
-    ("schedule", "fixed", "off"), verdict}."""
+    ("schedule", "fixed", "off"), verdict}. `subject` names the "schedule" arm in the verdict: a
+    plain speculative config (no schedule, e.g. where the release refuses the key) is a "k = 3"."""
     levels = sorted(runs)
     each = level_alpha(alpha, len(levels))
     per: dict[int, dict] = {}
@@ -360,7 +364,7 @@ def prove_schedule(
     if proven:
         decision = "schedule"
         verdict = (
-            f"the schedule is never significantly slower than the baseline or the fixed k at any "
+            f"{subject} is never significantly slower than the baseline or the fixed k at any "
             f"level and faster than the baseline at concurrency {_levels(faster)}"
         )
     else:
@@ -378,7 +382,7 @@ def prove_schedule(
             else "leave speculation off"
             + (f" (the fixed k loses at {_levels(fixed_slower)})" if fixed_slower else "")
         )
-        verdict = f"the schedule is not deployed: {lost}; {then}"
+        verdict = f"{subject} is not deployed: {lost}; {then}"
     return {
         "alpha": alpha,
         "level_alpha": each,

@@ -97,8 +97,13 @@ def load_proof_host(name: str, h: dict) -> dict:
     deployed = "schedule" if "schedule" in cond["arms"] else "speculative"
     runs = {c: {"baseline": arms.get("baseline", []), "schedule": arms.get(deployed, []),
                 "fixed": arms.get("fixed", [])} for c, arms in by_level.items()}  # fmt: skip
-    proof = prove_schedule(runs, alpha=alpha)
     spec = cond["speculative_config"]
+    subject = (
+        "the schedule"
+        if deployed == "schedule" or SCHEDULE_KEY in spec
+        else f"k = {spec.get('num_speculative_tokens')} (no schedule)"
+    )
+    proof = prove_schedule(runs, alpha=alpha, subject=subject)
     if proof["decision"] == "schedule":  # proven: deploy a candidate, keep a deployed one
         candidate = not cond.get("schedule_deployed", True) and cond.get("schedule")
         change = _line(name, schedule_config(spec, candidate)) if candidate else None
