@@ -214,7 +214,13 @@ def test_a_host_rebooted_after_the_swap_is_rolled_back_by_the_next_run(pair, ssh
     assert booted["system_state"] in ("running", "degraded"), booted
     rebooted = host_state(ssh, host)
     assert rebooted["record"] == before["record"]
-    assert BROKEN_DRAFT in rebooted[SPECULATIVE]["text"]
+    # Two orders are real: the run is cut before its health check (the host boots on the
+    # unverified unit), or its restart fails as the shutdown starts and its rollback puts the kept
+    # unit back before the connection drops (seen on f43bbe2: "tmp.mount has 'stop' job queued").
+    # Either way the record's unit or an unverified one, never a third; the next run settles it.
+    if BROKEN_DRAFT not in rebooted[SPECULATIVE]["text"]:
+        assert "new config failed" in log, log[-3000:]
+        assert rebooted[SPECULATIVE]["text"] == before[SPECULATIVE]["text"]
     assert rebooted["lock"] == "free"  # /run is new after a reboot
 
     result = run("pyinfra", "-y", str(inventory), "deploys/serve.py", "--limit", host)
