@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from specdeploy.checks import capabilities
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import ServeConfig
-from specdeploy.decide.load_rule import broken_schedule_rule
+from specdeploy.decide.load_rule import broken_schedule_rule, is_int
 from specdeploy.render.argv import engine_flags, has_flag
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).
@@ -342,10 +342,6 @@ V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 PIPELINE_PARALLEL_ISSUES = "vllm-project/vllm#50853, #57755"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def rules_of(cfg: ServeConfig) -> capabilities.ReleaseRules:
     return capabilities.release_rules(cfg.vllm_version, cfg.allow_unknown_release)
 
@@ -453,7 +449,7 @@ def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseR
     release = label(cfg.vllm_version, rules.release)
     k = spec.get("num_speculative_tokens")
     warnings = []
-    if validation["k_above_num_speculative_tokens"] == "clamped" and _is_int(k):
+    if validation["k_above_num_speculative_tokens"] == "clamped" and is_int(k):
         above = [e for e in schedule if e[2] > k]
         if above:
             warnings.append(
@@ -507,7 +503,7 @@ def _graphless_draft_warning(
         return []
     if runtime.model_runner != "v2" or runtime.v2_cuda_graphs is not False or on_v1:
         return []
-    if not _is_int(k) or k <= GRAPHLESS_DRAFT_STEPS:
+    if not is_int(k) or k <= GRAPHLESS_DRAFT_STEPS:
         return []
     rules = rules_of(cfg)
     choices = [f"keep num_speculative_tokens <= {GRAPHLESS_DRAFT_STEPS}"]

@@ -94,7 +94,8 @@ def proof_runs(levels: int, alpha: float = DEFAULT_ALPHA) -> int:
 # --- vLLM's rules for the schedule ----------------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int that is not a bool (JSON host data: True is not a batch size or a k)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -122,7 +123,7 @@ SCHEDULE_FORM = {
     ),
     "entries are [start, end, k]": (
         lambda s: all(
-            isinstance(e, list | tuple) and len(e) == 3 and all(_is_int(x) for x in e) for e in s
+            isinstance(e, list | tuple) and len(e) == 3 and all(is_int(x) for x in e) for e in s
         ),
         "every entry must be three integers [start, end, k]",
     ),
