@@ -35,6 +35,7 @@ class Wing:
 
 # The sandbox end to end and the contract tests: live, but in the fast tier.
 FAST_LIVE = (
+    "tests/integration/test_clean_room.py",
     "tests/integration/test_main_job.py",
     "tests/integration/test_vllm_argparse_probe.py",
 )

