@@ -3,8 +3,9 @@
 #
 # THE EXAMPLE, not a recommendation: Qwen/Qwen3-8B served with Qwen/Qwen3-0.6B as its draft,
 # proposing 2 tokens per step (vLLM's docs show 5; on 0.31-0.33 the draft runs without CUDA graphs
-# above 2, which `specdeploy check` warns of). Both share Qwen3's vocabulary. The right number of speculative
-# tokens depends on your traffic: run `pyinfra INVENTORY deploys/tune.py` and use what it measures.
+# above 2, which `specdeploy check` warns of). Both share Qwen3's vocabulary. The right number of
+# speculative tokens depends on your traffic: run `pyinfra INVENTORY deploys/tune.py` and use what
+# it measures.
 
 vllm_package = "vllm"
 vllm_version = "0.32.0"  # an exact pin; `specdeploy check` refuses ranges

@@ -46,7 +46,7 @@ def test_check_of_the_production_inventory_passes_without_the_sandbox_and_withou
 
 
 def test_pyinfra_loads_the_production_inventory_without_the_sandbox():
-    """What `pyinfra inventories/prod.py deploys/serve.py` does first: every group_data file runs."""
+    """What `pyinfra inventories/prod.py deploys/serve.py` does first: run every group_data file."""
     result = run_without_sandbox("pyinfra", "inventories/prod.py", "debug-inventory")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
