@@ -251,9 +251,28 @@ def cmd_releases_add(args) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version (what pip installed), not a copy in the source."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("specdeploy")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown (not installed)"
+
+
+def command(sub, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand that says what it does twice: `help`, its line in its parent's `--help`, and
+    `description` (else the help line as a sentence), what its own `--help` says first."""
+    text = description or f"{help[0].upper()}{help[1:]}."
+    return sub.add_parser(name, help=help, description=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def with_inventory(p):
         p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
@@ -262,7 +281,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    p = with_inventory(sub.add_parser("check", help="validate every host's data; touches no host"))
+    p = with_inventory(
+        command(
+            sub,
+            "check",
+            "validate every host's data; touches no host",
+            "Validate every host's data as the deploy would (merged group_data and host data, the "
+            "pinned release's table, the request set) and print each problem with its host, key "
+            "and fix; touches no host. Exit 0: every host valid; 1: problems; 2: the inventory "
+            "could not be read.",
+        )
+    )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -270,7 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_check)
     p = with_inventory(
-        sub.add_parser("render", help="write each host's speculative and baseline units")
+        command(
+            sub,
+            "render",
+            "write each host's speculative and baseline units",
+            "Write each host's speculative and baseline units, env file and argv (one folder per "
+            "host), and the Prometheus and Grafana files for the fleet; touches no host.",
+        )
     )
     p.add_argument("--out", required=True, help="output directory (one folder per host)")
     p.add_argument(
@@ -279,14 +314,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="smoke benchmark JSONs (reports/<host>/) for the alerts' baselines",
     )
     p.set_defaults(func=cmd_render)
-    p = sub.add_parser(
-        "migrate", help="convert old --speculative-model style flags to --speculative-config"
+    p = command(
+        sub,
+        "migrate",
+        "convert old --speculative-model style flags to --speculative-config",
+        "Convert an old vLLM command line's speculative flags (--speculative-model, "
+        "--num-speculative-tokens, ...) to --speculative-config: prints the equivalent command "
+        "and the host data that replaces it (target_model, speculative_config, "
+        "vllm_extra_args); give the command after --, e.g. "
+        "`specdeploy migrate -- vllm serve MODEL --speculative-model DRAFT`.",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser(
+    p = command(
+        sub,
         "rollout",
-        help="canary group first, then a ramp of batches within a failure budget; resumable",
+        "canary group first, then a ramp of batches within a failure budget; resumable",
+        "Run a deploy (pyinfra, one run per batch) over the inventory: the canary group first, "
+        "then a ramp of batches within a failure budget; each host's outcome is kept in a "
+        "progress file, so a stopped rollout resumes (--resume) with the same pinned revisions.",
     )
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
     p.add_argument(
@@ -333,9 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_rollout)
     p = with_inventory(
-        sub.add_parser(
+        command(
+            sub,
             "status",
-            help="each host now: reachable, version, unit drift, service, live speculation figures",
+            "each host now: reachable, version, unit drift, service, live speculation figures",
+            "Each host now, read-only: reachable, the deployed version and record, drift of the "
+            "installed unit from the rendered one, the service's state, and live speculation "
+            "figures from the server's /metrics.",
         )
     )
     p.add_argument("--limit", action="append", help="only these hosts or groups (repeatable)")
@@ -356,23 +406,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the two /metrics scrapes (default 5)",
     )
     p.set_defaults(func=cmd_status)
-    p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
+    p = with_inventory(
+        command(
+            sub,
+            "unlock",
+            "remove a stale per-host deploy lock",
+            "Remove the deploy lock a deploy that died left on each host (pyinfra exec); make "
+            "sure that deploy really is gone first.",
+        )
+    )
     p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
     p.set_defaults(func=cmd_unlock)
-    p = sub.add_parser(
-        "predict-k", help="predict TPOT for every k from saved benchmark JSONs (offline)"
+    p = command(
+        sub,
+        "predict-k",
+        "predict TPOT for every k from saved benchmark JSONs (offline)",
+        "Predict the time per output token for every num_speculative_tokens k from saved "
+        "`vllm bench serve` JSONs (files or folders of them); offline, touches no host.",
     )
     p.add_argument(
         "bench_json", nargs="+", help="vllm bench serve result JSONs, or folders of them"
     )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per k")
     p.set_defaults(func=cmd_predict_k)
-    p = sub.add_parser("releases", help="the vLLM releases specdeploy knows, and adding one")
-    releases = p.add_subparsers(dest="releases_cmd", required=True)
-    releases.add_parser(
-        "list", help="per known release: what check accepts, refuses as removed, warns about"
+    p = command(
+        sub,
+        "releases",
+        "the vLLM releases specdeploy knows, and adding one",
+        "The vLLM releases specdeploy knows (the tables `check` validates host data against), "
+        "and adding one from its own wheels.",
+    )
+    releases = p.add_subparsers(dest="releases_cmd", required=True, metavar="COMMAND")
+    command(
+        releases,
+        "list",
+        "per known release: what check accepts, refuses as removed, warns about",
     ).set_defaults(func=cmd_releases_list)
-    p = releases.add_parser("add", help="read a release's table from its own wheels")
+    p = command(
+        releases,
+        "add",
+        "read a release's table from its own wheels",
+        "Read a vLLM release's table (speculative keys, methods, flags, builds) from its own "
+        "wheels, downloaded with pip or given with --wheel, and write it where `specdeploy "
+        "check` reads it.",
+    )
     p.add_argument("version", help="the release, e.g. 0.34.0")
     p.add_argument("--wheel", action="append", type=Path, default=[], help="a local wheel")
     p.add_argument("--package", action="append", choices=release_probe.PACKAGES,

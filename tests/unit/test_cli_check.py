@@ -1,5 +1,7 @@
 """`specdeploy check` and `render` on real pyinfra inventory files (no host is contacted)."""
 
+import argparse
+import importlib.metadata
 import json
 import os
 import stat
@@ -7,13 +9,66 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from specdeploy.cli import build_parser
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args, cwd=REPO):
+    # this checkout's package first, also where cwd is elsewhere (an editable install may point
+    # at another checkout)
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     return subprocess.run(
-        [sys.executable, "-m", "specdeploy.cli", *args], cwd=cwd, capture_output=True, text=True
-    )
+        [sys.executable, "-m", "specdeploy.cli", *args],
+        cwd=cwd, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_version_is_the_installed_distributions():
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"specdeploy {importlib.metadata.version('specdeploy')}"
+
+
+def subcommands(parser, prog="specdeploy"):
+    """(full name, help line, parser) of every subcommand, nested ones too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield f"{prog} {name}", helps.get(name), sub
+                yield from subcommands(sub, f"{prog} {name}")
+
+
+def test_every_subcommand_says_what_it_does_in_its_own_help_and_in_its_parents(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at the terminal's width: no wrapping
+    found = list(subcommands(build_parser()))
+    assert {"specdeploy migrate", "specdeploy releases add"} <= {name for name, _, _ in found}
+    top = " ".join(build_parser().format_help().split())
+    for name, help_line, sub in found:
+        assert help_line, f"{name}: no help= (the line `specdeploy --help` lists)"
+        assert sub.description, f"{name}: no description= (what `{name} --help` says first)"
+        own = " ".join(sub.format_help().split())
+        assert " ".join(sub.description.split()) in own, name
+        parent = " ".join(name.split()[:-1])
+        listing = (
+            top
+            if parent == "specdeploy"
+            else " ".join(next(p for n, _, p in found if n == parent).format_help().split())
+        )
+        assert " ".join(help_line.split()) in listing, name
+
+
+@pytest.mark.parametrize("command", ["migrate", "rollout", "releases add"])
+def test_subcommand_help_shows_its_description(command):
+    result = run(*command.split(), "--help")
+    assert result.returncode == 0
+    usage, _, rest = result.stdout.partition("\n\n")
+    assert usage.startswith(f"usage: specdeploy {command}")
+    assert not rest.startswith(("positional arguments", "options")), result.stdout
 
 
 def test_example_inventory_is_valid():
