@@ -12,20 +12,13 @@ from pathlib import Path
 
 from specdeploy.checks import capabilities, release_matrix, release_probe
 from specdeploy.checks import host_data as checks
-from specdeploy.config.inventory import host_data, hosts_with_data
+from specdeploy.config.inventory import InventoryError, host_data, hosts_with_data, limit_hosts
 from specdeploy.render import units as render
 from specdeploy.report.paths import reports_root
 
 
-def _load_hosts(args) -> dict[str, dict]:
-    try:
-        return host_data(args.inventory, args.group_data)
-    except FileNotFoundError as error:
-        raise SystemExit(f"specdeploy: {error}") from error
-
-
 def cmd_check(args) -> int:
-    hosts = _load_hosts(args)
+    hosts = host_data(args.inventory, args.group_data)
     if not hosts:
         print(f"{args.inventory}: no hosts in this inventory", file=sys.stderr)
         return 1
@@ -50,7 +43,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_render(args) -> int:
-    hosts = _load_hosts(args)
+    hosts = host_data(args.inventory, args.group_data)
     out = Path(args.out)
     failed = False
     configs = {}
@@ -169,10 +162,11 @@ def cmd_unlock(args) -> int:
 
     from specdeploy.config.schema import config_from_data
 
-    hosts = _load_hosts(args)
+    hosts = hosts_with_data(args.inventory, args.group_data)
+    chosen = limit_hosts([(name, groups) for name, groups, _ in hosts], args.limit, args.inventory)
     failed = 0
-    for name, data in hosts.items():
-        if args.limit and name not in args.limit:
+    for name, _, data in hosts:
+        if name not in chosen:
             continue
         path = shlex.quote(config_from_data(data).lock_path)
         command = [
@@ -370,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retry-failed", action="store_true", help="with --resume: try the failed hosts again"
     )
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.add_argument(
         "--dry", action="store_true", help="pyinfra --dry per batch: show what would change"
     )
@@ -388,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
             "figures from the server's /metrics.",
         )
     )
-    p.add_argument("--limit", action="append", help="only these hosts or groups (repeatable)")
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per host")
     p.add_argument(
         "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until interrupted"
@@ -415,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
             "sure that deploy really is gone first.",
         )
     )
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.set_defaults(func=cmd_unlock)
     p = command(
         sub,
@@ -463,7 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except InventoryError as error:  # every command the same way: what, where, nothing touched
+        print(f"specdeploy {args.cmd}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

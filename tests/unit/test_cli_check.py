@@ -149,3 +149,83 @@ def test_render_writes_both_units_per_host(tmp_path):
         host / "specdeploy-vllm-baseline.service"
     ).exists()
     assert stat.S_IMODE(os.stat(host / "specdeploy-vllm.env").st_mode) == 0o600
+
+
+# --- an inventory that cannot be read as given: refused with its file and line, exit 2 ----------
+
+GROUP_DATA = (
+    'vllm_version = "0.32.0"\ntarget_model = "t/t"\n'
+    'speculative_config = {"method": "draft_model", "model": "d/d", "num_speculative_tokens": 2}\n'
+)
+
+
+def fleet(tmp_path, inventory='canary = ["h1"]\nrest = ["h2", "h3"]\n', group_data=GROUP_DATA):
+    (tmp_path / "group_data").mkdir(exist_ok=True)
+    (tmp_path / "group_data" / "all.py").write_text(group_data)
+    (tmp_path / "inv.py").write_text(inventory)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "where, text, line, kind",
+    [
+        ("group_data", GROUP_DATA + 'max_model_len = = 4096\nworkload = {"x": 1}\n', 4,
+         "SyntaxError"),
+        ("group_data", GROUP_DATA + "import os\nmin_free_disk_gb = gigabytes(5)\n", 5,
+         "NameError"),
+        ("inventory", 'hosts = ["h1"]\nmore = [("h2", {"a": 1 / 0})]\n', 2, "ZeroDivisionError"),
+        ("inventory", 'hosts = ["h1",\n', 1, "SyntaxError"),
+    ],
+)  # fmt: skip
+def test_a_file_that_does_not_run_is_named_with_its_line(tmp_path, where, text, line, kind):
+    fleet(tmp_path, **({"group_data": text} if where == "group_data" else {"inventory": text}))
+    path = "group_data/all.py" if where == "group_data" else "inv.py"
+    for command in (["check", "inv.py"], ["render", "inv.py", "--out", "out"]):
+        result = run(*command, cwd=tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        assert f"{path}, line {line}: {kind}" in result.stderr, result.stderr
+        assert f"specdeploy {command[0]}: " in result.stderr
+
+
+BAD_PATHS = {
+    "inventory": (["nope.py"], "inventory file not found: nope.py"),
+    "group_data": (["inv.py", "--group-data", "nowhere"], "--group-data directory not found"),
+    "limit": (["inv.py", "--limit", "h9"], "--limit 'h9' matches no host or group of inv.py"),
+}
+TAKES = {  # subcommand: the arguments it takes, and what it needs besides
+    "check": (["inventory", "group_data"], []),
+    "render": (["inventory", "group_data"], ["--out", "out"]),
+    "status": (["inventory", "group_data", "limit"], []),
+    "unlock": (["inventory", "group_data", "limit"], []),
+    "rollout": (["inventory", "limit"], []),
+}
+
+
+@pytest.mark.parametrize("command, bad", [(c, b) for c, (takes, _) in TAKES.items() for b in takes])
+def test_every_subcommand_refuses_a_path_or_limit_that_names_nothing(tmp_path, command, bad):
+    fleet(tmp_path)
+    args, message = BAD_PATHS[bad]
+    result = run(command, *args, *TAKES[command][1], cwd=tmp_path)
+    assert result.returncode == 2, (command, bad, result.stdout + result.stderr)
+    assert f"specdeploy {command}: " in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_every_subcommand_with_a_limit_is_in_the_table():
+    found = {name.split()[1] for name, _, sub in subcommands(build_parser())
+             for action in sub._actions if "--limit" in action.option_strings}  # fmt: skip
+    assert found == {c for c, (takes, _) in TAKES.items() if "limit" in takes}
+
+
+def test_a_limit_is_a_host_a_group_or_a_pattern_and_a_typo_is_named():
+    from specdeploy.config.inventory import InventoryError, limit_hosts
+
+    hosts = [("gpu-01", ["canary", "inv"]), ("gpu-02", ["inv"]), ("cpu-01", ["inv", "cpu"])]
+    assert limit_hosts(hosts, None, "inv.py") == ["gpu-01", "gpu-02", "cpu-01"]
+    assert limit_hosts(hosts, ["cpu", "gpu-0*"], "inv.py") == ["gpu-01", "gpu-02", "cpu-01"]
+    assert limit_hosts(hosts, ["canary"], "inv.py") == ["gpu-01"]
+    with pytest.raises(InventoryError) as refused:
+        limit_hosts(hosts, ["gpu-01", "gpu-2"], "inv.py")
+    assert str(refused.value).startswith("--limit 'gpu-2' matches no host or group of inv.py")
+    assert "did you mean 'gpu-02'?" in str(refused.value)
