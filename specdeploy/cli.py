@@ -13,6 +13,7 @@ from pathlib import Path
 from specdeploy.checks import capabilities, release_matrix, release_probe
 from specdeploy.checks import host_data as checks
 from specdeploy.config.inventory import InventoryError, host_data, hosts_with_data, limit_hosts
+from specdeploy.config.problems import grouped, shared_line
 from specdeploy.render import units as render
 from specdeploy.report.paths import reports_root
 
@@ -25,12 +26,16 @@ def cmd_check(args) -> int:
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
-    for problem in problems:  # each with its key's section of the reference: what it means
-        print(f"{problem} (see {problem.reference})")
-    for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
-        print(f"warning: {warning} (see {warning.reference})")
-    for note in (n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)):
-        print(f"note: {note}", file=sys.stderr)
+    warnings = [w for name, data in hosts.items() for w in checks.check_warnings(name, data)]
+    notes = [n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)]
+    # the same said of many hosts (a group_data setting) once, with the hosts counted; each with
+    # its key's section of the reference: what it means
+    for names, problem in grouped(problems):
+        print(f"{shared_line('', names, problem)} (see {problem.reference})")
+    for names, warning in grouped(warnings):
+        print(f"{shared_line('warning', names, warning)} (see {warning.reference})")
+    for names, note in grouped(notes):
+        print(shared_line("note", names, note), file=sys.stderr)
     if problems:
         bad = len({p.host for p in problems})
         print(

@@ -15,6 +15,8 @@ from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
+from specdeploy.config.problems import name_list
+
 
 class InventoryError(ValueError):
     """The inventory cannot be read as given: an inventory file or --group-data path that is not
@@ -127,12 +129,3 @@ def limit_hosts(
             )
         chosen |= matched
     return [name for name, _ in hosts if name in chosen]
-
-
-def name_list(names: list[str], shown: int = 5) -> str:
-    """`a, b, c`, or the first few and how many more: a 500-host fleet in one line."""
-    if not names:
-        return "none"
-    if len(names) <= shown + 1:
-        return ", ".join(names)
-    return f"{', '.join(names[:shown])} and {len(names) - shown} more"

@@ -229,3 +229,36 @@ def test_a_limit_is_a_host_a_group_or_a_pattern_and_a_typo_is_named():
         limit_hosts(hosts, ["gpu-01", "gpu-2"], "inv.py")
     assert str(refused.value).startswith("--limit 'gpu-2' matches no host or group of inv.py")
     assert "did you mean 'gpu-02'?" in str(refused.value)
+
+
+def test_what_many_hosts_share_is_said_once_with_the_hosts_counted(tmp_path):
+    # a group_data setting of 7 hosts: one warning, one note per moving ref, not 7 of each
+    hosts = [f"gpu-0{i}" for i in range(1, 8)]
+    fleet(tmp_path, inventory=f"canary = {hosts[:1]}\nrest = {hosts[1:]}\n",
+          group_data=GROUP_DATA + 'speculation_gate = {"runs": 2}\n')  # fmt: skip
+    result = run("check", "inv.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    named = "7 hosts: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05 and 2 more"
+    (warning,) = [line for line in result.stdout.splitlines() if line.startswith("warning")]
+    assert warning.startswith(f"warning ({named}): speculation_gate.runs: 2 + 2 runs cannot ")
+    assert warning.endswith("(see docs/reference/host-data.md#speculation_gate.runs)")
+    assert result.stderr.splitlines() == [
+        f"note ({named}): target_revision: 'main' of t/t is a moving ref — the deploy pins it to "
+        "the commit the control node resolves at rollout time (recorded per host); pin a commit "
+        "sha to choose the weights yourself",
+        f"note ({named}): speculative_config.revision: 'main' of d/d is a moving ref — the deploy "
+        "pins it to the commit the control node resolves at rollout time (recorded per host); pin "
+        "a commit sha to choose the weights yourself",
+    ]
+    # identical errors too, once; one host's own stays its own line
+    (tmp_path / "inv.py").write_text('hosts = ["h1", "h2", ("h3", {"max_num_seq": 4})]\n')
+    (tmp_path / "group_data" / "all.py").write_text(GROUP_DATA + "max_num_seqq = 4\n")
+    result = run("check", "inv.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "error (3 hosts: h1, h2, h3): max_num_seqq: not a specdeploy key (the deploy would ignore "
+        "it) — did you mean 'max_num_seqs'? (see docs/reference/host-data.md)",
+        "h3: max_num_seq: not a specdeploy key (the deploy would ignore it) — did you mean "
+        "'max_num_seqs'? (see docs/reference/host-data.md)",
+    ]
+    assert "4 problem(s) on 3 of 3 host(s)" in result.stderr
