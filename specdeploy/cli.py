@@ -12,32 +12,30 @@ from pathlib import Path
 
 from specdeploy.checks import capabilities, release_matrix, release_probe
 from specdeploy.checks import host_data as checks
-from specdeploy.config.inventory import host_data, hosts_with_data
+from specdeploy.config.inventory import InventoryError, host_data, hosts_with_data, limit_hosts
+from specdeploy.config.problems import grouped, shared_line
 from specdeploy.render import units as render
 from specdeploy.report.paths import reports_root
 
 
-def _load_hosts(args) -> dict[str, dict]:
-    try:
-        return host_data(args.inventory, args.group_data)
-    except FileNotFoundError as error:
-        raise SystemExit(f"specdeploy: {error}") from error
-
-
 def cmd_check(args) -> int:
-    hosts = _load_hosts(args)
+    hosts = host_data(args.inventory, args.group_data)
     if not hosts:
         print(f"{args.inventory}: no hosts in this inventory", file=sys.stderr)
         return 1
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
-    for problem in problems:  # each with its key's section of the reference: what it means
-        print(f"{problem} (see {problem.reference})")
-    for warning in (w for name, data in hosts.items() for w in checks.check_warnings(name, data)):
-        print(f"warning: {warning} (see {warning.reference})")
-    for note in (n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)):
-        print(f"note: {note}", file=sys.stderr)
+    warnings = [w for name, data in hosts.items() for w in checks.check_warnings(name, data)]
+    notes = [n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)]
+    # the same said of many hosts (a group_data setting) once, with the hosts counted; each with
+    # its key's section of the reference: what it means
+    for names, problem in grouped(problems):
+        print(f"{shared_line('', names, problem)} (see {problem.reference})")
+    for names, warning in grouped(warnings):
+        print(f"{shared_line('warning', names, warning)} (see {warning.reference})")
+    for names, note in grouped(notes):
+        print(shared_line("note", names, note), file=sys.stderr)
     if problems:
         bad = len({p.host for p in problems})
         print(
@@ -50,7 +48,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_render(args) -> int:
-    hosts = _load_hosts(args)
+    hosts = host_data(args.inventory, args.group_data)
     out = Path(args.out)
     failed = False
     configs = {}
@@ -169,10 +167,11 @@ def cmd_unlock(args) -> int:
 
     from specdeploy.config.schema import config_from_data
 
-    hosts = _load_hosts(args)
+    hosts = hosts_with_data(args.inventory, args.group_data)
+    chosen = limit_hosts([(name, groups) for name, groups, _ in hosts], args.limit, args.inventory)
     failed = 0
-    for name, data in hosts.items():
-        if args.limit and name not in args.limit:
+    for name, _, data in hosts:
+        if name not in chosen:
             continue
         path = shlex.quote(config_from_data(data).lock_path)
         command = [
@@ -251,9 +250,28 @@ def cmd_releases_add(args) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version (what pip installed), not a copy in the source."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("specdeploy")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown (not installed)"
+
+
+def command(sub, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand that says what it does twice: `help`, its line in its parent's `--help`, and
+    `description` (else the help line as a sentence), what its own `--help` says first."""
+    text = description or f"{help[0].upper()}{help[1:]}."
+    return sub.add_parser(name, help=help, description=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def with_inventory(p):
         p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
@@ -262,7 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    p = with_inventory(sub.add_parser("check", help="validate every host's data; touches no host"))
+    p = with_inventory(
+        command(
+            sub,
+            "check",
+            "validate every host's data; touches no host",
+            "Validate every host's data as the deploy would (merged group_data and host data, the "
+            "pinned release's table, the request set) and print each problem with its host, key "
+            "and fix; touches no host. Exit 0: every host valid; 1: problems; 2: the inventory "
+            "could not be read.",
+        )
+    )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -270,7 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_check)
     p = with_inventory(
-        sub.add_parser("render", help="write each host's speculative and baseline units")
+        command(
+            sub,
+            "render",
+            "write each host's speculative and baseline units",
+            "Write each host's speculative and baseline units, env file and argv (one folder per "
+            "host), and the Prometheus and Grafana files for the fleet; touches no host.",
+        )
     )
     p.add_argument("--out", required=True, help="output directory (one folder per host)")
     p.add_argument(
@@ -279,14 +313,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="smoke benchmark JSONs (reports/<host>/) for the alerts' baselines",
     )
     p.set_defaults(func=cmd_render)
-    p = sub.add_parser(
-        "migrate", help="convert old --speculative-model style flags to --speculative-config"
+    p = command(
+        sub,
+        "migrate",
+        "convert old --speculative-model style flags to --speculative-config",
+        "Convert an old vLLM command line's speculative flags (--speculative-model, "
+        "--num-speculative-tokens, ...) to --speculative-config: prints the equivalent command "
+        "and the host data that replaces it (target_model, speculative_config, "
+        "vllm_extra_args); give the command after --, e.g. "
+        "`specdeploy migrate -- vllm serve MODEL --speculative-model DRAFT`.",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser(
+    p = command(
+        sub,
         "rollout",
-        help="canary group first, then a ramp of batches within a failure budget; resumable",
+        "canary group first, then a ramp of batches within a failure budget; resumable",
+        "Run a deploy (pyinfra, one run per batch) over the inventory: the canary group first, "
+        "then a ramp of batches within a failure budget; each host's outcome is kept in a "
+        "progress file, so a stopped rollout resumes (--resume) with the same pinned revisions.",
     )
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
     p.add_argument(
@@ -324,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retry-failed", action="store_true", help="with --resume: try the failed hosts again"
     )
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.add_argument(
         "--dry", action="store_true", help="pyinfra --dry per batch: show what would change"
     )
@@ -333,12 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_rollout)
     p = with_inventory(
-        sub.add_parser(
+        command(
+            sub,
             "status",
-            help="each host now: reachable, version, unit drift, service, live speculation figures",
+            "each host now: reachable, version, unit drift, service, live speculation figures",
+            "Each host now, read-only: reachable, the deployed version and record, drift of the "
+            "installed unit from the rendered one, the service's state, and live speculation "
+            "figures from the server's /metrics.",
         )
     )
-    p.add_argument("--limit", action="append", help="only these hosts or groups (repeatable)")
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per host")
     p.add_argument(
         "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until interrupted"
@@ -356,23 +409,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the two /metrics scrapes (default 5)",
     )
     p.set_defaults(func=cmd_status)
-    p = with_inventory(sub.add_parser("unlock", help="remove a stale per-host deploy lock"))
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p = with_inventory(
+        command(
+            sub,
+            "unlock",
+            "remove a stale per-host deploy lock",
+            "Remove the deploy lock a deploy that died left on each host (pyinfra exec); make "
+            "sure that deploy really is gone first.",
+        )
+    )
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
     p.set_defaults(func=cmd_unlock)
-    p = sub.add_parser(
-        "predict-k", help="predict TPOT for every k from saved benchmark JSONs (offline)"
+    p = command(
+        sub,
+        "predict-k",
+        "predict TPOT for every k from saved benchmark JSONs (offline)",
+        "Predict the time per output token for every num_speculative_tokens k from saved "
+        "`vllm bench serve` JSONs (files or folders of them); offline, touches no host.",
     )
     p.add_argument(
         "bench_json", nargs="+", help="vllm bench serve result JSONs, or folders of them"
     )
     p.add_argument("--json", action="store_true", help="a JSON list, one object per k")
     p.set_defaults(func=cmd_predict_k)
-    p = sub.add_parser("releases", help="the vLLM releases specdeploy knows, and adding one")
-    releases = p.add_subparsers(dest="releases_cmd", required=True)
-    releases.add_parser(
-        "list", help="per known release: what check accepts, refuses as removed, warns about"
+    p = command(
+        sub,
+        "releases",
+        "the vLLM releases specdeploy knows, and adding one",
+        "The vLLM releases specdeploy knows (the tables `check` validates host data against), "
+        "and adding one from its own wheels.",
+    )
+    releases = p.add_subparsers(dest="releases_cmd", required=True, metavar="COMMAND")
+    command(
+        releases,
+        "list",
+        "per known release: what check accepts, refuses as removed, warns about",
     ).set_defaults(func=cmd_releases_list)
-    p = releases.add_parser("add", help="read a release's table from its own wheels")
+    p = command(
+        releases,
+        "add",
+        "read a release's table from its own wheels",
+        "Read a vLLM release's table (speculative keys, methods, flags, builds) from its own "
+        "wheels, downloaded with pip or given with --wheel, and write it where `specdeploy "
+        "check` reads it.",
+    )
     p.add_argument("version", help="the release, e.g. 0.34.0")
     p.add_argument("--wheel", action="append", type=Path, default=[], help="a local wheel")
     p.add_argument("--package", action="append", choices=release_probe.PACKAGES,
@@ -386,7 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except InventoryError as error:  # every command the same way: what, where, nothing touched
+        print(f"specdeploy {args.cmd}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

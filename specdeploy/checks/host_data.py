@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pyinfra import host as current_host
 
 from specdeploy.checks import capabilities
@@ -17,7 +17,7 @@ from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
 from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
-from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.problems import ConfigError, Problem, nested_model
 from specdeploy.config.record import read_record
 from specdeploy.config.schema import FIELDS, ServeConfig, config_from_data
 from specdeploy.decide.stats import min_p_value
@@ -83,28 +83,60 @@ def _field_name(loc: list) -> str:
     return out.lstrip(".")
 
 
+def _model_at(loc: list) -> type[BaseModel] | None:
+    """The model whose keys are valid at a location of host data (`workload`, `instances[0]`,
+    `workload.load_levels[2]`): the schema's, walked key by key; None below a plain value."""
+    model: type[BaseModel] | None = ServeConfig
+    for part in loc:
+        if isinstance(part, int):  # an item of a list of objects: the same model
+            continue
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        model = nested_model(field)
+    return model
+
+
+def _unknown_nested_key(loc: list, parent: str) -> tuple[str, str]:
+    """(what, what to do) for a key an object of the schema does not have: the key it is closest
+    to (did you mean, as for top-level keys), else the keys it has."""
+    model = _model_at(loc[:-1])
+    keys = list(model.model_fields) if model else []
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+    todo = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(keys)}"
+    return f"not a key of {parent} (the deploy refuses it)", todo
+
+
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     seen = set()
     for item in error.errors():
         # a union's members appear in the location (instances.constrained-int): the key is enough
-        field = _field_name([p for p in item["loc"] if not _UNION_MEMBER.match(str(p))])
+        loc = [p for p in item["loc"] if not _UNION_MEMBER.match(str(p))]
+        field = _field_name(loc)
         # host_text's refusals carry where within the field, and their own fix
         ctx = (item.get("ctx") or {}) if item["type"] == "host_text" else {}
         field += ctx.get("path", "")
         if field in seen:
             continue
         seen.add(field)
+        unknown = None
+        if item["type"] == "extra_forbidden" and loc:
+            unknown = _unknown_nested_key(loc, _field_name(loc[:-1]))
         if item["type"] == "missing":
             what = "missing"
+        elif unknown:
+            what = unknown[0]
         elif field in SECRET_FIELDS:
             what = "not a usable secret value (value not shown)"
         elif ctx.get("path"):  # the input is the whole field: the path names the value
             what = item["msg"]
         else:
             what = f"{item['msg']} (got {item.get('input')!r})"
-        todo = ctx.get("todo") or _FIELD_HINTS.get(
-            field, "fix the value in group_data or host data"
+        todo = (
+            ctx.get("todo")
+            or (unknown and unknown[1])
+            or _FIELD_HINTS.get(field, "fix the value in group_data or host data")
         )
         problems.append(Problem(host, field, what, todo))
     return problems

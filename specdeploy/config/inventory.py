@@ -1,14 +1,27 @@
 """Read a pyinfra inventory (with its group_data) without connecting to any host: the one loader
-`check`, `render`, `rollout`, `status` and the host tests use."""
+`check`, `render`, `rollout`, `status`, `unlock` and the host tests use. What cannot be read as
+given (a path that is not there, a file that does not run, a `--limit` that names no host) is an
+`InventoryError` naming the path, file and line, or name: every command refuses it the same way."""
 
 from __future__ import annotations
 
+import difflib
 import os
+import traceback
+from fnmatch import fnmatch
 from typing import Any
 
 from pyinfra.api import Inventory, State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
+
+from specdeploy.config.problems import name_list
+
+
+class InventoryError(ValueError):
+    """The inventory cannot be read as given: an inventory file or --group-data path that is not
+    there, an inventory or group_data file that does not run (its file and line named), a --limit
+    that matches no host. Nothing was touched; the CLI exits 2."""
 
 
 def load_inventory(
@@ -21,11 +34,61 @@ def load_inventory(
     """The inventory exactly as `pyinfra INVENTORY ...` builds it. pyinfra executes inventory and
     group_data files inside a State context, as its CLI does (`state`: the one to use)."""
     if not os.path.exists(inventory_path):
-        raise FileNotFoundError(f"inventory file not found: {inventory_path}")
-    with ctx_state.use(state or State()):
-        return make_inventory(
-            inventory_path, cwd=cwd or os.getcwd(), group_data_directories=group_data_dirs or None
+        raise InventoryError(
+            f"inventory file not found: {inventory_path} — give the path of a pyinfra inventory "
+            "file, e.g. inventories/prod.py"
         )
+    for directory in group_data_dirs or ():
+        if not os.path.exists(directory):  # pyinfra would skip it without a word
+            raise InventoryError(
+                f"--group-data directory not found: {directory} — give an existing directory of "
+                "group_data files (group_data/ beside the inventory and in the working directory "
+                "are read without it)"
+            )
+    try:
+        with ctx_state.use(state or State()):
+            return make_inventory(
+                inventory_path,
+                cwd=cwd or os.getcwd(),
+                group_data_directories=group_data_dirs or None,
+            )
+    except Exception as error:  # the user's Python, run by pyinfra: say where it failed
+        raise InventoryError(file_failure(error, inventory_path)) from None
+
+
+def file_failure(error: BaseException, inventory_path: str) -> str:
+    """What went wrong in an inventory or group_data file, as `FILE, line N: Error: message` and
+    the line itself. pyinfra compiles each file itself (a SyntaxError comes through as it is) and
+    wraps what the file raises in its UnexpectedExternalError (`.exception`, `.filename`): the
+    line is the last frame of the traceback in that file."""
+    original = getattr(error, "exception", None) or error
+    path = getattr(error, "filename", None) if original is not error else None
+    line = text = None
+    if isinstance(original, SyntaxError) and original.filename:
+        path, line, text = original.filename, original.lineno, original.text
+        what = original.msg
+    else:
+        what = str(original)
+        frames = traceback.extract_tb(original.__traceback__)
+        inside = [
+            f for f in frames if path and os.path.abspath(f.filename) == os.path.abspath(path)
+        ]
+        if inside:
+            line, text = inside[-1].lineno, inside[-1].line
+    where = _shown(path or inventory_path) + (f", line {line}" if line else "")
+    kind = type(original).__name__
+    source = f"\n    {text.strip()}" if text and text.strip() else ""
+    fix = "fix that line" if line else "fix the file"
+    return (
+        f"{where}: {kind}: {what}{source}\n"
+        f"  pyinfra runs inventory and group_data files as Python: {fix}; nothing was touched"
+    )
+
+
+def _shown(path: str) -> str:
+    """A path as the operator wrote it: relative to the working directory when under it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def hosts_with_data(
@@ -41,3 +104,28 @@ def host_data(
 ) -> dict[str, dict[str, Any]]:
     """{host name: merged host data}, exactly as `pyinfra INVENTORY ...` would see it."""
     return {name: data for name, _, data in hosts_with_data(inventory_path, group_data_dirs, cwd)}
+
+
+def limit_hosts(
+    hosts: list[tuple[str, list[str]]], limit: list[str] | None, inventory_path: str
+) -> list[str]:
+    """The host names `--limit` selects, in inventory order (all without one): as pyinfra's own
+    `--limit`, each a group name or a host name pattern (fnmatch: `gpu-0*`). A name that matches no
+    host or group is refused (InventoryError), with the name it is closest to: a typo would
+    otherwise select nothing, or everything else."""
+    if not limit:
+        return [name for name, _ in hosts]
+    groups = sorted({group for _, in_groups in hosts for group in in_groups})
+    chosen: set[str] = set()
+    for pattern in limit:
+        matched = {name for name, in_groups in hosts if pattern in in_groups}
+        matched |= {name for name, _ in hosts if fnmatch(name, pattern)}
+        if not matched:
+            close = difflib.get_close_matches(pattern, [n for n, _ in hosts] + groups, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "give a host or group name of it"
+            raise InventoryError(
+                f"--limit {pattern!r} matches no host or group of {inventory_path} — {hint} "
+                f"(hosts: {name_list([n for n, _ in hosts])}; groups: {name_list(groups)})"
+            )
+        chosen |= matched
+    return [name for name, _ in hosts if name in chosen]

@@ -61,6 +61,38 @@ class Problem:
         return f"{REFERENCE_PAGE}#{anchor}" if anchor else REFERENCE_PAGE
 
 
+def name_list(names: list[str], shown: int = 5) -> str:
+    """`a, b, c`, or the first few and how many more: a 500-host fleet in one line."""
+    if not names:
+        return "none"
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def grouped(problems: list[Problem]) -> list[tuple[list[str], Problem]]:
+    """Problems that say the same (field, what, what to do) of several hosts, once: [(the hosts,
+    the first of them)], in the order first seen. A group_data setting shared by a fleet is one
+    line, not one per host."""
+    groups: dict[tuple[str, str, str], tuple[list[str], Problem]] = {}
+    for problem in problems:
+        hosts, _ = groups.setdefault((problem.field, problem.what, problem.todo), ([], problem))
+        if problem.host not in hosts:
+            hosts.append(problem.host)
+    return list(groups.values())
+
+
+def shared_line(kind: str, hosts: list[str], problem: Problem) -> str:
+    """One line for a problem of one host (`h1: field: ...`, after `kind: ` where there is one) or
+    of several (`kind (3 hosts: h1, h2, h3): field: ...`)."""
+    if len(hosts) == 1:
+        return f"{kind}: {problem}" if kind else str(problem)
+    return (
+        f"{kind or 'error'} ({len(hosts)} hosts: {name_list(hosts)}): {problem.field}: "
+        f"{problem.what} — {problem.todo}"
+    )
+
+
 class ConfigError(Exception):
     """Raised by deploys when host data is invalid; carries every problem found."""
 

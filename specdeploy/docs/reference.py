@@ -298,7 +298,9 @@ def _command_sections(prog: str, parser: argparse.ArgumentParser, level: str) ->
     for name, help_text, sub in _subcommands(parser):
         full = f"{prog} {name}"
         out += [f"{level} {full}", ""]
-        if help_text:
+        if sub.description:  # what the command's own --help says first
+            out += [" ".join(sub.description.split()).replace("%%", "%"), ""]
+        elif help_text:
             out += [help_text[0].upper() + help_text[1:] + ".", ""]
         out += ["```", _usage(full, sub), "```", ""]
         out += _arguments(sub)
@@ -322,6 +324,7 @@ def cli_page() -> str:
         with mock.patch.dict(os.environ, clean, clear=True):
             parser = importlib.import_module(module).build_parser()
         out += ["", f"## {prog}", "", " ".join((parser.description or "").split()), ""]
+        out += _arguments(parser)  # the command's own options (--version)
         out += _command_sections(prog, parser, "###")
         out = out[:-1] if out[-1] == "" and out[-2] == "" else out
     return "\n".join(out).rstrip("\n") + "\n"

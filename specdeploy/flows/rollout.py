@@ -37,7 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from specdeploy.checks.host_data import ConfigError, check_config
-from specdeploy.config.inventory import host_data, hosts_with_data
+from specdeploy.config.inventory import host_data, hosts_with_data, limit_hosts
 from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.report.notes import ROLLOUT_REPORT_ENV, read_notes
@@ -84,10 +84,14 @@ def batch_size(step: int | str, hosts_in_rollout: int) -> int:
 
 
 def rollout_order(
-    hosts: list[tuple[str, list[str]]], canary_group: str | None, limit: list[str] | None = None
+    hosts: list[tuple[str, list[str]]],
+    canary_group: str | None,
+    limit: list[str] | None = None,
+    inventory_path: str = "the inventory",
 ) -> tuple[list[str], list[str]]:
-    """(canary hosts, the others) in inventory order."""
-    names = [name for name, _ in hosts if not limit or name in limit]
+    """(canary hosts, the others) in inventory order; `limit`: host names, groups or patterns, as
+    pyinfra's --limit (one that matches nothing is refused: config/inventory.limit_hosts)."""
+    names = limit_hosts(hosts, limit, inventory_path)
     canary = [
         name for name, groups in hosts if canary_group and canary_group in groups and name in names
     ]
@@ -277,7 +281,7 @@ def roll_out(
     ramp = parse_ramp(ramp_spec)
     if not 0 <= max_fail_percent < 100:
         raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
-    canary, rest = rollout_order(inventory_hosts(inventory), canary_group, limit)
+    canary, rest = rollout_order(inventory_hosts(inventory), canary_group, limit, inventory)
     hosts = canary + rest
     path = Path(progress_path) if progress_path else default_progress_path(inventory, deploy)
     progress = None if dry else read_progress(path)

@@ -23,7 +23,7 @@ import sys
 import time
 
 from specdeploy.checks.host_data import ConfigError, check_config
-from specdeploy.config.inventory import load_inventory
+from specdeploy.config.inventory import limit_hosts, load_inventory
 from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
 from specdeploy.config.revisions import as_deployed
 from specdeploy.decide.load_rule import batch_outside_proven, schedule_proven_range
@@ -323,11 +323,8 @@ class Fleet:
         state = State(check_for_changes=False)
         inventory = load_inventory(inventory_path, group_data, state=state)
         state.init(inventory, Config(CONNECT_TIMEOUT=max(1, int(min(10, timeout / 2)))))
-        hosts = [h for h in inventory if not limit or h.name in limit or set(h.groups) & set(limit)]
-        if limit and not hosts:
-            raise ValueError(
-                f"--limit {' '.join(limit)} matches no host or group of {inventory_path}"
-            )
+        chosen = limit_hosts([(h.name, list(h.groups)) for h in inventory], limit, inventory_path)
+        hosts = [h for h in inventory if h.name in chosen]
         self.state = state
         self.probes = [HostProbe(state, h, interval) for h in hosts]
 

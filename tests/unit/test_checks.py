@@ -57,6 +57,29 @@ def test_typo_key_checked_against_pinned_version(valid_data):
     assert p.todo == "did you mean 'num_speculative_tokens'?"
 
 
+@pytest.mark.parametrize(
+    "key, value, field, meant, section",
+    [
+        ("workload", {"promt_len": 512}, "workload.promt_len", "prompt_len", "workload"),
+        ("workload", {"load_levels": [{"concurency": 4}]}, "workload.load_levels[0].concurency",
+         "concurrency", "workload.load_levels"),
+        ("speculation_gate", {"on_fial": "fail"}, "speculation_gate.on_fial", "on_fail",
+         "speculation_gate"),
+        ("instances", [{"gpu": [0], "port": 8001}], "instances[0].gpu", "gpus", "instances"),
+    ],
+)  # fmt: skip
+def test_a_typo_in_a_nested_key_gets_did_you_mean(valid_data, key, value, field, meant, section):
+    p = only({**valid_data, key: value}, field)
+    assert p.what.startswith(f"not a key of {field.rsplit('.', 1)[0]}"), p.what
+    assert p.todo == f"did you mean {meant!r}?"
+    assert p.reference.endswith(f"#{section}")  # where the keys it can be are listed
+
+
+def test_a_nested_key_nothing_is_close_to_lists_the_keys(valid_data):
+    p = only({**valid_data, "workload": {"colour": "blue"}}, "workload.colour")
+    assert p.todo.startswith("use one of: prompt_len, output_len, request_rate, ")
+
+
 def test_key_vllm_rejects_inside_json(valid_data):
     valid_data["speculative_config"]["tensor_parallel_size"] = 2
     p = only(valid_data, "speculative_config.tensor_parallel_size")
