@@ -13,9 +13,14 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 
 .PHONY: venv deps demo-deps demo test test-live test-changed down
 
+# pip is pinned: Debian's venv brings 23.0.1, a pyenv Python another; the tests compare the pip
+# options specdeploy allows in a requirements file with the installed pip's (23.1 changed them).
+PIP_VERSION ?= 23.2.1
+
 venv:  ## the virtualenv, made once from $(PYTHON) (python3-venv comes from apt)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip --version >/dev/null
+	@$(PY) -m pip --version | grep -q '^pip $(PIP_VERSION) ' || \
+		$(PY) -m pip install -q --disable-pip-version-check 'pip==$(PIP_VERSION)'
 
 deps:
 	bash .ci/install-system-deps.sh

@@ -78,7 +78,7 @@ def test_make_installs_and_tests_in_a_virtualenv_never_into_the_systems_python()
     venv_python = str(REPO / ".venv/bin/python")
     for target in ("test", "demo"):
         lines = dry_make(target)
-        pip_or_pytest = [line for line in lines if " -m pip " in line or " -m pytest " in line]
+        pip_or_pytest = [s.strip() for s in lines if " -m pip " in s or " -m pytest " in s]
         assert pip_or_pytest, lines
         assert all(line.startswith(venv_python + " ") for line in pip_or_pytest), pip_or_pytest
         assert any("install-system-deps.sh" in line for line in lines)
