@@ -5,11 +5,18 @@ and CONTRIBUTING.md (which develop/architecture.md includes).
   blank line, so a list written straight under a paragraph line becomes part of that paragraph. The
   pages are rendered here by Python-Markdown with the extensions of mkdocs.yml, and no paragraph or
   list item may hold a line that starts like a list item.
+- Every repository path a page names exists: in a code span (`specdeploy/render/argv.py`,
+  `tests/facts/<FactClassName>/`, `memory.py`), in a link (relative to the page), or written out in
+  prose (docs/reference/releases.md). What names a host's, a run's or the Hub's things instead is
+  left alone, by rules written down below (`NOT_IN_THE_REPOSITORY`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import subprocess
+from functools import cache
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -96,3 +103,162 @@ def test_no_list_renders_as_run_on_text(page):
         f"{page_id(page)}: a list straight under a paragraph line renders as that paragraph's "
         f"text (Python-Markdown needs a blank line before a list): {found}"
     )
+
+
+# --- every path a page names exists ---------------------------------------------------------------
+
+# Extensions that make a word without a slash a file of the repository: code and templates. A bare
+# `summary.md`, `latency.png` or `rules.yml` is a file a run writes, named by what it holds.
+BARE_FILES = (".py", ".j2", ".sh", ".toml")
+# Extensions that make a word with a slash a path even in prose (outside code spans).
+FILES = BARE_FILES + (".md", ".json", ".yml", ".yaml", ".png", ".txt", ".cfg", ".jsonl")
+# First components of paths that are not the repository's: on a host (under a host-data key's
+# directory, or a release's venv), written by `specdeploy monitoring` into a directory of the
+# user's (`targets/`, `api-keys/`), or a Hub repository's (a model id, the folder a checkpoint
+# ships). What a run writes inside the repository (`reports/`) is what .gitignore keeps out.
+NOT_IN_THE_REPOSITORY = {
+    "state_dir": "under the host's state_dir",
+    "install_dir": "under the host's install_dir",
+    "venvs": "a release's venv under install_dir",
+    "targets": "the monitoring directory's scrape targets, written by `specdeploy monitoring`",
+    "api-keys": "the monitoring directory's key files",
+    "original": "a folder inside a Hub checkpoint",
+    "Qwen": "a Hub model id",
+    "specdeploy-sandbox": "a model id in the sandbox's Hub mirror",
+}
+PLACEHOLDER = re.compile(r"<[^<>/]+>")  # `<host>`, `<FactClassName>`: any one name
+UPPER_PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$")  # HOST/0, DIR/prometheus/, ORG--NAME: not ours
+PROSE_PATH = re.compile(
+    r"(?<![\w/.~$<-])((?:[\w.-]+/)+[\w.-]+(?:"
+    + "|".join(re.escape(ext) for ext in FILES)
+    + r"))(?![\w/])"
+)
+
+
+@cache
+def repository() -> frozenset[str]:
+    """Every file git tracks or would track (new files not yet added count), and their folders."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    paths = {p for p in listed if (REPO / p).exists()}
+    folders = {str(Path(p).parents[i]) for p in paths for i in range(len(Path(p).parents) - 1)}
+    return frozenset(paths | folders)
+
+
+def outside_code(text: str) -> str:
+    """The page without its fenced blocks (commands and file contents, not names of paths)."""
+    kept, fence = [], None
+    for line in text.splitlines():
+        marker = re.match(r"\s*(`{3,}|~{3,})", line)
+        if marker and (fence is None or marker.group(1).startswith(fence)):
+            fence = None if fence else marker.group(1)[:3]
+            continue
+        if fence is None:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def named_paths(text: str) -> list[str]:
+    """The words of a page that name a repository path: code spans that are one path, and paths
+    written out in prose."""
+    text = outside_code(text)
+    named = []
+    for span in re.findall(r"`([^`\n]+)`", text):
+        if re.search(r"\s", span) or "://" in span or span[0] in "/$~\"'-":
+            continue
+        if "/" in span or span.endswith(BARE_FILES):  # a path, a folder (`steps/`), a module
+            named.append(span)
+    prose = re.sub(r"`[^`\n]+`|\]\([^)]*\)", " ", text)  # neither code spans nor link targets
+    named += PROSE_PATH.findall(prose)
+    return named
+
+
+def linked_paths(text: str) -> list[str]:
+    """The targets of a page's links and images that are not on the web or on the page itself."""
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", outside_code(text))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
+
+
+def exists(name: str) -> bool:
+    """Whether a path a page names is the repository's: the path itself, or the tail of one (a page
+    may say `steps/gate.py` or `h200-0.26.0/` where its context says under which folder); a
+    placeholder (`<name>`, `*`) stands for any one name; `module._name` names a module's attribute;
+    a trailing `:line` or `#anchor` points inside the file."""
+    name = re.sub(r"(:\d+(-\d+)?|#[^/]*)$", "", name).rstrip("/")
+    name = re.sub(r"^\./", "", name)
+    pattern = PLACEHOLDER.sub("*", name)
+    paths = repository()
+    if "*" in pattern:
+        return any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, "*/" + pattern)
+                   for p in paths) or ignored(name)  # fmt: skip
+    if name in paths or any(p.endswith("/" + name) for p in paths):
+        return True
+    module = re.fullmatch(r"(.+?)\.(_?[a-z_]\w*)", name)
+    if module and not name.endswith(FILES):
+        source, attribute = module.group(1) + ".py", module.group(2)
+        files = [p for p in paths if p == source or p.endswith("/" + source)]
+        return any(
+            re.search(rf"^\s*(def |class )?{attribute}\b", (REPO / p).read_text(), re.M)
+            for p in files
+        )
+    return ignored(name)
+
+
+def ignored(name: str) -> bool:
+    """Whether git keeps the path out of the repository (.gitignore): a file a run or a script
+    writes where the page says, such as `reports/<run>/` or a recording not committed."""
+    plain = PLACEHOLDER.sub(lambda m: m.group(0)[1:-1], name)
+    check = ["git", "check-ignore", "--no-index", plain, plain + "/"]  # a file or a folder
+    return subprocess.run(check, cwd=REPO, capture_output=True).returncode == 0
+
+
+def ours(name: str) -> bool:
+    """Whether a named path is meant as the repository's at all (see NOT_IN_THE_REPOSITORY)."""
+    parts = name.split("/")
+    return parts[0] not in NOT_IN_THE_REPOSITORY and not any(
+        UPPER_PLACEHOLDER.match(part) for part in parts
+    )
+
+
+def missing_paths(page: Path) -> list[str]:
+    text = page.read_text()
+    missing = [n for n in named_paths(text) if ours(n) and not exists(n)]
+    # a link is the page's own (relative to it); the README's and CONTRIBUTING's to the root
+    base = page.parent if page.is_relative_to(REPO / "docs") else REPO
+    for target in linked_paths(text):
+        target = target.split("#")[0]
+        if target and not (base / target).resolve().exists():
+            missing.append(f"link {target}")
+    return missing
+
+
+def test_named_paths_are_found_and_checked():
+    """The check itself: paths in code spans, prose and links are found; what names a host's or
+    the Hub's things is not taken for the repository's."""
+    text = (
+        "See `specdeploy/render/argv.py`, `memory_model.py`, `tests/facts/<FactClassName>/` and "
+        "docs/releases.md; on the host `state_dir/hf`, `/etc/specdeploy`, `HOST/0`, "
+        "`Qwen/Qwen3-8B`; run `pyinfra -y INVENTORY deploys/serve.py`; "
+        "[matrix](../reference/releases.md), [web](https://pyinfra.com), [here](#the-gate).\n"
+        "```sh\npython benchmarks/no_such_script.py\n```\n"
+    )
+    named = [n for n in named_paths(text) if ours(n)]
+    assert named == [
+        "specdeploy/render/argv.py",
+        "memory_model.py",
+        "tests/facts/<FactClassName>/",
+        "docs/releases.md",
+    ]
+    assert [n for n in named if not exists(n)] == ["memory_model.py", "docs/releases.md"]
+    assert linked_paths(text) == ["../reference/releases.md"]
+    assert exists("config/revisions._resolved") and exists("benchmarks/README.md:16")
+    assert not exists("config/revisions._no_such_name")
+    assert exists("reports/<run>/summary.md")  # .gitignore: a run writes it there
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_path_a_page_names_exists(page):
+    missing = missing_paths(page)
+    assert not missing, f"{page_id(page)} names paths the repository does not have: {missing}"
