@@ -9,6 +9,9 @@ and CONTRIBUTING.md (which develop/architecture.md includes).
   `tests/facts/<FactClassName>/`, `memory.py`), in a link (relative to the page), or written out in
   prose (docs/reference/releases.md). What names a host's, a run's or the Hub's things instead is
   left alone, by rules written down below (`NOT_IN_THE_REPOSITORY`).
+- No page speaks of how the project is built: the manual describes the product and its tests as
+  they are, not the issues, rounds or sessions that made them (`BUILD_TALK`). docs/develop/ may
+  describe the test tiers and what a run measured, but names no issue and no session either.
 """
 
 from __future__ import annotations
@@ -262,3 +265,59 @@ def test_named_paths_are_found_and_checked():
 def test_every_path_a_page_names_exists(page):
     missing = missing_paths(page)
     assert not missing, f"{page_id(page)} names paths the repository does not have: {missing}"
+
+
+# --- no page speaks of how the project is built ---------------------------------------------------
+
+# What a reader of the manual cannot follow: the tracker's numbers and the work's own calendar. A
+# measurement is dated by its commit or recording, never by "this round".
+BUILD_TALK = {
+    "an issue number": r"(?<![\w&/])#\d+\b|\b(?:issues?|PRs?|pull requests?|tickets?)\s+#?\d+",
+    "the issue or brief behind a change": (
+        r"\b(?:the|this|that) (?:issue|ticket|brief)\b|\b(?:issue|ticket|brief)'s\b"
+    ),
+    "a round or session of work": (
+        r"\b(?:this|that|last|previous|earlier|another|next) (?:round|session)\b"
+        r"|\bthe session(?:'s)?\b|\b(?:this|that) round's\b|\bthe round (?:before|after)\b"
+    ),
+    "a path on the machine the project is built on": r"(?<![\w.])/work/",
+}
+
+
+def build_talk(text: str) -> list[str]:
+    """Each phrase with its line; a phrase may wrap (a space in a pattern is any whitespace)."""
+    found = []
+    for what, pattern in BUILD_TALK.items():
+        for m in re.finditer(pattern.replace(" ", r"\s+"), text, re.IGNORECASE):
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(f"line {line}: {' '.join(m.group(0).split())!r} ({what})")
+    return found
+
+
+def test_build_talk_is_found():
+    """The check itself: the phrases found on the pages before they were reworded are caught; the
+    manual's own words for measurement rounds, anchors and colours are not."""
+    for said in (
+        "# Fleet scale (issue 37)",
+        "within the issue's 60 s bar",
+        "(307 s in this round's first run",
+        "**This round** (issues 38-40;",
+        "both re-run on the final code (see the session's note)",
+        "596 s the round\nbefore, same setup code",
+        "one host; /work/six/run.sh of that session",
+        "fixed in #47",
+    ):
+        assert build_talk(said), said
+    for fine in (
+        "The report lists every round's p, the look's level",
+        "a round's three servers; the next batch",
+        "[the gate](measure.md#the-gate), colour #1f77b4, an ssh session",
+        "a known issue in vLLM's scheduler",
+    ):
+        assert not build_talk(fine), fine
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_page_speaks_of_how_the_project_is_built(page):
+    found = build_talk(page.read_text())
+    assert not found, f"{page_id(page)} speaks of how the project is built: {found}"
