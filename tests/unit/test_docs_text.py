@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.tools import need_module
+
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md", REPO / "CONTRIBUTING.md"]
 
@@ -40,7 +42,7 @@ def page_id(page: Path) -> str:
 def render(text: str) -> str:
     """The page's HTML as mkdocs renders its Markdown: the extensions and settings of mkdocs.yml
     (snippets read from the repository root, as `mkdocs build` run there does)."""
-    markdown = pytest.importorskip("markdown")  # a dependency of mkdocs: the docs extra
+    markdown = need_module("markdown", "mkdocs's renderer: pip install -e '.[docs]'")
     names, settings = [], {}
     for entry in yaml.safe_load((REPO / "mkdocs.yml").read_text())["markdown_extensions"]:
         if isinstance(entry, dict):
