@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from specdeploy.report.charts import SMALLEST_PT, WIDTH_IN, save  # noqa: E402  (one chart style)
 from tests.timeline import Timeline  # noqa: E402  (the judge the live test and the replay use)
 
 REPLAY = REPO / "tests/unit/data/replays/rolling_timeline"
@@ -30,12 +31,13 @@ def draw(replay: Path, out: Path) -> None:
     timeline = Timeline(raw)
     provenance = json.loads((replay / "provenance.json").read_text())
     start = min(samples[0][0] for samples in timeline.samples.values())
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(raw)))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.2 + 0.6 * len(raw)))
     for row, (host, samples) in enumerate(timeline.samples.items()):
         for (t, up), (t_next, _) in zip(samples, samples[1:], strict=False):
             ax.barh(row, t_next - t, left=t - start, color="tab:green" if up else "tab:red")
         down = timeline.down_seconds(host)
-        ax.text(samples[-1][0] - start + 1, row, f"down {down:.0f} s", va="center", fontsize=8)
+        label = f"down {down:.0f} s"
+        ax.text(samples[-1][0] - start + 1, row, label, va="center", fontsize=SMALLEST_PT)
     ax.set_yticks(range(len(raw)), list(raw))
     ax.invert_yaxis()
     ax.set_xlabel("seconds (each host's /health every 0.5 s; green 200, red not)")
@@ -45,9 +47,7 @@ def draw(replay: Path, out: Path) -> None:
         f"(commit {provenance['commit'][:7]}, {provenance['recorded_at'][:10]})",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 if __name__ == "__main__":

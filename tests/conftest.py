@@ -1,7 +1,8 @@
 """The tiers (tests/wings.py): each test of a wing's modules gets the markers `live` and its
 wing; `make test` deselects `live`, `make test-live WING=box` selects `live and (box)`. At the end
 of a run, the time each wing took (setup, call and teardown of its tests, so its module fixtures'
-deploys too; the first test of a session also pays for the sandbox fleet coming up)."""
+deploys too; the first test of a session also pays for the sandbox fleet coming up). A test marked
+`needs_tool(...)` skips without its tool, and fails under CI (tests/tools.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import wings
+from tests import tools, wings
 
 FAST = "fast tier"
 _seconds: dict[str, float] = defaultdict(float)
@@ -19,6 +20,11 @@ _tests: dict[str, set[str]] = defaultdict(set)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "live: the live tier (make test-live): not run by CI")
+    config.addinivalue_line(
+        "markers",
+        "needs_tool(*names): the test needs one of these tools; it skips without, and fails "
+        "under CI (tests/tools.py)",
+    )
     for name, wing in wings.WINGS.items():
         config.addinivalue_line("markers", f"{name}: live wing: {wing.proves}")
 
@@ -37,6 +43,11 @@ def pytest_collection_modifyitems(config, items):
         if wing:
             item.add_marker(pytest.mark.live)
             item.add_marker(getattr(pytest.mark, wing))
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs_tool"):
+        tools.need_tool(*mark.args, **mark.kwargs)
 
 
 def pytest_runtest_logreport(report):

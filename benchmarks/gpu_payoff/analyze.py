@@ -188,12 +188,16 @@ def report(path: str, png: str) -> None:
 
 
 def _plot(rows, t_target, c_alone, png):
+    """The two panels one above the other at the reports' width (specdeploy/report/charts.py), so
+    the manual's column shows their text at its size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    from specdeploy.report.charts import SMALLEST_PT, WIDTH_IN, save
+
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, 10.5))
     ax = axes[0]
     colors = {1: "tab:blue", 2: "tab:orange", 3: "tab:green", 5: "tab:red"}
     # lines: speedup predicted from each k's measured step time, TPOT(L) = step(k) / L
@@ -243,7 +247,7 @@ def _plot(rows, t_target, c_alone, png):
         fontsize=9,
     )
     ax.set_ylim(0, 3.2)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=SMALLEST_PT, loc="upper left")
     ax = axes[1]
     ks = sorted({r["k"] for r in rows})
     ls = sorted({r["L"] for r in rows})
@@ -261,10 +265,16 @@ def _plot(rows, t_target, c_alone, png):
                     t_target * length / (sum(steps[k]) / len(steps[k])) if k in steps else math.nan
                 )
                 ax.text(
-                    j, i, f"({pred:.2f}x)", ha="center", va="center", fontsize=8, color="dimgray"
+                    j,
+                    i,
+                    f"({pred:.2f}x)",
+                    ha="center",
+                    va="center",
+                    fontsize=SMALLEST_PT,
+                    color="dimgray",
                 )
             else:
-                ax.text(j, i, "L>k+1", ha="center", va="center", fontsize=7, color="lightgray")
+                ax.text(j, i, "L>k+1", ha="center", va="center", fontsize=SMALLEST_PT, color="gray")
     ax.set_xticks(range(len(ls)), [str(x) for x in ls])
     ax.set_yticks(range(len(ks)), [str(k) for k in ks])
     ax.set_xlabel("L")
@@ -275,8 +285,7 @@ def _plot(rows, t_target, c_alone, png):
         fontsize=9,
     )
     fig.colorbar(im, ax=ax, label="speedup")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save(fig, png)
     print(f"\nwrote {png}")
 
 

@@ -1,12 +1,32 @@
-"""The charts of a compare or tune report (matplotlib, Agg): PNGs beside summary.md."""
+"""The charts of a compare or tune report (matplotlib, Agg): PNGs beside summary.md.
+
+Every chart is drawn to be read where a report or the manual shows it, a column about 800 px wide:
+at most `WIDTH_IN` wide at `DPI` (880 px, shown at 0.91), no text below `SMALLEST_PT`, so the
+smallest text stays about 11 px on screen; a chart of many panels becomes a grid of two columns,
+not a strip. `save` writes the smallest text size it drew into the PNG (`SMALLEST_TEXT_KEY`), so a
+check of the image (tests/unit/test_docs_figures.py) reads it instead of guessing.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from specdeploy.decide.decisions import METRICS
 
 CHART_METRICS = ["ttft", "tpot", "itl", "e2el", "output_throughput"]
+DPI = 110  # the reports' one resolution
+WIDTH_IN = 8.0  # 880 px at DPI
+SMALLEST_PT = 8  # the smallest text a chart draws: tick labels, legends, notes
+SMALLEST_TEXT_KEY = "specdeploy:smallest_text_pt"  # PNG text chunk: the smallest text, in pt
+COLORS = {"baseline": "#7f7f7f", "speculative": "#1f77b4"}
+VERDICT_COLORS = {"better": "#2ca02c", "worse": "#d62728"}
+# A verdict above its pair of bars, short enough for several hosts side by side in one panel.
+SHORT_VERDICTS = {
+    "no significant difference": "n.s.",
+    "too few runs to decide at alpha": "too few runs",
+    "too few hosts to decide at alpha": "too few hosts",
+}
 
 
 def _plt():
@@ -18,13 +38,74 @@ def _plt():
     return plt
 
 
-def _save(fig, run_dir: Path, name: str, rect=(0, 0, 1, 1)) -> str:
-    """Lay out, write `run_dir/name` at the reports' one resolution, and free the figure."""
+def smallest_text_pt(fig) -> float:
+    """The size of the smallest text the figure draws (visible, non-empty), in points."""
+    from matplotlib.text import Text
+
+    sizes = [
+        t.get_fontsize()
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_figure() is not None
+    ]
+    return min(sizes) if sizes else float("inf")
+
+
+def save(fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
+    """Lay out, write `path` at DPI with the smallest text size it drew as PNG text, and free the
+    figure. The one way the reports and the manual's figures are written."""
     plt = _plt()
     fig.tight_layout(rect=rect)
-    fig.savefig(run_dir / name, dpi=110)
+    fig.savefig(path, dpi=DPI, metadata={SMALLEST_TEXT_KEY: f"{smallest_text_pt(fig):g}"})
     plt.close(fig)
+    return Path(path)
+
+
+def _save(fig, run_dir: Path, name: str, rect=(0, 0, 1, 1)) -> str:
+    save(fig, Path(run_dir) / name, rect)
     return name
+
+
+def _latency_grid(run: str, groups: list, run_dir: Path) -> str:
+    """latency.png: one panel per metric in two columns (a strip of five is unreadable at a
+    column's width), the last cell holding the legend and how to read the panels."""
+    plt = _plt()
+    rows = math.ceil((len(CHART_METRICS) + 1) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(WIDTH_IN, 0.6 + 2.9 * rows))
+    cells = list(axes.flat)
+    for ax, m in zip(cells, CHART_METRICS, strict=False):
+        _, label, unit, lower = METRICS[m]
+        for gi, (_gname, g) in enumerate(groups):
+            for ai, arm in enumerate(("baseline", "speculative")):
+                a = g["arms"][arm][m]
+                x = gi + (ai - 0.5) * 0.38
+                if a["median"] is None:
+                    continue
+                ax.bar(x, a["median"], width=0.36, color=COLORS[arm], yerr=a["mad"], capsize=4,
+                       label=arm if gi == 0 and m == CHART_METRICS[0] else None)  # fmt: skip
+                ax.scatter([x] * len(a["values"]), a["values"], color="black", s=10, zorder=3)
+            v = g["ratios"][m]["verdict"]
+            ax.text(gi, 1.02, SHORT_VERDICTS.get(v, v), ha="center", va="bottom",
+                    fontsize=SMALLEST_PT, transform=ax.get_xaxis_transform(),
+                    color=VERDICT_COLORS.get(v, "#555555"))  # fmt: skip
+        ax.set_xticks(range(len(groups)), [g for g, _ in groups], fontsize=SMALLEST_PT,
+                      rotation=20 if len(groups) > 2 else 0)  # fmt: skip
+        ax.tick_params(axis="y", labelsize=SMALLEST_PT)
+        ax.set_title(
+            f"{label.split(' (')[0]} ({unit}), {'lower' if lower else 'higher'} is better\n",
+            fontsize=9,
+        )
+    key = cells[len(CHART_METRICS)]
+    key.axis("off")
+    handles, labels = cells[0].get_legend_handles_labels()
+    key.legend(handles, labels, loc="upper left", fontsize=9, frameon=False)
+    key.text(0.0, 0.62, "bars: medians over runs\nerror bars: MAD\ndots: individual runs\n"
+             "above each pair: the verdict\n(n.s.: no significant difference)\n"
+             "prefix caching off", va="top", fontsize=9,
+             transform=key.transAxes)  # fmt: skip
+    for ax in cells[len(CHART_METRICS) + 1 :]:
+        ax.axis("off")
+    fig.suptitle(f"{run}: latency and throughput per arm", fontsize=10)
+    return _save(fig, run_dir, "latency.png", rect=(0, 0, 1, 0.97))
 
 
 def compare_charts(s: dict, run_dir: Path) -> list[str]:
@@ -35,50 +116,9 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
     )
     if not groups:
         return written
-    fig, axes = plt.subplots(1, len(CHART_METRICS), figsize=(4 * len(CHART_METRICS), 4.2))
-    colors = {"baseline": "#7f7f7f", "speculative": "#1f77b4"}
-    for ax, m in zip(axes, CHART_METRICS, strict=True):
-        _, label, unit, lower = METRICS[m]
-        for gi, (_gname, g) in enumerate(groups):
-            for ai, arm in enumerate(("baseline", "speculative")):
-                a = g["arms"][arm][m]
-                x = gi + (ai - 0.5) * 0.38
-                if a["median"] is None:
-                    continue
-                ax.bar(
-                    x,
-                    a["median"],
-                    width=0.36,
-                    color=colors[arm],
-                    yerr=a["mad"],
-                    capsize=4,
-                    label=arm if gi == 0 and m == CHART_METRICS[0] else None,
-                )
-                ax.scatter([x] * len(a["values"]), a["values"], color="black", s=10, zorder=3)
-            v = g["ratios"][m]["verdict"]
-            ax.text(
-                gi,
-                1.01,
-                v,
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                transform=ax.get_xaxis_transform(),
-                color={"better": "#2ca02c", "worse": "#d62728"}.get(v, "#555555"),
-            )
-        ax.set_xticks(range(len(groups)), [g for g, _ in groups], rotation=20, fontsize=8)
-        ax.set_title(
-            f"{label.split(' (')[0]} ({unit})\n{'lower' if lower else 'higher'} is better\n",
-            fontsize=9,
-        )
-    fig.legend(loc="upper right", fontsize=8)
-    fig.suptitle(
-        f"{s['run']}: medians over runs, MAD bars, dots = individual runs (prefix caching off)",
-        fontsize=10,
-    )
-    written.append(_save(fig, run_dir, "latency.png", rect=(0, 0, 1, 0.92)))
+    written.append(_latency_grid(s["run"], groups, run_dir))
 
-    fig, ax = plt.subplots(figsize=(9, 1.5 + 1.1 * len(groups)))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.8 + 1.1 * len(groups)))
     LIMITS, ticks = (0.2, 5.0), []  # band edges beyond the axis are drawn at its edge
     for mi, m in enumerate(CHART_METRICS):
         for gi, (gname, g) in enumerate(groups):
@@ -88,7 +128,7 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
             y = gi * (len(CHART_METRICS) + 1) + mi
             clip = lambda x: min(max(x, LIMITS[0]), LIMITS[1])  # noqa: E731
             hi = r["high"] if r["high"] is not None else LIMITS[1]
-            color = {"better": "#2ca02c", "worse": "#d62728"}.get(r["verdict"], "#7f7f7f")
+            color = VERDICT_COLORS.get(r["verdict"], "#7f7f7f")
             ax.plot([clip(r["low"]), clip(hi)], [y, y], color=color, lw=3, alpha=0.5)
             ax.plot([clip(r["ratio"])], [y], "o", color=color)
             ticks.append((y, f"{gname} {m}: {r['ratio']:.2f} ({r['verdict']})"))
@@ -97,20 +137,21 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
     ax.set_xlim(*LIMITS)
     ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
     ax.minorticks_off()
-    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7)
+    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=SMALLEST_PT)
     ax.set_xlabel(
-        "speculative / baseline (log scale, clipped to 0.2-5); latency < 1 is better, throughput > "
-        "1 is better"
+        "speculative / baseline (log scale, clipped to 0.2-5)\n"
+        "latency < 1 is better, throughput > 1 is better",
+        fontsize=9,
     )
     ax.set_title(
-        "ratio of medians with its interval (green better, red worse, grey: not decided at alpha)",
+        "ratio of medians with its interval\ngreen better, red worse, grey: not decided at alpha",
         fontsize=9,
     )
     written.append(_save(fig, run_dir, "ratios.png"))
 
     apc = [(n, h["apc_profile"]) for n, h in s["hosts"].items() if h["apc_profile"]]
     if apc:
-        fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
+        fig, axes = plt.subplots(1, 3, figsize=(WIDTH_IN, 3.8))
         for ax, m in zip(axes, ["ttft", "e2el", "output_throughput"], strict=True):
             for gi, (_n, a) in enumerate(apc):
                 for ai, arm in enumerate(("apc-off", "apc-on")):
@@ -125,50 +166,82 @@ def compare_charts(s: dict, run_dir: Path) -> list[str]:
                             color=["#7f7f7f", "#ff7f0e"][ai],
                             label=arm if gi == 0 and m == "ttft" else None,
                         )
-            ax.set_xticks(range(len(apc)), [n for n, _ in apc], fontsize=8)
-            ax.set_title(f"{METRICS[m][1].split(' (')[0]} ({METRICS[m][2]})", fontsize=9)
-        fig.legend(loc="upper right", fontsize=8)
+            ax.set_xticks(range(len(apc)), [n for n, _ in apc], fontsize=SMALLEST_PT)
+            ax.tick_params(axis="y", labelsize=SMALLEST_PT)
+            ax.set_title(f"{METRICS[m][1].split(' (')[0]}\n({METRICS[m][2]})", fontsize=9)
+        axes[0].legend(fontsize=SMALLEST_PT)
         fig.suptitle(
-            "prefix-caching profile (baseline server, shared-prefix requests): APC off vs on",
+            "prefix-caching profile: APC off vs on\n(baseline server, shared-prefix requests)",
             fontsize=10,
         )
-        written.append(_save(fig, run_dir, "apc.png", rect=(0, 0, 1, 0.9)))
+        written.append(_save(fig, run_dir, "apc.png"))
     return written
 
 
 def tune_charts(s: dict, run_dir: Path) -> list[str]:
+    """tune_tpot.png: TPOT by k with the baseline at k = 0; every run as a dot, the median and MAD
+    bar of each k the rule compared, the baseline's median dashed, a k predicted but not measured
+    (the predict flow) as a hollow diamond with its interval, and a star on the recommended k only
+    when there is one. The legend names only what is drawn."""
     plt = _plt()
     if not s["hosts"]:
         return []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, h in s["hosts"].items():
-        per_k = h["choice"]["per_k"]
-        ks = [int(k) for k in per_k]
-        med = [per_k[str(k)]["median"] for k in ks]
-        ax.errorbar(
-            ks, med, yerr=[per_k[str(k)]["mad"] for k in ks], marker="o", capsize=4, label=name
-        )
-        rk = h["choice"]["recommended_k"]
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    shown: set[str] = set()
+    ticks: set[int] = {0}
+    several = len(s["hosts"]) > 1
+
+    def once(label: str) -> str | None:  # a legend entry per kind of mark, not per host
+        if label in shown:
+            return None
+        shown.add(label)
+        return label
+
+    for hi, (name, h) in enumerate(s["hosts"].items()):
+        color = f"C{hi}"
+        choice = h["choice"]
+        base = choice.get("baseline") or {}
+        runs = {int(k): pk["arms"]["tpot"]["values"] for k, pk in h.get("per_k", {}).items()}
+        runs[0] = base.get("values") or []
+        for k, values in sorted(runs.items()):
+            if values:
+                ticks.add(k)
+                ax.scatter([k] * len(values), values, s=14, color="black", alpha=0.55, zorder=3,
+                           label=once("one run"))  # fmt: skip
+        per_k = choice["per_k"]
+        ks = sorted(int(k) for k in per_k)
+        ticks |= set(ks)
+        rk = choice["recommended_k"]
+        verdict = f"recommended k = {rk}" if rk is not None else "speculation off"
+        ax.errorbar(ks, [per_k[str(k)]["median"] for k in ks],
+                    yerr=[per_k[str(k)]["mad"] for k in ks], marker="o", capsize=4, color=color,
+                    label=f"{name + ': ' if several else ''}median per k compared, MAD bars "
+                    f"({verdict})")  # fmt: skip
+        if base.get("median") is not None:
+            label = f"{name}: baseline median" if several else "baseline median"
+            ax.axhline(base["median"], color=color, linestyle="--", linewidth=1, label=label)
+        predicted = [
+            row
+            for row in ((h.get("predict_flow") or {}).get("rows") or [])
+            if row.get("predicted_tpot_ms") is not None and not row.get("measured_runs")
+        ]
+        for row in predicted:
+            k, y = row["k"], row["predicted_tpot_ms"]
+            ticks.add(k)
+            low, high = row.get("predicted_low") or y, row.get("predicted_high") or y
+            ax.errorbar([k], [y], yerr=[[y - low], [high - y]], marker="D", mfc="white",
+                        color=color, capsize=3, linestyle="none",
+                        label=once("predicted, not measured"))  # fmt: skip
         if rk is not None:
-            ax.plot(
-                [rk],
-                [per_k[str(rk)]["median"]],
-                "*",
-                markersize=16,
-                color="gold",
-                markeredgecolor="black",
-            )
-        base = h["choice"].get("baseline")
-        if base and base.get("median") is not None:
-            ax.axhline(base["median"], color="#7f7f7f", linestyle="--", linewidth=1)
-    ax.set_xlabel("num_speculative_tokens (k)")
-    ax.set_ylabel("TPOT median over runs (ms), MAD bars")
-    ax.set_title(
-        "TPOT by k (star = recommended: smallest k not slower than the best and faster than the "
-        "baseline, dashed)",
-        fontsize=8,
-    )
-    ax.legend(fontsize=8)
+            ax.plot([rk], [per_k[str(rk)]["median"]], "*", markersize=16, color="gold",
+                    markeredgecolor="black", zorder=4, label=once("recommended k"))  # fmt: skip
+    ax.set_xticks(sorted(ticks), [str(k) if k else "0\nbaseline" for k in sorted(ticks)])
+    ax.tick_params(labelsize=SMALLEST_PT + 1)
+    ax.set_xlabel("num_speculative_tokens (k)", fontsize=9)
+    ax.set_ylabel("TPOT (ms)", fontsize=9)
+    ax.set_title("TPOT by k: every run, and the median of each k the rule compared", fontsize=9)
+    ax.legend(fontsize=SMALLEST_PT)
+    ax.grid(alpha=0.3)
     return [_save(fig, run_dir, "tune_tpot.png")]
 
 
@@ -187,7 +260,7 @@ def acceptance_chart(curves: dict[str, list[float]], run_dir: Path, title: str) 
     ax.set_ylim(0, 1)
     ax.set_xticks(range(1, max(len(r) for r in curves.values()) + 1))
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=SMALLEST_PT)
     ax.grid(alpha=0.3)
     return [_save(fig, run_dir, "acceptance.png")]
 
@@ -242,6 +315,6 @@ def load_chart(s: dict, run_dir: Path) -> list[str]:
     ax.set_title(
         "speculative / baseline TPOT by load (below 1: speculation pays at that load)", fontsize=9
     )
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=SMALLEST_PT)
     ax.grid(alpha=0.3)
     return [_save(fig, run_dir, "load_ratio.png")]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tools
 from tests.timeline import Timeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +42,8 @@ def _sandbox_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "sandbox fleet needs root"
     for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "zstd"):
-        if shutil.which(tool) is None:
-            return f"{tool} missing (run .ci/install-system-deps.sh)"
+        if tools.which(tool) is None:
+            return f"{tool} missing ({tools.install_hint(tool)}: .ci/install-system-deps.sh)"
     if (
         not Path("/sys/fs/cgroup/unified").is_dir()
         and not Path("/sys/fs/cgroup/cgroup.procs").exists()
@@ -58,9 +59,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         if reason is None:
             reason = _sandbox_unavailable() or ""
-            if reason and os.environ.get(
-                "CI"
-            ):  # CI installs everything: a missing tool is a failure
+            if reason and tools.under_ci():  # CI installs everything: a missing tool fails
                 raise pytest.UsageError(f"sandbox tests cannot run in CI: {reason}")
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,7 +1,7 @@
 """The manual builds and reads as a browser shows it (issue 40): `mkdocs build --strict` (a broken
 link, anchor or missing page fails), then real headless Chromium renders the built start page and
 the host-data reference, and the text it shows is asserted. A missing mkdocs or Chromium skips
-here and fails under CI (`CI=true`), which installs both (`make deps`)."""
+here and fails under CI (`CI=true`), which installs both (`make deps`; tests/tools.py)."""
 
 from __future__ import annotations
 
@@ -15,26 +15,21 @@ from pathlib import Path
 import pytest
 
 from specdeploy.config import schema
+from tests.tools import need_module, need_tool
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+DOCS_EXTRA = "the docs extra: pip install -e '.[docs]'; `make deps` installs it"
 
 
-def need(what: str, present: bool) -> None:
-    if not present:
-        message = f"{what} missing (make deps installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: CI installs everything")
-        pytest.skip(message)
+def need_mkdocs() -> None:
+    need_module("mkdocs", DOCS_EXTRA)
+    need_module("material", DOCS_EXTRA)  # mkdocs-material, the theme
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    try:
-        import material  # noqa: F401
-        import mkdocs  # noqa: F401
-    except ImportError:
-        need("mkdocs-material (the docs extra)", False)
+    need_mkdocs()
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
@@ -69,10 +64,7 @@ def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
 
 def test_a_broken_link_fails_the_strict_build(tmp_path):
     """The build really is strict: the same site with one link to a missing anchor is refused."""
-    try:
-        import material  # noqa: F401
-    except ImportError:
-        need("mkdocs-material (the docs extra)", False)
+    need_mkdocs()
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
     page = docs / "start" / "sandbox.md"
@@ -121,8 +113,7 @@ class _Text(HTMLParser):
 
 def rendered(site: Path, page: str) -> _Text:
     """The page's DOM after Chromium loaded it and ran its scripts (--dump-dom)."""
-    browser = next((shutil.which(name) for name in CHROMIUM if shutil.which(name)), None)
-    need("Chromium (Debian: chromium)", browser is not None)
+    browser = need_tool(*CHROMIUM)
     result = subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--dump-dom", (site / page / "index.html").as_uri()],

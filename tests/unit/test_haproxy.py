@@ -5,7 +5,6 @@ asked for, and the fact's command run locally against a socket that answers with
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import threading
@@ -37,7 +36,7 @@ def test_only_the_backend_asked_for():
     assert show_stat_servers([]) is None
 
 
-@pytest.mark.skipif(not shutil.which("socat"), reason="socat is not installed here")
+@pytest.mark.needs_tool("socat")
 def test_command_against_a_socket(tmp_path):
     path = tmp_path / "admin.sock"
     recorded = ("\n".join(answer("drained")) + "\n").encode()

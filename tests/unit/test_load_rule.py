@@ -6,8 +6,6 @@ v1/spec_decode/dynamic/utils.py)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from specdeploy.decide.load_rule import (
@@ -316,9 +314,7 @@ def config_from_data_open(data):
     return config_from_data(data)
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_the_alert_fires_when_the_running_batch_leaves_the_proven_range(tmp_path):
     """A host whose servers ran 6 requests at once for 10 minutes, proven up to 4, alerts; one
     running 3 does not, and a host with no schedule (its constant: max_num_seqs) does not."""

@@ -2,7 +2,6 @@
 
 import json
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -165,9 +164,7 @@ def test_dashboard_queries_filter_by_host():
     assert names == {"datasource", "host"}
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_promtool_accepts_rules_and_rendered_config(tmp_path, valid_data):
     data = {**valid_data, "vllm_host": "0.0.0.0", "vllm_api_key": "k"}
     reports = tmp_path / "reports" / "a"
@@ -227,9 +224,7 @@ def test_whole_box_on_loopback_gets_no_target(tmp_path, valid_data):
 PROMEX = REPO / "tests/unit/data/haproxy-2.6/promex_one_down.txt"
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_backend_down_alert_on_haproxys_own_series(tmp_path):
     """promtool's rule test on the series HAProxy 2.6's exporter printed with one instance down
     (data/haproxy-2.6/promex_one_down.txt): DOWN alerts after 2m, MAINT (a drained instance) and
@@ -333,9 +328,7 @@ def fired(alert: str, at: str, *alerts: tuple[dict, dict]) -> dict:
     return {"eval_time": at, "alertname": alert, "exp_alerts": expected}
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_stuck_server_alerts_while_a_busy_and_an_idle_one_do_not(tmp_path):
     """Issue 36 item 7: a server holding running requests while its token counter stands still
     (a wedged engine whose /health answers) alerts; one emitting tokens, and an idle one, do
@@ -369,9 +362,7 @@ def test_stuck_server_alerts_while_a_busy_and_an_idle_one_do_not(tmp_path):
     )
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_instance_left_in_maintenance_alerts_after_a_roll_would_have_ended(tmp_path):
     """Issue 36 item 7: an instance drained (MAINT) for a roll's minutes does not alert; one left
     in MAINT past 30 minutes (its control node died mid-roll) does."""

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,7 +142,7 @@ def test_exec_start_line_is_the_rendered_argv(valid_data):
     assert line == exec_start(unit.argv)
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.needs_tool("systemd-analyze")
 def test_rendered_units_pass_systemd_analyze_verify(valid_data, tmp_path):
     # verify insists that ExecStart's binary exists: point the install dir at a real python.
     install = tmp_path / "inst"

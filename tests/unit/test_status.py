@@ -2,7 +2,6 @@
 unreachable hosts (a closed port and a silent listener on loopback) reported within the timeout."""
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -110,9 +109,7 @@ def test_histogram_quantile_like_promql(q, buckets, expected):
     assert result == (pytest.approx(expected) if expected is not None else None)
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian: prometheus) missing"
-)
+@pytest.mark.needs_tool("promtool")
 def test_histogram_quantile_equals_prometheus(tmp_path):
     """The same bucket deltas through Prometheus's own histogram_quantile (promtool test rules)."""
     after = {0.01: 50.0, 0.025: 80.0, 0.05: 90.0, 0.075: 95.0, 0.1: 97.0, INF: 100.0}
