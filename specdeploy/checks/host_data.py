@@ -64,6 +64,14 @@ _FIELD_HINTS = {
     "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
     "instances": 'set a number (>= 1) or a list such as [{"gpus": [0, 1], "port": 8001}]',
     "max_unavailable": 'set a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")',
+    "min_free_disk_gb": "set the free disk (GB) to keep after the download, 0 or more (default 2)",
+}
+# What to do where a number is below (or above) its bound and no hint above says more.
+_BOUND_HINTS = {
+    "greater_than": "set a value > {gt}",
+    "greater_than_equal": "set a value >= {ge}",
+    "less_than": "set a value < {lt}",
+    "less_than_equal": "set a value <= {le}",
 }
 SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 
@@ -107,6 +115,11 @@ def _unknown_nested_key(loc: list, parent: str) -> tuple[str, str]:
     return f"not a key of {parent} (the deploy refuses it)", todo
 
 
+def _bound_hint(item: dict) -> str | None:
+    hint = _BOUND_HINTS.get(item["type"])
+    return hint.format(**item.get("ctx", {})) if hint else None
+
+
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     seen = set()
@@ -136,7 +149,9 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
         todo = (
             ctx.get("todo")
             or (unknown and unknown[1])
-            or _FIELD_HINTS.get(field, "fix the value in group_data or host data")
+            or _FIELD_HINTS.get(field)
+            or _bound_hint(item)
+            or "fix the value in group_data or host data"
         )
         problems.append(Problem(host, field, what, todo))
     return problems
