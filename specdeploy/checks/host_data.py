@@ -5,6 +5,7 @@ request set's in request_set_checks.py. Every check reports `Problem`s (problems
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 from typing import Any
@@ -291,7 +292,29 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
         return []
     cfg = config_from_data(data)
     warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg)
-    return warnings + request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
+    warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
+    return warnings + _open_without_key(host, cfg)
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it resolves to whatever the host's resolver says
+        return False
+
+
+def _open_without_key(host: str, cfg: ServeConfig) -> list[Problem]:
+    """A server bound beyond loopback answers anyone who reaches its port; without an API key
+    it serves (and its /metrics tell) whoever asks. Not refused: a trusted network may be meant."""
+    if cfg.vllm_api_key or _loopback(cfg.vllm_host):
+        return []
+    return [Problem(host, "vllm_host",
+                    f"{cfg.vllm_host!r} is not a loopback address and vllm_api_key is unset: "
+                    f"anyone who reaches port {cfg.vllm_port} of the host can use the server",
+                    "set vllm_api_key (a secret, kept in the root-only env file), or bind "
+                    "127.0.0.1 behind a proxy that authenticates")]  # fmt: skip
 
 
 def _gate_warnings(host: str, cfg: ServeConfig) -> list[Problem]:

@@ -347,3 +347,26 @@ def test_a_negative_size_names_host_field_and_floor(valid_data):
     assert str(p).startswith("gpu-1: min_free_disk_gb: Input should be greater than or equal to 0")
     assert "0 or more" in p.todo
     assert p.reference.endswith("#min_free_disk_gb")
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.5", "gpu-1.internal"])
+def test_a_server_open_beyond_loopback_without_a_key_is_a_warning(valid_data, bind):
+    from specdeploy.checks.host_data import check_warnings
+
+    def about_the_bind(data):  # k = 5 on 0.32.0 has its own warning (test_release_rules.py)
+        return [w for w in check_warnings("gpu-1", data) if w.field == "vllm_host"]
+
+    (w,) = about_the_bind({**valid_data, "vllm_host": bind})
+    assert w.host == "gpu-1"
+    assert w.what.startswith(f"{bind!r} is not a loopback address and vllm_api_key is unset")
+    assert "set vllm_api_key" in w.todo and "bind 127.0.0.1 behind a proxy" in w.todo
+    assert w.reference.endswith("#vllm_host")
+    assert about_the_bind({**valid_data, "vllm_host": bind, "vllm_api_key": "k"}) == []
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_loopback_server_needs_no_key(valid_data, bind):
+    from specdeploy.checks.host_data import check_warnings
+
+    found = check_warnings("gpu-1", {**valid_data, "vllm_host": bind})
+    assert [w for w in found if w.field == "vllm_host"] == []
