@@ -98,7 +98,12 @@ def rollout_order(
         name for name, groups in hosts if canary_group and canary_group in groups and name in names
     ]
     if canary_group and not canary:
-        raise ValueError(f"no host of the inventory is in the canary group {canary_group!r}")
+        which = "no host of the --limit" if limit else "no host of the inventory"
+        raise ValueError(
+            f"{which} is in the canary group {canary_group!r} — put the hosts to deploy first in "
+            f"a group {canary_group!r} of the inventory, name another group with --canary-group "
+            "GROUP, or run without a canary: --canary-group ''"
+        )
     return canary, [name for name in names if name not in canary]
 
 
@@ -296,7 +301,10 @@ def roll_out(
             "this one; --resume would have continued it with its pins")  # fmt: skip
     if resume:
         if progress is None or progress.finished:
-            raise ValueError(f"--resume: no unfinished rollout in {path}")
+            raise ValueError(
+                f"--resume: no unfinished rollout in {path} — run without --resume to start one, "
+                "or give the progress file of the rollout to resume with --progress FILE"
+            )
         if progress.hosts != hosts or progress.deploy != deploy:
             raise ValueError(
                 f"--resume: {path} is a rollout of other hosts or another deploy "
