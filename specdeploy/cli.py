@@ -21,7 +21,12 @@ from specdeploy.report.paths import reports_root
 def cmd_check(args) -> int:
     hosts = host_data(args.inventory, args.group_data)
     if not hosts:
-        print(f"{args.inventory}: no hosts in this inventory", file=sys.stderr)
+        print(
+            f"{args.inventory}: no hosts in this inventory — add hosts to it: a list of names, or "
+            '(name, data) pairs, per group (e.g. gpu = ["gpu-01.example.internal"]; see '
+            "inventories/prod.py)",
+            file=sys.stderr,
+        )
         return 1
     problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
@@ -220,7 +225,12 @@ def cmd_predict_k(args) -> int:
         if run is not None:  # warm-ups and the prefix-caching profile do not count
             runs.append(run)
     if not runs:
-        print("specdeploy predict-k: no usable benchmark run", file=sys.stderr)
+        print(
+            "specdeploy predict-k: no usable benchmark run — give `vllm bench serve` result JSONs "
+            "or folders of them (a compare's or tune's report folder; warm-ups and the "
+            "prefix-caching profile do not count)",
+            file=sys.stderr,
+        )
         return 1
     prediction = predict(runs)
     print(json.dumps(json_rows(prediction), indent=1) if args.json else format_table(prediction))
@@ -238,8 +248,22 @@ def cmd_releases_add(args) -> int:
     packages = tuple(args.package or ["vllm"])
     try:
         target = release_probe.add_release(args.version, out, args.wheel, packages, args.pip)
-    except (release_probe.ProbeError, subprocess.CalledProcessError) as error:
-        print(f"specdeploy releases add {args.version}: {error}", file=sys.stderr)
+    except release_probe.ProbeError as error:
+        print(
+            f"specdeploy releases add {args.version}: {error} — the probes do not recognise this "
+            "release's code (specdeploy's own table of it comes with a specdeploy release); "
+            "meanwhile pin a release `specdeploy releases list` shows, or set "
+            "allow_unknown_release = true to check against the newest table",
+            file=sys.stderr,
+        )
+        return 1
+    except subprocess.CalledProcessError as error:
+        print(
+            f"specdeploy releases add {args.version}: {error} — check that the release exists "
+            "and pip reaches its index (--pip --index-url URL ...), or give its wheel with "
+            "--wheel FILE",
+            file=sys.stderr,
+        )
         return 1
     capabilities.reread_tables()
     print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))

@@ -5,6 +5,7 @@ request set's in request_set_checks.py. Every check reports `Problem`s (problems
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 from typing import Any
@@ -64,6 +65,14 @@ _FIELD_HINTS = {
     "vllm_api_key": "use printable ASCII without quotes, backslashes or spaces",
     "instances": 'set a number (>= 1) or a list such as [{"gpus": [0, 1], "port": 8001}]',
     "max_unavailable": 'set a number of hosts (1, 2, ...) or a share of the run\'s hosts ("25%")',
+    "min_free_disk_gb": "set the free disk (GB) to keep after the download, 0 or more (default 2)",
+}
+# What to do where a number is below (or above) its bound and no hint above says more.
+_BOUND_HINTS = {
+    "greater_than": "set a value > {gt}",
+    "greater_than_equal": "set a value >= {ge}",
+    "less_than": "set a value < {lt}",
+    "less_than_equal": "set a value <= {le}",
 }
 SECRET_FIELDS = {"hf_token", "vllm_api_key"}  # their values are never printed
 
@@ -107,6 +116,11 @@ def _unknown_nested_key(loc: list, parent: str) -> tuple[str, str]:
     return f"not a key of {parent} (the deploy refuses it)", todo
 
 
+def _bound_hint(item: dict) -> str | None:
+    hint = _BOUND_HINTS.get(item["type"])
+    return hint.format(**item.get("ctx", {})) if hint else None
+
+
 def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
     problems = []
     seen = set()
@@ -136,7 +150,9 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
         todo = (
             ctx.get("todo")
             or (unknown and unknown[1])
-            or _FIELD_HINTS.get(field, "fix the value in group_data or host data")
+            or _FIELD_HINTS.get(field)
+            or _bound_hint(item)
+            or "fix the value in group_data or host data"
         )
         problems.append(Problem(host, field, what, todo))
     return problems
@@ -276,7 +292,29 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
         return []
     cfg = config_from_data(data)
     warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg)
-    return warnings + request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
+    warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
+    return warnings + _open_without_key(host, cfg)
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it resolves to whatever the host's resolver says
+        return False
+
+
+def _open_without_key(host: str, cfg: ServeConfig) -> list[Problem]:
+    """A server bound beyond loopback answers anyone who reaches its port; without an API key
+    it serves (and its /metrics tell) whoever asks. Not refused: a trusted network may be meant."""
+    if cfg.vllm_api_key or _loopback(cfg.vllm_host):
+        return []
+    return [Problem(host, "vllm_host",
+                    f"{cfg.vllm_host!r} is not a loopback address and vllm_api_key is unset: "
+                    f"anyone who reaches port {cfg.vllm_port} of the host can use the server",
+                    "set vllm_api_key (a secret, kept in the root-only env file), or bind "
+                    "127.0.0.1 behind a proxy that authenticates")]  # fmt: skip
 
 
 def _gate_warnings(host: str, cfg: ServeConfig) -> list[Problem]:

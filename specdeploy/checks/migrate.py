@@ -42,7 +42,11 @@ def _value(text: str):
 
 def migrate(argv: list[str]) -> Migration:
     if len(argv) < 3 or argv[1] != "serve":
-        raise MigrationError("expected a command of the form: vllm serve MODEL [FLAGS...]")
+        raise MigrationError(
+            "expected a command of the form: vllm serve MODEL [FLAGS...] — give it after --, "
+            "e.g. specdeploy migrate -- vllm serve Qwen/Qwen3-8B --speculative-model "
+            "Qwen/Qwen3-0.6B --num-speculative-tokens 5"
+        )
     head, rest = argv[:2], argv[2:]
     legacy: dict = {}
     kept: list[str] = []
@@ -61,7 +65,7 @@ def migrate(argv: list[str]) -> Migration:
                 continue
             if inline is None:
                 if i + 1 >= len(rest):
-                    raise MigrationError(f"{flag} needs a value")
+                    raise MigrationError(f"{flag} needs a value — give it as {flag} VALUE")
                 inline = rest[i + 1]
                 i += 1
             legacy[key] = _value(inline)
@@ -86,10 +90,13 @@ def migrate(argv: list[str]) -> Migration:
         )
     if not legacy:
         raise MigrationError(
-            "nothing to migrate: no --speculative-model/--num-speculative-tokens style flags"
+            "nothing to migrate: no --speculative-model/--num-speculative-tokens style flags — a "
+            "--speculative-config JSON goes into host data as it is, as speculative_config"
         )
     if model is None:
-        raise MigrationError("no target model found (vllm serve MODEL ...)")
+        raise MigrationError(
+            "no target model found — give it after serve (vllm serve MODEL ...) or as --model"
+        )
     spec = dict(legacy)
     if "method" not in spec:
         if spec.get("model") in ("[ngram]", "ngram"):

@@ -465,6 +465,7 @@ class ServeConfig(BaseModel):
     )
     min_free_disk_gb: float = Field(
         2.0,
+        ge=0,
         description="Free disk (GB) that must remain under state_dir/hf after the weights "
         "download; a disk too small is refused before the download, with the numbers.",
     )

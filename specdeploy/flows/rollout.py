@@ -40,9 +40,11 @@ from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import host_data, hosts_with_data, limit_hosts
 from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from specdeploy.config.timestamps import utc_iso
-from specdeploy.report.notes import ROLLOUT_REPORT_ENV, read_notes
+from specdeploy.report.notes import ROLLOUT_REPORT_ENV, STILL_SERVING, read_notes
 
 PROGRESS_SCHEMA = 1
+# A failed host whose note does not say what it serves (a deploy that cannot know: compare, tune)
+NOT_NOTED = "not rolled back; what it serves now was not noted — `specdeploy status` shows it"
 
 # --------------------------------------------------------------------------------------------------
 # The plan: which hosts, in which batches
@@ -96,7 +98,12 @@ def rollout_order(
         name for name, groups in hosts if canary_group and canary_group in groups and name in names
     ]
     if canary_group and not canary:
-        raise ValueError(f"no host of the inventory is in the canary group {canary_group!r}")
+        which = "no host of the --limit" if limit else "no host of the inventory"
+        raise ValueError(
+            f"{which} is in the canary group {canary_group!r} — put the hosts to deploy first in "
+            f"a group {canary_group!r} of the inventory, name another group with --canary-group "
+            "GROUP, or run without a canary: --canary-group ''"
+        )
     return canary, [name for name in names if name not in canary]
 
 
@@ -234,15 +241,18 @@ def settle(batch: list[str], code: int, notes: dict[str, dict]) -> tuple[dict, l
                     state="failed",
                     cause=f"{name}: pyinfra failed it before any specdeploy step noted an outcome "
                     "(unreachable, or a connection or planning error): see pyinfra's output",
+                    after="not rolled back (pyinfra failed it before any step noted a change): it "
+                    f"should be {STILL_SERVING} — `specdeploy status` confirms",
                 )
         elif entry.get("done"):
             settled[name] = HostProgress(state="done")
         elif entry.get("held_back"):
             held.append(name)
         else:
-            after = entry.get("after")
+            after = entry.get("after") or NOT_NOTED
             if entry.get("rolled_back"):
-                after = "rolled back to its previous unit and env file; " + (after or "")
+                restored = entry.get("restored", "its previous unit and env file")
+                after = f"rolled back to {restored}; " + (entry.get("after") or "")
             settled[name] = HostProgress(state="failed", cause=entry.get("cause"), after=after)
     return settled, held
 
@@ -291,7 +301,10 @@ def roll_out(
             "this one; --resume would have continued it with its pins")  # fmt: skip
     if resume:
         if progress is None or progress.finished:
-            raise ValueError(f"--resume: no unfinished rollout in {path}")
+            raise ValueError(
+                f"--resume: no unfinished rollout in {path} — run without --resume to start one, "
+                "or give the progress file of the rollout to resume with --progress FILE"
+            )
         if progress.hosts != hosts or progress.deploy != deploy:
             raise ValueError(
                 f"--resume: {path} is a rollout of other hosts or another deploy "
@@ -359,7 +372,7 @@ def roll_out(
         failed_now = [name for name in batch if name in settled and settled[name].state == "failed"]
         for name in failed_now:
             entry = settled[name]
-            say(f"FAILED host {name}: {entry.after or 'not rolled back'}\n  cause: "
+            say(f"FAILED host {name}: {entry.after or NOT_NOTED}\n  cause: "
                 + "\n  ".join((entry.cause or "").splitlines()))  # fmt: skip
         if held:
             say(f"held back in this batch (not restarted, still on their old config; first in the "

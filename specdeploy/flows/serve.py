@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import time
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from specdeploy.checks.host_data import host_config_and_pins
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
+from specdeploy.report import notes
 from specdeploy.steps import balancer, dataset, install, lock, proof, unit, weights
 from specdeploy.steps.preflight import preflight_every_server
 from specdeploy.steps.rollback import fail_alone, host_turn, refuse_no_wait, roll_servers
@@ -40,6 +42,7 @@ def serve(role: str = "speculative"):
     started = time.time()
     refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
     cfg, pins = host_config_and_pins()  # invalid host data stops the run before any host
+    notes.serve_planned(host.name)  # what a failure before its turn leaves it serving: unchanged
     try:
         _serve(cfg, pins, role, started)
     except HostRefused as refused:  # this host's own state: it fails alone, the others go on

@@ -318,7 +318,10 @@ class Fleet:
         from pyinfra.api import Config, State
 
         if timeout <= interval:
-            raise ValueError(f"--timeout ({timeout}s) must be longer than --interval ({interval}s)")
+            raise ValueError(
+                f"--timeout ({timeout}s) must be longer than --interval ({interval}s), the wait "
+                "between the two /metrics scrapes — raise --timeout or lower --interval"
+            )
         self.timeout, self.interval = timeout, interval
         state = State(check_for_changes=False)
         inventory = load_inventory(inventory_path, group_data, state=state)

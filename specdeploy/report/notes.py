@@ -12,6 +12,44 @@ from pathlib import Path
 
 ROLLOUT_REPORT_ENV = "SPECDEPLOY_ROLLOUT_REPORT"
 
+# What a failed host serves now, as its note says it ("after"): every failure names it.
+STILL_SERVING = "still serving what it served before this run"
+
+# Where a serve stands on each host of this pyinfra process, for a failure no step accounts for
+# (an operation that failed: steps/lock.ReleaseOnFailure notes it): "planned", until the host's
+# turn swaps its unit and env file (steps/rollback.roll_servers), then "turn". A serve changes
+# what a host serves in its turn alone, so a failure before it changed nothing served; other
+# deploys (compare, tune) are not tracked, and their failures say nothing they cannot know.
+_SERVE_STAGE: dict[str, str] = {}
+
+
+def serve_planned(host: str) -> None:
+    """Planning time: this host's serve is planned; nothing it serves changes before its turn."""
+    _SERVE_STAGE.setdefault(host, "planned")
+
+
+def turn_began(host: str) -> None:
+    """Execution time: this host's turn began (swap, restart, health): what it serves may change."""
+    _SERVE_STAGE[host] = "turn"
+
+
+def after_failed_operation(host: str) -> str | None:
+    """What the host serves after an operation of its deploy failed, where that is known: a serve
+    before the host's turn changed nothing it serves; one in its turn may have; None for any other
+    deploy."""
+    stage = _SERVE_STAGE.get(host)
+    if stage == "planned":
+        return (
+            f"not rolled back (nothing it serves changed: the failure came before its turn to swap "
+            f"its unit and env file): {STILL_SERVING}"
+        )
+    if stage == "turn":
+        return (
+            "not rolled back: an operation failed in its turn, after its unit and env file may "
+            "have been swapped; what it serves now is not known here — `specdeploy status` shows it"
+        )
+    return None
+
 
 def note(entry: dict, *, first_only: bool = False) -> None:
     """Write `entry` as the note of `entry["host"]`, mode 0600, never through a link: created with

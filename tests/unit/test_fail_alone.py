@@ -70,6 +70,10 @@ def test_a_refused_host_fails_alone_and_the_others_are_planned(planned, tmp_path
     note = json.loads((tmp_path / "h2.json").read_text())
     assert note["refused"] is True and note["rolled_back"] is False
     assert note["cause"].startswith("h2: preflight: nvidia-smi exited 255")
+    # what it serves now, for the rollout's FAILED line
+    assert note["after"] == (
+        "not touched, refused while planning: still serving what it served before this run"
+    )
 
 
 def test_every_host_state_refusal_is_a_host_refusal():

@@ -220,3 +220,60 @@ def test_a_failed_operation_is_noted_unless_the_step_noted_first(tmp_path, monke
     assert found["h2"]["cause"] == "h2: ROLLED BACK"
     assert rollout.settle(["h1", "h2", "h3"], 1, found | {"h3": {"host": "h3", "done": True}})[0][
         "h3"].state == "done"  # fmt: skip
+
+
+# --- a failed host's line says what it serves now, however it failed --------------------------
+
+
+def failing_batch(monkeypatch, failure):
+    """A batch whose h2 fails as `failure` says: no note at all (pyinfra failed it), an operation
+    that failed before or in its turn (the lock's failure hook notes it, as in a deploy), or a
+    deploy other than serve (compare, tune: nothing tracked)."""
+    import types
+
+    from specdeploy.steps import lock
+
+    monkeypatch.setattr(notes, "_SERVE_STAGE", {})
+
+    def run(command, env):
+        monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, env[notes.ROLLOUT_REPORT_ENV])
+        for name in (command[i + 1] for i, word in enumerate(command) if word == "--limit"):
+            if name != "h2":
+                notes.note({"host": name, "done": True})
+                continue
+            if failure == "unreachable":
+                continue  # no step ran: no note
+            if failure in ("before the turn", "in the turn"):
+                notes.serve_planned(name)
+            if failure == "in the turn":
+                notes.turn_began(name)
+            state = types.SimpleNamespace()  # the hook reads nothing else it needs from it
+            lock.ReleaseOnFailure.operation_host_error(
+                state, types.SimpleNamespace(name=name), "op"
+            )
+        return 1
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "failure, says",
+    [
+        ("unreachable", "not rolled back (pyinfra failed it before any step noted a change): it "
+         "should be still serving what it served before this run — `specdeploy status` confirms"),
+        ("before the turn", "not rolled back (nothing it serves changed: the failure came before "
+         "its turn to swap its unit and env file): still serving what it served before this run"),
+        ("in the turn", "not rolled back: an operation failed in its turn, after its unit and env "
+         "file may have been swapped; what it serves now is not known here — `specdeploy status` "
+         "shows it"),
+        ("another deploy", "not rolled back; what it serves now was not noted — `specdeploy "
+         "status` shows it"),
+    ],
+)  # fmt: skip
+def test_a_failed_hosts_line_says_what_it_serves_now(fleet, monkeypatch, failure, says):
+    *_, tmp_path = fleet
+    code, said = roll(failing_batch(monkeypatch, failure), tmp_path, canary_group=None,
+                      limit=["h1", "h2"], batches="2")  # fmt: skip
+    assert code == 1
+    assert f"FAILED host h2: {says}\n  cause: h2: " in said
+    assert progress(tmp_path)["state"]["h2"]["after"] == says

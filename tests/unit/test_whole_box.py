@@ -229,10 +229,11 @@ def test_a_failure_puts_the_whole_batch_back(valid_data, monkeypatch):
     ]  # fmt: skip
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def on_host():
-    """A real pyinfra State and host in context (the gate and the report name the host); put back
-    after, as pyinfra's context managers do not."""
+    """A real pyinfra State and host in context (the gate and the report name the host; the turn
+    notes that it began), as pyinfra runs roll_servers (a python.call target); put back after, as
+    pyinfra's context managers do not."""
     before = ctx_host.get(), ctx_state.get()
     state = State(Inventory((["box1"], {})), Config())
     ctx_state.set(state)

@@ -3,6 +3,7 @@ cache."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from specdeploy.host.facts.base import Fact, json_or_none
@@ -19,6 +20,25 @@ class VllmVersion(Fact):
 
     def process(self, output):
         return "\n".join(output).strip() or None
+
+
+class PythonVersion(Fact):
+    """The interpreter a release's venv runs on: the venv's own python where the venv is there,
+    else the host's `python3` (the install makes the venv with `python3 -m venv`): {"version":
+    "3.12.3", "executable": "/usr/bin/python3"}, or None where neither runs."""
+
+    def command(self, venv: str) -> str:
+        code = 'import sys; print("%d.%d.%d" % sys.version_info[:3], sys.executable)'
+        python = shlex.quote(f"{venv}/bin/python")
+        return (
+            f'p={python}; [ -x "$p" ] || p=python3; "$p" -c {shlex.quote(code)} 2>/dev/null || true'
+        )
+
+    def process(self, output):
+        words = "\n".join(output).split(maxsplit=1)
+        if not words or not re.fullmatch(r"\d+\.\d+\.\d+", words[0]):
+            return None
+        return {"version": words[0], "executable": words[1].strip() if len(words) > 1 else ""}
 
 
 class ModelSnapshot(Fact):
