@@ -135,6 +135,7 @@ def control_node_requirements() -> list[str]:
         *project["project"]["dependencies"],
         *project["project"]["optional-dependencies"]["verify"],
         *project["build-system"]["requires"],
+        "editables",  # what hatchling asks for to build an editable install
     ]
 
 
@@ -161,7 +162,7 @@ def heredoc(path: str, text: str) -> str:
 def script(steps: list[Step], state: dict) -> str:
     """One bash session: the page's commands in order, each block between markers that carry
     its exit status and time; the first failing command ends it."""
-    parts = ["set -eo pipefail", "cd /root"]
+    parts = ["set -eo pipefail", "exec 2>&1", "cd /root"]  # one stream, in the order printed
     for i, step in enumerate(steps):
         for path, text in step.files:
             parts.append(heredoc(path, text))
@@ -169,9 +170,10 @@ def script(steps: list[Step], state: dict) -> str:
                 parts.append(heredoc(OPERATOR_DATA, operator_data(state)))
         commands = re.sub(r"^git clone \S+ specdeploy", f"cp -a {CHECKOUT} specdeploy",
                           step.commands, flags=re.M)  # fmt: skip
-        parts.append(f'echo "::step {i} start $(date +%s.%N)"')
+        # on a line of their own: curl's answer ends without a newline
+        parts.append(f'printf "\\n::step {i} start %s\\n" "$(date +%s.%N)"')
         parts.append(commands.rstrip("\n"))
-        parts.append(f'echo "::step {i} end $(date +%s.%N)"')
+        parts.append(f'printf "\\n::step {i} end %s\\n" "$(date +%s.%N)"')
     return "\n".join(parts) + "\n"
 
 
@@ -215,7 +217,7 @@ def ssh_root(state: dict, host: dict, command: str, **kw) -> subprocess.Complete
 def prepare_control_node(state: dict, target: dict, control: dict) -> None:
     """What the operator brings (the page's step 0), and the checkout `git clone` would fetch."""
     key = Path(state["ssh_key"])
-    wheels = state["services"]["wheelhouse"]["url"]
+    index, trusted = state["services"]["pip_install_args"][1::2]  # --index-url, --trusted-host
     known = f"{FIRST_HOST},{target['address']} {target['host_pubkey']}"
     setup = "\n".join([
         "set -e",
@@ -224,7 +226,7 @@ def prepare_control_node(state: dict, target: dict, control: dict) -> None:
         f"printf '%s\\n' {shlex.quote(key.read_text().strip())} > /root/.ssh/id_ed25519",
         "chmod 600 /root/.ssh/id_ed25519",
         f"echo {shlex.quote(known)} > /root/.ssh/known_hosts",
-        f"printf '[global]\\nindex-url = {wheels}\\n' > /etc/pip.conf",
+        f"printf '[global]\\nindex-url = {index}\\ntrusted-host = {trusted}\\n' > /etc/pip.conf",
         f"rm -rf {CHECKOUT} && mkdir -p {CHECKOUT}",
     ])  # fmt: skip
     result = ssh_root(state, control, setup, timeout=60)
@@ -251,6 +253,7 @@ STOCK = (
     "command -v specdeploy pyinfra || true"
 )
 RECORD = "/var/lib/specdeploy/records/specdeploy-vllm.json"
+LOG = REPO / "reports/clean-room/session.log"
 
 
 @pytest.mark.sandbox
@@ -268,6 +271,8 @@ def test_first_host_word_for_word_on_a_stock_debian_control_node(clean_room):
     steps = page_steps(PAGE.read_text())
     t0 = time.monotonic()
     result = ssh_root(state, control, script(steps, state), timeout=2400)
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text(result.stdout)  # the whole session, as the operator would have seen it
     marks = re.findall(r"^::step (\d+) (start|end) ([\d.]+)$", result.stdout, re.M)
     starts = {int(i): float(t) for i, kind, t in marks if kind == "start"}
     ends = {int(i): float(t) for i, kind, t in marks if kind == "end"}
