@@ -48,6 +48,7 @@ import getpass
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -386,15 +387,15 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
         _ok, out, _ = sh_status(command)
         text = out.strip()
         if text == ACQUIRED:
-            _HELD.setdefault(host.name, {})[cfg.lock_path] = line
-            _LEASES[host.name, cfg.lock_path] = (deadline, lease)
+            _hold(cfg.lock_path, line, deadline, lease)
             return None
         if text.startswith(REFUSED):
             return {"refused": text[len(REFUSED) :].strip()}
         seen, now = split_answer(text)
         fields = parse_holder(seen) if seen else {}
-        if fields.get("holder") == me:
-            return None  # re-entrant: this process already holds it (and renews it)
+        if fields.get("holder") == me:  # re-entrant: this process already holds it
+            _hold(cfg.lock_path, _without_expiry(seen), _deadline(fields, now), lease)
+            return None
         reason = takeover_reason(fields, now) if fields else None
         if reason:
             logger.warning(
@@ -405,6 +406,25 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
             continue
         return fields
     return fields
+
+
+def _hold(path: str, line: str, deadline: float, lease: int) -> None:
+    """Register a lock this process holds on the current host (its line without the expiry): it
+    is renewed with the others (renew_held, renew_waiting) and released on failure."""
+    _HELD.setdefault(host.name, {})[path] = line
+    _LEASES[host.name, path] = (deadline, lease)
+
+
+def _without_expiry(line: str) -> str:
+    return re.sub(r" expires=\S*$", "", line)
+
+
+def _deadline(fields: dict, now: datetime | None) -> float:
+    """When a lock found already ours runs out by the control node's clock: what its line leaves
+    by the host's clock; not known: now (due at the next renewal)."""
+    expires = parse_time(fields.get("expires"))
+    left = (expires - now).total_seconds() if expires and now else 0.0
+    return time.monotonic() + max(0.0, left)
 
 
 def renew_held(seconds: int) -> None:

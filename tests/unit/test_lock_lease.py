@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -249,6 +250,25 @@ def test_a_reused_pid_is_not_the_holder(ctl):
     pids[999] = "111"  # the holder itself: kept whatever its lease says
     answers[:] = [held_by(f"ops@ctl:999/{MINE}/111").replace("17:40", "16:55"), "ACQUIRED\n"]
     assert lock.try_acquire(cfg)["pid"] == 999
+
+
+def test_a_lock_found_already_ours_is_renewed_and_released_like_one_taken(ctl):
+    """The re-entrant path: the host already holds this process's line. It is registered as a
+    fresh acquisition is: the next renewal rewrites it (its line, a new expiry), a failure hook
+    finds it."""
+    cfg, _, answers, ran = ctl
+    line = f"holder={lock.holder_id()} since=2026-12-01T16:50:00Z host=h1"
+    answers.append(
+        f"{line} expires=2026-12-01T17:40:00Z\nSPECDEPLOY-HOST-NOW: 2026-12-01T17:00:00Z\n"
+    )
+    assert lock.try_acquire(cfg) is None
+    assert lock._HELD == {"h1": {cfg.lock_path: line}}
+    deadline, seconds = lock._LEASES["h1", cfg.lock_path]
+    assert seconds == lock.lease_seconds(cfg)
+    assert 2390 < deadline - lock.time.monotonic() <= 2400  # 40 min left by the host's clock
+    lock.renew_held(3600)
+    renewal = [c for c in ran if "RENEWED" in c]
+    assert len(renewal) == 1 and shlex.quote(line) in renewal[0] and " + 3600 " in renewal[0]
 
 
 def test_machine_and_start_are_read_from_the_control_node(monkeypatch):
