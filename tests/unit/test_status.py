@@ -328,9 +328,14 @@ def test_limit_that_matches_nothing_exits_2(tmp_path):
 
 def run_json(monkeypatch, *probes) -> tuple[int, list[dict]]:
     """`specdeploy status --json` over these probes: its exit code and its objects."""
+    import gevent
+
     from specdeploy.observe import status as status_module
 
     monkeypatch.setattr(status_module, "Fleet", lambda inventory, **kw: FakeFleet(*probes))
+    # what a run of the CLI sets for its process only: pyinfra's log level, a Ctrl-C handler
+    monkeypatch.setenv("SPECDEPLOY_DEBUG", "1")
+    monkeypatch.setattr(gevent, "signal_handler", lambda *args, **kwargs: None)
     out = io.StringIO()
     code = status_module.run_status("inv.py", as_json=True, out=out)
     return code, json.loads(out.getvalue())
