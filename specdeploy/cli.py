@@ -409,8 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
             "status",
             "each host now: reachable, version, unit drift, service, live speculation figures",
             "Each host now, read-only: reachable, the deployed version and record, drift of the "
-            "installed unit from the rendered one, the service's state, and live speculation "
-            "figures from the server's /metrics.",
+            "installed unit from the rendered one and from the one the record verified (a unit "
+            "installed but never verified, or not yet running, is drift), the service's state, "
+            "and live speculation figures from the server's /metrics.",
         )
     )
     p.add_argument(

@@ -342,16 +342,30 @@ def kept_unit_text(cfg: ServeConfig, name: str) -> str | None:
     return text if text and text.strip() else None
 
 
-def unverified_installed(cfg: ServeConfig, name: str, verified) -> bool:
-    """Execution time: `name`'s installed unit is not the one the record last verified
-    (`verified`, the record's UnitRef: another unit, or another text: an earlier run swapped it in
-    and never finished its health check). False without a record to compare."""
+# what a unit installed but never verified means, as the deploy logs it and `specdeploy status` says
+NEVER_VERIFIED = (
+    "installed, never verified: an earlier run stopped between its swap and its health check"
+)
+
+
+def unverified_unit(name: str, installed_sha256: str | None, verified) -> bool:
+    """`name`, installed with this sha256 (None: not installed), is not the unit the record last
+    verified (`verified`, the record's UnitRef): another unit, or another text (an earlier run
+    swapped it in and never finished its health check). False without a record to compare. The
+    one test of it: the deploy's at planning time (steps/unit.py) and at execution time
+    (`unverified_installed`), and `specdeploy status` (observe/status.py)."""
     if verified is None:
         return False
-    if verified.name != name:
-        return True
+    return verified.name != name or installed_sha256 != verified.sha256
+
+
+def unverified_installed(cfg: ServeConfig, name: str, verified) -> bool:
+    """Execution time: `name`'s installed unit is not the one the record last verified
+    (`unverified_unit`; the unit is read only when the record names this one)."""
+    if verified is None or verified.name != name:
+        return unverified_unit(name, None, verified)
     text = read_text(cfg.unit_path(name), missing_ok=True) or ""
-    return hashlib.sha256(text.encode()).hexdigest() != verified.sha256
+    return unverified_unit(name, hashlib.sha256(text.encode()).hexdigest(), verified)
 
 
 def restore_recorded(cfg: ServeConfig, failed: str, serving: str) -> str | None:

@@ -33,7 +33,11 @@ class UnitDrift:
 
 @dataclass
 class UnitStatus:
-    """A server's unit: its name and role, its drift (UnitDrift's fields), its env file's."""
+    """A server's unit: its name and role, its drift from the host data (UnitDrift's fields), its
+    env file's, and whether it is what the deployment record verified and what runs. `drift` is
+    any of them: the installed unit differs from the host data, is not the one the record
+    verified, or started no process yet (an interrupted turn, swapped in after the running server
+    started)."""
 
     name: str
     role: str
@@ -43,10 +47,27 @@ class UnitStatus:
     argv_diff: str
     other: bool
     env_file: FileDrift  # the secrets env file (its values are never shown)
+    # the installed unit is the one the record verified (its sha256); None: nothing to compare
+    # (no record, the unit not installed, or the record names another unit)
+    verified: bool | None = None
+    # the running main process started before the unit file last changed; None: not known
+    started_before_change: bool | None = None
 
     @classmethod
-    def of(cls, name: str, role: str, drift: UnitDrift, env_file: FileDrift) -> UnitStatus:
-        return cls(name, role, **asdict(drift), env_file=env_file)
+    def of(
+        cls,
+        name: str,
+        role: str,
+        drift: UnitDrift,
+        env_file: FileDrift,
+        *,
+        verified: bool | None = None,
+        started_before_change: bool | None = None,
+    ) -> UnitStatus:
+        unit = cls(name, role, **asdict(drift), env_file=env_file)
+        unit.verified, unit.started_before_change = verified, started_before_change
+        unit.drift = drift.drift or verified is False or started_before_change is True
+        return unit
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 Per host, in parallel, within a bounded time: reachable (and why not); the venv's vLLM version
 vs the pin; the installed unit vs the one the host data renders now (argv diff key by key, the
-secrets env file changed or not, a unit edited on disk but not reloaded); service state, since
-when, restarts; the deployment record (time, role, k, smoke TPOT); live figures from two /metrics
-scrapes `interval` seconds apart (metrics.live_figures); GPU memory used (nvidia-smi, if any).
+secrets env file changed or not, a unit edited on disk but not reloaded), vs the one the deployment
+record verified (its sha256, as the deploy tests it: host/server.unverified_unit) and vs the
+process that runs (started before the unit file changed: a turn cut off after its swap); service
+state, since when, restarts; the deployment record (time, role, k, smoke TPOT); live figures from
+two /metrics scrapes `interval` seconds apart (metrics.live_figures); GPU memory used (nvidia-smi,
+if any).
 A whole box (host data `instances`): the same per instance, and its balancer (status_box.py).
 
 Every read on a host is a pyinfra fact over pyinfra's own connection, so `_sudo`/`_su_user` and the
@@ -21,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from datetime import UTC
 
 from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import limit_hosts, load_inventory
@@ -33,7 +37,7 @@ from specdeploy.host.facts.http import HttpGet
 from specdeploy.host.facts.nvidia import GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
-from specdeploy.host.server import curl_config
+from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
 from specdeploy.observe.rows import (
     GateSummary,
     HealthCheck,
@@ -87,6 +91,35 @@ def unit_drift(installed_text: str | None, installed_sha1: str | None, expected)
         argv_diff=diff,
         other=not same and not diff,
     )
+
+
+# A unit file's change time (ctime, whole seconds) against its main process's start (systemd's
+# monotonic stamp, put on the host's clock through its uptime): two clocks, read a moment apart and
+# rounded, so a restart right after the swap may seem up to this much earlier than the swap.
+CLOCK_SLACK_S = 2.0
+
+
+def started_before_change(show: dict, changed: float | None) -> bool | None:
+    """Whether the unit's running main process started before its unit file last changed
+    (`changed`, seconds since the epoch): then what runs is not what is installed. `show`: the
+    ServiceShow fact (its monotonic stamp, the host's uptime and clock). None where that is not
+    known: the unit is not running, systemd did not say, or no change time."""
+    if show.get("ActiveState") != "active" or show.get("MainPID", "0") in ("", "0"):
+        return None
+    try:
+        started = int(show["ExecMainStartTimestampMonotonic"]) / 1e6
+        uptime, now = float(show["Uptime"]), float(show["Now"])
+    except (KeyError, ValueError):
+        return None
+    if not started or changed is None:
+        return None
+    return now - (uptime - started) < changed - CLOCK_SLACK_S
+
+
+def _changed_at(stat) -> float | None:
+    """The change time (seconds since the epoch) of pyinfra's File fact (naive UTC), or None."""
+    ctime = stat.get("ctime") if isinstance(stat, dict) else None
+    return ctime.replace(tzinfo=UTC).timestamp() if ctime else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -162,7 +195,7 @@ class HostProbe:
     def read_server(self, cfg, problems: list[str]) -> ServerStatus:
         """One server (the host's, or one instance of a whole box): its record, unit drift,
         service, /health and live figures (its problems onto `problems`)."""
-        from pyinfra.facts.files import Sha1File
+        from pyinfra.facts.files import File, Sha1File, Sha256File
 
         host = self.host
         record = service_record(cfg, lambda path: self.fact(JsonFile, path=path), host=host.name)
@@ -176,16 +209,26 @@ class HostProbe:
             expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
+        # the record's unit as the deploy tests it (host/server.unverified_unit); None: nothing to
+        # compare (no record, no unit, or the record serves with the other one)
+        installed_sha256 = self.fact(Sha256File, path=path) if drift.installed else None
+        verified = None
+        if record is not None and record.unit.name == expected.name and installed_sha256:
+            verified = not unverified_unit(expected.name, installed_sha256, record.unit)
         env_sha = self.fact(FileSha1, path=cfg.env_file)
         env_file = env_sha != hashlib.sha1(render_env_file(cfg).encode()).hexdigest()
         if env_sha in ("missing", "unreadable"):
             env_file = env_sha
-        unit = UnitStatus.of(expected.name, expected.role, drift, env_file)
         if not drift.installed:
             problems.append(f"{path} is not installed")
         elif drift.drift:
             what = ", ".join(drift.keys) if drift.keys else "lines outside ExecStart"
             problems.append(f"unit drift: {path} differs from the host data ({what})")
+        if verified is False:
+            problems.append(
+                f"{path}: {NEVER_VERIFIED} (sha256 {installed_sha256[:12]}; "
+                f"the record verified {record.unit.sha256[:12]})"
+            )
         if env_file == "unreadable":
             problems.append(
                 f"{cfg.env_file} (root-only) is unreadable: set _sudo in host data to read it"
@@ -211,6 +254,19 @@ class HostProbe:
             problems.append(f"{expected.name} is {service.active} ({service.sub})")
         if service.needs_daemon_reload:
             problems.append(f"{path} changed on disk; systemd still runs the old one")
+        before = None  # the process that runs is older than the unit installed (never restarted)
+        if drift.installed and service.active == "active" and service.main_pid:
+            before = started_before_change(show, _changed_at(self.fact(File, path=path)))
+        if before:
+            problems.append(f"{expected.name} still runs the process started before {path} changed")
+        unit = UnitStatus.of(
+            expected.name,
+            expected.role,
+            drift,
+            env_file,
+            verified=verified,
+            started_before_change=before,
+        )
 
         self.step = "checking /health and scraping /metrics"
         url = cfg.base_url

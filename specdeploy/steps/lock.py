@@ -3,8 +3,11 @@ never interleave their changes on one host.
 
 The lock is a file on the host, `/run/specdeploy/locks/<service_name>.deploy.lock`, created
 atomically (`set -C`: O_EXCL, which also refuses to open through a symlink) by the first operation
-of a deploy. It names its holder: `user@controlhost`, the controlling pyinfra process id and the
-time it was taken, so a second deploy stops with a message saying who holds it.
+of a deploy. It names its holder, `user@controlhost:pid/machine/start`: the controlling pyinfra
+process, its control node (`machine`: the node's machine id and pid namespace, hashed) and when
+that process started (so a pid the kernel hands out again, or another control node of the same
+name, is never taken for the holder), and the time it was taken, so a second deploy stops with a
+message saying who holds it.
 
 Nobody but root can plant it: the acquire command itself creates the directory root-owned, mode
 0700 (`install -d -m 700 -o root`), and refuses (never follows) a symlink at the directory, its
@@ -30,15 +33,23 @@ process holds on the run's other hosts whose lease is half spent: a host that wa
 turn in a serial run of hundreds keeps its lock. A lease that expired is taken over from any control
 host with a warning naming the old holder (a CI runner that died needs no manual unlock); a renewal
 that finds the lock taken over fails the host before it changes anything more. A lock from this
-control host whose pid no longer runs here is taken over at once; one whose pid still runs is never
-taken over. The lock lives in /run (tmpfs), so a reboot clears it; `specdeploy unlock INVENTORY
---limit HOST` (or `rm` as root) removes one by hand.
+control node (same machine, same name) whose process no longer runs here (its pid gone, or given to
+a process started since) is taken over at once; one whose process still runs is never taken over.
+A lock line of an older specdeploy (`user@controlhost:pid`, which cannot tell two control nodes of
+one name apart) is this process's only when it is this process's holder exactly, and is otherwise
+judged by its lease alone. The lock lives in /run (tmpfs), so a reboot clears it; `specdeploy
+unlock INVENTORY --limit HOST` (or `rm` as root) removes one by hand.
 """
 
 from __future__ import annotations
 
+import functools
 import getpass
+import hashlib
+import hmac
 import os
+import re
+import secrets
 import shlex
 import socket
 import threading
@@ -80,13 +91,62 @@ def control_host() -> str:
     return socket.gethostname()
 
 
+_IMPORTED = time.time()  # this process's start where /proc cannot say (process_start)
+# the key a machine id is hashed with: a holder names its control node without showing its id to
+# the hosts (machine-id(5): an application uses it hashed, under a key of its own)
+_MACHINE_KEY = b"specdeploy deploy lock holder"
+
+
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.readline().strip() or None
+    except OSError:
+        return None
+
+
+@functools.cache
+def machine_key() -> str:
+    """This control node as a lock holder names it, 16 hex digits: its machine id
+    (/etc/machine-id; unreadable: the kernel's boot id, a random value per boot; neither: a random
+    value of this process) with its pid namespace (a pid is only judged alive inside its own),
+    hashed. Two control nodes of one host name never share it, so neither takes the other's live
+    lock for a dead process of its own."""
+    machine = _first_line("/etc/machine-id") or _first_line("/proc/sys/kernel/random/boot_id")
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    text = f"{machine or secrets.token_hex(16)} {namespace}".encode()
+    return hmac.new(_MACHINE_KEY, text, hashlib.sha256).hexdigest()[:16]
+
+
+def process_start(pid: int | str = "self") -> str | None:
+    """When a process of this machine started: /proc/<pid>/stat's starttime (clock ticks since
+    boot), or None where it cannot be read. psutil is not a dependency."""
+    text = _first_line(f"/proc/{pid}/stat")
+    fields = text.rpartition(")")[2].split() if text else []  # its name may hold spaces and ")"
+    return fields[19] if len(fields) > 19 and fields[19].isdigit() else None  # field 22
+
+
+@functools.cache
+def _start_of(pid: int) -> str:
+    return process_start(pid) or f"t{_IMPORTED:.6f}"
+
+
+def own_start() -> str:
+    """When this process started (process_start; without /proc: when this module was imported)."""
+    return _start_of(os.getpid())
+
+
 def holder_id() -> str:
-    """Who we are: user@controlhost:pid (the pyinfra process that holds the lock)."""
+    """Who we are: user@controlhost:pid/machine/start (the pyinfra process that holds the lock,
+    on this control node, started then)."""
     try:
         user = getpass.getuser()
     except Exception:
         user = str(os.getuid())
-    return f"{user}@{control_host()}:{os.getpid()}"
+    return f"{user}@{control_host()}:{os.getpid()}/{machine_key()}/{own_start()}"
 
 
 def step_lease(cfg: ServeConfig, step_s: int | None = None) -> int:
@@ -95,7 +155,8 @@ def step_lease(cfg: ServeConfig, step_s: int | None = None) -> int:
 
 
 def parse_holder(text: str) -> dict:
-    """`holder=root@ctl:123 since=2024-...Z command=...` -> dict."""
+    """`holder=root@ctl:123/machine/start since=2024-...Z host=...` -> dict (`machine` and
+    `started` None in a line of an older specdeploy, `holder=root@ctl:123`)."""
     fields = {}
     first = text.strip().splitlines()[0] if text.strip() else ""
     try:
@@ -107,9 +168,12 @@ def parse_holder(text: str) -> dict:
             key, value = part.split("=", 1)
             fields[key] = value
     holder = fields.get("holder", "")
-    who, _, pid = holder.rpartition(":")
-    fields["who"], fields["pid"] = who or holder, int(pid) if pid.isdigit() else None
+    process, _, node = holder.partition("/")
+    who, _, pid = process.rpartition(":")
+    fields["who"], fields["pid"] = who or process, int(pid) if pid.isdigit() else None
     fields["controlhost"] = fields["who"].split("@", 1)[-1]
+    machine, _, started = node.partition("/")
+    fields["machine"], fields["started"] = machine or None, started or None
     return fields
 
 
@@ -122,7 +186,10 @@ def parse_time(text: str | None) -> datetime | None:
 
 def describe(fields: dict) -> str:
     lease = f", lease until {fields['expires']}" if fields.get("expires") else ""
-    return f"{fields.get('who')} (pid {fields.get('pid')}, since {fields.get('since')}{lease})"
+    pid = f"pid {fields.get('pid')}"
+    if fields.get("machine"):
+        pid += f", control node {fields['machine']}"
+    return f"{fields.get('who')} ({pid}, since {fields.get('since')}{lease})"
 
 
 def pid_alive(pid: int) -> bool:
@@ -135,16 +202,30 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def holder_running(pid: int, started: str | None) -> bool:
+    """The holder process runs on this control node: its pid runs and started when the lock says
+    (a pid given to a process started since is not the holder). Where the start cannot be compared
+    (no /proc), a running pid counts as the holder."""
+    if not pid_alive(pid):
+        return False
+    now = process_start(pid)
+    if now is None or not (started or "").isdigit():
+        return True
+    return now == started
+
+
 def takeover_reason(fields: dict, now: datetime | None, *, here: str | None = None,
-                    alive=pid_alive) -> str | None:  # fmt: skip
+                    machine: str | None = None, running=None) -> str | None:  # fmt: skip
     """Why someone else's lock may be taken over, or None (it holds). `now`: the host's clock.
-    A process of this control host that still runs keeps its lock whatever its lease says (it is
-    alive: it renews); one that is gone, or a lease that expired (from any control host), is
-    taken over."""
-    here = here or control_host()
+    A process of this control node (its machine key and name) that still runs keeps its lock
+    whatever its lease says (it is alive: it renews); one that is gone, or a lease that expired
+    (from any control node), is taken over. A line of an older specdeploy names no machine: its
+    pid cannot be judged here (another control node may share this one's name), only its lease."""
+    here, machine = here or control_host(), machine or machine_key()
+    running = running or holder_running
     pid = fields.get("pid")
-    if fields.get("controlhost") == here and pid:
-        if alive(pid):
+    if fields.get("machine") == machine and fields.get("controlhost") == here and pid:
+        if running(pid, fields.get("started")):
             return None
         return "that process is no longer running on this control host"
     expires = parse_time(fields.get("expires"))
@@ -306,15 +387,15 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
         _ok, out, _ = sh_status(command)
         text = out.strip()
         if text == ACQUIRED:
-            _HELD.setdefault(host.name, {})[cfg.lock_path] = line
-            _LEASES[host.name, cfg.lock_path] = (deadline, lease)
+            _hold(cfg.lock_path, line, deadline, lease)
             return None
         if text.startswith(REFUSED):
             return {"refused": text[len(REFUSED) :].strip()}
         seen, now = split_answer(text)
         fields = parse_holder(seen) if seen else {}
-        if fields.get("holder") == me:
-            return None  # re-entrant: this process already holds it (and renews it)
+        if fields.get("holder") == me:  # re-entrant: this process already holds it
+            _hold(cfg.lock_path, _without_expiry(seen), _deadline(fields, now), lease)
+            return None
         reason = takeover_reason(fields, now) if fields else None
         if reason:
             logger.warning(
@@ -325,6 +406,25 @@ def try_acquire(cfg: ServeConfig) -> dict | None:
             continue
         return fields
     return fields
+
+
+def _hold(path: str, line: str, deadline: float, lease: int) -> None:
+    """Register a lock this process holds on the current host (its line without the expiry): it
+    is renewed with the others (renew_held, renew_waiting) and released on failure."""
+    _HELD.setdefault(host.name, {})[path] = line
+    _LEASES[host.name, path] = (deadline, lease)
+
+
+def _without_expiry(line: str) -> str:
+    return re.sub(r" expires=\S*$", "", line)
+
+
+def _deadline(fields: dict, now: datetime | None) -> float:
+    """When a lock found already ours runs out by the control node's clock: what its line leaves
+    by the host's clock; not known: now (due at the next renewal)."""
+    expires = parse_time(fields.get("expires"))
+    left = (expires - now).total_seconds() if expires and now else 0.0
+    return time.monotonic() + max(0.0, left)
 
 
 def renew_held(seconds: int) -> None:

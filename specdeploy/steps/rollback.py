@@ -330,8 +330,7 @@ def restart_for(change, unit: str, *, unverified: bool = False) -> None:
         logger.info(f"{host.print_prefix}restarting {unit} (unit or env file changed)")
         server.restart(unit)
     elif unverified:
-        logger.info(f"{host.print_prefix}restarting {unit} (installed, never verified: an "
-                    "earlier run stopped between its swap and its health check)")  # fmt: skip
+        logger.info(f"{host.print_prefix}restarting {unit} ({server.NEVER_VERIFIED})")
         server.restart(unit)
     elif server.start_if_inactive(unit):
         logger.info(f"{host.print_prefix}started {unit} (it was not running)")

@@ -136,11 +136,12 @@ def install_unit(
 
 
 def never_verified(cfg: ServeConfig, name: str, verified) -> bool:
-    """Planning time: `name` is installed, and it is the record's unit in another text."""
+    """Planning time: `name` is installed, and it is the record's unit in another text
+    (host/server.unverified_unit)."""
     if verified is None or verified.name != name:
         return False
     installed = host.get_fact(Sha256File, path=cfg.unit_path(name))
-    return installed is not None and installed != verified.sha256
+    return installed is not None and lifecycle.unverified_unit(name, installed, verified)
 
 
 def keep_previous_command(cfg: ServeConfig, name: str) -> str:

@@ -267,12 +267,12 @@ def test_deploy_lock_names_its_holder_and_stale_locks(deployed, hosts, ssh, tmp_
         ssh(other, f"rm -f {LOCK} {target}")
         ssh(host, "chown root:root /run/specdeploy/locks && chmod 700 /run/specdeploy/locks")
 
-    # a lock left by a dead process of this control host is taken over; a finished deploy (k = 4
-    # here) releases it
-    ssh(
-        host,
-        f"echo 'holder=root@{socket.gethostname()}:999999 since=2030-01-01T00:00:00Z' > {LOCK}",
-    )
+    # a lock left by a dead process of this control node (its name and machine) is taken over; a
+    # finished deploy (k = 4 here) releases it
+    from specdeploy.steps.lock import machine_key
+
+    dead = f"root@{socket.gethostname()}:999999/{machine_key()}/1"
+    ssh(host, f"echo 'holder={dead} since=2030-01-01T00:00:00Z' > {LOCK}")
     spec = {**base.speculative_config, "num_speculative_tokens": 4}
     result = deploy_limited(write_inventory(tmp_path, {host: {"speculative_config": spec}}), host)
     assert result.returncode == 0, tail(result)

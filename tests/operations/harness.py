@@ -29,7 +29,10 @@ A fixture's keys (all but `call` optional):
                 makes of that recorded output; a fact the step reads and the fixture lacks fails
                 the test, as in pyinfra
     control_node
-                who the control node is: {"host", "user", "pid", "running_pids"}
+                who the control node is: {"host", "user", "pid", "machine", "started",
+                "running_pids", "starts"} (machine: its key; started: this process's start;
+                starts: {pid: start} of the other processes running there, where the lock
+                compares a holder's start; none given: not known)
     held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
     failed_first
                 hosts of this run that failed their restart before this one (steps/rollback.py)
@@ -99,7 +102,8 @@ FIXTURES = Path(__file__).parent
 WRITE = os.environ.get("SPECDEPLOY_WRITE_FIXTURES") == "1"
 HOST = "h1"
 NOW = 1796144400.0  # 2026-12-01T17:00:00Z: every clock a step reads
-CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "running_pids": [4242]}
+CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "machine": "c0ffee00c0ffee00",
+                "started": "5150", "running_pids": [4242], "starts": {}}  # fmt: skip
 INPUTS = ("description", "call", "host_data", "executing", "control_node", "held_locks",
           "failed_first", "args", "kwargs", "facts")  # fmt: skip
 OUTPUTS = ("operations", "noops", "host", "warnings", "returns", "exception")
@@ -663,6 +667,10 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
     monkeypatch.setattr(lock, "getpass", types.SimpleNamespace(getuser=lambda: node["user"]))
     monkeypatch.setattr(lock, "os", Namespace(os, getpid=lambda: node["pid"]))
     monkeypatch.setattr(lock, "pid_alive", lambda pid: pid in node["running_pids"])
+    monkeypatch.setattr(lock, "machine_key", lambda: node["machine"])
+    monkeypatch.setattr(lock, "own_start", lambda: node["started"])
+    starts = {int(pid): start for pid, start in node["starts"].items()}
+    monkeypatch.setattr(lock, "process_start", lambda pid="self": starts.get(pid))
     monkeypatch.setattr(lock, "_HELD", {HOST: dict(data["held_locks"])} if "held_locks" in data
                         else {})  # fmt: skip
     monkeypatch.setattr(lock, "_LEASES", {})  # the leases and losses this process saw: none yet

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_service_show_without_systemd_still_has_the_uptime():
     fact = ServiceShow()
     status, lines = sh(fact.command(unit="a b.service"))  # no systemd here: no failure
     assert status == 0 and float(fact.process(lines)["Uptime"]) > 0
+    assert abs(int(fact.process(lines)["Now"]) - time.time()) < 60  # the host's clock
 
 
 def test_http_get_a_page_and_a_closed_port(tmp_path):

@@ -390,18 +390,30 @@ HOST_NOW = lock.parse_time("2026-12-01T17:00:00Z")
          "expires=2026-12-01T17:20:00Z", "ctl", True, None),
         # a line of a release before leases (no expires): only the old rule
         ("holder=alice@elsewhere:4242 since=2020-01-01T00:00:00Z", "ctl", True, None),
-        # this control host, pid gone: taken over whatever the lease says
-        ("holder=root@ctl:999999 since=x expires=2030-01-01T00:00:00Z", "ctl", False,
+        # this control node (its name and machine), process gone: taken over whatever the lease
+        ("holder=root@ctl:999999/c0ffee/1 since=x expires=2030-01-01T00:00:00Z", "ctl", False,
          "that process is no longer running on this control host"),
-        # this control host, pid alive: kept even with an expired lease (it is running)
-        ("holder=root@ctl:77 since=x expires=2020-01-01T00:00:00Z", "ctl", True, None),
+        # this control node, process running: kept even with an expired lease (it renews)
+        ("holder=root@ctl:77/c0ffee/1 since=x expires=2020-01-01T00:00:00Z", "ctl", True, None),
+        # another control node of this name (another machine): its lease alone counts
+        ("holder=root@ctl:999999/beef/1 since=x expires=2030-01-01T00:00:00Z", "ctl", False,
+         None),
+        ("holder=root@ctl:77/beef/1 since=x expires=2020-01-01T00:00:00Z", "ctl", True,
+         "its lease expired at 2020-01-01T00:00:00Z"),
+        # a line of an older specdeploy names no machine: it may be another node of this name,
+        # so neither a pid gone here nor one running here decides, its lease does
+        ("holder=root@ctl:999999 since=x expires=2030-01-01T00:00:00Z", "ctl", False, None),
+        ("holder=root@ctl:77 since=x expires=2020-01-01T00:00:00Z", "ctl", True,
+         "its lease expired at 2020-01-01T00:00:00Z"),
         # an expiry that is not a time is no lease
         ("holder=alice@elsewhere:1 since=x expires=soon", "ctl", True, None),
     ],
 )  # fmt: skip
 def test_takeover_decision_from_recorded_lock_lines(line, here, alive, reason):
     fields = lock.parse_holder(line)
-    found = lock.takeover_reason(fields, HOST_NOW, here=here, alive=lambda pid: alive)
+    found = lock.takeover_reason(
+        fields, HOST_NOW, here=here, machine="c0ffee", running=lambda pid, started: alive
+    )
     assert (found is None) == (reason is None)
     if reason:
         assert found.startswith(reason)

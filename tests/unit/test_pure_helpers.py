@@ -61,7 +61,14 @@ def test_parse_holder():
     assert fields["controlhost"] == "ctl" and fields["host"] == "gpu-01"
     assert describe(fields) == "deploy@ctl (pid 4242, since 2026-11-30T09:00:00Z)"
     assert parse_holder("holder=odd")["pid"] is None
-    assert parse_holder("") == {"who": "", "pid": None, "controlhost": ""}
+    assert fields["machine"] is None and fields["started"] is None  # an older specdeploy's line
+    assert parse_holder("") == {
+        "who": "",
+        "pid": None,
+        "controlhost": "",
+        "machine": None,
+        "started": None,
+    }
 
 
 def test_plan_batches():

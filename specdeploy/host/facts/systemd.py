@@ -20,19 +20,22 @@ class ServiceActive(Fact):
 
 
 class ServiceShow(Fact):
-    """systemd's view of a unit (`systemctl show`), plus the host's uptime to turn monotonic stamps
-    into ages; read by `specdeploy status` (observe/status.py). No systemd: only the uptime."""
+    """systemd's view of a unit (`systemctl show`), plus the host's uptime and its clock (`Now`,
+    seconds since the epoch) to turn monotonic stamps into ages and times (when the main process
+    started, against when its unit file changed); read by `specdeploy status`
+    (observe/status.py). No systemd: only the uptime and the clock."""
 
     PROPERTIES = tuple(
         "LoadState ActiveState SubState UnitFileState ActiveEnterTimestamp "
-        "ActiveEnterTimestampMonotonic NRestarts MainPID NeedDaemonReload".split()
+        "ActiveEnterTimestampMonotonic ExecMainStartTimestampMonotonic NRestarts MainPID "
+        "NeedDaemonReload".split()
     )
 
     def command(self, unit: str) -> str:
         props = ",".join(self.PROPERTIES)
         return (
             f"systemctl show {shlex.quote(unit)} -p {props} 2>/dev/null || true; "
-            "echo Uptime=$(cut -d' ' -f1 /proc/uptime)"
+            "echo Uptime=$(cut -d' ' -f1 /proc/uptime); echo Now=$(date +%s)"
         )
 
     def process(self, output):
