@@ -18,6 +18,7 @@ only, so the main job's fleet is never touched. Timings of each step are printed
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import runpy
@@ -289,7 +290,9 @@ def test_first_host_word_for_word_on_a_stock_debian_control_node(clean_room):
             assert line in outputs[i], f"step {i}: {line!r} not in:\n{outputs[i][-3000:]}"
 
     # the model answered the page's request with text it generated
-    assert '"choices"' in outputs[-1] and '"text"' in outputs[-1]
-    # the record on the host names what it serves
-    record = ssh_root(state, target, f"cat {RECORD}", timeout=60)
-    assert record.returncode == 0 and '"served_model_name"' in record.stdout
+    answer = json.loads(outputs[-1].strip().splitlines()[-1])
+    assert answer["model"] == "qwen3-8b" and answer["choices"][0]["text"]
+    # the record on the host says what it serves: the speculative unit the page's data asked for
+    record = json.loads(ssh_root(state, target, f"cat {RECORD}", timeout=60).stdout)
+    assert record["role"] == "speculative" and "qwen3-8b" in record["unit"]["argv"]
+    assert record["speculative_config"]["num_speculative_tokens"] > 0
