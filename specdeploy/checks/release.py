@@ -403,7 +403,8 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
                 "remove parallel_drafting (draft_model drafts one token per step)",
             )
         )
-    if engine_flags(cfg).pp > 1:
+    pp = engine_flags(cfg).pp
+    if pp > 1:
         own = [
             r for r in rules.pipeline_parallel_refusals if spec.get("enable_adaptive_verification")
         ]
@@ -411,7 +412,7 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
             Problem(
                 host,
                 "vllm_extra_args",
-                f"--pipeline-parallel-size {engine_flags(cfg).pp} with speculative decoding: "
+                f"--pipeline-parallel-size {pp} with speculative decoding: "
                 + (
                     f"{release} refuses it: {own[0]!r}"
                     if own

@@ -67,3 +67,34 @@ def test_each_repo_and_revision_is_resolved_once(hub_calls):
     revisions.pins_for_hosts([main, other] * HOSTS)
     expected = {(repo, rev) for c in (main, other) for _, repo, rev in revisions.moving_refs(c)}
     assert len(expected) >= 2 and sorted(hub_calls) == sorted(expected)
+
+
+def test_engine_flags_are_parsed_once_per_config(monkeypatch):
+    """CONTRIBUTING: the engine flags are read once. The checks of one config that need its
+    parallel sizes (release rules, draft TP, data-parallel load) and its instance layout share one
+    parse of its vllm_extra_args (before: 7 parses here)."""
+    from specdeploy.checks import host_data
+    from specdeploy.render import argv, instances
+
+    parses: list[int] = []
+    real = argv.EngineFlags
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            parses.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(argv, "EngineFlags", Counting)
+    argv.parse_engine_flags.cache_clear()
+    data = {
+        **VALID,
+        "vllm_extra_args": ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"],
+    }
+    try:
+        cfg = host_data.config_from_data(data)
+        host_data.check_host("one", data)
+        host_data.check_warnings("one", data)
+        assert instances.devices_per_instance(cfg) == 4
+        assert len(parses) == 1
+    finally:
+        argv.parse_engine_flags.cache_clear()  # no counting flags left for later tests
