@@ -187,3 +187,34 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdeploy/flows/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
+
+
+# Scripts the GPU machine runs with its image's bare python3 (no venv, so no checkout on the path):
+# they reach the device helpers of benchmarks/gpu_payoff by path, as their device_call.sh copies
+# them. Every other benchmark imports the installed package (and the checkout, which the editable
+# install puts on the path: `tests.*`, `benchmarks.*`).
+BARE_DEVICE_SCRIPTS = {
+    "benchmarks/bench_early/device_run.py",
+    "benchmarks/gpu_preflight/device_run.py",
+    "benchmarks/gpu_truth/device_run.py",
+    "benchmarks/gpu_truth/make_weights.py",
+    "benchmarks/gpu_truth/swing_run.py",
+}
+
+
+def test_benchmarks_and_tests_import_code_rather_than_patch_the_path():
+    """A test imports what it tests (product code from the package, a harness from tests/), never
+    a file by its path; a benchmark imports the package rather than editing sys.path."""
+    repo = PACKAGE.parent
+    patched = {
+        str(path.relative_to(repo))
+        for path in (repo / "benchmarks").rglob("*.py")
+        if "sys.path.insert" in path.read_text()
+    }
+    assert patched <= BARE_DEVICE_SCRIPTS, sorted(patched - BARE_DEVICE_SCRIPTS)
+    by_path = [
+        str(path.relative_to(repo))
+        for path in (repo / "tests").rglob("*.py")
+        if path != Path(__file__).resolve() and "spec_from_file_location" in path.read_text()
+    ]
+    assert not by_path, by_path
