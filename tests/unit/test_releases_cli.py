@@ -70,3 +70,14 @@ def test_check_passes_each_release_the_issue_names(tmp_path):
     result = run("check", "inv.py", cwd=tmp_path, releases=tmp_path / "none")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines() == ["4 host(s) valid."]  # no warning either
+
+
+def test_add_into_a_folder_check_does_not_read_says_so(tmp_path):
+    """`--out` elsewhere than the package's tables or the user's directory: the table is written
+    and the command says check will not read it there (it raised KeyError after writing)."""
+    path = wheel(tmp_path, FILES_034, version="0.35.0")
+    out = tmp_path / "elsewhere"
+    added = run("releases", "add", "0.35.0", "--wheel", str(path), "--out", str(out),
+                cwd=tmp_path, releases=tmp_path / "user")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert (out / "0.35.0.json").exists() and "not that folder" in added.stdout
