@@ -218,3 +218,14 @@ def test_benchmarks_and_tests_import_code_rather_than_patch_the_path():
         if path != Path(__file__).resolve() and "spec_from_file_location" in path.read_text()
     ]
     assert not by_path, by_path
+
+
+def test_deploys_are_entry_points_of_a_few_lines():
+    """A deploy (`pyinfra INVENTORY deploys/x.py`) names its flow and calls it: what it does lives
+    in specdeploy/flows/, where the layering and the operation fixtures see it."""
+    for path in sorted((PACKAGE.parent / "deploys").glob("*.py")):
+        body = ast.parse(path.read_text()).body
+        kinds = [type(node).__name__ for node in body]
+        assert kinds == ["ImportFrom", "Expr"], f"{path.name}: {kinds}"
+        assert body[0].module.startswith("specdeploy.flows."), f"{path.name}: {body[0].module}"
+        assert len(path.read_text().splitlines()) <= 15, f"{path.name}: say the rest in its flow"
