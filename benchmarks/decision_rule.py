@@ -27,12 +27,8 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import sys
 import time
 from collections import Counter
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdeploy.decide.choose import choose_k
 from specdeploy.decide.decisions import BETTER, DECIDE, WORSE, compare_values, next_step

@@ -19,11 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import timeline_chart
+from benchmarks.gpu_payoff import analyze
+from specdeploy.report import summary
+from specdeploy.report.charts import load_chart
 
-from specdeploy.report import summary  # noqa: E402
-from specdeploy.report.charts import load_chart  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ASSETS = REPO / "docs/assets"
 REPLAYS = REPO / "tests/unit/data/replays"
@@ -67,9 +68,6 @@ def h200_load() -> None:
 
 
 def h200_payoff() -> None:
-    sys.path.insert(0, str(REPO / "benchmarks/gpu_payoff"))
-    import analyze
-
     png = REPO / "benchmarks/gpu_payoff/payoff.png"  # the benchmark's report shows it too
     with contextlib.redirect_stdout(io.StringIO()):  # the REPORT tables, printed again
         analyze.report(str(REPO / "benchmarks/gpu_payoff/results.json"), str(png))
@@ -77,8 +75,6 @@ def h200_payoff() -> None:
 
 
 def rolling_timeline() -> None:
-    import timeline_chart
-
     timeline_chart.draw(timeline_chart.REPLAY, ASSETS / "rolling-timeline.png")
 
 
@@ -92,7 +88,6 @@ FIGURES = {
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     for figure in sys.argv[1:] or FIGURES:
         FIGURES[figure]()
         print(f"drew {figure}")

@@ -17,10 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from specdeploy.report.charts import SMALLEST_PT, WIDTH_IN, save  # one chart style
+from tests.timeline import Timeline  # the judge the live test and the replay use
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from specdeploy.report.charts import SMALLEST_PT, WIDTH_IN, save  # noqa: E402  (one chart style)
-from tests.timeline import Timeline  # noqa: E402  (the judge the live test and the replay use)
 
 REPLAY = REPO / "tests/unit/data/replays/rolling_timeline"
 OUT = REPO / "docs/assets/rolling-timeline.png"

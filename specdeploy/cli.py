@@ -267,7 +267,10 @@ def cmd_releases_add(args) -> int:
         return 1
     capabilities.reread_tables()
     print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))
-    if capabilities.table_source(target.stem) == "specdeploy":  # the reviewed one wins
+    if target.stem not in capabilities.known_versions():  # --out a folder check does not read
+        print(f"wrote {target}; `specdeploy check` reads the package's tables and "
+              f"{capabilities.user_releases_dir()}, not that folder")  # fmt: skip
+    elif capabilities.table_source(target.stem) == "specdeploy":  # the reviewed one wins
         print(f"wrote {target}; specdeploy's own table of {target.stem} is the one checks use")
     else:
         print(f"wrote {target}; `specdeploy check` reads it from there")

@@ -1,5 +1,6 @@
 """Record what a settled sandbox host answers to a no-op re-run of the serve deploy, for
-plan_fleet.py's `--settled` stand-in (issue 37: a 1,000-host no-op run on the control node).
+plan_fleet.py's `--settled` stand-in (tests/stand_in.py; issue 37: a 1,000-host no-op run on the
+control node).
 
     python benchmarks/fleet_scale/record_settled.py HOST [--inventory inventories/sandbox.py]
         [--out benchmarks/fleet_scale/settled.json]
@@ -8,24 +9,17 @@ Runs `pyinfra -y INVENTORY deploys/serve.py --limit HOST` (the host must already
 run is a no-op) with pyinfra's SSH connector wrapped: every command it runs and its output, and the
 host's data as the inventory gives it, go to OUT. Commands are stored with the host's name as
 `{host}` and every run of digits as `#` (pids, times, expiries), so a stand-in of another name finds
-them; output with the host's name as `{host}`. Prints how many commands the no-op run sent and
-whether it changed anything (it must not).
+them (tests/stand_in.normal); output with the host's name as `{host}`. Prints how many commands
+the no-op run sent and whether it changed anything (it must not).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def normal(text: str, host: str) -> str:
-    """A command or output line as stored: the host's name `{host}`, digit runs `#`."""
-    return re.sub(r"\d+", "#", text.replace(host, "{host}"))
+from tests.stand_in import normal
 
 
 def main() -> None:
@@ -34,7 +28,6 @@ def main() -> None:
     parser.add_argument("--inventory", default="inventories/sandbox.py")
     parser.add_argument("--out", default=str(Path(__file__).with_name("settled.json")))
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
 
     from pyinfra.api.command import StringCommand
     from pyinfra.connectors.ssh import SSHConnector

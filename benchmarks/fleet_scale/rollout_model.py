@@ -1,5 +1,6 @@
 """Printed, not asserted: a rollout's wall time for 100, 200 and 1,000 hosts, from measured
-per-host step times (issue 37). Pure arithmetic: no host, no pyinfra.
+per-host step times (issue 37). Arithmetic over `specdeploy rollout`'s own plan: no host is run;
+the batches are the product's (`specdeploy.flows.rollout.plan_batches`), not modelled here.
 
     python benchmarks/fleet_scale/rollout_model.py [--runs-per-arm 6] [--classes 1] [--markdown]
 
@@ -8,7 +9,8 @@ hosts restart `max_unavailable` at a time (each restart: stop, start, health, sm
 one waits for it). Two ramps:
 
 * default: batch 1, max_unavailable 1 — every host restarts after the one before it;
-* 10 % ramp: batches of ceil(10 % of the hosts) after the canary, either restarted one at a time
+* 10 % ramp (`--batches 10%`): batches of 10 % of the hosts after the canary (as the rollout
+  sizes them: whole hosts, at least one), either restarted one at a time
   inside the batch (max_unavailable 1: the ramp only adds pauses to look at the batch) or all at
   once (max_unavailable = batch width: a batch costs one host's restart).
 
@@ -29,6 +31,8 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+
+from specdeploy.flows.rollout import batch_size, plan_batches
 
 # --- measured inputs, each with its source -------------------------------------------------
 # vLLM server start to ready (its /health answers) on one H200, warm compile cache (a rolling
@@ -67,38 +71,44 @@ class Steps:
 @dataclass(frozen=True)
 class Plan:
     hosts: int
-    batch: int  # hosts per batch after the canary (1: the default)
+    ramp: str  # `specdeploy rollout --batches` after the canary ("1": the default, "10%")
     max_unavailable: int  # hosts restarting at once inside a batch
     gating: str  # "none", "per host", "per class"
     runs_per_arm: int = 6
     host_runs_per_arm: int = 3
     classes: int = 1
 
+    @property
+    def canaries(self) -> int:
+        """One canary per class when classes are gated, else one."""
+        return self.classes if self.gating == "per class" else 1
+
+    def batches(self) -> list[int]:
+        """The widths of the batches after the canary, as `specdeploy rollout` plans them."""
+        hosts = [(f"host-{i}", ["canary"] if i < self.canaries else []) for i in range(self.hosts)]
+        return [len(batch) for batch in plan_batches(hosts, "canary", self.ramp)[1:]]
+
 
 def wall_time_s(plan: Plan, steps: Steps = Steps()) -> float:
     per_host_gate = steps.gate(plan.host_runs_per_arm) if plan.gating == "per host" else 0.0
     one_host = steps.restart() + per_host_gate
-    # The canaries: one per class when classes are gated, else one; each waits for the one before.
-    canaries = plan.classes if plan.gating == "per class" else 1
+    # The canaries: each waits for the one before.
     canary_each = one_host + (steps.gate(plan.runs_per_arm) if plan.gating == "per class" else 0)
-    total = canaries * (steps.batch_overhead_s + canary_each)
-    rest = plan.hosts - canaries
-    batches = math.ceil(rest / plan.batch)
-    for index in range(batches):
-        width = min(plan.batch, rest - index * plan.batch)
+    total = plan.canaries * (steps.batch_overhead_s + canary_each)
+    for width in plan.batches():
         waves = math.ceil(width / plan.max_unavailable)  # restarts inside a batch, in turn
         total += steps.batch_overhead_s + waves * one_host
     return total
 
 
 def ramp_plans(hosts: int, gating: str, runs_per_arm: int, classes: int) -> dict[str, Plan]:
-    ten_percent = max(1, math.ceil(hosts / 10))
+    ten_percent = batch_size("10%", hosts)
     common = dict(hosts=hosts, gating=gating, runs_per_arm=runs_per_arm, classes=classes)
     return {
-        "default (batch 1, max_unavailable 1)": Plan(batch=1, max_unavailable=1, **common),
-        "10 % ramp, max_unavailable 1": Plan(batch=ten_percent, max_unavailable=1, **common),
+        "default (batch 1, max_unavailable 1)": Plan(ramp="1", max_unavailable=1, **common),
+        "10 % ramp, max_unavailable 1": Plan(ramp="10%", max_unavailable=1, **common),
         "10 % ramp, max_unavailable = batch": Plan(
-            batch=ten_percent, max_unavailable=ten_percent, **common
+            ramp="10%", max_unavailable=ten_percent, **common
         ),
     }
 

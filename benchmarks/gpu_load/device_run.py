@@ -34,7 +34,6 @@ import sys
 import tarfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from device_common import http_ok, kill_group, log, wait_gpu_free, warm
 
 LOGS = "/tmp/logs"

@@ -26,7 +26,6 @@ import re
 import sys
 import tarfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from specdeploy.decide.stats import band_from_spread
 
 P90_TO_MAD = 0.6745 / 1.2816

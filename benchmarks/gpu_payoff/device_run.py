@@ -20,7 +20,6 @@ import sys
 import tarfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from device_common import kill_group, log, start_server, wait_gpu_free, warm
 
 LOGS = "/tmp/logs"

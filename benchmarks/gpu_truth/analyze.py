@@ -188,7 +188,6 @@ def _engine_cpu(cpu: dict) -> dict | None:
 def main() -> None:
     if sys.argv[1] == "--predict":
         plan = json.load(open(sys.argv[2]))
-        sys.path.insert(0, os.path.dirname(__file__))
         facts = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else None
         for row in plan:
             fact_lines = list(IDLE_H200_X2)

@@ -30,10 +30,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from specdeploy.decide.predict import fit_step_model
 
-from specdeploy.decide.predict import fit_step_model  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SPREAD_FROM_P90 = 0.526  # MAD ≈ 0.526 × (P90 − P50) for normal data
 

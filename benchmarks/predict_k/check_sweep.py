@@ -17,12 +17,11 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from specdeploy.decide.choose import choose_k
+from specdeploy.decide.predict import best_k, predict, run_from_bench
+from specdeploy.decide.tune_rule import pin_ks
 
-from specdeploy.decide.decisions import choose_k  # noqa: E402
-from specdeploy.decide.predict import best_k, predict, run_from_bench  # noqa: E402
-from specdeploy.decide.tune_rule import pin_ks  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:

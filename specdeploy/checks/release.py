@@ -1,7 +1,8 @@
 """Checks of host data against the pinned vLLM release: the pin itself, the release's table
 (capabilities.py), its speculative keys and methods, and how it runs draft_model.
 
-`checks.py` runs these with the config and workload checks; a pin without a usable table stops the
+host_data.py runs these with the config and workload checks, handing each the pin's table
+(`release_for`: looked up once per host's check); a pin without a usable table stops the
 release-dependent checks (their answers would come from another release).
 """
 
@@ -59,9 +60,12 @@ def check_version(
     add = capabilities.ADD_TABLE.format(version=public)
     if package != "vllm":
         add = add.replace(f"add {public}", f"add {public} --package {package}")
-    choice = capabilities.table_for(version, allow_unknown is True)
+    try:
+        table = capabilities.release_of(version, allow_unknown is True)
+    except capabilities.UnknownRelease:
+        table = None
     known = ", ".join(capabilities.known_versions())
-    if choice is None:
+    if table is None:
         newer = Version(public) > Version(capabilities.known_versions()[-1])
         return [
             Problem(
@@ -78,6 +82,7 @@ def check_version(
                 ),
             )
         ], []
+    choice = table.choice
     problems, warnings = [], []
     if choice.unknown:
         warnings.append(
@@ -111,7 +116,7 @@ def check_version(
                 f"add its table to check it exactly: {add}",
             )
         )
-    if not choice.unknown and capabilities.build_facts(version, package) is None:
+    if not choice.unknown and table.build_facts(package) is None:
         warnings.append(
             Problem(
                 host,
@@ -129,9 +134,15 @@ def _names_an_index(pip_args: Any) -> bool:
     return any(a.split("=", 1)[0] in INDEX_OPTIONS or a.startswith(("-i", "-f")) for a in args)
 
 
-def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
+def release_for(cfg: ServeConfig) -> capabilities.Release:
+    """The table of the config's pin, looked up once per host's check and passed to the checks
+    below (raises UnknownRelease: check_version refuses such a pin first)."""
+    return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+
+
+def check_speculative(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
     spec = cfg.speculative_config
-    known = capabilities.speculative_keys(cfg.vllm_version, cfg.allow_unknown_release)
+    known = table.speculative_keys
     release = label(cfg.vllm_version, known.version)
     field = "speculative_config"
     problems = []
@@ -205,7 +216,7 @@ def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
                     + (
                         f": {release}'s SpeculativeConfig refuses unknown keys, so a server "
                         "given it does not start"
-                        if rules_of(cfg).unknown_keys_refused
+                        if table.rules.unknown_keys_refused
                         else ""
                     ),
                     REMOVED_KEY_TODO.get(key, f"remove it, or pin vLLM {last} to keep it").format(
@@ -237,7 +248,7 @@ def check_speculative(host: str, cfg: ServeConfig) -> list[Problem]:
         )
     if spec.get("use_heterogeneous_vocab") and "use_heterogeneous_vocab" in known.keys:
         problems += _check_heterogeneous_vocab(host, cfg)
-    return problems + check_release_rules(host, cfg)
+    return problems + check_release_rules(host, cfg, table)
 
 
 # What to do instead of a key the release removed, where there is more to say than "remove it".
@@ -296,15 +307,13 @@ def _check_heterogeneous_vocab(host: str, cfg: ServeConfig) -> list[Problem]:
     return problems
 
 
-def draft_runtime(cfg: ServeConfig) -> capabilities.DraftModelRuntime:
-    return capabilities.draft_model_runtime(
-        cfg.vllm_version,
-        bool(cfg.speculative_config.get("use_heterogeneous_vocab")),
-        cfg.allow_unknown_release,
-    )
+def draft_runtime(cfg: ServeConfig, table: capabilities.Release) -> capabilities.DraftModelRuntime:
+    return table.draft_model_runtime(bool(cfg.speculative_config.get("use_heterogeneous_vocab")))
 
 
-def check_draft_parallelism(host: str, cfg: ServeConfig) -> tuple[list[Problem], list[Problem]]:
+def check_draft_parallelism(
+    host: str, cfg: ServeConfig, table: capabilities.Release
+) -> tuple[list[Problem], list[Problem]]:
     """(problems, warnings) for draft_tensor_parallel_size against the target's TP."""
     spec = cfg.speculative_config
     draft_tp = spec.get("draft_tensor_parallel_size")
@@ -313,7 +322,7 @@ def check_draft_parallelism(host: str, cfg: ServeConfig) -> tuple[list[Problem],
     tp = engine_flags(cfg).tp
     if draft_tp == tp:
         return [], []
-    runtime = draft_runtime(cfg)
+    runtime = draft_runtime(cfg, table)
     release = label(cfg.vllm_version, runtime.release)
     field = "speculative_config.draft_tensor_parallel_size"
     if runtime.draft_tp == "equal":
@@ -342,10 +351,6 @@ V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 PIPELINE_PARALLEL_ISSUES = "vllm-project/vllm#50853, #57755"
 
 
-def rules_of(cfg: ServeConfig) -> capabilities.ReleaseRules:
-    return capabilities.release_rules(cfg.vllm_version, cfg.allow_unknown_release)
-
-
 def _method_from_draft_name(
     host: str, cfg: ServeConfig, rules: capabilities.ReleaseRules, release: str
 ) -> list[Problem]:
@@ -371,11 +376,11 @@ def _method_from_draft_name(
     ]
 
 
-def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
+def check_release_rules(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
     """What the pinned release's own code refuses (its table's rules): the V1 runner where it is
     gone, parallel_drafting outside its methods, pipeline parallelism with speculation, and a
     num_speculative_tokens_per_batch_size schedule its validator rejects."""
-    rules = rules_of(cfg)
+    rules = table.rules
     release = label(cfg.vllm_version, rules.release)
     spec = cfg.speculative_config
     problems = []
@@ -403,7 +408,8 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
                 "remove parallel_drafting (draft_model drafts one token per step)",
             )
         )
-    if engine_flags(cfg).pp > 1:
+    pp = engine_flags(cfg).pp
+    if pp > 1:
         own = [
             r for r in rules.pipeline_parallel_refusals if spec.get("enable_adaptive_verification")
         ]
@@ -411,7 +417,7 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
             Problem(
                 host,
                 "vllm_extra_args",
-                f"--pipeline-parallel-size {engine_flags(cfg).pp} with speculative decoding: "
+                f"--pipeline-parallel-size {pp} with speculative decoding: "
                 + (
                     f"{release} refuses it: {own[0]!r}"
                     if own
@@ -439,11 +445,11 @@ def check_release_rules(host: str, cfg: ServeConfig) -> list[Problem]:
     return problems
 
 
-def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseRules) -> list:
-    spec = cfg.speculative_config
+def _schedule_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list:
+    spec, rules = cfg.speculative_config, table.rules
     schedule = spec.get("num_speculative_tokens_per_batch_size")
     validation = rules.tokens_per_batch_size
-    if not schedule or not validation or check_release_rules(host, cfg):
+    if not schedule or not validation or check_release_rules(host, cfg, table):
         return []
     field = "speculative_config.num_speculative_tokens_per_batch_size"
     release = label(cfg.vllm_version, rules.release)
@@ -465,11 +471,11 @@ def _schedule_warnings(host: str, cfg: ServeConfig, rules: capabilities.ReleaseR
     return warnings
 
 
-def _rule_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
+def _rule_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
     """Settings the release's rules make pointless or deprecated (any method)."""
-    rules = rules_of(cfg)
+    rules = table.rules
     release = label(cfg.vllm_version, rules.release)
-    warnings = _schedule_warnings(host, cfg, rules)
+    warnings = _schedule_warnings(host, cfg, table)
     if cfg.vllm_env.get(V2_RUNNER_ENV) == "1" and not rules.v1_runner:
         warnings.append(
             Problem(
@@ -493,7 +499,10 @@ def _rule_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
 
 
 def _graphless_draft_warning(
-    host: str, cfg: ServeConfig, runtime: capabilities.DraftModelRuntime
+    host: str,
+    cfg: ServeConfig,
+    runtime: capabilities.DraftModelRuntime,
+    rules: capabilities.ReleaseRules,
 ) -> list[Problem]:
     """draft_model on Model Runner V2 where its draft loop captures no CUDA graphs: every draft
     step is an eager forward pass, which can cost more than speculation saves (vllm#47460)."""
@@ -505,7 +514,6 @@ def _graphless_draft_warning(
         return []
     if not is_int(k) or k <= GRAPHLESS_DRAFT_STEPS:
         return []
-    rules = rules_of(cfg)
     choices = [f"keep num_speculative_tokens <= {GRAPHLESS_DRAFT_STEPS}"]
     if rules.v1_runner:
         choices.append(f'set vllm_env {V2_RUNNER_ENV} = "0" (the V1 runner captures the draft)')
@@ -523,7 +531,10 @@ def _graphless_draft_warning(
 
 
 def _piecewise_schedule_warning(
-    host: str, cfg: ServeConfig, runtime: capabilities.DraftModelRuntime
+    host: str,
+    cfg: ServeConfig,
+    runtime: capabilities.DraftModelRuntime,
+    rules: capabilities.ReleaseRules,
 ) -> list[Problem]:
     """A k schedule where draft_model runs on the V1 model runner: vLLM turns its CUDA graphs
     from FULL_AND_PIECEWISE to PIECEWISE (config/vllm.py _maybe_override_dynamic_sd_cudagraph_mode
@@ -533,7 +544,7 @@ def _piecewise_schedule_warning(
         "num_speculative_tokens_per_batch_size"
     ):
         return []
-    forced_v1 = cfg.vllm_env.get(V2_RUNNER_ENV) == "0" and rules_of(cfg).v1_runner
+    forced_v1 = cfg.vllm_env.get(V2_RUNNER_ENV) == "0" and rules.v1_runner
     if runtime.model_runner != "v1" and not forced_v1:
         return []
     release = label(cfg.vllm_version, runtime.release)
@@ -555,16 +566,16 @@ def _piecewise_schedule_warning(
 GRAPHLESS_DRAFT_STEPS = 2
 
 
-def release_warnings(host: str, cfg: ServeConfig) -> list[Problem]:
+def release_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
     """Settings the pinned release makes pointless or costly."""
     if cfg.speculative_config.get("method") != "draft_model":
-        return _rule_warnings(host, cfg)
-    runtime = draft_runtime(cfg)
+        return _rule_warnings(host, cfg, table)
+    runtime = draft_runtime(cfg, table)
     args = cfg.vllm_extra_args
     release = label(cfg.vllm_version, runtime.release)
-    warnings = _rule_warnings(host, cfg) + check_draft_parallelism(host, cfg)[1]
-    warnings += _graphless_draft_warning(host, cfg, runtime)
-    warnings += _piecewise_schedule_warning(host, cfg, runtime)
+    warnings = _rule_warnings(host, cfg, table) + check_draft_parallelism(host, cfg, table)[1]
+    warnings += _graphless_draft_warning(host, cfg, runtime, table.rules)
+    warnings += _piecewise_schedule_warning(host, cfg, runtime, table.rules)
     if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):
         warnings.append(
             Problem(

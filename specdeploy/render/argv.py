@@ -6,6 +6,7 @@ Templates, the deployment record, the host tests and the GPU benchmarks all take
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from dataclasses import dataclass
 
@@ -155,8 +156,16 @@ class EngineFlags:
 
 
 def engine_flags(cfg: ServeConfig) -> EngineFlags:
-    """Tensor/pipeline/data parallel sizes, dtypes and --enforce-eager from vllm_extra_args."""
-    args = cfg.vllm_extra_args
+    """Tensor/pipeline/data parallel sizes, dtypes and --enforce-eager from vllm_extra_args, read
+    once per config: the parse is kept by the arguments themselves, so every check, the layout
+    and the load flow of one config share it, and a copy with other arguments gets its own (a
+    property cached on the config would ride along into `model_copy`'s copies)."""
+    return parse_engine_flags(tuple(cfg.vllm_extra_args))
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_engine_flags(args: tuple[str, ...]) -> EngineFlags:
+    """The one parse of a vllm_extra_args (through `engine_flags`)."""
 
     def size(*names: str) -> int:
         value = flag_value(args, *names)

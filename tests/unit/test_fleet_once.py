@@ -67,3 +67,68 @@ def test_each_repo_and_revision_is_resolved_once(hub_calls):
     revisions.pins_for_hosts([main, other] * HOSTS)
     expected = {(repo, rev) for c in (main, other) for _, repo, rev in revisions.moving_refs(c)}
     assert len(expected) >= 2 and sorted(hub_calls) == sorted(expected)
+
+
+def test_a_pin_is_looked_up_in_the_release_tables_once(monkeypatch):
+    """`check_config` and `check_warnings` of a host ask the release tables many questions (keys,
+    rules, runtime, flags, builds); the table that describes the pin is looked up once and handed
+    to every check, and a fleet of hosts on one pin shares that lookup (issue 49; before: 24
+    lookups for one host)."""
+    from specdeploy.checks import host_data
+
+    looked_up: list[tuple] = []
+    real = capabilities.table_for
+
+    def counting(*args, **kwargs):
+        looked_up.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capabilities, "table_for", counting)
+    capabilities.reread_tables()
+    data = {
+        **VALID,
+        "target_revision": "0" * 40,
+        "vllm_extra_args": ["--tensor-parallel-size", "2"],
+    }
+    data["speculative_config"] = {**VALID["speculative_config"], "draft_tensor_parallel_size": 1}
+    try:
+        host_data.check_config("one", data)
+        host_data.check_warnings("one", data)
+        assert len(looked_up) == 1, looked_up
+        for i in range(HOSTS):
+            host_data.check_config(f"host-{i}", data)
+            host_data.check_warnings(f"host-{i}", data)
+        assert len(looked_up) == 1, looked_up
+    finally:
+        capabilities.reread_tables()
+
+
+def test_engine_flags_are_parsed_once_per_config(monkeypatch):
+    """CONTRIBUTING: the engine flags are read once. The checks of one config that need its
+    parallel sizes (release rules, draft TP, data-parallel load) and its instance layout share one
+    parse of its vllm_extra_args (before: 7 parses here)."""
+    from specdeploy.checks import host_data
+    from specdeploy.render import argv, instances
+
+    parses: list[int] = []
+    real = argv.EngineFlags
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            parses.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(argv, "EngineFlags", Counting)
+    argv.parse_engine_flags.cache_clear()
+    data = {
+        **VALID,
+        "vllm_extra_args": ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"],
+    }
+    try:
+        cfg = host_data.config_from_data(data)
+        host_data.check_host("one", data)
+        host_data.check_warnings("one", data)
+        assert instances.devices_per_instance(cfg) == 4
+        assert len(parses) == 1
+    finally:
+        argv.parse_engine_flags.cache_clear()  # no counting flags left for later tests

@@ -80,23 +80,28 @@ def test_no_import_cycle_inside_the_package():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
-# THE ROOMS: specdeploy's folders, ground floor first. This list is the one place the layering is
-# written (CONTRIBUTING.md points here): a module imports only from its own folder or the folders
-# below it. The data flows config -> checks -> render -> host -> steps -> flows -> measure ->
-# report -> observe; the floors differ where a stage is used as a library: the pure decision code
-# (decide) and the report writers sit low so steps and benchmarks can use them.
+# THE ROOMS: specdeploy's folders, ground floor first. This list is the one statement of the stage
+# order: CONTRIBUTING.md's pipeline table lists the same rooms in the same order, and the package's
+# folders are these (both tested below). A module imports only from its own folder or the folders
+# below it, so the floors are the order of use, not of the data flow: each entry says why it stands
+# where it does.
 ROOMS = [
-    "config",  # host data, the deployment record, the request set, pinned revisions
-    "decide",  # pure decisions: statistics, verdicts, gate rule, choose/predict k, vLLM counters
-    "report",  # where reports land; bench summaries; summary.md/json and charts
-    "host",  # facts per tool, commands on a host, the server lifecycle, benchmarks, host scripts
-    "render",  # argv, units and env files, a whole box's instance layout
-    "checks",  # refusals before any host is touched; GPU, preflight, memory and release rules
+    "config",  # host data, the record, the request set, pinned revisions: every room reads it
+    "decide",  # pure decisions (statistics, verdicts, gate rule, k, vLLM's counters): reads only
+    #            config, so every room above and the benchmarks use it as a library
+    "report",  # where reports land, bench summaries, summary.md/json, charts: reads config and
+    #            decide; low so steps, measurements, flows and the CLI write and read reports
+    "host",  # facts per tool, commands on a host, the server lifecycle, benchmarks, host scripts:
+    #          reads config and decide's counters
+    "render",  # argv, units and env files, a whole box's layout: reads the nvidia facts (host)
+    "checks",  # refusals before any host is touched; GPU, preflight, memory and release rules:
+    #            reads the argv readers (render) and the facts (host)
     "steps",  # what a deploy does to a host: lock, install, weights, unit, gate, smoke, record, ...
-    "measure",  # arms, the sampling harness, compare/tune plans, the tune flow
+    "measure",  # arms, the sampling harness, compare/tune plans, the tune flow: the harness takes
+    #             the deploy lock and stages weights (steps)
     "flows",  # the deploys: serve (a host or a whole box), compare/tune, the fleet rollout
-    "observe",  # status, its table, Prometheus and Grafana
-    "cli",  # the `specdeploy` command
+    "observe",  # status, its table, Prometheus and Grafana: reads what the deploys leave
+    "cli",  # the `specdeploy` command (cli.py, the one module at the top): runs the rooms below
     "docs",  # the manual's generated reference: reads the schema, the CLI's parsers, the releases
 ]
 TOP_LEVEL = {"cli", "__init__", "templates"}  # all else lives in a room's folder
@@ -111,6 +116,31 @@ def room_of(module: str) -> int:
 def test_only_the_cli_stands_at_the_top_and_every_folder_is_a_room():
     top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__"}
     assert top - TOP_LEVEL == set(ROOMS) - {"cli"}, top
+
+
+def contributing_rooms() -> list[tuple[str, str]]:
+    """(floor, room) of each row of CONTRIBUTING.md's pipeline table, in its order."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    section = text.split("## The pipeline, and where it lives", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| ")][1:]
+    return [(cells[1].strip(), cells[2].strip().strip("`").removesuffix("/").removesuffix(".py"))
+            for cells in rows]  # fmt: skip
+
+
+def test_contributing_lists_the_rooms_in_their_order():
+    """CONTRIBUTING's table is the reader's copy of ROOMS: same rooms, same order, same floors."""
+    assert contributing_rooms() == [(str(floor), room) for floor, room in enumerate(ROOMS)]
+
+
+def test_every_room_says_what_it_holds():
+    """`ls specdeploy` shows the rooms; each folder's docstring says what it holds."""
+    missing = [
+        room
+        for room in ROOMS
+        if room != "cli"
+        and not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
+    ]
+    assert not missing, missing
 
 
 def test_every_import_runs_down_the_rooms():
@@ -157,3 +187,45 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdeploy/flows/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
+
+
+# Scripts the GPU machine runs with its image's bare python3 (no venv, so no checkout on the path):
+# they reach the device helpers of benchmarks/gpu_payoff by path, as their device_call.sh copies
+# them. Every other benchmark imports the installed package (and the checkout, which the editable
+# install puts on the path: `tests.*`, `benchmarks.*`).
+BARE_DEVICE_SCRIPTS = {
+    "benchmarks/bench_early/device_run.py",
+    "benchmarks/gpu_preflight/device_run.py",
+    "benchmarks/gpu_truth/device_run.py",
+    "benchmarks/gpu_truth/make_weights.py",
+    "benchmarks/gpu_truth/swing_run.py",
+}
+
+
+def test_benchmarks_and_tests_import_code_rather_than_patch_the_path():
+    """A test imports what it tests (product code from the package, a harness from tests/), never
+    a file by its path; a benchmark imports the package rather than editing sys.path."""
+    repo = PACKAGE.parent
+    patched = {
+        str(path.relative_to(repo))
+        for path in (repo / "benchmarks").rglob("*.py")
+        if "sys.path.insert" in path.read_text()
+    }
+    assert patched <= BARE_DEVICE_SCRIPTS, sorted(patched - BARE_DEVICE_SCRIPTS)
+    by_path = [
+        str(path.relative_to(repo))
+        for path in (repo / "tests").rglob("*.py")
+        if path != Path(__file__).resolve() and "spec_from_file_location" in path.read_text()
+    ]
+    assert not by_path, by_path
+
+
+def test_deploys_are_entry_points_of_a_few_lines():
+    """A deploy (`pyinfra INVENTORY deploys/x.py`) names its flow and calls it: what it does lives
+    in specdeploy/flows/, where the layering and the operation fixtures see it."""
+    for path in sorted((PACKAGE.parent / "deploys").glob("*.py")):
+        body = ast.parse(path.read_text()).body
+        kinds = [type(node).__name__ for node in body]
+        assert kinds == ["ImportFrom", "Expr"], f"{path.name}: {kinds}"
+        assert body[0].module.startswith("specdeploy.flows."), f"{path.name}: {body[0].module}"
+        assert len(path.read_text().splitlines()) <= 15, f"{path.name}: say the rest in its flow"

@@ -70,3 +70,47 @@ def test_check_passes_each_release_the_issue_names(tmp_path):
     result = run("check", "inv.py", cwd=tmp_path, releases=tmp_path / "none")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines() == ["4 host(s) valid."]  # no warning either
+
+
+def test_add_into_a_folder_check_does_not_read_says_so(tmp_path):
+    """`--out` elsewhere than the package's tables or the user's directory: the table is written
+    and the command says check will not read it there (it raised KeyError after writing)."""
+    path = wheel(tmp_path, FILES_034, version="0.35.0")
+    out = tmp_path / "elsewhere"
+    added = run("releases", "add", "0.35.0", "--wheel", str(path), "--out", str(out),
+                cwd=tmp_path, releases=tmp_path / "user")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert (out / "0.35.0.json").exists() and "not that folder" in added.stdout
+
+
+def recipe() -> str:
+    """The command CONTRIBUTING.md's "a new vLLM release" row gives a contributor."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| a new vLLM release |"))
+    return next(span for span in row.split("`")[1::2] if span.startswith("specdeploy releases add"))
+
+
+def test_contributing_sends_a_new_release_to_releases_add_into_the_package(tmp_path):
+    """CONTRIBUTING's recipe is the product's `specdeploy releases add` writing into the package's
+    own tables (not a benchmark script, not the user's directory): followed in a copy of the
+    checkout's tables, with a local wheel instead of a download, it writes the table there and
+    prints its comparison with the previous release."""
+    import shlex
+    import shutil
+
+    from specdeploy import cli
+    from specdeploy.checks import capabilities
+
+    words = shlex.split(recipe().replace("X.Y.Z", "0.35.0"))
+    args = cli.build_parser().parse_args(words[1:])
+    assert (args.func, args.version) == (cli.cmd_releases_add, "0.35.0")
+    assert args.out and (REPO / args.out).resolve() == capabilities.packaged_dir().resolve()
+
+    checkout = tmp_path / "checkout"
+    shutil.copytree(capabilities.packaged_dir(), checkout / args.out)
+    path = wheel(tmp_path, FILES_034, version="0.35.0")
+    added = run(*words[1:], "--wheel", str(path), cwd=checkout, releases=tmp_path / "user")
+    assert added.returncode == 0, added.stderr
+    assert "0.35.0 vs 0.34.0:" in added.stdout
+    assert json.loads((checkout / args.out / "0.35.0.json").read_text())["release"] == "0.35.0"
+    assert not (tmp_path / "user").exists()  # nothing into the user's directory
