@@ -20,7 +20,7 @@ A fixture's keys (all but `call` optional):
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
-                input...)
+                input, a sampler...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -316,6 +316,16 @@ def _build_box_gate(case: Case, spec: dict | None):
     return box
 
 
+def _build_sampler(case: Case, spec: dict):
+    """steps/sampling.Sampler for the case's config: `tokenizer`, and for a measurement that
+    stopped production the unit its watchdog `restores` (and `readmit`)."""
+    from specdeploy.steps.sampling import Sampler
+
+    readmit = tuple(spec["readmit"]) if spec.get("readmit") else None
+    tokenizer = spec.get("tokenizer", "/var/lib/specdeploy/hf/tok")
+    return Sampler(case.cfg, tokenizer=tokenizer, restores=spec.get("restores"), readmit=readmit)
+
+
 def _build_smoke(case: Case, spec: dict):
     """A smoke run's result (config/record.BenchResult), as steps/smoke.health_and_smoke returns."""
     from specdeploy.config.record import BenchResult
@@ -381,6 +391,7 @@ BUILDERS = {
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
     "$smoke": _build_smoke,
+    "$sampler": _build_sampler,
     "$fleet_class": _build_fleet_class,
 }
 
@@ -565,6 +576,10 @@ class FrozenTime:
     @staticmethod
     def monotonic() -> float:
         return 1000.0
+
+    @staticmethod
+    def time_ns() -> int:
+        return int(NOW) * 10**9
 
     @staticmethod
     def sleep(_seconds) -> None:

@@ -1,0 +1,120 @@
+"""Sampling on a host: the one way the speculation gate (steps/gate.py) and every measurement
+(measure/harness.py: compare, tune, the load tune and proof) run a benchmark on a server of their
+own, at execution time (inside `python.call`). The plans (which arm, in which order, on which
+workload) stay with them; how one sample runs is written here once.
+
+A sample, in this order:
+1. the deploy lock's lease is renewed for what the host runs until the next renewal (steps/lock.py:
+   a lease taken over meanwhile raises LockLost before anything more changes), and where a
+   measurement stopped production, its watchdog with it (host/watchdog.py: the deployed unit comes
+   back by itself if the control node goes quiet);
+2. its benchmark starts ahead of its server (host/bench.PendingBench: vLLM's CLI imports overlap
+   the server's start);
+3. a fresh server for its unit (host/server.start_fresh: every server on the port stopped, the
+   unit written unless it is installed already, started, healthy) and one discarded warm-up
+   completion; unless it runs on the server the previous sample started (`same_server`: a load
+   level above the first, tune's shared visits), which the renewal before that one covered;
+4. the caller runs the benchmark (`bench.run`) with its own file name and what the run records.
+
+No fresh server starts without a renewal first, also the one the gate ends on (Sampler.start)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pyinfra import host, logger
+
+from specdeploy.config.schema import ServeConfig, Workload
+from specdeploy.host import watchdog
+from specdeploy.host.bench import PendingBench
+from specdeploy.host.server import start_fresh, warm_up
+from specdeploy.render.units import RenderedUnit
+from specdeploy.steps import lock
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A sample while its benchmark waits to run: `bench.run(local=..., meta=...)` runs it."""
+
+    bench: PendingBench
+    checked: dict  # the fresh server's health check (server.wait_healthy); {} on the same server
+    started: float  # time.monotonic() when the benchmark was started, after the renewal
+
+
+class Sampler:
+    """One host's samples in a row, for one caller (the gate, or a measurement): the host data, the
+    tokenizer the benchmarks count with, and for a measurement that stopped production the
+    deployed unit its watchdog restores (`restores`; `readmit`: a whole box's drained instance,
+    watchdog.watchdog_script)."""
+
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        *,
+        tokenizer: str,
+        restores: str | None = None,
+        readmit: tuple[str, str] | None = None,
+    ):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.restores, self.readmit = restores, readmit
+        self.timer: str | None = None  # the watchdog timer armed last
+
+    def renew(self, seconds: int) -> None:
+        """The deploy lock, and the watchdog where production is stopped, hold `seconds` more:
+        what the host runs until the next renewal."""
+        lock.renew_held(lock.step_lease(self.cfg, seconds))  # the deploy lock outlasts the sample
+        if self.restores is None:
+            return
+        # armed before the first sample stops production, renewed before every other one
+        first = self.timer is None
+        self.timer = watchdog.arm_watchdog(self.cfg, self.restores, seconds, self.readmit)
+        if first:
+            logger.info(
+                f"{host.print_prefix}watchdog {self.timer}: {self.restores} comes back by itself "
+                f"if the control node is silent for {seconds} s (renewed before every sample)"
+            )
+
+    @contextmanager
+    def sample(
+        self,
+        unit: RenderedUnit,
+        *,
+        name: str,
+        workload: Workload,
+        renew_s: int | None,
+        install: bool = True,
+        same_server: bool = False,
+        extra: tuple[str, ...] = (),
+    ) -> Iterator[Sampled]:
+        """One sample of `unit` (see the module): renewed for `renew_s` (None only on the same
+        server, whose visit's renewal covered it), its benchmark `name` started, a fresh server
+        unless `same_server` (its unit written unless `install` is false: a production unit the
+        deploy installed), warmed up; the caller runs the benchmark inside the block (left unrun,
+        it is ended)."""
+        if renew_s is not None:
+            self.renew(renew_s)
+        elif not same_server:
+            raise ValueError(f"{name}: a fresh server starts only after the lease is renewed")
+        started = time.monotonic()
+        with PendingBench(
+            self.cfg, tokenizer=self.tokenizer, name=name, workload=workload, extra=extra
+        ) as bench:  # the benchmark's imports run while this server starts
+            checked: dict = {}
+            if not same_server:
+                checked = self._start(unit, install)
+                warm_up(self.cfg, workload)
+            yield Sampled(bench, checked, started)
+
+    def start(self, unit: RenderedUnit, *, install: bool = True) -> dict:
+        """A fresh server with no benchmark (the unit the gate ends on), the lease renewed first
+        for its start. Returns its health check."""
+        self.renew(self.cfg.health_timeout_s)
+        return self._start(unit, install)
+
+    def _start(self, unit: RenderedUnit, install: bool) -> dict:
+        # a speculative unit's health check also asks for the spec-decode counters
+        speculative = unit.role == "speculative"
+        return start_fresh(self.cfg, unit, speculative=speculative, install=install)
