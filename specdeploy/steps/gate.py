@@ -49,19 +49,12 @@ from specdeploy.decide.load_rule import (
     schedule_config,
     tpot_by_level,
 )
-from specdeploy.host.bench import PendingBench, bench_time_limit
-from specdeploy.host.server import (
-    enable_only,
-    remove_measure_unit,
-    start_fresh,
-    switch_enabled,
-    wait_healthy,
-    warm_up,
-)
+from specdeploy.host.bench import bench_time_limit
+from specdeploy.host.server import enable_only, remove_measure_unit, switch_enabled, wait_healthy
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
-from specdeploy.steps import lock
+from specdeploy.steps.sampling import Sampler
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -306,6 +299,7 @@ def _gate(
     fleet_key: str | None,
 ) -> tuple[RenderedUnit, dict, dict]:
     """speculation_gate within its class's turn."""
+    sampler = Sampler(cfg, tokenizer=tokenizer)  # every fresh server renews the deploy lock first
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
     known, outlier = None, None
@@ -330,9 +324,9 @@ def _gate(
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
         if units.across_load is not None:  # enough for the proof's test at alpha / L to decide
             runs = max(runs, proof_runs(len(units.across_load.levels), units.alpha))
-            last, checked, decision = _measure_across_load(cfg, units, tokenizer, runs=runs)
+            last, checked, decision = _measure_across_load(cfg, units, sampler, runs=runs)
         else:
-            last, checked, decision = _measure(cfg, units, tokenizer, runs=runs)
+            last, checked, decision = _measure(cfg, units, sampler, runs=runs)
         if fleet_key is not None:
             own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
@@ -363,7 +357,7 @@ def _gate(
     if not keep and measured_here:
         switch_enabled(cfg, **fall_back)
     if last != rendered.role:  # the last server was the other arm's: start this one
-        checked = start_fresh(cfg, rendered, speculative=speculative, install=not measured_here)
+        checked = sampler.start(rendered, install=not measured_here)
     elif not measured_here:  # it serves already: no restart, checked again
         checked = wait_healthy(cfg, rendered.name, speculative=speculative)
     if not keep and not measured_here:
@@ -372,7 +366,7 @@ def _gate(
 
 
 def _measure(
-    cfg: ServeConfig, units: GateInput, tokenizer: str, *, runs: int
+    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
 ) -> tuple[str, dict, dict]:
     """The gate's `runs` per arm on this server and their decision. Returns (the arm that ran last,
     its health check, the gate record)."""
@@ -389,16 +383,17 @@ def _measure(
     results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
     files: dict[str, list[str]] = {"baseline": [], "speculative": []}
     checked: dict = {}
+    visit_s = cfg.health_timeout_s + bench_time_limit(cfg)  # a run: its server's start, its bench
     for i, arm in enumerate(order["order"]):
-        # the baseline unit is written for its runs; the speculative one is already installed
-        speculative = arm == "speculative"
         name = f"gate-{own}{stamp}-{i:02d}-{arm}"
-        with PendingBench(cfg, tokenizer=tokenizer, name=name) as bench:  # imports while it starts
-            checked = start_fresh(cfg, arms[arm], speculative=speculative, install=not speculative)
-            warm_up(cfg, cfg.workload)
-            results[arm].append(
-                bench.run(local=out / f"{name}.json", meta={"arm": arm, "gate": True, "index": i})
-            )
+        # the baseline unit is written for its runs; the speculative one is already installed
+        install = arm == "baseline"
+        with sampler.sample(
+            arms[arm], name=name, workload=cfg.workload, renew_s=visit_s, install=install
+        ) as run:
+            checked = run.checked
+            meta = {"arm": arm, "gate": True, "index": i}
+            results[arm].append(run.bench.run(local=out / f"{name}.json", meta=meta))
         files[arm].append(str(out / f"{name}.json"))
     decision = gate_decision(
         run_values(results["speculative"], "tpot"),
@@ -437,7 +432,7 @@ def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecisio
 
 
 def _measure_across_load(
-    cfg: ServeConfig, units: GateInput, tokenizer: str, *, runs: int
+    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
 ) -> tuple[str, dict, GateDecision]:
     """The gate across load: `runs` visits per arm (the deployed schedule on the production unit,
     the baseline, the fixed k on the measurement instance) in rotating rounds; each visit one
@@ -457,19 +452,23 @@ def _measure_across_load(
     files: dict[str, list[str]] = {arm: [] for arm in arms}
     checked: dict = {}
     for i, arm in enumerate(order):
-        lock.renew_held(lock.step_lease(cfg, visit_s))  # the deploy lock outlasts the visit
         for j, (level, workload) in enumerate(zip(across.levels, workloads, strict=True)):
             label = level_label(arm, level.concurrency)
             name = f"gate-{own}{stamp}-{i:02d}-{label}"
-            with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload) as bench:
-                if j == 0:  # the visit's fresh server; the higher levels run on it
-                    # the schedule's unit is the production one, already installed
-                    checked = start_fresh(
-                        cfg, arms[arm], speculative=arm != "baseline", install=arm != "schedule"
-                    )
-                    warm_up(cfg, workload)
+            # the visit's fresh server, renewed for the whole visit; the higher levels run on it.
+            # The schedule's unit is the production one, already installed.
+            with sampler.sample(
+                arms[arm],
+                name=name,
+                workload=workload,
+                renew_s=None if j else visit_s,
+                install=arm != "schedule",
+                same_server=j > 0,
+            ) as run:
+                if j == 0:
+                    checked = run.checked
                 meta = {"arm": label, "gate": True, "index": i, "fresh_server": j == 0}
-                results.append(bench.run(local=out / f"{name}.json", meta=meta))
+                results.append(run.bench.run(local=out / f"{name}.json", meta=meta))
             files[arm].append(str(out / f"{name}.json"))
     remove_measure_unit(cfg)  # the fixed k's instance never outlives the gate
     decision = across_load_decision(

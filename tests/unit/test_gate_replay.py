@@ -25,7 +25,7 @@ from specdeploy.config.record import BenchResult, read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide.gate_rule import gate_needs_recheck
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate
+from specdeploy.steps import gate, sampling
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
@@ -125,9 +125,9 @@ def replay(tmp_path_factory):
         )
         mp.setattr(gate, "host_reports_dir", lambda name: tmp_path_factory.mktemp("gate") / name)
         mp.setattr(gate, "utc_stamp", lambda: stamp)
-        mp.setattr(gate, "PendingBench", RecordedBench)
-        mp.setattr(gate, "start_fresh", start_fresh)
-        mp.setattr(gate, "warm_up", lambda c, workload: calls.append(("warm up",)))
+        mp.setattr(sampling, "PendingBench", RecordedBench)
+        mp.setattr(sampling, "start_fresh", start_fresh)
+        mp.setattr(sampling, "warm_up", lambda c, workload: calls.append(("warm up",)))
         mp.setattr(gate, "switch_enabled", lambda c, *, disable, enable: calls.append(
             ("switch", disable, enable)))  # fmt: skip
         returned = gate.speculation_gate(cfg, units, "tok")
