@@ -9,9 +9,11 @@ Rules every measurement here follows:
   started again and health-checked at the end, also when a measurement fails;
 * before production stops, the host gets a watchdog (watchdog.arm_watchdog: a transient systemd
   timer) that restores the deployed unit by itself if the control node goes quiet; it is renewed
-  before every sample and removed once the deployed unit is back;
+  with the deploy lock's lease before every sample and removed once the deployed unit is back;
 * every sample is a fresh server (stop, start, /health, a discarded warm-up completion), then one
   `vllm bench serve` with bench_args(): the same dataset, seed, rate, concurrency and prompt count;
+  how one sample runs is steps/sampling.py's, the gate's too (a visit's later samples on its
+  server: same_server);
 * automatic prefix caching is OFF in every speculative/baseline/k measurement; the APC profile is
   the only place it is on;
 * the server's spec-decode counters are read from /metrics with prometheus_client before and after
@@ -35,36 +37,40 @@ from specdeploy.config.record import BenchResult, service_record
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.host import server, watchdog
-from specdeploy.host.bench import PendingBench, bench_time_limit
+from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.on_host import read_text
 from specdeploy.measure.arms import Arm, Plan, measure_unit
-from specdeploy.steps import lock, weights
+from specdeploy.steps import weights
+from specdeploy.steps.sampling import Sampler
 
 
 def sample(
-    cfg: ServeConfig,
+    sampler: Sampler,
     arm: Arm,
     *,
     index: int,
-    tokenizer: str,
     out_dir: Path,
     warmup: bool = False,
     extra: tuple[str, ...] = (),
     same_server: bool = False,
 ) -> BenchResult:
-    """A fresh server for `arm`, a discarded warm-up completion, one benchmark. same_server: one
-    more benchmark on the server the previous sample started for this same arm (tune_flow.py's
+    """A fresh server for `arm`, a discarded warm-up completion, one benchmark, the deploy lock
+    and the watchdog renewed first for as long as that may take (watchdog_seconds). same_server:
+    one more benchmark on the server the previous sample started for this same arm (tune_flow.py's
     shared visits, which check the prefix-cache counters)."""
+    cfg = sampler.cfg
     unit = measure_unit(cfg, arm)
-    t0 = time.monotonic()
     workload = arm.workload or cfg.workload
-    checked = {}
     name = f"{index:02d}-{arm.label}"
     extra = tuple(arm.bench_extra) + tuple(extra)
-    with PendingBench(cfg, tokenizer=tokenizer, name=name, workload=workload, extra=extra) as bench:
-        if not same_server:  # the benchmark's imports run while this server starts
-            checked = server.start_fresh(cfg, unit, speculative=arm.speculative)
-            server.warm_up(cfg, workload)
+    with sampler.sample(
+        unit,
+        name=name,
+        workload=workload,
+        renew_s=watchdog_seconds(cfg, workload),
+        same_server=same_server,
+        extra=extra,
+    ) as run:
         logger.info(
             f"{host.print_prefix}sample {index:02d} "
             f"{arm.label}{' (warm-up, discarded)' if warmup else ''}"
@@ -77,12 +83,12 @@ def sample(
             "prefix_caching": arm.prefix_caching,
             "unit_argv": unit.argv,
             "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
-            "seconds_to_healthy": checked.get("seconds_to_healthy"),
+            "seconds_to_healthy": run.checked.get("seconds_to_healthy"),
             "fresh_server": not same_server,
             "seed": workload.seed,
         }
-        result = bench.run(local=out_dir / f"{name}.json", meta=meta)
-    result.run.sample_seconds = round(time.monotonic() - t0, 1)
+        result = run.bench.run(local=out_dir / f"{name}.json", meta=meta)
+    result.run.sample_seconds = round(time.monotonic() - run.started, 1)
     (out_dir / f"{name}.json").write_text(result.to_json())
     return result
 
@@ -152,23 +158,15 @@ def measure_plan(
         )
     )
     results = []
+    # the watchdog is armed before the first sample stops production, renewed before every other
+    sampler = Sampler(cfg, tokenizer=tokenizer, restores=prod_unit, readmit=readmit)
     try:
         for i, (arm, warm, *same_server) in enumerate(plan):  # Step or SharedStep
-            # armed before the first sample stops production, renewed before every other one
-            seconds = watchdog_seconds(cfg, arm.workload or cfg.workload)
-            lock.renew_held(lock.step_lease(cfg, seconds))  # the deploy lock outlasts the sample
-            timer = watchdog.arm_watchdog(cfg, prod_unit, seconds, readmit)
-            if i == 0:
-                logger.info(
-                    f"{host.print_prefix}watchdog {timer}: {prod_unit} comes back by itself if "
-                    f"the control node is silent for {seconds} s (renewed before every sample)"
-                )
             results.append(
                 sample(
-                    cfg,
+                    sampler,
                     arm,
                     index=i,
-                    tokenizer=tokenizer,
                     out_dir=out_dir,
                     warmup=warm,
                     same_server=bool(same_server and same_server[0]),
