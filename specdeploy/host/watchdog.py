@@ -1,6 +1,7 @@
 """The measurement watchdog: a transient systemd timer on the host that restores the deployed unit
-when the control node dies (or hangs) mid-measurement, so production comes back without it. Armed,
-renewed and removed by measure/harness.py around every sample that stops production.
+when the control node dies (or hangs) mid-measurement, so production comes back without it. Armed
+and renewed before every sample (steps/sampling.py), removed by measure/harness.py once production
+is back.
 """
 
 from __future__ import annotations

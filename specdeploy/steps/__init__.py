@@ -1,6 +1,8 @@
 """What a deploy does to one host, each step its own module: lock, install, weights, dataset,
 secrets, preflight, unit, gate, smoke, record, balancer, and rollback (the rolling restart that
-guards the restart, health, smoke, gate and record). The order they run in is flows/serve.py's.
+guards the restart, health, smoke, gate and record); and sampling, how one sample runs on a server
+of its own, for the gate and every measurement (measure/ above). The order they run in is
+flows/serve.py's.
 
 A step that changes a host is a pyinfra `@deploy` or `@operation` that reads facts first and
 schedules only what changes something, saying `host.noop(...)` otherwise. What runs at execution

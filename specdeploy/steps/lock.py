@@ -27,10 +27,11 @@ without `-y`) the acquire operation only reads the lock and warns when someone e
 A lease: the lock line also says until when it holds (`expires=`, the host's clock, which writes and
 judges it alike): `lock_lease_s` (default: health_timeout_s plus the smoke benchmark's time limit
 plus a margin, the longest step of a deploy). The deploy renews it when a longer step starts (pip
-install, a download) and when a host's turn in the rolling restart comes; a measurement renews it
-before every sample. Every renewal also renews, through their own connections, the locks this
-process holds on the run's other hosts whose lease is half spent: a host that waits hours for its
-turn in a serial run of hundreds keeps its lock. A lease that expired is taken over from any control
+install, a download) and when a host's turn in the rolling restart comes; the speculation gate and
+every measurement renew it before every sample (steps/sampling.py: no fresh server without it).
+Every renewal also renews, through their own connections, the locks this process holds on the
+run's other hosts whose lease is half spent: a host that waits hours for its turn in a serial run
+of hundreds keeps its lock. A lease that expired is taken over from any control
 host with a warning naming the old holder (a CI runner that died needs no manual unlock); a renewal
 that finds the lock taken over fails the host before it changes anything more. A lock from this
 control node (same machine, same name) whose process no longer runs here (its pid gone, or given to

@@ -16,7 +16,10 @@ A sample, in this order:
    level above the first, tune's shared visits), which the renewal before that one covered;
 4. the caller runs the benchmark (`bench.run`) with its own file name and what the run records.
 
-No fresh server starts without a renewal first, also the one the gate ends on (Sampler.start)."""
+No fresh server starts without a renewal first, also the one the gate ends on (Sampler.start).
+It stands in steps/, the lowest room that may import what it holds together (the deploy lock here,
+rendered units from render/ and the server and benchmark from host/ below), so a step (the gate)
+and measure/ above both use it."""
 
 from __future__ import annotations
 
