@@ -93,7 +93,7 @@ def unit_drift(installed_text: str | None, installed_sha1: str | None, expected)
     )
 
 
-# A unit file's change time (ctime, whole seconds) against its main process's start (systemd's
+# A unit file's modification time (mtime, whole seconds) against its main process's start (systemd's
 # monotonic stamp, put on the host's clock through its uptime): two clocks, read a moment apart and
 # rounded, so a restart right after the swap may seem up to this much earlier than the swap.
 CLOCK_SLACK_S = 2.0
@@ -117,9 +117,12 @@ def started_before_change(show: dict, changed: float | None) -> bool | None:
 
 
 def _changed_at(stat) -> float | None:
-    """The change time (seconds since the epoch) of pyinfra's File fact (naive UTC), or None."""
-    ctime = stat.get("ctime") if isinstance(stat, dict) else None
-    return ctime.replace(tzinfo=UTC).timestamp() if ctime else None
+    """When the unit's content was last written (seconds since the epoch) from pyinfra's File fact
+    (naive UTC), or None. The modification time, not the inode's change time: the swap is `cp -p`
+    of the staged file and a `mv`, so it keeps the staging time (before the restart), and putting
+    the same file back (`cp -p` … `mv`) is no change, while any edit of the content is one."""
+    mtime = stat.get("mtime") if isinstance(stat, dict) else None
+    return mtime.replace(tzinfo=UTC).timestamp() if mtime else None
 
 
 # --------------------------------------------------------------------------------------------------

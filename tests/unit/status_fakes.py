@@ -96,7 +96,7 @@ class FakeProbe(HostProbe):
             if member is None:
                 return None
             changed = NOW - 30 if member.name in self.swapped else STARTED - 3600
-            return {"mode": 644, "size": 1, "mtime": None, "ctime": utc(changed)}
+            return {"mode": 644, "size": 1, "mtime": utc(changed), "ctime": None}
         if cls is FileSha1:
             if kw["path"] == cfg.balancer_config_path:
                 text = render_balancer(cfg, layout.instances)[0].text

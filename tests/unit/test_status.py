@@ -385,3 +385,30 @@ def test_process_start_against_the_unit_change():
     assert started_before_change({**show, "MainPID": "0"}, 950.0) is None
     assert started_before_change({**show, "ExecMainStartTimestampMonotonic": "0"}, 950.0) is None
     assert started_before_change({k: v for k, v in show.items() if k != "Now"}, 950.0) is None
+
+
+def test_a_unit_put_back_as_it_was_is_not_a_change():
+    """Seen on the sandbox: `cp -p` of the unit, a hand edit, `mv -f` of the copy back: a new inode
+    (its ctime after the server's start) with the verified content and the swap's mtime. The
+    server runs what is installed: not 'started before the change' (the swap's own `cp -p` + `mv`
+    keeps the staging time too)."""
+    from datetime import datetime
+
+    from specdeploy.observe.status import _changed_at, started_before_change
+
+    started_s, now_s, uptime_s = 1_000_000.0, 1_000_500.0, 900.0
+    show = {
+        "ActiveState": "active",
+        "MainPID": "2805",
+        "ExecMainStartTimestampMonotonic": str(int((uptime_s - (now_s - started_s)) * 1e6)),
+        "Uptime": str(uptime_s),
+        "Now": str(now_s),
+    }
+
+    def at(seconds):
+        return datetime.utcfromtimestamp(seconds)
+
+    put_back = {"mtime": at(started_s - 16), "ctime": at(started_s + 120)}
+    assert started_before_change(show, _changed_at(put_back)) is False
+    edited = {"mtime": at(started_s + 120), "ctime": at(started_s + 120)}
+    assert started_before_change(show, _changed_at(edited)) is True
