@@ -12,6 +12,7 @@ from io import StringIO
 
 from specdeploy.flows import rollout
 from specdeploy.report import notes
+from tests.unit.fake_pyinfra import limited
 from tests.unit.replays import load, recording
 
 
@@ -28,7 +29,7 @@ def replay(monkeypatch, tmp_path, **kw):
 
     def run(command, env):
         batch = next(batches)
-        limits.append([command[i + 1] for i, w in enumerate(command) if w == "--limit"])
+        limits.append(limited(command, hosts))
         assert limits[-1] == batch["hosts"]
         monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, env[notes.ROLLOUT_REPORT_ENV])
         for entry in batch["notes"].values():

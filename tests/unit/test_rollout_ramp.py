@@ -15,6 +15,7 @@ import pytest
 
 from specdeploy.flows import rollout
 from specdeploy.report import notes
+from tests.unit.fake_pyinfra import Batch, limited
 
 HOSTS = [("c1", ["canary"])] + [(f"h{i}", []) for i in range(1, 11)]
 
@@ -32,26 +33,13 @@ def fleet(monkeypatch, tmp_path):
         return {"model|org/target": "a" * 40}
 
     monkeypatch.setattr(rollout, "fleet_pins", pins)
-    outcome: dict[str, dict] = {}
-    limits: list[list[str]] = []
+    batch = Batch(HOSTS)
 
     def run(command, env):
-        batch = [command[i + 1] for i, word in enumerate(command) if word == "--limit"]
-        limits.append(batch)
         assert json.loads(env["SPECDEPLOY_PINNED_REVISIONS"]) == {"model|org/target": "a" * 40}
-        monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, env[notes.ROLLOUT_REPORT_ENV])
-        failed = None
-        for name in batch:
-            entry = outcome.get(name, {"done": True})
-            if entry == "kill":
-                raise KeyboardInterrupt  # the controller is killed mid-batch
-            if failed and entry.get("done") is not False:
-                entry = {"held_back": True, "cause": f"{failed} failed first"}
-            notes.note({"host": name, **entry})
-            if "cause" in entry and not entry.get("held_back"):
-                failed = name
-        return 1 if failed else 0
+        return batch(command, env)
 
+    outcome, limits = batch.outcome, batch.limits
     return outcome, limits, pins_resolved, run, tmp_path
 
 
@@ -237,7 +225,7 @@ def failing_batch(monkeypatch, failure):
 
     def run(command, env):
         monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, env[notes.ROLLOUT_REPORT_ENV])
-        for name in (command[i + 1] for i, word in enumerate(command) if word == "--limit"):
+        for name in limited(command, HOSTS):
             if name != "h2":
                 notes.note({"host": name, "done": True})
                 continue
