@@ -378,10 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="hosts per batch after the canary (--batches N)")
     p.add_argument(
         "--max-fail-percent",
-        type=float,
-        default=0,
         help="failure budget: failed hosts (rolled back) the rollout goes on past, in %% of its "
-        "hosts (default 0: the first failure stops it; a failed canary always does)",
+        "hosts, rounded down (default 0: the first failure stops it; a failed canary always "
+        "does)",
     )
     p.add_argument(
         "--progress",

@@ -25,16 +25,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import host_data, hosts_with_data, limit_hosts
@@ -42,7 +44,8 @@ from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pin
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.report.notes import ROLLOUT_REPORT_ENV, STILL_SERVING, read_notes
 
-PROGRESS_SCHEMA = 1
+PROGRESS_SCHEMA = 2  # 2: max_fail_percent as written (text)
+DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 # A failed host whose note does not say what it serves (a deploy that cannot know: compare, tune)
 NOT_NOTED = "not rolled back; what it serves now was not noted — `specdeploy status` shows it"
 
@@ -56,13 +59,13 @@ def inventory_hosts(inventory_path: str, cwd: str | None = None) -> list[tuple[s
 
 
 def parse_ramp(spec: str) -> list[int | str]:
-    """`1,5%,25%,100%` -> [1, "5%", "25%", "100%"]: batch sizes, as Ansible's `serial` list."""
+    """`1,5%,25%,100%` -> [1, "5%", "25%", "100%"]: batch sizes, as Ansible's `serial` list (a
+    percentage stays the text it was given: sizes come from it in exact arithmetic)."""
     steps: list[int | str] = []
     for word in (w.strip() for w in str(spec).split(",")):
         try:
             if word.endswith("%"):
-                percent = float(word[:-1])
-                if not 0 < percent <= 100:
+                if not 0 < exact_percent(word[:-1]) <= 100:
                     raise ValueError
                 steps.append(word)
             else:
@@ -78,11 +81,38 @@ def parse_ramp(spec: str) -> list[int | str]:
     return steps
 
 
+def exact_percent(value: str | int | float) -> Fraction:
+    """A percentage as the decimal it was written as, exactly: `18.4` is 184/10, not the binary
+    float 18.39999...; a float given by a caller is read from its shortest text, `str(18.4)`."""
+    text = str(value).strip()
+    if not DECIMAL.fullmatch(text):  # no nan, inf, 1/3, 1_0
+        raise ValueError(f"{value!r} is not a decimal number")
+    return Fraction(text)
+
+
+def share(hosts: int, percent: str | int | float) -> int:
+    """`percent` % of `hosts`, rounded down, in exact arithmetic: share(375, "18.4") == 69 (the
+    float product 375 * 18.4 / 100 is 68.99999...)."""
+    exact = exact_percent(percent) * hosts
+    return exact.numerator // (exact.denominator * 100)
+
+
 def batch_size(step: int | str, hosts_in_rollout: int) -> int:
     """A ramp step's hosts: a number as it is, a percentage of the rollout's hosts (at least 1)."""
     if isinstance(step, int):
         return step
-    return max(1, int(hosts_in_rollout * float(step[:-1]) / 100))
+    return max(1, share(hosts_in_rollout, step[:-1]))
+
+
+def failure_budget(hosts_in_rollout: int, max_fail_percent: str | int | float) -> int:
+    """The failed hosts a rollout goes on past: `max_fail_percent` % of its hosts, rounded down."""
+    return share(hosts_in_rollout, max_fail_percent)
+
+
+def shown_percent(percent: str) -> str:
+    """A percentage for a message: `10` for 10, 10.0 or 10.00; `18.4` as given."""
+    exact = exact_percent(percent)
+    return str(exact.numerator) if exact.denominator == 1 else str(percent).strip()
 
 
 def rollout_order(
@@ -168,7 +198,7 @@ class Progress(BaseModel):
     hosts: list[str] = Field(description="every host of the rollout, canary first")
     canary: list[str]
     batches: str = Field(description="the ramp as given, e.g. 1,5%,25%,100%")
-    max_fail_percent: float
+    max_fail_percent: str = Field(description="the failure budget in % of the hosts, as written")
     pins: dict[str, str] = Field(description="moving refs resolved once, for every batch")
     ramp_step: int = Field(0, description="ramp steps used so far (the canary batch is not one)")
     batches_run: int = 0
@@ -178,6 +208,11 @@ class Progress(BaseModel):
     finished: bool = False
     state: dict[str, HostProgress]
     log: list[BatchLog] = Field(default_factory=list, description="every batch run, in order")
+
+    @field_validator("max_fail_percent", mode="before")
+    @classmethod
+    def _as_written(cls, value):  # schema 1 wrote a float: its shortest text is what was given
+        return str(value) if isinstance(value, int | float) else value
 
     def named(self, state: str) -> list[str]:
         return [name for name in self.hosts if self.state[name].state == state]
@@ -268,7 +303,7 @@ def roll_out(
     canary_group: str | None = "canary",
     batch_size: int | None = None,
     batches: str | None = None,
-    max_fail_percent: float = 0,
+    max_fail_percent: str | float | None = None,
     progress_path: str | Path | None = None,
     resume: bool = False,
     retry_failed: bool = False,
@@ -289,7 +324,12 @@ def roll_out(
         raise ValueError("give --batches or --batch-size, not both")
     ramp_spec = str(batches if batches is not None else batch_size or 1)
     ramp = parse_ramp(ramp_spec)
-    if not 0 <= max_fail_percent < 100:
+    percent_text = "0" if max_fail_percent is None else str(max_fail_percent).strip()
+    try:
+        percent = exact_percent(percent_text)
+    except ValueError as error:
+        raise ValueError(f"--max-fail-percent: {error} — give a number in [0, 100)") from None
+    if not 0 <= percent < 100:
         raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
     canary, rest = rollout_order(inventory_hosts(inventory), canary_group, limit, inventory)
     hosts = canary + rest
@@ -312,7 +352,7 @@ def roll_out(
                 "begin anew"
             )
         ramp_spec, ramp = progress.batches, parse_ramp(progress.batches)
-        max_fail_percent, pins = progress.max_fail_percent, progress.pins
+        percent_text, pins = progress.max_fail_percent, progress.pins
         progress.stopped = None
         if retry_failed:
             for name in progress.named("failed"):
@@ -323,16 +363,16 @@ def roll_out(
         pins = fleet_pins(inventory, hosts)
         now = utc_iso()
         progress = Progress(inventory=str(Path(inventory).resolve()), deploy=deploy, hosts=hosts,
-                            canary=canary, batches=ramp_spec, max_fail_percent=max_fail_percent,
+                            canary=canary, batches=ramp_spec, max_fail_percent=percent_text,
                             pins=pins, started_at=now, updated_at=now,
                             state={name: HostProgress() for name in hosts})  # fmt: skip
     for key, sha in sorted(pins.items()):
         say(f"pinned for every batch: {key.split('|', 1)[1]} -> {sha}")
-    budget = int(len(hosts) * max_fail_percent / 100)
+    budget = failure_budget(len(hosts), percent_text)
     planned = plan_batches([(h, ["canary"] if h in canary else []) for h in hosts],
                            "canary" if canary else None, ramp_spec)  # fmt: skip
     say(
-        f"{len(hosts)} host(s), failure budget {budget} host(s) ({max_fail_percent:g}%), "
+        f"{len(hosts)} host(s), failure budget {budget} host(s) ({shown_percent(percent_text)}%), "
         f"{len(planned)} batch(es) planned: "
         + " | ".join(
             f"{'canary ' if i == 0 and canary else ''}[{', '.join(b)}]"

@@ -265,3 +265,33 @@ def test_a_failed_hosts_line_says_what_it_serves_now(fleet, monkeypatch, failure
     assert code == 1
     assert f"FAILED host h2: {says}\n  cause: h2: " in said
     assert progress(tmp_path)["state"]["h2"]["after"] == says
+
+
+# --- sizes in exact arithmetic (issue 48, case 10) ---------------------------------------------
+
+
+def one_decimal_percentages():
+    return [f"{tenths // 10}.{tenths % 10}" for tenths in range(1, 1000)]
+
+
+def test_ramp_and_budget_sizes_are_exact_where_floating_point_is_not():
+    floating = [
+        (n, p)
+        for n in range(1, 1001)
+        for p in one_decimal_percentages()
+        if int(n * float(p) / 100) != n * int(p.replace(".", "")) // 1000
+    ]
+    assert len(floating) == 42 and (375, "18.4") in floating
+    for n, p in floating:
+        exact = n * int(p.replace(".", "")) // 1000
+        assert rollout.batch_size(f"{p}%", n) == max(1, exact), (n, p)
+        assert rollout.failure_budget(n, p) == exact, (n, p)
+
+
+def test_the_rollout_says_the_exact_budget(fleet, monkeypatch):
+    *_, run, tmp_path = fleet
+    monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: [(f"h{i}", []) for i in
+                                                                       range(375)])  # fmt: skip
+    code, said = roll(run, tmp_path, canary_group=None, batches="18.4%", max_fail_percent=18.4)
+    assert code == 0 and "375 host(s), failure budget 69 host(s) (18.4%)" in said
+    assert "batch 1/6 [h0, " in said and "h68]" in said  # 69 hosts a batch, not 68
