@@ -129,3 +129,43 @@ def limit_hosts(
             )
         chosen |= matched
     return [name for name, _ in hosts if name in chosen]
+
+
+def exact_host_pattern(name: str) -> str:
+    """A `--limit` word that makes pyinfra select the host `name` and nothing else. pyinfra reads a
+    --limit word as a group name first, else as an fnmatch pattern over host names
+    (pyinfra_cli/cli.py `_get_inventory_pattern_matches`): a host named like a group, or named
+    `db*`, would widen a batch. In brackets a character matches only itself, so the first
+    character is bracketed (the word is then no host name and no identifier, so no group of a
+    Python inventory) and so is every `*`, `?` and `[` (no pattern): `web` -> `[w]eb`. `!` stays
+    outside brackets (`[!` negates), so a name of `!` alone has no such word (ValueError). A
+    caller checks the word against the inventory's own group names (`exact_host_patterns`)."""
+    first = next((i for i, char in enumerate(name) if char != "!"), None)
+    if first is None:
+        raise ValueError(f"{name!r}: no --limit word selects this host name alone")
+    return "".join(
+        f"[{char}]" if i == first or char in "*?[" else char for i, char in enumerate(name)
+    )
+
+
+def exact_host_patterns(names: list[str], hosts: list[tuple[str, list[str]]]) -> list[str]:
+    """`exact_host_pattern` of each of `names`, checked as pyinfra would resolve it against the
+    inventory's hosts and groups ([(host name, [groups])]): no group of that name, and the
+    pattern matches that one host. A word that would select anything else is refused
+    (InventoryError): a batch never runs beyond its hosts."""
+    groups = {group for _, in_groups in hosts for group in in_groups}
+    words = []
+    for name in names:
+        try:
+            word = exact_host_pattern(name)
+        except ValueError as error:
+            raise InventoryError(f"host {error} — rename it in the inventory") from None
+        matched = [host for host, _ in hosts if fnmatch(host, word)]
+        if word in groups or matched != [name]:
+            raise InventoryError(
+                f"host {name!r}: its --limit word {word!r} would select "
+                f"{'the group ' + repr(word) if word in groups else name_list(matched)} in "
+                "pyinfra, not that host alone — rename the host or the group; nothing was touched"
+            )
+        words.append(word)
+    return words

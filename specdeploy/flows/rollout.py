@@ -39,7 +39,12 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from specdeploy.checks.host_data import ConfigError, check_config
-from specdeploy.config.inventory import host_data, hosts_with_data, limit_hosts
+from specdeploy.config.inventory import (
+    exact_host_patterns,
+    host_data,
+    hosts_with_data,
+    limit_hosts,
+)
 from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pins_for_hosts
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.report.notes import ROLLOUT_REPORT_ENV, STILL_SERVING, read_notes
@@ -331,8 +336,10 @@ def roll_out(
         raise ValueError(f"--max-fail-percent: {error} — give a number in [0, 100)") from None
     if not 0 <= percent < 100:
         raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
-    canary, rest = rollout_order(inventory_hosts(inventory), canary_group, limit, inventory)
+    inventory_groups = inventory_hosts(inventory)
+    canary, rest = rollout_order(inventory_groups, canary_group, limit, inventory)
     hosts = canary + rest
+    limit_word = dict(zip(hosts, exact_host_patterns(hosts, inventory_groups), strict=True))
     path = Path(progress_path) if progress_path else default_progress_path(inventory, deploy)
     progress = None if dry else read_progress(path)
     if progress is not None and not progress.finished and not resume:
@@ -395,7 +402,7 @@ def roll_out(
         index = progress.batches_run
         command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
         for name in batch:
-            command += ["--limit", name]
+            command += ["--limit", limit_word[name]]  # that host alone, never a group
         total = index + batches_left(len(queue), ramp, progress.ramp_step, len(hosts))
         say(f"batch {index}/{total} [{', '.join(batch)}]{' (canary)' if in_canary else ''}: "
             f"$ {shlex.join(command)}")  # fmt: skip

@@ -295,3 +295,42 @@ def test_the_rollout_says_the_exact_budget(fleet, monkeypatch):
     code, said = roll(run, tmp_path, canary_group=None, batches="18.4%", max_fail_percent=18.4)
     assert code == 0 and "375 host(s), failure budget 69 host(s) (18.4%)" in said
     assert "batch 1/6 [h0, " in said and "h68]" in said  # 69 hosts a batch, not 68
+
+
+# --- a batch runs on its own hosts, whatever they are named (issue 48, case 13) ---------------
+
+ODD_NAMES = [("c1", ["canary"]), ("a1", ["gpu"]), ("a2", ["gpu"]), ("gpu", ["gpu"]),
+             ("n[1]", []), ("n1", []), ("b*", []), ("b2", []), ("q?", []), ("qq", [])]  # fmt: skip
+
+
+def test_a_batch_runs_on_its_hosts_only_though_one_is_named_like_a_group_or_a_pattern(
+    fleet, monkeypatch
+):
+    *_, tmp_path = fleet
+    monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: ODD_NAMES)
+    batch = Batch(ODD_NAMES)
+    code, said = roll(batch, tmp_path, batches="1")
+    assert code == 0
+    assert batch.limits == [[name] for name, _ in ODD_NAMES]  # none widened, none narrowed
+    code, said = roll(batch, tmp_path, batches="3")
+    assert batch.limits[len(ODD_NAMES) :] == [["c1"], ["a1", "a2", "gpu"], ["n[1]", "n1", "b*"],
+                                              ["b2", "q?", "qq"]]  # fmt: skip
+
+
+def test_a_hosts_limit_word_selects_it_alone_in_pyinfra_or_is_refused(fleet, monkeypatch):
+    from specdeploy.config.inventory import exact_host_pattern
+
+    names = [name for name, _ in ODD_NAMES] + ["!x", "x!", "a]b", "all", "-", "^"]
+    hosts = [(name, groups) for name, groups in ODD_NAMES] + [(n, []) for n in names[10:]]
+    for name in names:
+        command = ["pyinfra", "--limit", exact_host_pattern(name)]
+        assert limited(command, hosts) == [name], name  # pyinfra's own matcher
+    with pytest.raises(ValueError, match="no --limit word"):
+        exact_host_pattern("!!")
+    *_, run, tmp_path = fleet
+    clash = [("c1", ["canary"]), ("h1", ["[h]1"]), ("h2", ["[h]1"])]  # a function inventory's
+    monkeypatch.setattr(rollout, "inventory_hosts", lambda inventory: clash)
+    with pytest.raises(ValueError, match=r"host 'h1': its --limit word '\[h\]1' would select the "
+                       r"group '\[h\]1' in pyinfra"):  # fmt: skip
+        roll(run, tmp_path)
+    assert not (tmp_path / "progress.json").exists()  # refused before any host
