@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-fail-percent",
         help="failure budget: failed hosts (rolled back) the rollout goes on past, in %% of its "
         "hosts, rounded down (default 0: the first failure stops it; a failed canary always "
-        "does)",
+        "does); with --resume it replaces the rollout's own budget, to go on past its failed hosts",
     )
     p.add_argument(
         "--progress",
@@ -390,10 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue the unfinished rollout of the progress file (same pins, finished hosts "
-        "untouched)",
+        "untouched; a failed canary runs again first; a spent failure budget stops it before any "
+        "batch)",
     )
     p.add_argument(
-        "--retry-failed", action="store_true", help="with --resume: try the failed hosts again"
+        "--retry-failed",
+        action="store_true",
+        help="with --resume: run the failed hosts again first",
     )
     p.add_argument(
         "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"

@@ -248,7 +248,7 @@ def read_progress(path: Path) -> Progress | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# One batch
+# One batch, and what stops the rollout
 
 
 def run_pyinfra(command: list[str], env: dict) -> int:
@@ -297,6 +297,35 @@ def settle(batch: list[str], code: int, notes: dict[str, dict]) -> tuple[dict, l
     return settled, held
 
 
+def stop_reason(progress: Progress, budget: int) -> tuple[str, str] | None:
+    """Why no further batch may run, checked before every batch (the first of a resume too) and
+    at the end: (the stop, what answers it), or None. A canary host that stands failed stops
+    every other host; failed hosts past the budget stop every host."""
+    failed = progress.named("failed")
+    canary = [name for name in failed if name in progress.canary]
+    if canary:
+        return (
+            f"the canary failed ({', '.join(canary)})",
+            "fix the cause, then --resume: the failed canary host(s) run again first, and no "
+            "other host runs before they pass",
+        )
+    if len(failed) > budget:
+        hosts = len(progress.hosts)
+        # the least P, to 0.01, with floor(hosts * P / 100) >= the failed hosts
+        least = Fraction(-(-100 * 100 * len(failed) // hosts), 100)
+        past = (
+            f", or --resume --max-fail-percent {float(least):g} (or more) to go on past them"
+            if least < 100
+            else ""
+        )
+        return (
+            f"{len(failed)} failed host(s) exceed the failure budget of {budget}",
+            "a plain --resume stops here again: fix the cause, then --resume --retry-failed (the "
+            f"failed hosts run again first){past}",
+        )
+    return None
+
+
 # --------------------------------------------------------------------------------------------------
 # The controller: `specdeploy rollout`
 
@@ -316,11 +345,13 @@ def roll_out(
     pyinfra_args: list[str] | None = None,
     limit: list[str] | None = None,
     out=sys.stdout,
-    run: Callable[[list[str], dict], int] = run_pyinfra,
+    run: Callable[[list[str], dict], int] | None = None,
 ) -> int:
     """Run pyinfra batch by batch within the failure budget. Returns the exit code: 0 when every
-    host is done, 1 when any failed (the budget held or not), 2 for a plan refused before any
-    host was touched (ValueError)."""
+    host is done, 1 when any failed (the budget held or not) or a stop stands, 2 for a plan
+    refused before any host was touched (ValueError). `max_fail_percent`: None is 0 for a new
+    rollout and the recorded budget on --resume; given on --resume, it replaces the recorded one.
+    `run`: the batch runner (pyinfra in a subprocess unless a test stands in for it)."""
 
     def say(text: str) -> None:
         print(f"specdeploy rollout: {text}", file=out, flush=True)
@@ -329,13 +360,13 @@ def roll_out(
         raise ValueError("give --batches or --batch-size, not both")
     ramp_spec = str(batches if batches is not None else batch_size or 1)
     ramp = parse_ramp(ramp_spec)
-    percent_text = "0" if max_fail_percent is None else str(max_fail_percent).strip()
-    try:
-        percent = exact_percent(percent_text)
-    except ValueError as error:
-        raise ValueError(f"--max-fail-percent: {error} — give a number in [0, 100)") from None
-    if not 0 <= percent < 100:
-        raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
+    if max_fail_percent is not None:
+        try:
+            percent = exact_percent(max_fail_percent)
+        except ValueError as error:
+            raise ValueError(f"--max-fail-percent: {error} — give a number in [0, 100)") from None
+        if not 0 <= percent < 100:
+            raise ValueError(f"--max-fail-percent {max_fail_percent}: give a number in [0, 100)")
     inventory_groups = inventory_hosts(inventory)
     canary, rest = rollout_order(inventory_groups, canary_group, limit, inventory)
     hosts = canary + rest
@@ -359,27 +390,43 @@ def roll_out(
                 "begin anew"
             )
         ramp_spec, ramp = progress.batches, parse_ramp(progress.batches)
-        percent_text, pins = progress.max_fail_percent, progress.pins
+        pins = progress.pins
+        if max_fail_percent is not None and exact_percent(max_fail_percent) != exact_percent(
+            progress.max_fail_percent
+        ):
+            was = progress.max_fail_percent
+            progress.max_fail_percent = str(max_fail_percent).strip()
+            budget_note = f", was {shown_percent(was)}%"
+        else:
+            budget_note = ""
         progress.stopped = None
-        if retry_failed:
-            for name in progress.named("failed"):
-                progress.state[name] = HostProgress()
+        again = [
+            name for name in progress.named("failed") if retry_failed or name in progress.canary
+        ]
+        for name in again:
+            progress.state[name] = HostProgress()
         done, failed, pending = (len(progress.named(s)) for s in ("done", "failed", "pending"))
         say(f"resuming {path}: {done} done, {failed} failed, {pending} to go")
+        if again:
+            which = "failed" if retry_failed else "failed canary"
+            say(f"the {which} host(s) run again first: {', '.join(again)}")
     else:
         pins = fleet_pins(inventory, hosts)
         now = utc_iso()
+        percent_text = "0" if max_fail_percent is None else str(max_fail_percent).strip()
         progress = Progress(inventory=str(Path(inventory).resolve()), deploy=deploy, hosts=hosts,
                             canary=canary, batches=ramp_spec, max_fail_percent=percent_text,
                             pins=pins, started_at=now, updated_at=now,
                             state={name: HostProgress() for name in hosts})  # fmt: skip
+        budget_note = ""
     for key, sha in sorted(pins.items()):
         say(f"pinned for every batch: {key.split('|', 1)[1]} -> {sha}")
-    budget = failure_budget(len(hosts), percent_text)
+    budget = failure_budget(len(hosts), progress.max_fail_percent)
     planned = plan_batches([(h, ["canary"] if h in canary else []) for h in hosts],
                            "canary" if canary else None, ramp_spec)  # fmt: skip
     say(
-        f"{len(hosts)} host(s), failure budget {budget} host(s) ({shown_percent(percent_text)}%), "
+        f"{len(hosts)} host(s), failure budget {budget} host(s) "
+        f"({shown_percent(progress.max_fail_percent)}%{budget_note}), "
         f"{len(planned)} batch(es) planned: "
         + " | ".join(
             f"{'canary ' if i == 0 and canary else ''}[{', '.join(b)}]"
@@ -388,9 +435,22 @@ def roll_out(
     )
     save = (lambda: None) if dry else (lambda: write_progress(path, progress))
     save()
+
+    def stopped(stop: str, answer: str, queue: list[str]) -> None:
+        progress.stopped = stop
+        save()
+        say(f"rollout STOPPED: {stop}; not touched: {', '.join(queue) or 'none'}")
+        say(f"progress: {path} ({answer})")
+
     started = time.monotonic()
     queue = progress.named("pending")
-    while queue:
+    while True:
+        stop = stop_reason(progress, budget)  # before every batch, a resume's first too
+        if stop:
+            stopped(*stop, queue)
+            return 1
+        if not queue:
+            break
         in_canary = bool(canary) and queue[0] in canary
         if in_canary:
             batch = [name for name in queue if name in canary]
@@ -407,7 +467,7 @@ def roll_out(
         say(f"batch {index}/{total} [{', '.join(batch)}]{' (canary)' if in_canary else ''}: "
             f"$ {shlex.join(command)}")  # fmt: skip
         t0 = time.monotonic()
-        code, notes = run_batch(command, pins, run)
+        code, notes = run_batch(command, progress.pins, run or run_pyinfra)
         progress.log.append(BatchLog(hosts=batch, canary=in_canary, exit_code=code, notes=notes,
                                      seconds=round(time.monotonic() - t0, 1)))  # fmt: skip
         settled, held = settle(batch, code, notes)
@@ -429,17 +489,6 @@ def roll_out(
             f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
             f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
             f"budget {budget}")  # fmt: skip
-        stop = None
-        if len(failed) > budget:
-            stop = f"{len(failed)} failed host(s) exceed the failure budget of {budget}"
-        elif in_canary and failed_now:
-            stop = "the canary failed"
-        if stop:
-            progress.stopped = stop
-            save()
-            say(f"rollout STOPPED: {stop}; not touched: {', '.join(queue) or 'none'}")
-            say(f"progress: {path} (fix the cause, then --resume [--retry-failed])")
-            return 1
         save()
     progress.finished = not dry
     save()

@@ -267,6 +267,63 @@ def test_a_failed_hosts_line_says_what_it_serves_now(fleet, monkeypatch, failure
     assert progress(tmp_path)["state"]["h2"]["after"] == says
 
 
+# --- a stop stays a stop until it is answered (issue 48, cases 3 and 4) -----------------------
+
+
+def test_a_plain_resume_after_a_failed_canary_runs_the_canary_again_before_any_other_host(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["c1"] = {"cause": "c1: health check failed", "rolled_back": True}
+    code, said = roll(run, tmp_path, batches="10%", max_fail_percent=10)  # budget: 1 of 11
+    assert code == 1 and limits == [["c1"]]
+    assert "rollout STOPPED: the canary failed" in said
+    limits.clear()
+    code, again = roll(run, tmp_path, resume=True)  # not fixed yet: the canary fails again
+    assert code == 1 and limits == [["c1"]], again
+    assert "rollout STOPPED: the canary failed" in again
+    for text in (said, again):  # what the stop says is what a resume does
+        assert "then --resume: the failed canary host(s) run again first" in text
+    assert progress(tmp_path)["state"]["h1"]["state"] == "pending"
+    outcome.clear()
+    limits.clear()
+    code, said = roll(run, tmp_path, resume=True)  # fixed: the canary passes, then the rest
+    assert code == 0 and limits[0] == ["c1"] and sum(limits, []) == [name for name, _ in HOSTS]
+
+
+def test_a_failed_canary_in_the_progress_file_stops_a_resume_before_any_other_host(fleet):
+    """However the file came to say it (a stop cleared by an older controller's resume): no
+    batch of other hosts runs while a canary host stands failed."""
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["c1"] = {"cause": "c1: health check failed", "rolled_back": True}
+    roll(run, tmp_path, batches="10%", max_fail_percent=10)
+    state = progress(tmp_path)
+    state["stopped"] = None
+    (tmp_path / "progress.json").write_text(json.dumps(state))
+    limits.clear()
+    code, said = roll(run, tmp_path, resume=True)
+    assert code == 1 and limits == [["c1"]]
+
+
+def test_every_resume_past_a_spent_budget_stops_before_any_batch(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    for name in ("h2", "h5"):
+        outcome[name] = {"cause": f"{name}: health check failed", "rolled_back": True}
+    roll(run, tmp_path, batches="1,3", max_fail_percent=10)  # budget 1: stops at h5
+    untouched = ["h6", "h7", "h8", "h9", "h10"]
+    for _ in range(3):  # repeated resumes do not walk the fleet
+        limits.clear()
+        code, said = roll(run, tmp_path, resume=True)
+        assert code == 1 and limits == [], said
+        assert "rollout STOPPED: 2 failed host(s) exceed the failure budget of 1" in said
+        assert "--resume --retry-failed" in said and "--resume --max-fail-percent" in said
+        state = progress(tmp_path)
+        assert [h for h, s in state["state"].items() if s["state"] == "pending"] == untouched
+        assert state["stopped"] and not state["finished"]
+    code, said = roll(run, tmp_path, resume=True, max_fail_percent=20)  # answered: budget 2
+    assert limits == [["h6", "h7", "h8"], ["h9", "h10"]]
+    assert code == 1 and progress(tmp_path)["finished"] is True
+    assert "failure budget 2 host(s) (20%, was 10%)" in said
+
+
 # --- sizes in exact arithmetic (issue 48, case 10) ---------------------------------------------
 
 
