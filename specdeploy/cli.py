@@ -358,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
         "canary group first, then a ramp of batches within a failure budget; resumable",
         "Run a deploy (pyinfra, one run per batch) over the inventory: the canary group first, "
         "then a ramp of batches within a failure budget; each host's outcome is kept in a "
-        "progress file, so a stopped rollout resumes (--resume) with the same pinned revisions.",
+        "progress file, so a stopped rollout resumes (--resume) with the same pinned revisions. "
+        "Ctrl-C, SIGTERM or SIGHUP stops the running batch's pyinfra as its own Ctrl-C does, "
+        "waits for it and records the interruption (a second one kills it): exit 128 + the "
+        "signal's number.",
     )
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/prod.py")
     p.add_argument(

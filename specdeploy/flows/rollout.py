@@ -22,14 +22,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -49,7 +53,7 @@ from specdeploy.config.revisions import PINNED_REVISIONS_ENV, RevisionError, pin
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.report.notes import ROLLOUT_REPORT_ENV, STILL_SERVING, read_notes
 
-PROGRESS_SCHEMA = 2  # 2: max_fail_percent as written (text)
+PROGRESS_SCHEMA = 2  # 2: max_fail_percent as written (text), the running batch, interruptions
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 # A failed host whose note does not say what it serves (a deploy that cannot know: compare, tune)
 NOT_NOTED = "not rolled back; what it serves now was not noted — `specdeploy status` shows it"
@@ -192,6 +196,24 @@ class BatchLog(BaseModel):
     exit_code: int
     notes: dict[str, dict]
     seconds: float
+    interrupted: str | None = Field(
+        None, description="the signal that interrupted the batch (SIGINT, SIGTERM, SIGHUP)"
+    )
+
+
+class RunningBatch(BaseModel):
+    """The batch a controller is running, written before its pyinfra starts and cleared once its
+    hosts are settled: a file that still holds it after the controller is gone says the
+    controller died during that batch, and a resume beside a live one is refused."""
+
+    batch: int
+    hosts: list[str]
+    pid: int = Field(description="the controller's process id")
+    pid_started: str | None = Field(None, description="its start time (/proc), against pid reuse")
+    pyinfra_pid: int | None = Field(None, description="its pyinfra's, once started: its group's")
+    pyinfra_started: str | None = None
+    machine: str = Field(description="the control node's host name")
+    since: str
 
 
 class Progress(BaseModel):
@@ -211,6 +233,7 @@ class Progress(BaseModel):
     updated_at: str
     stopped: str | None = Field(None, description="why the rollout stopped early, if it did")
     finished: bool = False
+    running: RunningBatch | None = Field(None, description="the batch in progress, if one is")
     state: dict[str, HostProgress]
     log: list[BatchLog] = Field(default_factory=list, description="every batch run, in order")
 
@@ -247,13 +270,203 @@ def read_progress(path: Path) -> Progress | None:
     return Progress.model_validate_json(path.read_text()) if path.exists() else None
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state first), None where unread."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat), None where that cannot
+    be read: with the pid it names one process, not a later one given the same pid."""
+    fields = proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def still_running(pid: int | None, started: str | None) -> bool:
+    """Whether process `pid` of this machine still runs and is the one that started at `started`
+    (where that was recorded and can be read). Never this process itself."""
+    if pid is None or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    fields = proc_stat(pid)
+    if fields and fields[0] in ("Z", "X"):
+        return False  # ended; its parent has not reaped it yet
+    now = fields[19] if fields and len(fields) > 19 else None
+    return started is None or now is None or now == started
+
+
+def the_last_batch(running: RunningBatch, path: Path, say) -> None:
+    """Before a resume: the controller that recorded `running` is gone, or the resume is refused
+    (its pyinfra holds the batch's hosts' locks: a resume beside it would count them failed);
+    its pyinfra, told to stop when its controller died, is waited for. From another machine
+    neither can be told: said, and the hosts' locks stand guard."""
+    if running.machine != socket.gethostname():
+        say(f"the last batch was recorded by a controller on {running.machine} (pid "
+            f"{running.pid}, batch {running.batch} since {running.since}); whether it still runs "
+            "cannot be told from here: if it does, stop this resume (its hosts' locks would fail "
+            "them here)")  # fmt: skip
+        return
+    if still_running(running.pid, running.pid_started):
+        raise ValueError(
+            f"--resume: the controller of {path} still runs (pid {running.pid} on "
+            f"{running.machine}, batch {running.batch} since {running.since}): its pyinfra holds "
+            f"those hosts' locks — wait for it to end, or stop it (Ctrl-C there, or kill -INT "
+            f"{running.pid}) and --resume then"
+        )
+    say(f"the last controller (pid {running.pid}) died during batch {running.batch} "
+        f"[{', '.join(running.hosts)}]: its hosts without an outcome run again (a finished "
+        "host's re-run there is a no-op)")  # fmt: skip
+    if still_running(running.pyinfra_pid, running.pyinfra_started):
+        say(
+            f"waiting for its pyinfra (pid {running.pyinfra_pid}) to end: told to stop (SIGINT) "
+            "when its controller died, it ends its operation in progress first"
+        )
+        try:
+            while still_running(running.pyinfra_pid, running.pyinfra_started):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            raise ValueError(
+                f"--resume: stopped while waiting for pyinfra (pid {running.pyinfra_pid}) of the "
+                "last controller; nothing was run — --resume again once it has ended"
+            ) from None
+
+
 # --------------------------------------------------------------------------------------------------
-# One batch, and what stops the rollout
+# One batch, and what stops it
 
 
-def run_pyinfra(command: list[str], env: dict) -> int:
-    """The real batch: pyinfra in a subprocess (its output goes to the operator's terminal)."""
-    return subprocess.run(command, env=env).returncode
+class Interrupts:
+    """SIGINT, SIGTERM and SIGHUP while the controller runs its batches. No batch starts after
+    one. While a batch's pyinfra runs (in a process group of its own, so a terminal's Ctrl-C
+    reaches the controller alone), the first is forwarded to that group as SIGINT, which pyinfra
+    answers as its own Ctrl-C (it stops and exits), and the controller waits for it; a second
+    kills the group (SIGKILL). The handler only signals and records: what is said about it is
+    said by the waiting loop (`news`)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received: list[str] = []
+        self.group: int | None = None  # the running pyinfra's process group
+        self._before: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self._before[number] = signal.signal(number, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for number, handler in self._before.items():
+            signal.signal(number, handler)
+        self._before.clear()
+
+    @property
+    def first(self) -> str | None:
+        return self.received[0] if self.received else None
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the first signal's number, as a shell reports a process it ended."""
+        return 128 + int(signal.Signals[self.first])
+
+    def handle(self, number, frame) -> None:
+        self.received.append(signal.Signals(number).name)
+        self.forward()
+
+    def forward(self) -> None:
+        """Pass what was received on to the running pyinfra's process group, if one runs."""
+        if self.group is None or not self.received:
+            return
+        try:
+            os.killpg(self.group, signal.SIGINT if len(self.received) == 1 else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def news(self, told: int) -> str | None:
+        """What the signals after the first `told` did, for the operator."""
+        if len(self.received) <= told:
+            return None
+        got = self.received[-1]
+        if len(self.received) == 1:
+            return (
+                f"interrupted by {got}: pyinfra (process group {self.group}) was sent SIGINT and "
+                "stops as on its own Ctrl-C; waiting for it to end (Ctrl-C again kills it at once "
+                "with SIGKILL, mid-turn)"
+            )
+        return f"{got} again: pyinfra (process group {self.group}) killed (SIGKILL)"
+
+
+def _die_with_parent() -> None:
+    """In the child before pyinfra starts: SIGINT to it when its controller dies, however it dies
+    (Linux's PR_SET_PDEATHSIG; elsewhere nothing), so a controller killed outright (SIGKILL, an
+    OOM kill) still stops its pyinfra the way Ctrl-C would."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGINT, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def run_pyinfra(
+    command: list[str],
+    env: dict,
+    interrupts: Interrupts | None = None,
+    say: Callable[[str], None] = lambda text: None,
+    started: Callable[[int], None] = lambda pid: None,
+) -> int:
+    """The real batch: pyinfra in a subprocess (its output goes to the operator's terminal), in a
+    session and process group of its own (no terminal signal reaches it but through
+    `interrupts`; no prompt can wait on the terminal: its stdin is /dev/null), ended with its
+    controller, and waited for to the end however the controller is interrupted. `started`: told
+    pyinfra's pid (its process group's) as soon as it runs."""
+    child = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    started(child.pid)
+    if interrupts is None:
+        try:
+            return child.wait()
+        except BaseException:
+            os.killpg(child.pid, signal.SIGINT)  # not left behind: stopped as on Ctrl-C
+            child.wait()
+            raise
+    interrupts.group = child.pid
+    try:
+        interrupts.forward()  # a signal that came while it was starting
+        told, code = 0, None
+        while code is None:
+            try:
+                code = child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            news = interrupts.news(told)
+            if news:
+                told = len(interrupts.received)
+                say(news)
+        if interrupts.received:
+            try:  # anything pyinfra started and left in its group goes with it
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return code
+    finally:
+        interrupts.group = None
 
 
 def run_batch(command: list[str], pins: dict, run: Callable[[list[str], dict], int]):
@@ -266,15 +479,21 @@ def run_batch(command: list[str], pins: dict, run: Callable[[list[str], dict], i
         return code, read_notes(d)
 
 
-def settle(batch: list[str], code: int, notes: dict[str, dict]) -> tuple[dict, list[str]]:
+def settle(
+    batch: list[str], code: int, notes: dict[str, dict], interrupted: bool = False
+) -> tuple[dict, list[str]]:
     """Each host's outcome from its note: ({host: HostProgress} settled, [held back]). A host
     without a note in a batch pyinfra failed never reached specdeploy's steps (unreachable, or
-    pyinfra stopped first): failed, with that said."""
+    pyinfra stopped first): failed, with that said. In an interrupted batch (pyinfra stopped on
+    a signal, and exits 0 when it does) a host without a note is held back: not known to be done
+    or failed, it runs again."""
     settled, held = {}, []
     for name in batch:
         entry = notes.get(name)
         if entry is None:
-            if code == 0:
+            if interrupted:
+                held.append(name)
+            elif code == 0:
                 settled[name] = HostProgress(state="done")
             else:
                 settled[name] = HostProgress(
@@ -348,13 +567,17 @@ def roll_out(
     run: Callable[[list[str], dict], int] | None = None,
 ) -> int:
     """Run pyinfra batch by batch within the failure budget. Returns the exit code: 0 when every
-    host is done, 1 when any failed (the budget held or not) or a stop stands, 2 for a plan
-    refused before any host was touched (ValueError). `max_fail_percent`: None is 0 for a new
-    rollout and the recorded budget on --resume; given on --resume, it replaces the recorded one.
-    `run`: the batch runner (pyinfra in a subprocess unless a test stands in for it)."""
+    host is done, 1 when any failed (the budget held or not) or a stop stands, 128 + the signal's
+    number when a signal interrupted it (130: Ctrl-C, 143: SIGTERM), 2 for a plan refused before
+    any host was touched (ValueError). `max_fail_percent`: None is 0 for a new rollout and the
+    recorded budget on --resume; given on --resume, it replaces the recorded one. `run`: the batch
+    runner (pyinfra in a subprocess unless a test stands in for it)."""
 
     def say(text: str) -> None:
-        print(f"specdeploy rollout: {text}", file=out, flush=True)
+        try:
+            print(f"specdeploy rollout: {text}", file=out, flush=True)
+        except OSError:  # the terminal is gone (SIGHUP): the progress file still says it all
+            pass
 
     if batch_size is not None and batches is not None:
         raise ValueError("give --batches or --batch-size, not both")
@@ -389,6 +612,9 @@ def roll_out(
                 f"({progress.deploy}, {len(progress.hosts)} host(s)); run without --resume to "
                 "begin anew"
             )
+        if progress.running is not None:
+            the_last_batch(progress.running, path, say)
+            progress.running = None
         ramp_spec, ramp = progress.batches, parse_ramp(progress.batches)
         pins = progress.pins
         if max_fail_percent is not None and exact_percent(max_fail_percent) != exact_percent(
@@ -444,52 +670,86 @@ def roll_out(
 
     started = time.monotonic()
     queue = progress.named("pending")
-    while True:
-        stop = stop_reason(progress, budget)  # before every batch, a resume's first too
-        if stop:
-            stopped(*stop, queue)
-            return 1
-        if not queue:
-            break
-        in_canary = bool(canary) and queue[0] in canary
-        if in_canary:
-            batch = [name for name in queue if name in canary]
-        else:
-            batch = queue[: batch_size_at(ramp, progress.ramp_step, len(hosts))]
-            progress.ramp_step += 1
-        queue = [name for name in queue if name not in batch]
-        progress.batches_run += 1
-        index = progress.batches_run
-        command = ["pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])]
-        for name in batch:
-            command += ["--limit", limit_word[name]]  # that host alone, never a group
-        total = index + batches_left(len(queue), ramp, progress.ramp_step, len(hosts))
-        say(f"batch {index}/{total} [{', '.join(batch)}]{' (canary)' if in_canary else ''}: "
-            f"$ {shlex.join(command)}")  # fmt: skip
-        t0 = time.monotonic()
-        code, notes = run_batch(command, progress.pins, run or run_pyinfra)
-        progress.log.append(BatchLog(hosts=batch, canary=in_canary, exit_code=code, notes=notes,
-                                     seconds=round(time.monotonic() - t0, 1)))  # fmt: skip
-        settled, held = settle(batch, code, notes)
-        for name, outcome in settled.items():
-            outcome.batch = index
-            # a dry run changes nothing: its hosts stay to do (its failures still count)
-            progress.state[name] = HostProgress() if dry and outcome.state == "done" else outcome
-        queue = held + queue  # held back: not restarted, first in the next batch
-        failed_now = [name for name in batch if name in settled and settled[name].state == "failed"]
-        for name in failed_now:
-            entry = settled[name]
-            say(f"FAILED host {name}: {entry.after or NOT_NOTED}\n  cause: "
-                + "\n  ".join((entry.cause or "").splitlines()))  # fmt: skip
-        if held:
-            say(f"held back in this batch (not restarted, still on their old config; first in the "
-                f"next batch): {', '.join(held)}")  # fmt: skip
-        failed = progress.named("failed")
-        say(f"batch {index}/{total} {'done' if not failed_now else 'ended'} in "
-            f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
-            f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
-            f"budget {budget}")  # fmt: skip
-        save()
+    with Interrupts() as interrupts:
+
+        def pyinfra_started(pid: int) -> None:
+            if progress.running is not None:
+                progress.running.pyinfra_pid = pid
+                progress.running.pyinfra_started = process_started(pid)
+                save()
+
+        runner = run or (
+            lambda command, env: run_pyinfra(command, env, interrupts, say, pyinfra_started)
+        )
+        while True:
+            stop = stop_reason(progress, budget)
+            if stop:
+                stopped(*stop, queue)
+                return 1
+            if not queue:
+                break
+            if interrupts.received:
+                stopped(f"interrupted by {interrupts.first} between batches",
+                        "--resume continues it", queue)  # fmt: skip
+                return interrupts.exit_code
+            in_canary = bool(canary) and queue[0] in canary
+            if in_canary:
+                batch = [name for name in queue if name in canary]
+            else:
+                batch = queue[: batch_size_at(ramp, progress.ramp_step, len(hosts))]
+                progress.ramp_step += 1
+            queue = [name for name in queue if name not in batch]
+            progress.batches_run += 1
+            index = progress.batches_run
+            command = [
+                "pyinfra", "--dry" if dry else "-y", inventory, deploy, *(pyinfra_args or [])
+            ]  # fmt: skip
+            for name in batch:
+                command += ["--limit", limit_word[name]]  # that host alone, never a group
+            total = index + batches_left(len(queue), ramp, progress.ramp_step, len(hosts))
+            say(f"batch {index}/{total} [{', '.join(batch)}]{' (canary)' if in_canary else ''}: "
+                f"$ {shlex.join(command)}")  # fmt: skip
+            progress.running = RunningBatch(
+                batch=index, hosts=batch, pid=os.getpid(), pid_started=process_started(os.getpid()),
+                machine=socket.gethostname(), since=utc_iso(),
+            )  # fmt: skip
+            save()
+            t0 = time.monotonic()
+            signals_before = len(interrupts.received)
+            code, notes = run_batch(command, progress.pins, runner)
+            interrupted = interrupts.first if len(interrupts.received) > signals_before else None
+            progress.log.append(BatchLog(hosts=batch, canary=in_canary, exit_code=code,
+                                         notes=notes, seconds=round(time.monotonic() - t0, 1),
+                                         interrupted=interrupted))  # fmt: skip
+            settled, held = settle(batch, code, notes, interrupted=bool(interrupted))
+            for name, outcome in settled.items():
+                outcome.batch = index
+                # a dry run changes nothing: its hosts stay to do (its failures still count)
+                fresh = dry and outcome.state == "done"
+                progress.state[name] = HostProgress() if fresh else outcome
+            progress.running = None
+            queue = held + queue  # held back: not restarted, first in the next batch
+            failed_now = [n for n in batch if n in settled and settled[n].state == "failed"]
+            for name in failed_now:
+                entry = settled[name]
+                say(f"FAILED host {name}: {entry.after or NOT_NOTED}\n  cause: "
+                    + "\n  ".join((entry.cause or "").splitlines()))  # fmt: skip
+            if held:
+                what = "without an outcome" if interrupted else "held back in this batch"
+                say(f"{what} (not restarted, still on their old config; first in the next "
+                    f"batch): {', '.join(held)}")  # fmt: skip
+            failed = progress.named("failed")
+            say(f"batch {index}/{total} "
+                f"{'interrupted' if interrupted else 'ended' if failed_now else 'done'} in "
+                f"{time.monotonic() - t0:.0f}s (pyinfra exit {code}): "
+                f"{len(progress.named('done'))} done, {len(failed)} failed of {len(hosts)}; "
+                f"budget {budget}")  # fmt: skip
+            if interrupted:
+                stopped(f"interrupted by {interrupted} during batch {index}",
+                        "--resume continues it: the batch's hosts without an outcome run again "
+                        "first", queue)  # fmt: skip
+                return interrupts.exit_code
+            save()
     progress.finished = not dry
     save()
     failed = progress.named("failed")

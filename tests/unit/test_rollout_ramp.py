@@ -391,3 +391,80 @@ def test_a_hosts_limit_word_selects_it_alone_in_pyinfra_or_is_refused(fleet, mon
                        r"group '\[h\]1' in pyinfra"):  # fmt: skip
         roll(run, tmp_path)
     assert not (tmp_path / "progress.json").exists()  # refused before any host
+
+
+def test_a_resume_beside_a_running_controller_is_refused(fleet):
+    import subprocess
+    import sys
+
+    outcome, limits, _, run, tmp_path = fleet
+    outcome["h2"] = "kill"
+    with pytest.raises(KeyboardInterrupt):
+        roll(run, tmp_path)
+    state = progress(tmp_path)
+    assert state["running"]["hosts"] == ["h2"]  # what the file says: a batch was running
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state["running"]["pid"] = other.pid
+        state["running"]["pid_started"] = rollout.process_started(other.pid)
+        (tmp_path / "progress.json").write_text(json.dumps(state))
+        limits.clear()
+        with pytest.raises(ValueError, match=f"still runs \\(pid {other.pid} on"):
+            roll(run, tmp_path, resume=True)
+        assert limits == []
+        state["running"]["pid_started"] = "1"  # that pid is another process now
+        (tmp_path / "progress.json").write_text(json.dumps(state))
+        outcome.clear()
+        code, said = roll(run, tmp_path, resume=True)
+        assert code == 0 and limits[0] == ["h2"] and "died during batch 3 [h2]" in said
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_progress_file_of_schema_1_is_resumed(fleet):
+    outcome, limits, _, run, tmp_path = fleet
+    for name in ("h1", "h2"):
+        outcome[name] = {"cause": f"{name}: health check failed", "rolled_back": True}
+    roll(run, tmp_path, max_fail_percent=10)
+    state = progress(tmp_path)
+    state.pop("running")
+    for entry in state["log"]:
+        entry.pop("interrupted")
+    state |= {"schema_version": 1, "max_fail_percent": 10.0}
+    (tmp_path / "progress.json").write_text(json.dumps(state))
+    outcome.clear()
+    code, said = roll(run, tmp_path, resume=True, retry_failed=True)
+    assert code == 0 and "failure budget 1 host(s) (10%)" in said and "complete" in said
+
+
+class SignalOnLine(StringIO):
+    """The controller's output; the process gets `number` once a line says `text`."""
+
+    def __init__(self, text: str, number: int):
+        super().__init__()
+        self.text, self.number, self.sent = text, number, False
+
+    def write(self, s: str) -> int:
+        written = super().write(s)
+        if self.text in s and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.number)
+        return written
+
+
+def test_a_signal_between_batches_stops_the_rollout_before_the_next(fleet):
+    import signal
+
+    _, limits, _, run, tmp_path = fleet
+    out = SignalOnLine("batch 2/", signal.SIGTERM)  # "batch 2/N done ...": after its hosts
+    code = rollout.roll_out("inv.py", "deploys/serve.py", out=out, run=run, batches="2",
+                            progress_path=tmp_path / "progress.json")  # fmt: skip
+    said = out.getvalue()
+    assert code == 143 and limits == [["c1"], ["h1", "h2"]], said
+    state = progress(tmp_path)
+    assert state["stopped"] == "interrupted by SIGTERM between batches"
+    assert [h for h, s in state["state"].items() if s["state"] == "done"] == ["c1", "h1", "h2"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is the caller's again
+    limits.clear()
+    assert roll(run, tmp_path, resume=True)[0] == 0 and limits[0] == ["h3", "h4"]

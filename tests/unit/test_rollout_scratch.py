@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import tempfile
 from io import StringIO
 from pathlib import Path
@@ -51,16 +50,16 @@ def fake_pyinfra(monkeypatch, seen: list[Path], fail: set[str], raise_on: str | 
         if host in fail:
             monkeypatch.setenv(notes.ROLLOUT_REPORT_ENV, str(scratch))
             rollback._report({"host": host, "cause": "health check failed", "rolled_back": True})
-        return subprocess.CompletedProcess(command, 1 if host in fail else 0)
+        return 1 if host in fail else 0
 
-    monkeypatch.setattr(rollout.subprocess, "run", run)
+    return run
 
 
 def test_each_batch_gets_a_private_fresh_scratch_dir_never_a_planted_one(two_hosts, monkeypatch):
     seen: list[Path] = []
-    fake_pyinfra(monkeypatch, seen, fail={"h2"})
+    run = fake_pyinfra(monkeypatch, seen, fail={"h2"})
     out = StringIO()
-    code = rollout.roll_out("inv.py", "deploys/serve.py", canary_group=None, out=out)
+    code = rollout.roll_out("inv.py", "deploys/serve.py", canary_group=None, out=out, run=run)
     assert code == 1
     assert "FAILED host h2: rolled back" in out.getvalue()  # the note was read back
     assert len(seen) == 2 and seen[0] != seen[1]
@@ -71,7 +70,7 @@ def test_each_batch_gets_a_private_fresh_scratch_dir_never_a_planted_one(two_hos
 
 def test_the_scratch_dir_is_removed_when_the_batch_is_interrupted(two_hosts, monkeypatch):
     seen: list[Path] = []
-    fake_pyinfra(monkeypatch, seen, fail=set(), raise_on="h1")
+    run = fake_pyinfra(monkeypatch, seen, fail=set(), raise_on="h1")
     with pytest.raises(KeyboardInterrupt):
-        rollout.roll_out("inv.py", "deploys/serve.py", canary_group=None, out=StringIO())
+        rollout.roll_out("inv.py", "deploys/serve.py", canary_group=None, out=StringIO(), run=run)
     assert len(seen) == 1 and not seen[0].exists()
