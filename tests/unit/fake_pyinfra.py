@@ -6,12 +6,20 @@ batch pyinfra would run, not the one the controller meant."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pyinfra.api import Inventory
 from pyinfra_cli.cli import _get_inventory_pattern_matches
 
 
 def inventory_of(hosts: list[tuple[str, list[str]]]) -> Inventory:
-    """A real pyinfra inventory of `hosts` [(name, [groups])], in that order."""
+    """A real pyinfra inventory of `hosts` [(name, [groups])], in that order (built once per
+    fleet: pyinfra looks up its connectors' entry points for every host it makes)."""
+    return _inventory(tuple((name, tuple(groups)) for name, groups in hosts))
+
+
+@lru_cache(maxsize=64)
+def _inventory(hosts: tuple[tuple[str, tuple[str, ...]], ...]) -> Inventory:
     groups: dict[str, list[str]] = {}
     for name, in_groups in hosts:
         for group in in_groups:
