@@ -2,18 +2,26 @@
 
 * `specdeploy rollout INVENTORY deploys/serve.py --canary-group canary --batches 1,5%,25%,100%`
   runs pyinfra once per batch with `--limit`: the canary group first, then a ramp like Ansible's
-  `serial` list (numbers or percentages of the rollout's hosts, the last one repeating), in
-  inventory order.
+  `serial` list (numbers or percentages of the rollout's hosts, the last one repeating, sizes in
+  exact arithmetic), in inventory order. Each host's `--limit` word selects that host alone
+  (config/inventory.exact_host_pattern), never a group or a pattern.
 * Each host of a batch leaves a note (report/notes.py): done, failed with its cause (rolled back,
   refused while planning, an operation that failed), or held back (not restarted: a host before it
   failed). A held-back host goes first in the next batch; a failed one counts against the failure
   budget (`--max-fail-percent`, of the rollout's hosts; default 0: the first failure stops the
   rollout). Past the budget, or when a canary fails, the rollout stops; later hosts are untouched.
+  Both are checked before every batch, a resume's first too (`stop_reason`): a plain `--resume`
+  runs a failed canary again first and nothing else before it passes, and runs no batch past a
+  spent budget (`--retry-failed`, or a larger `--max-fail-percent`, answers that).
 * A progress file on the control node (`--progress`, default under $XDG_STATE_HOME) records the
   plan (hosts, ramp, pinned revisions) and every host's outcome after each batch, written
   atomically: `--resume` continues a crashed or stopped rollout with the same pins and never puts a
   finished host in a later `--limit` (a batch cut short by a killed controller runs again: its
-  finished hosts are a no-op re-run there).
+  finished hosts are a no-op re-run there). The batch in progress is recorded before it starts.
+* Each batch's pyinfra runs in a process group of its own: Ctrl-C, SIGTERM and SIGHUP reach the
+  controller alone, which forwards the first as SIGINT, waits for pyinfra to end, kills its group
+  on a second, and records the interruption (`Interrupts`); a controller killed outright takes
+  its pyinfra with it (PR_SET_PDEATHSIG). No pyinfra outlives its controller.
 * Inside a deploy (one pyinfra run, one batch), the hosts are restarted one at a time, or
   `max_unavailable` at a time (serve.py); `steps/rollback.py` restores the previous unit when the
   health check fails and holds back the batch's later hosts; `steps/unit.py` prints the argv diff
