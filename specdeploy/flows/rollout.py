@@ -670,10 +670,12 @@ def roll_out(
     save = (lambda: None) if dry else (lambda: write_progress(path, progress))
     save()
 
-    def stopped(stop: str, answer: str, queue: list[str]) -> None:
+    def stopped(stop: str, answer: str, queue: list[str], unsettled: list[str] = ()) -> None:
         progress.stopped = stop
         save()
-        say(f"rollout STOPPED: {stop}; not touched: {', '.join(queue) or 'none'}")
+        untouched = [name for name in queue if name not in unsettled]
+        again = f"; to do again: {', '.join(unsettled)}" if unsettled else ""
+        say(f"rollout STOPPED: {stop}{again}; not touched: {', '.join(untouched) or 'none'}")
         say(f"progress: {path} ({answer})")
 
     started = time.monotonic()
@@ -742,10 +744,13 @@ def roll_out(
                 entry = settled[name]
                 say(f"FAILED host {name}: {entry.after or NOT_NOTED}\n  cause: "
                     + "\n  ".join((entry.cause or "").splitlines()))  # fmt: skip
-            if held:
-                what = "without an outcome" if interrupted else "held back in this batch"
-                say(f"{what} (not restarted, still on their old config; first in the next "
-                    f"batch): {', '.join(held)}")  # fmt: skip
+            if held and interrupted:
+                say(f"without an outcome (pyinfra stopped before their deploy ended: `specdeploy "
+                    f"status` shows what each serves now; first in the next batch): "
+                    f"{', '.join(held)}")  # fmt: skip
+            elif held:
+                say(f"held back in this batch (not restarted, still on their old config; first in "
+                    f"the next batch): {', '.join(held)}")  # fmt: skip
             failed = progress.named("failed")
             say(f"batch {index}/{total} "
                 f"{'interrupted' if interrupted else 'ended' if failed_now else 'done'} in "
@@ -755,7 +760,7 @@ def roll_out(
             if interrupted:
                 stopped(f"interrupted by {interrupted} during batch {index}",
                         "--resume continues it: the batch's hosts without an outcome run again "
-                        "first", queue)  # fmt: skip
+                        "first", queue, held)  # fmt: skip
                 return interrupts.exit_code
             save()
     progress.finished = not dry

@@ -222,3 +222,58 @@ def test_a_controller_killed_outright_takes_its_pyinfra_with_it(tmp_path, kill_l
     assert not alive(pid), "pyinfra outlived its controller"
     assert first.read_text().splitlines()[-3:] == ["got SIGINT", "turned h1", "exit on SIGINT"]
     assert rollout.state()["finished"] is True
+
+
+REAL_DEPLOY = """
+import time
+from pyinfra.operations import python, server
+
+def turn():
+    open("turn-began", "w").close()
+    time.sleep(2)
+    open("turn-ended", "w").close()
+
+python.call(name="a host's turn", function=turn)
+server.shell(name="the deploy's next operation", commands=["touch next-operation-ran"])
+"""
+
+REAL_CONTROLLER = """
+import sys
+from specdeploy.flows import rollout
+
+rollout.fleet_pins = lambda inventory, names: {}
+sys.exit(rollout.roll_out("inventory.py", "deploy.py", canary_group=None,
+                          progress_path="progress.json"))
+"""
+
+
+def test_the_real_pyinfra_ends_its_operation_on_the_forwarded_ctrl_c_and_runs_no_other(tmp_path):
+    """What the stand-in above assumes of pyinfra, shown with pyinfra itself on @local: sent
+    SIGINT by its controller, it ends the operation in progress (a host's turn is one), runs no
+    further one and exits 0; the controller records the host as still to do."""
+    (tmp_path / "inventory.py").write_text('hosts = ["@local"]\n')
+    (tmp_path / "deploy.py").write_text(REAL_DEPLOY)
+    (tmp_path / "controller.py").write_text(REAL_CONTROLLER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    controller = subprocess.Popen([sys.executable, "controller.py"], cwd=tmp_path, env=env,
+                                  start_new_session=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "turn-began").exists():
+            assert time.monotonic() < deadline and controller.poll() is None
+            time.sleep(0.05)
+        pid = json.loads((tmp_path / "progress.json").read_text())["running"]["pyinfra_pid"]
+        os.killpg(controller.pid, signal.SIGINT)  # Ctrl-C at the terminal
+        out, _ = controller.communicate(timeout=60)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 130, out
+    assert not alive(pid)
+    assert (tmp_path / "turn-ended").exists() and not (tmp_path / "next-operation-ran").exists()
+    state = json.loads((tmp_path / "progress.json").read_text())
+    assert state["state"]["@local"]["state"] == "pending"
+    assert state["log"][-1]["interrupted"] == "SIGINT" and state["log"][-1]["exit_code"] == 0
+    assert "--limit '[@]local'" in out
