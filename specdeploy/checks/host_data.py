@@ -16,6 +16,7 @@ from pyinfra import host as current_host
 from specdeploy.checks import capabilities
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
+from specdeploy.checks.live import check_live
 from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem, nested_model
@@ -179,6 +180,7 @@ def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
         + check_load(host, cfg)
+        + check_live(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
 
