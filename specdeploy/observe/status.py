@@ -38,6 +38,7 @@ from specdeploy.host.facts.nvidia import GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
+from specdeploy.observe.live_verdict import status_lines
 from specdeploy.observe.rows import (
     GateSummary,
     HealthCheck,
@@ -479,6 +480,8 @@ def run_status(
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 print(f"specdeploy status {inventory}  {stamp}", file=out)
                 print(format_table(results), file=out, flush=True)
+                for line in status_lines([row.host for row in results]):  # a control arm's
+                    print(line, file=out, flush=True)
             if not watch:
                 return code
             stop.wait(watch)

@@ -1,0 +1,216 @@
+"""The live verdict on a running box with a control arm: read both arms' /metrics once a window,
+judge (decide/live_rule.py), keep what was seen and decided on the control node, export it to
+Prometheus (prometheus_client) and say it in `specdeploy status`.
+
+One `LiveJudge` per box. Each `observe()` is one window boundary: every instance's /metrics
+(the same text Prometheus scrapes), summed per arm (live_rule.arm_counters). The windows, the
+decisions and the autopilot's steps are written to `<reports>/<host>/live-verdict.json` after each
+boundary, so a restarted judge, `specdeploy status` and a replay read the same evidence.
+
+Exported series (one set per host; the verdict is a label, so an alert matches on it and never on
+a comparison that a NaN would silence):
+
+* `speculation_live_ratio{host, verdict}`: the latest decision's median paired ratio
+  (speculative / baseline TPOT), `speculation_live_ratio_low` / `_high` its interval;
+* `speculation_live_verdict{host, verdict}`: 1 for the current verdict, 0 for the others (every
+  verdict always has a series);
+* `speculation_live_windows{host, kind}`: usable, skipped, pending (toward the next decision);
+* `speculation_live_alpha{host}`: the false-verdict rate each decision is made at;
+* `speculation_live_autopilot{host, serving}`: 1 for what the box serves by the autopilot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from specdeploy.config.schema import ServeConfig
+from specdeploy.decide import live_rule
+from specdeploy.render.control import control_instances
+from specdeploy.render.instances import expand
+from specdeploy.report.paths import reports_root
+
+LIVE_FILE = "live-verdict.json"
+
+
+def live_path(host: str, root: Path | None = None) -> Path:
+    return (root or reports_root()) / host / LIVE_FILE
+
+
+def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False) -> dict[str, list[str]]:
+    """{arm: [/metrics URL of each of its instances]}, from the host itself (base_url)."""
+    members = expand(cfg).instances
+    names = [m.name for m in members]
+    control = set(control_instances(cfg, names, fallen_back=fallen_back))
+    out: dict[str, list[str]] = {arm: [] for arm in live_rule.ARMS}
+    for m in members:
+        out["baseline" if m.name in control else "speculative"].append(f"{m.cfg.base_url}/metrics")
+    return out
+
+
+def _get(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310 (our own servers)
+        return answer.read().decode()
+
+
+class LiveJudge:
+    """A box's live verdict over time; `state` is what live-verdict.json holds."""
+
+    def __init__(
+        self,
+        host: str,
+        cfg: ServeConfig,
+        *,
+        path: Path | None = None,
+        fetch: Callable[[str], str] = _get,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.host, self.cfg, self.fetch, self.clock = host, cfg, fetch, clock
+        self.path = path or live_path(host)
+        self.state = self._load()
+
+    def _load(self) -> dict:
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            state = None
+        if not state or state.get("host") != self.host:
+            state = {
+                "host": self.host,
+                "settings": self.settings(),
+                "snapshots": [],
+                "autopilot": live_rule.autopilot_start(),
+                "steps": [],
+            }
+        return state
+
+    def settings(self) -> dict:
+        cfg = self.cfg
+        return {
+            "window_s": cfg.live_window_s,
+            "windows_per_decision": cfg.live_windows,
+            "min_requests": cfg.live_min_requests,
+            "alpha": cfg.decision_alpha,
+            "autopilot": cfg.speculation_autopilot,
+            "after": cfg.speculation_autopilot_after,
+        }
+
+    def observe(self, texts: Mapping[str, Sequence[str]] | None = None) -> dict:
+        """One window boundary: both arms' counters now (`texts`: {arm: [/metrics text]}, else
+        fetched), then the verdict and the autopilot's steps on every new decision. Returns
+        `result()`."""
+        if texts is None:
+            fallen = self.state["autopilot"]["serving"] == "baseline"
+            urls = arm_urls(self.cfg, fallen_back=fallen)
+            texts = {arm: [self.fetch(u) for u in us] for arm, us in urls.items()}
+        snap = {"t": self.clock(), **{a: live_rule.arm_counters(texts[a]) for a in live_rule.ARMS}}
+        self.state["snapshots"].append(snap)
+        result = self.result()
+        settings = self.state["settings"]
+        for decision in result["decisions"][len(self.state["steps"]) :]:
+            new, action, why = live_rule.autopilot_step(
+                self.state["autopilot"], decision, mode=settings["autopilot"],
+                after=settings["after"],
+            )  # fmt: skip
+            self.state["autopilot"] = new
+            self.state["steps"].append(
+                {"verdict": decision["verdict"], "text": decision["text"], "action": action,
+                 "why": why, "start": decision["start"], "end": decision["end"]}
+            )  # fmt: skip
+        self.save()
+        return result
+
+    def result(self) -> dict:
+        s = self.state["settings"]
+        windows = live_rule.windows_from_snapshots(
+            self.state["snapshots"], min_requests=s["min_requests"]
+        )
+        return live_rule.live_decisions(
+            windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
+        )
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1) + "\n")
+        tmp.replace(self.path)
+
+    def pending_action(self) -> dict | None:
+        """The latest autopilot step when it asks to roll the box (fall back or return)."""
+        steps = self.state["steps"]
+        if steps and steps[-1]["action"] in (live_rule.FALL_BACK, live_rule.RETURN):
+            return steps[-1]
+        return None
+
+
+def export(registry: CollectorRegistry, results: Mapping[str, tuple[dict, dict]]) -> None:
+    """The series of the module docstring into `registry`, for {host: (result, judge state)}."""
+    ratio = Gauge("speculation_live_ratio", "Median paired window ratio speculative / baseline "
+                  "TPOT of the latest live decision", ["host", "verdict"], registry=registry)  # fmt: skip
+    low = Gauge("speculation_live_ratio_low", "Lower bound of speculation_live_ratio at "
+                "1 - alpha", ["host", "verdict"], registry=registry)  # fmt: skip
+    high = Gauge("speculation_live_ratio_high", "Upper bound of speculation_live_ratio at "
+                 "1 - alpha", ["host", "verdict"], registry=registry)  # fmt: skip
+    verdict = Gauge("speculation_live_verdict", "1 for the current live verdict, 0 for the others",
+                    ["host", "verdict"], registry=registry)  # fmt: skip
+    windows = Gauge("speculation_live_windows", "Windows of the live verdict by kind",
+                    ["host", "kind"], registry=registry)  # fmt: skip
+    alpha = Gauge("speculation_live_alpha", "False-verdict rate of each live decision", ["host"],
+                  registry=registry)  # fmt: skip
+    serving = Gauge("speculation_live_autopilot", "1 for what the autopilot has the box serve",
+                    ["host", "serving"], registry=registry)  # fmt: skip
+    for host, (result, state) in results.items():
+        current = result["current"]
+        name = current["verdict"]
+
+        def number(x):
+            return math.nan if x is None else x
+
+        ratio.labels(host, name).set(number(current.get("ratio")))
+        low.labels(host, name).set(number(current.get("low")))
+        high.labels(host, name).set(number(current.get("high")))
+        for v in live_rule.LIVE_VERDICTS:
+            verdict.labels(host, v).set(1 if v == name else 0)
+        usable = len(result["windows"]) - result["skipped"]
+        windows.labels(host, "usable").set(usable)
+        windows.labels(host, "skipped").set(result["skipped"])
+        windows.labels(host, "pending").set(result["pending"])
+        alpha.labels(host).set(state["settings"]["alpha"])
+        for arm in live_rule.ARMS:
+            serving.labels(host, arm).set(1 if state["autopilot"]["serving"] == arm else 0)
+
+
+def metrics_text(results: Mapping[str, tuple[dict, dict]]) -> bytes:
+    """The exposition text of `export` (for a textfile collector or an HTTP answer)."""
+    registry = CollectorRegistry()
+    export(registry, results)
+    return generate_latest(registry)
+
+
+def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
+    """What `specdeploy status` says of each host's live verdict (hosts without a judge: none)."""
+    lines = []
+    for host in hosts:
+        try:
+            state = json.loads(live_path(host, root).read_text())
+        except (OSError, ValueError):
+            continue
+        s = state["settings"]
+        windows = live_rule.windows_from_snapshots(state["snapshots"], min_requests=s["min_requests"])
+        result = live_rule.live_decisions(
+            windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
+        )
+        skipped = f", {result['skipped']} skipped" if result["skipped"] else ""
+        serving = state["autopilot"]["serving"]
+        pilot = "" if s["autopilot"] == "off" else f"; autopilot {s['autopilot']}: serving {serving}"
+        lines.append(
+            f"live verdict {host}: {result['current']['text']} (alpha {s['alpha']:g}{skipped}, "
+            f"{result['pending']} toward the next){pilot}"
+        )
+    return lines
