@@ -23,50 +23,85 @@ def check_live(host: str, cfg: ServeConfig) -> list[Problem]:
     size = box_size(cfg)
     if control is not None:
         if (control.instances is None) == (control.share is None):
-            problems.append(Problem(
-                host, "speculation_control", "needs exactly one of instances and share",
-                "set {instances = 1} on a box, or {share = 0.25}",
-            ))  # fmt: skip
+            problems.append(
+                Problem(
+                    host,
+                    "speculation_control",
+                    "needs exactly one of instances and share",
+                    "set {instances = 1} on a box, or {share = 0.25}",
+                )
+            )
         elif size is None and control.instances is not None:
-            problems.append(Problem(
-                host, "speculation_control.instances",
-                "a plain host has no instances to keep on the baseline",
-                "set instances = 2 or more to make it a box, or use {share = ...} across its "
-                "class of plain hosts (whole hosts as the control arm)",
-            ))  # fmt: skip
+            problems.append(
+                Problem(
+                    host,
+                    "speculation_control.instances",
+                    "a plain host has no instances to keep on the baseline",
+                    "set instances = 2 or more to make it a box, or use {share = ...} across its "
+                    "class of plain hosts (whole hosts as the control arm)",
+                )
+            )
         elif size is not None:
             if size < 2:
-                problems.append(Problem(
-                    host, "speculation_control",
-                    f"a box of {size} instance cannot keep one on the baseline and one "
-                    "speculative", "set instances = 2 or more, or drop speculation_control",
-                ))  # fmt: skip
+                problems.append(
+                    Problem(
+                        host,
+                        "speculation_control",
+                        f"a box of {size} instance cannot keep one on the baseline and one "
+                        "speculative",
+                        "set instances = 2 or more, or drop speculation_control",
+                    )
+                )
             else:
                 held = control_count(size, count=control.instances, share=control.share)
                 if held >= size:
-                    problems.append(Problem(
-                        host, "speculation_control",
-                        f"{held} of {size} instances on the baseline leaves no speculative "
-                        "instance to judge", f"keep at most {size - 1} on the baseline",
-                    ))  # fmt: skip
+                    problems.append(
+                        Problem(
+                            host,
+                            "speculation_control",
+                            f"{held} of {size} instances on the baseline leaves no speculative "
+                            "instance to judge",
+                            f"keep at most {size - 1} on the baseline",
+                        )
+                    )
         if not cfg.speculative_config:
-            problems.append(Problem(
-                host, "speculation_control", "there is no speculation to compare against",
-                "set speculative_config, or drop speculation_control",
-            ))  # fmt: skip
+            problems.append(
+                Problem(
+                    host,
+                    "speculation_control",
+                    "there is no speculation to compare against",
+                    "set speculative_config, or drop speculation_control",
+                )
+            )
     if cfg.speculation_autopilot != "off" and control is None:
-        problems.append(Problem(
-            host, "speculation_autopilot",
-            f'"{cfg.speculation_autopilot}" needs a live verdict, which needs a control arm',
-            'set speculation_control (e.g. {instances = 1} on a box), or speculation_autopilot '
-            '= "off"',
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                host,
+                "speculation_autopilot",
+                f'"{cfg.speculation_autopilot}" needs a live verdict, which needs a control arm',
+                "set speculation_control (e.g. {instances = 1} on a box), or speculation_autopilot "
+                '= "off"',
+            )
+        )
+    if cfg.speculation_autopilot == "both" and size is not None and size < 3:
+        problems.append(
+            Problem(
+                host,
+                "speculation_autopilot",
+                f'"both" on a box of {size}: a fall-back leaves no speculative instance to '
+                "judge, so the verdict could never bring it back",
+                'use "fallback" (a deploy brings speculation back), or instances = 3 or more',
+            )
+        )
     fewest = min_live_windows(cfg.decision_alpha)
     if cfg.live_windows < fewest:
-        problems.append(Problem(
-            host, "live_windows",
-            f"{cfg.live_windows} windows per decision can never reach decision_alpha = "
-            f"{cfg.decision_alpha:g} (the exact sign test's smallest p is 2 / 2^windows)",
-            f"set live_windows = {fewest} or more",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                host,
+                "live_windows",
+                f"{cfg.live_windows} windows per decision can never reach decision_alpha = "
+                f"{cfg.decision_alpha:g} (the exact sign test's smallest p is 2 / 2^windows)",
+                f"set live_windows = {fewest} or more",
+            )
+        )
     return problems

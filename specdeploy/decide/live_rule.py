@@ -111,7 +111,9 @@ def live_window(
             skipped = "no baseline TPOT"
     for a in arms.values():
         del a["reset"]
-    ratio = None if skipped else arms["speculative"]["tpot_mean_s"] / arms["baseline"]["tpot_mean_s"]
+    ratio = (
+        None if skipped else arms["speculative"]["tpot_mean_s"] / arms["baseline"]["tpot_mean_s"]
+    )
     return {"start": start, "end": end, **arms, "ratio": ratio, "skipped": skipped}
 
 
@@ -123,7 +125,7 @@ def windows_from_snapshots(
     ordered = sorted(snapshots, key=lambda s: s["t"])
     return [
         live_window(a["t"], b["t"], a, b, min_requests=min_requests)
-        for a, b in zip(ordered, ordered[1:])
+        for a, b in zip(ordered, ordered[1:], strict=False)
     ]
 
 
@@ -141,8 +143,9 @@ def min_live_windows(alpha: float = DEFAULT_ALPHA) -> int:
 def median_interval(ratios: Sequence[float], *, alpha: float) -> dict:
     """The order-statistic interval [r_(k+1), r_(n-k)] for the median of the ratios, k the
     largest with 2 P(Bin(n, 1/2) <= k) <= alpha: distribution-free, coverage exactly
-    1 - 2 P(Bin <= k) (>= 1 - alpha); 1 lies outside it exactly when the sign test rejects at alpha
-    (no ratio equal to 1). Returns {low, high, confidence}; None bounds when n cannot reach alpha."""
+    1 - 2 P(Bin <= k) (>= 1 - alpha); 1 lies outside it exactly when the sign test rejects at
+    alpha (no ratio equal to 1). Returns {low, high, confidence}; None bounds when n cannot
+    reach alpha."""
     r = sorted(ratios)
     n = len(r)
     k, tail = -1, 0.0
@@ -197,7 +200,7 @@ def live_decision(block: Sequence[Mapping], *, alpha: float = DEFAULT_ALPHA) -> 
 
 
 def verdict_text(decision: Mapping) -> str:
-    """"pays 0.78x (0.71-0.86) over 12 windows", "loses 1.21x (...)", "undecided 0.97x (...)"."""
+    """ "pays 0.78x (0.71-0.86) over 12 windows", "loses 1.21x (...)", "undecided 0.97x (...)"."""
     if decision.get("ratio") is None:
         return f"{UNDECIDED}: {decision.get('why', 'no usable window yet')}"
     band = (
@@ -211,7 +214,10 @@ def verdict_text(decision: Mapping) -> str:
 
 
 def live_decisions(
-    windows: Sequence[Mapping], *, windows_per_decision: int = LIVE_WINDOWS, alpha: float = DEFAULT_ALPHA
+    windows: Sequence[Mapping],
+    *,
+    windows_per_decision: int = LIVE_WINDOWS,
+    alpha: float = DEFAULT_ALPHA,
 ) -> dict:
     """Every decision over the windows so far, in time order: one per block of
     `windows_per_decision` consecutive usable windows (non-overlapping). Returns {decisions,
@@ -231,7 +237,9 @@ def live_decisions(
             why[key] = why.get(key, 0) + 1
     full = len(usable) // windows_per_decision
     decisions = [
-        live_decision(usable[i * windows_per_decision : (i + 1) * windows_per_decision], alpha=alpha)
+        live_decision(
+            usable[i * windows_per_decision : (i + 1) * windows_per_decision], alpha=alpha
+        )
         for i in range(full)
     ]
     pending = len(usable) - full * windows_per_decision
@@ -259,7 +267,12 @@ def live_decisions(
 
 AUTOPILOT_MODES = ("off", "alert", "fallback", "both")
 AUTOPILOT_AFTER = 3  # consecutive decisions
-KEEP, ALERT, FALL_BACK, RETURN = "keep", "alert", "fall back to the baseline", "return to speculation"
+KEEP, ALERT, FALL_BACK, RETURN = (
+    "keep",
+    "alert",
+    "fall back to the baseline",
+    "return to speculation",
+)
 
 
 def autopilot_start(serving: str = "speculative") -> dict:
@@ -306,7 +319,11 @@ def autopilot_step(state: Mapping, decision: Mapping, *, mode: str, after: int =
 
 
 def autopilot_replay(
-    decisions: Sequence[Mapping], *, mode: str, after: int = AUTOPILOT_AFTER, serving: str = "speculative"
+    decisions: Sequence[Mapping],
+    *,
+    mode: str,
+    after: int = AUTOPILOT_AFTER,
+    serving: str = "speculative",
 ) -> list[dict]:
     """Every decision's step from a fresh start: [{decision, action, why, state}] (the record of
     what the autopilot did and on which evidence, replayable from the recorded decisions)."""
@@ -329,9 +346,10 @@ def control_count(instances: int, *, count: int | None = None, share: float | No
 
 
 def fallback_keeps(instances: int) -> int:
-    """Speculative instances a fallen-back box keeps: one, the new control arm (0 on a plain
-    host: the class's other hosts carry the comparison)."""
-    return 1 if instances >= 2 else 0
+    """Speculative instances a fallen-back box keeps: one, the new control arm, where the box has
+    at least 3 (a box of 2 keeping one would be the layout it fell back from: it ends wholly on
+    the baseline, and its verdict stops until a deploy)."""
+    return 1 if instances >= 3 else 0
 
 
 # --- simulation: the verdict's false rate and power -----------------------------------------------

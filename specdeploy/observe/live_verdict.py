@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide import live_rule
-from specdeploy.render.control import control_instances
+from specdeploy.render.control import FALLBACK_ENV, control_instances
 from specdeploy.render.instances import expand
 from specdeploy.report.paths import reports_root
 
@@ -55,7 +55,7 @@ def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False) -> dict[str, list[s
 
 
 def _get(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310 (our own servers)
+    with urllib.request.urlopen(url, timeout=timeout) as answer:
         return answer.read().decode()
 
 
@@ -115,14 +115,22 @@ class LiveJudge:
         settings = self.state["settings"]
         for decision in result["decisions"][len(self.state["steps"]) :]:
             new, action, why = live_rule.autopilot_step(
-                self.state["autopilot"], decision, mode=settings["autopilot"],
+                self.state["autopilot"],
+                decision,
+                mode=settings["autopilot"],
                 after=settings["after"],
-            )  # fmt: skip
+            )
             self.state["autopilot"] = new
             self.state["steps"].append(
-                {"verdict": decision["verdict"], "text": decision["text"], "action": action,
-                 "why": why, "start": decision["start"], "end": decision["end"]}
-            )  # fmt: skip
+                {
+                    "verdict": decision["verdict"],
+                    "text": decision["text"],
+                    "action": action,
+                    "why": why,
+                    "start": decision["start"],
+                    "end": decision["end"],
+                }
+            )
         self.save()
         return result
 
@@ -149,22 +157,58 @@ class LiveJudge:
         return None
 
 
+def roll_command(inventory: str, host: str, step: dict) -> tuple[list[str], dict[str, str]]:
+    """The ordinary rolling path for an autopilot step that rolls the box (argv, environment):
+    `pyinfra INVENTORY deploys/serve.py --limit HOST`, with FALLBACK_ENV set for a fall-back (the
+    box keeps one speculative instance as its control arm) and unset for a return."""
+    env = {FALLBACK_ENV: "1"} if step["action"] == live_rule.FALL_BACK else {}
+    return ["pyinfra", "-y", inventory, "deploys/serve.py", "--limit", host], env
+
+
 def export(registry: CollectorRegistry, results: Mapping[str, tuple[dict, dict]]) -> None:
     """The series of the module docstring into `registry`, for {host: (result, judge state)}."""
-    ratio = Gauge("speculation_live_ratio", "Median paired window ratio speculative / baseline "
-                  "TPOT of the latest live decision", ["host", "verdict"], registry=registry)  # fmt: skip
-    low = Gauge("speculation_live_ratio_low", "Lower bound of speculation_live_ratio at "
-                "1 - alpha", ["host", "verdict"], registry=registry)  # fmt: skip
-    high = Gauge("speculation_live_ratio_high", "Upper bound of speculation_live_ratio at "
-                 "1 - alpha", ["host", "verdict"], registry=registry)  # fmt: skip
-    verdict = Gauge("speculation_live_verdict", "1 for the current live verdict, 0 for the others",
-                    ["host", "verdict"], registry=registry)  # fmt: skip
-    windows = Gauge("speculation_live_windows", "Windows of the live verdict by kind",
-                    ["host", "kind"], registry=registry)  # fmt: skip
-    alpha = Gauge("speculation_live_alpha", "False-verdict rate of each live decision", ["host"],
-                  registry=registry)  # fmt: skip
-    serving = Gauge("speculation_live_autopilot", "1 for what the autopilot has the box serve",
-                    ["host", "serving"], registry=registry)  # fmt: skip
+    ratio = Gauge(
+        "speculation_live_ratio",
+        "Median paired window ratio speculative / baseline TPOT of the latest live decision",
+        ["host", "verdict"],
+        registry=registry,
+    )
+    low = Gauge(
+        "speculation_live_ratio_low",
+        "Lower bound of speculation_live_ratio at 1 - alpha",
+        ["host", "verdict"],
+        registry=registry,
+    )
+    high = Gauge(
+        "speculation_live_ratio_high",
+        "Upper bound of speculation_live_ratio at 1 - alpha",
+        ["host", "verdict"],
+        registry=registry,
+    )
+    verdict = Gauge(
+        "speculation_live_verdict",
+        "1 for the current live verdict, 0 for the others",
+        ["host", "verdict"],
+        registry=registry,
+    )
+    windows = Gauge(
+        "speculation_live_windows",
+        "Windows of the live verdict by kind",
+        ["host", "kind"],
+        registry=registry,
+    )
+    alpha = Gauge(
+        "speculation_live_alpha",
+        "False-verdict rate of each live decision",
+        ["host"],
+        registry=registry,
+    )
+    serving = Gauge(
+        "speculation_live_autopilot",
+        "1 for what the autopilot has the box serve",
+        ["host", "serving"],
+        registry=registry,
+    )
     for host, (result, state) in results.items():
         current = result["current"]
         name = current["verdict"]
@@ -202,13 +246,17 @@ def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
         except (OSError, ValueError):
             continue
         s = state["settings"]
-        windows = live_rule.windows_from_snapshots(state["snapshots"], min_requests=s["min_requests"])
+        windows = live_rule.windows_from_snapshots(
+            state["snapshots"], min_requests=s["min_requests"]
+        )
         result = live_rule.live_decisions(
             windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
         )
         skipped = f", {result['skipped']} skipped" if result["skipped"] else ""
         serving = state["autopilot"]["serving"]
-        pilot = "" if s["autopilot"] == "off" else f"; autopilot {s['autopilot']}: serving {serving}"
+        pilot = (
+            "" if s["autopilot"] == "off" else f"; autopilot {s['autopilot']}: serving {serving}"
+        )
         lines.append(
             f"live verdict {host}: {result['current']['text']} (alpha {s['alpha']:g}{skipped}, "
             f"{result['pending']} toward the next){pilot}"

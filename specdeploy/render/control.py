@@ -7,8 +7,13 @@ from __future__ import annotations
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.live_rule import control_count, fallback_keeps
 
+# Set by the live autopilot's fall-back for its serve run: the box keeps one speculative instance
+FALLBACK_ENV = "SPECDEPLOY_LIVE_FALLBACK"
 
-def control_instances(cfg: ServeConfig, names: list[str], *, fallen_back: bool = False) -> list[str]:
+
+def control_instances(
+    cfg: ServeConfig, names: list[str], *, fallen_back: bool = False
+) -> list[str]:
     """The instance names (of `names`, the box's instances in order) that serve the baseline unit:
     the last `speculation_control` ones; a box the autopilot fell back keeps only its first
     instance speculative (the new control arm). Empty without a control arm or on a plain host

@@ -13,28 +13,56 @@ def problems(data):
 
 
 def test_a_control_instance_on_a_box_of_two_is_accepted(valid_data):
-    data = {**valid_data, "instances": 2, "speculation_control": {"instances": 1},
-            "speculation_autopilot": "fallback"}  # fmt: skip
+    data = {
+        **valid_data,
+        "instances": 2,
+        "speculation_control": {"instances": 1},
+        "speculation_autopilot": "fallback",
+    }
     assert problems(data) == {}
 
 
 @pytest.mark.parametrize(
     ("extra", "field", "words"),
     [
-        ({"instances": 2, "speculation_control": {"instances": 2}}, "speculation_control",
-         "leaves no speculative instance"),
-        ({"instances": 3, "speculation_control": {"share": 0.9}}, "speculation_control",
-         "leaves no speculative instance"),
-        ({"speculation_control": {"instances": 1}}, "speculation_control.instances",
-         "a plain host has no instances"),
-        ({"instances": 1, "speculation_control": {"share": 0.5}}, "speculation_control",
-         "a box of 1 instance"),
-        ({"instances": 2, "speculation_control": {}}, "speculation_control",
-         "exactly one of instances and share"),
+        (
+            {"instances": 2, "speculation_control": {"instances": 2}},
+            "speculation_control",
+            "leaves no speculative instance",
+        ),
+        (
+            {"instances": 3, "speculation_control": {"share": 0.9}},
+            "speculation_control",
+            "leaves no speculative instance",
+        ),
+        (
+            {"speculation_control": {"instances": 1}},
+            "speculation_control.instances",
+            "a plain host has no instances",
+        ),
+        (
+            {"instances": 1, "speculation_control": {"share": 0.5}},
+            "speculation_control",
+            "a box of 1 instance",
+        ),
+        (
+            {"instances": 2, "speculation_control": {}},
+            "speculation_control",
+            "exactly one of instances and share",
+        ),
         ({"speculation_autopilot": "fallback"}, "speculation_autopilot", "needs a control arm"),
         ({"live_windows": 5}, "live_windows", "can never reach decision_alpha"),
+        (
+            {
+                "instances": 2,
+                "speculation_control": {"instances": 1},
+                "speculation_autopilot": "both",
+            },
+            "speculation_autopilot",
+            "no speculative instance",
+        ),
     ],
-)  # fmt: skip
+)
 def test_refusals_name_the_field_and_the_fix(valid_data, extra, field, words):
     found = problems({**valid_data, **extra})
     assert field in found, found

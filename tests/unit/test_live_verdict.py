@@ -20,14 +20,22 @@ DATA = Path(__file__).parent / "data"
 
 
 def counters(tpot_sum=0.0, count=0.0, accepted=0.0, drafted=0.0):
-    return {"tpot_sum": tpot_sum, "tpot_count": count, "requests": count,
-            "draft_tokens": drafted, "accepted_tokens": accepted, "drafts": 0.0}  # fmt: skip
+    return {
+        "tpot_sum": tpot_sum,
+        "tpot_count": count,
+        "requests": count,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "drafts": 0.0,
+    }
 
 
 def window(ratio, n=50, start=0.0):
     zero = {arm: counters() for arm in live.ARMS}
-    after = {"speculative": counters(0.02 * ratio * n, n, 60.0, 100.0),
-             "baseline": counters(0.02 * n, n)}  # fmt: skip
+    after = {
+        "speculative": counters(0.02 * ratio * n, n, 60.0, 100.0),
+        "baseline": counters(0.02 * n, n),
+    }
     return live.live_window(start, start + 300, zero, after)
 
 
@@ -44,9 +52,13 @@ def test_arm_counters_read_the_pinned_releases_own_metrics():
     assert one["draft_tokens"] > 0 and one["accepted_tokens"] > 0
     two = live.arm_counters([after, after])
     assert two["tpot_count"] == 26.0
-    w = live.live_window(0, 300, {"speculative": live.arm_counters([before]),
-                                  "baseline": live.arm_counters([before])},
-                         {"speculative": one, "baseline": one}, min_requests=1)  # fmt: skip
+    w = live.live_window(
+        0,
+        300,
+        {"speculative": live.arm_counters([before]), "baseline": live.arm_counters([before])},
+        {"speculative": one, "baseline": one},
+        min_requests=1,
+    )
     assert w["skipped"] is None and w["ratio"] == pytest.approx(1.0)
     assert 0 < w["speculative"]["acceptance_rate"] <= 1
     assert w["baseline"]["requests"] == w["speculative"]["requests"] > 0
@@ -56,20 +68,29 @@ def test_windows_with_too_little_traffic_or_a_restart_are_skipped_and_counted():
     few = window(1.0, n=5)
     assert few["skipped"].startswith("too little traffic") and few["ratio"] is None
     zero = {arm: counters(1.0, 100) for arm in live.ARMS}
-    restarted = live.live_window(0, 300, zero, {"speculative": counters(0.1, 10),
-                                                "baseline": counters(2.0, 200)})  # fmt: skip
+    restarted = live.live_window(
+        0, 300, zero, {"speculative": counters(0.1, 10), "baseline": counters(2.0, 200)}
+    )
     assert restarted["skipped"].startswith("a counter went back")
     windows = [few, restarted] + [window(0.8, start=300 * i) for i in range(12)]
     result = live.live_decisions(windows)
     assert result["skipped"] == 2 and result["current"]["windows"] == 12
-    assert result["skipped_why"] == {"too little traffic": 1, "a counter went back (a server "
-                                     "restarted)": 1}  # fmt: skip
+    assert result["skipped_why"] == {
+        "too little traffic": 1,
+        "a counter went back (a server restarted)": 1,
+    }
 
 
 def test_snapshots_pair_in_time_order():
-    snaps = [{"t": t, "speculative": counters(0.016 * 30 * i, 30 * i),
-              "baseline": counters(0.02 * 30 * i, 30 * i)} for i, t in enumerate((0, 300, 600))]
-    windows = live.windows_from_snapshots(list(reversed(snaps)))  # fmt: skip
+    snaps = [
+        {
+            "t": t,
+            "speculative": counters(0.016 * 30 * i, 30 * i),
+            "baseline": counters(0.02 * 30 * i, 30 * i),
+        }
+        for i, t in enumerate((0, 300, 600))
+    ]
+    windows = live.windows_from_snapshots(list(reversed(snaps)))
     assert [(w["start"], w["end"]) for w in windows] == [(0, 300), (300, 600)]
     assert all(w["ratio"] == pytest.approx(0.8) for w in windows)
 
@@ -156,8 +177,9 @@ def decision(verdict):
 def test_falls_back_after_n_loses_in_a_row_and_an_undecided_breaks_the_streak():
     steps = live.autopilot_replay(
         [decision(v) for v in ("loses", "loses", "undecided", "loses", "loses", "loses")],
-        mode="fallback", after=3,
-    )  # fmt: skip
+        mode="fallback",
+        after=3,
+    )
     assert [s["action"] for s in steps] == [live.KEEP] * 5 + [live.FALL_BACK]
     assert steps[-1]["state"]["serving"] == "baseline"
     assert "lost 3 decisions in a row" in steps[-1]["why"]
@@ -167,12 +189,14 @@ def test_alert_only_alerts_and_fallback_returns_only_by_a_deploy():
     alert = live.autopilot_replay([decision("loses")] * 4, mode="alert", after=2)
     assert [s["action"] for s in alert] == [live.KEEP, live.ALERT, live.ALERT, live.ALERT]
     assert all(s["state"]["serving"] == "speculative" for s in alert)
-    back = live.autopilot_replay([decision("loses")] * 2 + [decision("pays")] * 3,
-                                 mode="fallback", after=2)  # fmt: skip
+    back = live.autopilot_replay(
+        [decision("loses")] * 2 + [decision("pays")] * 3, mode="fallback", after=2
+    )
     assert [s["action"] for s in back][-2:] == [live.ALERT, live.ALERT]
     assert "a deploy returns" in back[-1]["why"] and back[-1]["state"]["serving"] == "baseline"
-    both = live.autopilot_replay([decision("loses")] * 2 + [decision("pays")] * 2,
-                                 mode="both", after=2)  # fmt: skip
+    both = live.autopilot_replay(
+        [decision("loses")] * 2 + [decision("pays")] * 2, mode="both", after=2
+    )
     assert both[-1]["action"] == live.RETURN and both[-1]["state"]["serving"] == "speculative"
     off = live.autopilot_replay([decision("loses")] * 9, mode="off", after=1)
     assert {s["action"] for s in off} == {live.KEEP}
