@@ -85,7 +85,7 @@ def judge_phase(judge, ssh, host, decisions: int) -> list[dict]:
     return judge.state["steps"][seen:]
 
 
-def test_pays_then_loses_then_falls_back(host, ssh, tmp_path):
+def test_pays_then_loses_then_falls_back(host, ssh, tmp_path, record_replay):
     path = inventory(tmp_path, host, **LIVE)
     result = deploy(path)
     assert result.returncode == 0, tail(result)
@@ -119,6 +119,14 @@ def test_pays_then_loses_then_falls_back(host, ssh, tmp_path):
     client(ssh, host, model, prompts="/run/live-random.txt", temperature=1.5)
     phase2 = judge_phase(judge, ssh, host, 1 + AFTER)  # the straddling block, then AFTER loses
     print("phase 2:", json.dumps(phase2))
+    # the fast tier's replay (tests/unit/test_live_verdict_replay.py): every snapshot and step
+    record_replay(
+        "live_verdict",
+        {
+            "live-verdict.json": judge.path,
+            "phases.json": {"phase1_steps": len(phase1), "phase2_steps": len(phase2)},
+        },
+    )
     assert [s["verdict"] for s in phase2[-AFTER:]] == [live_rule.LOSES] * AFTER, phase2
     step = judge.pending_action()
     assert step and step["action"] == live_rule.FALL_BACK
