@@ -10,8 +10,10 @@ per-request TPOT (Δ sum / Δ count of vllm:request_time_per_output_token_second
 that finished with a TPOT (that Δ count) and the speculative arm's draft acceptance.
 
 The windows are paired in time: both arms' figures come from the same seconds of the same traffic
-mix, so a load swing moves both and cancels in their ratio (speculative / baseline). Under "the
-arms do not differ", random routing makes the two arms of one window exchangeable, so each
+mix, so a load swing moves both and cancels in their ratio (speculative / baseline). Each window
+compares the control instances with as many speculative instances (matched_instances: in turn,
+window after window). Under "the arms do not differ", random routing makes the two arms of one
+window exchangeable, so each
 window's ratio is as likely above 1 as below it, independently of the other windows: the exact
 sign test on the paired ratios (stats.sign_test, the project's exact test for paired ratios) has
 a false-verdict rate <= alpha whatever the distribution of the window means and however the load
@@ -44,7 +46,8 @@ LIVE_VERDICTS = (PAYS, LOSES, UNDECIDED)
 
 LIVE_RULE = (
     "exact two-sided sign test on the paired window ratios (speculative / baseline mean TPOT of "
-    "the same window, both arms behind one balancer routing at random) against 1, over a block of"
+    "the same window, both arms behind one balancer routing at random, as many speculative "
+    "instances as control ones, taken in turn) against 1, over a block of"
     " consecutive usable windows that no earlier decision used; pays when the ratios lie "
     "significantly below 1, loses when significantly above; the interval is the distribution-free"
     " order-statistic interval for the median ratio that the sign test inverts to. The chance of "
@@ -117,16 +120,57 @@ def live_window(
     return {"start": start, "end": end, **arms, "ratio": ratio, "skipped": skipped}
 
 
+def _summed(counters: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for one in counters:
+        for key, value in one.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def matched_instances(
+    speculative: Sequence[str], baseline: Sequence[str], index: int
+) -> tuple[list[str], list[str]]:
+    """The instances window `index` compares: every control instance, and as many speculative
+    ones, taken in turn window after window (all of them over time). Arms of equal size make
+    the two arms of a window interchangeable when speculation makes no difference, which is
+    what the sign test's exactness needs: a larger arm's mean is less noisy, and with skewed
+    TPOTs its median sits higher than the smaller arm's, so unequal arms would lean to
+    "loses"."""
+    spec, base = sorted(speculative), sorted(baseline)
+    if not base or len(spec) <= len(base):
+        return spec, base
+    start = (index * len(base)) % len(spec)
+    turn = spec[start:] + spec[:start]
+    return turn[: len(base)], base
+
+
 def windows_from_snapshots(
     snapshots: Sequence[Mapping], *, min_requests: int = LIVE_MIN_REQUESTS
 ) -> list[dict]:
-    """Consecutive snapshots [{t, speculative: counters, baseline: counters}, ...] (taken at the
-    window boundaries) as windows, in time order."""
+    """Consecutive snapshots (taken at the window boundaries) as windows, in time order. A
+    snapshot is {t, speculative, baseline}, each arm {instance name: counters}
+    (matched_instances picks who counts in each window) or its counters already summed."""
     ordered = sorted(snapshots, key=lambda s: s["t"])
-    return [
-        live_window(a["t"], b["t"], a, b, min_requests=min_requests)
-        for a, b in zip(ordered, ordered[1:], strict=False)
-    ]
+    out = []
+    for index, (a, b) in enumerate(zip(ordered, ordered[1:], strict=False)):
+        if "tpot_sum" in b["speculative"]:  # summed arms
+            out.append(live_window(a["t"], b["t"], a, b, min_requests=min_requests))
+            continue
+        # instances in both snapshots (one that appeared or left in between is not compared)
+        present = {arm: sorted(set(a[arm]) & set(b[arm])) for arm in ARMS}
+        spec, base = matched_instances(present["speculative"], present["baseline"], index)
+        chosen = {"speculative": spec, "baseline": base}
+        before = {arm: _summed([a[arm][n] for n in chosen[arm]]) for arm in ARMS}
+        after = {arm: _summed([b[arm][n] for n in chosen[arm]]) for arm in ARMS}
+        if not all(after[arm] for arm in ARMS):
+            empty = dict.fromkeys(("tpot_sum", "tpot_count"), 0.0)
+            before = {arm: before[arm] or empty for arm in ARMS}
+            after = {arm: after[arm] or empty for arm in ARMS}
+        window = live_window(a["t"], b["t"], before, after, min_requests=min_requests)
+        window["instances"] = chosen
+        out.append(window)
+    return out
 
 
 # --- the verdict ----------------------------------------------------------------------------------
@@ -423,15 +467,17 @@ def live_power(
 
     rng = random.Random(seed)
     count = int(hours * 3600 // window_s)
-    share = control / instances
+    # matched arms (matched_instances): each window compares the control instances with as many
+    # speculative ones, so both arms see the control arm's share of the requests
+    per_arm = requests_per_s * window_s * control / instances
     hits = usable = 0
     for _ in range(trials):
         windows = simulated_windows(
             rng,
             count,
             ratio=ratio,
-            requests_per_window=requests_per_s * window_s,
-            control_share=share,
+            requests_per_window=2 * per_arm,
+            control_share=0.5,
             request_cv=request_cv,
             drift=drift,
             min_requests=min_requests,

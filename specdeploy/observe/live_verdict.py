@@ -44,13 +44,13 @@ def live_path(host: str, root: Path | None = None) -> Path:
 
 
 def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False, address=None) -> dict[str, list[str]]:
-    """{arm: [/metrics URL of each of its instances]}; `address(instance cfg)` gives host:port as
-    the control node reaches it (monitoring.scrape_address; None: loopback), else the host's own
+    """{arm: {instance name: its /metrics URL}}; `address(instance cfg)` gives host:port as the
+    control node reaches it (monitoring.scrape_address; None: loopback), else the host's own
     base_url."""
     members = expand(cfg).instances
     names = [m.name for m in members]
     control = set(control_instances(cfg, names, fallen_back=fallen_back))
-    out: dict[str, list[str]] = {arm: [] for arm in live_rule.ARMS}
+    out: dict[str, dict[str, str]] = {arm: {} for arm in live_rule.ARMS}
     for m in members:
         where = address(m.cfg) if address else m.cfg.base_url.removeprefix("http://")
         if where is None:
@@ -58,7 +58,7 @@ def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False, address=None) -> di
                 f"{m.name}: vllm_host {cfg.vllm_host} is loopback: the live judge cannot read its "
                 "/metrics from here (bind a private address, as for Prometheus)"
             )
-        out["baseline" if m.name in control else "speculative"].append(f"http://{where}/metrics")
+        out["baseline" if m.name in control else "speculative"][m.name] = f"http://{where}/metrics"
     return out
 
 
@@ -111,16 +111,22 @@ class LiveJudge:
             "after": cfg.speculation_autopilot_after,
         }
 
-    def observe(self, texts: Mapping[str, Sequence[str]] | None = None) -> dict:
-        """One window boundary: both arms' counters now (`texts`: {arm: [/metrics text]}, else
-        fetched), then the verdict and the autopilot's steps on every new decision. Returns
-        `result()`."""
+    def observe(self, texts: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+        """One window boundary: every instance's counters now (`texts`: {arm: {instance:
+        /metrics text}}, else fetched), then the verdict and the autopilot's steps on every new
+        decision. Returns `result()`."""
         if texts is None:
             fallen = self.state["autopilot"]["serving"] == "baseline"
             urls = arm_urls(self.cfg, fallen_back=fallen, address=self.address)
             fetch = self.fetch or _get  # read at call time: a test replaces the module's
-            texts = {arm: [fetch(u) for u in us] for arm, us in urls.items()}
-        snap = {"t": self.clock(), **{a: live_rule.arm_counters(texts[a]) for a in live_rule.ARMS}}
+            texts = {arm: {n: fetch(u) for n, u in us.items()} for arm, us in urls.items()}
+        snap = {
+            "t": self.clock(),
+            **{
+                arm: {n: live_rule.arm_counters([text]) for n, text in texts[arm].items()}
+                for arm in live_rule.ARMS
+            },
+        }
         self.state["snapshots"].append(snap)
         result = self.result()
         settings = self.state["settings"]

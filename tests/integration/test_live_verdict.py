@@ -77,10 +77,10 @@ def judge_phase(judge, ssh, host, decisions: int) -> list[dict]:
     seen = len(judge.state["steps"])
     while len(judge.state["steps"]) < seen + decisions:
         time.sleep(WINDOW_S)
-        texts = {"speculative": [], "baseline": []}
-        for name, port in PORTS.items():
+        texts = {"speculative": {}, "baseline": {}}
+        for name, port in PORTS.items():  # the box's last instance is its control arm
             arm = "baseline" if name.endswith(str(len(PORTS) - 1)) else "speculative"
-            texts[arm].append(ssh(host, f"curl -s -m 10 http://127.0.0.1:{port}/metrics"))
+            texts[arm][name] = ssh(host, f"curl -s -m 10 http://127.0.0.1:{port}/metrics")
         judge.observe(texts)
     return judge.state["steps"][seen:]
 

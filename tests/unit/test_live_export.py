@@ -60,23 +60,28 @@ def run_judge(cfg, tmp_path, ratios, per_window=40):
         "box", cfg, path=tmp_path / "box" / "live-verdict.json", clock=lambda: next(clock)
     )
     spec = base = n = 0.0
-    judge.observe({"speculative": [metrics(0, 0, 0, 1)], "baseline": [metrics(0, 0)]})
+    judge.observe(
+        {"speculative": {"box-0": metrics(0, 0, 0, 1)}, "baseline": {"box-1": metrics(0, 0)}}
+    )
     for r in ratios:
         n += per_window
         spec += 0.02 * r * per_window
         base += 0.02 * per_window
         judge.observe(
-            {"speculative": [metrics(spec, n, 0.6 * n, n)], "baseline": [metrics(base, n)]}
+            {
+                "speculative": {"box-0": metrics(spec, n, 0.6 * n, n)},
+                "baseline": {"box-1": metrics(base, n)},
+            }
         )
     return judge
 
 
 def test_arm_urls_split_the_box_by_its_control_arm(cfg):
     urls = live_verdict.arm_urls(cfg)
-    assert len(urls["speculative"]) == len(urls["baseline"]) == 1
-    assert urls["baseline"][0].endswith(":8002/metrics")
+    (spec,), (base,) = urls["speculative"].values(), urls["baseline"].values()
+    assert base.endswith(":8002/metrics") and spec.endswith(":8001/metrics")
     fallen = live_verdict.arm_urls(cfg, fallen_back=True)  # a box of 2: wholly on the baseline
-    assert fallen == {"speculative": [], "baseline": [*urls["speculative"], *urls["baseline"]]}
+    assert fallen == {"speculative": {}, "baseline": {**urls["speculative"], **urls["baseline"]}}
 
 
 def test_the_judge_decides_falls_back_and_keeps_its_evidence(cfg, tmp_path):

@@ -260,3 +260,57 @@ def test_replay_is_deterministic(verdicts, after):
     assert live.autopilot_replay(ds, mode="both", after=after) == live.autopilot_replay(
         ds, mode="both", after=after
     )
+
+
+# --- a box with more speculative instances than control ones --------------------------------------
+
+
+def test_matched_instances_take_the_speculative_ones_in_turn():
+    spec, base = ["b-0", "b-1", "b-2"], ["b-3"]
+    turns = [live.matched_instances(spec, base, i)[0] for i in range(4)]
+    assert turns == [["b-0"], ["b-1"], ["b-2"], ["b-0"]]
+    assert live.matched_instances(["a", "b"], ["c", "d"], 5) == (["a", "b"], ["c", "d"])
+
+
+def box_snapshots(rng, windows, *, instances=4, requests=12, cv=1.0):
+    """Cumulative per-instance counters of an A/A box (every instance the same), routed at random:
+    each instance's window mean TPOT lognormal with spread cv / sqrt(requests), mean kept equal."""
+    names = [f"b-{i}" for i in range(instances)]
+    total = {n: counters() for n in names}
+    snaps = [{"t": 0, "speculative": {n: dict(total[n]) for n in names[:-1]},
+              "baseline": {names[-1]: dict(total[names[-1]])}}]  # fmt: skip
+    for w in range(windows):
+        level = rng.lognormvariate(0, 0.2)
+        for n in names:
+            sigma = cv / math.sqrt(requests)
+            mean = 0.02 * level * rng.lognormvariate(-sigma * sigma / 2, sigma)
+            total[n]["tpot_sum"] += mean * requests
+            total[n]["tpot_count"] += requests
+            total[n]["requests"] += requests
+        snaps.append({"t": 300 * (w + 1),
+                      "speculative": {n: dict(total[n]) for n in names[:-1]},
+                      "baseline": {names[-1]: dict(total[names[-1]])}})  # fmt: skip
+    return snaps
+
+
+def test_unequal_arms_are_matched_so_identical_arms_lean_neither_way():
+    """A box of 4 with one control instance, skewed TPOTs, identical instances: compared
+    instance for instance, a false loses is as rare as a false pays and <= alpha / 2. Summing
+    the 3 speculative instances instead (the less noisy arm's median sits higher) leans to loses:
+    the check below fails for that."""
+    rng = random.Random(20261206)
+    matched, summed = [], []
+    for _ in range(1500):
+        snaps = box_snapshots(rng, 12)
+        matched.append(live.live_decisions(live.windows_from_snapshots(snaps, min_requests=5)))
+        flat = [{"t": s["t"], **{arm: live._summed(list(s[arm].values())) for arm in live.ARMS}}
+                for s in snaps]  # fmt: skip
+        summed.append(live.live_decisions(live.windows_from_snapshots(flat, min_requests=5)))
+
+    def rate(results, verdict):
+        return sum(r["current"]["verdict"] == verdict for r in results) / len(results)
+
+    sd = math.sqrt(0.02 * 0.98 / 1500)
+    assert rate(matched, live.LOSES) <= 0.025 + 2 * sd
+    assert abs(rate(matched, live.LOSES) - rate(matched, live.PAYS)) < 4 * sd
+    assert rate(summed, live.LOSES) - rate(summed, live.PAYS) > 4 * sd  # the bias matching removes
