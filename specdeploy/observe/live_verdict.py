@@ -254,29 +254,47 @@ def metrics_text(results: Mapping[str, tuple[dict, dict]]) -> bytes:
     return generate_latest(registry)
 
 
+def live_summary(host: str, root: Path | None = None) -> dict | None:
+    """A host's live verdict as the judge last left it (None: no judge for it): {verdict, text,
+    ratio, low, high, confidence, windows, skipped, pending, alpha, autopilot, serving}."""
+    try:
+        state = json.loads(live_path(host, root).read_text())
+    except (OSError, ValueError):
+        return None
+    s = state["settings"]
+    windows = live_rule.windows_from_snapshots(state["snapshots"], min_requests=s["min_requests"])
+    result = live_rule.live_decisions(
+        windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
+    )
+    current = result["current"]
+    return {
+        "verdict": current["verdict"],
+        "text": current["text"],
+        **{key: current.get(key) for key in ("ratio", "low", "high", "confidence", "windows")},
+        "skipped": result["skipped"],
+        "pending": result["pending"],
+        "alpha": s["alpha"],
+        "autopilot": s["autopilot"],
+        "serving": state["autopilot"]["serving"],
+    }
+
+
 def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
     """What `specdeploy status` says of each host's live verdict (hosts without a judge: none)."""
     lines = []
     for host in hosts:
-        try:
-            state = json.loads(live_path(host, root).read_text())
-        except (OSError, ValueError):
+        summary = live_summary(host, root)
+        if summary is None:
             continue
-        s = state["settings"]
-        windows = live_rule.windows_from_snapshots(
-            state["snapshots"], min_requests=s["min_requests"]
-        )
-        result = live_rule.live_decisions(
-            windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
-        )
-        skipped = f", {result['skipped']} skipped" if result["skipped"] else ""
-        serving = state["autopilot"]["serving"]
+        skipped = f", {summary['skipped']} skipped" if summary["skipped"] else ""
         pilot = (
-            "" if s["autopilot"] == "off" else f"; autopilot {s['autopilot']}: serving {serving}"
+            ""
+            if summary["autopilot"] == "off"
+            else f"; autopilot {summary['autopilot']}: serving {summary['serving']}"
         )
         lines.append(
-            f"live verdict {host}: {result['current']['text']} (alpha {s['alpha']:g}{skipped}, "
-            f"{result['pending']} toward the next){pilot}"
+            f"live verdict {host}: {summary['text']} (alpha {summary['alpha']:g}{skipped}, "
+            f"{summary['pending']} toward the next){pilot}"
         )
     return lines
 

