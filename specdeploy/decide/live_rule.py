@@ -79,6 +79,12 @@ def arm_counters(texts: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def arm_served(text: str) -> str:
+    """The arm a server is on, from its own /metrics: "speculative" when it exports vLLM's
+    spec-decode counters (as `specdeploy status` tells speculation is on), else "baseline"."""
+    return "speculative" if _spec_decode_counters(text) else "baseline"
+
+
 def _arm_window(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
     delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
     count = delta.get("tpot_count", 0.0)
@@ -131,18 +137,24 @@ def _summed(counters: Sequence[Mapping[str, float]]) -> dict[str, float]:
 def matched_instances(
     speculative: Sequence[str], baseline: Sequence[str], index: int
 ) -> tuple[list[str], list[str]]:
-    """The instances window `index` compares: every control instance, and as many speculative
-    ones, taken in turn window after window (all of them over time). Arms of equal size make
-    the two arms of a window interchangeable when speculation makes no difference, which is
-    what the sign test's exactness needs: a larger arm's mean is less noisy, and with skewed
-    TPOTs its median sits higher than the smaller arm's, so unequal arms would lean to
-    "loses"."""
+    """The instances window `index` compares: every instance of the smaller arm, and as many of
+    the larger one, taken in turn window after window (all of them over time): the control
+    instances against as many speculative ones, or, on a fallen-back box, its one speculative
+    instance against one baseline instance at a time. Arms of equal size make the two arms of a
+    window interchangeable when speculation makes no difference, which is what the sign test's
+    exactness needs: a larger arm's mean is less noisy, and with skewed TPOTs its median sits
+    higher than the smaller arm's, so unequal arms would lean one way."""
     spec, base = sorted(speculative), sorted(baseline)
-    if not base or len(spec) <= len(base):
+    if not spec or not base or len(spec) == len(base):
         return spec, base
-    start = (index * len(base)) % len(spec)
-    turn = spec[start:] + spec[:start]
-    return turn[: len(base)], base
+
+    def in_turn(larger: list[str], size: int) -> list[str]:
+        start = (index * size) % len(larger)
+        return (larger[start:] + larger[:start])[:size]
+
+    if len(spec) > len(base):
+        return in_turn(spec, len(base)), base
+    return spec, in_turn(base, len(spec))
 
 
 def windows_from_snapshots(
@@ -317,6 +329,7 @@ KEEP, ALERT, FALL_BACK, RETURN = (
     "fall back to the baseline",
     "return to speculation",
 )
+DEPLOYED = "deployed back to speculation"  # not the autopilot's: a deploy ended a fall-back
 
 
 def autopilot_start(serving: str = "speculative") -> dict:

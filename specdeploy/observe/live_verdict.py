@@ -116,10 +116,14 @@ class LiveJudge:
         /metrics text}}, else fetched), then the verdict and the autopilot's steps on every new
         decision. Returns `result()`."""
         if texts is None:
-            fallen = self.state["autopilot"]["serving"] == "baseline"
-            urls = arm_urls(self.cfg, fallen_back=fallen, address=self.address)
+            urls = arm_urls(self.cfg, address=self.address)
             fetch = self.fetch or _get  # read at call time: a test replaces the module's
-            texts = {arm: {n: fetch(u) for n, u in us.items()} for arm, us in urls.items()}
+            every = {n: fetch(u) for us in urls.values() for n, u in us.items()}
+            # each instance's arm is what it serves, read from its own /metrics (a speculative
+            # server exports vLLM's spec-decode counters), not what the host data meant it to
+            texts = {arm: {} for arm in live_rule.ARMS}
+            for name, text in every.items():
+                texts[live_rule.arm_served(text)][name] = text
         snap = {
             "t": self.clock(),
             **{
@@ -128,9 +132,11 @@ class LiveJudge:
             },
         }
         self.state["snapshots"].append(snap)
+        self._deployed_back(snap)
         result = self.result()
         settings = self.state["settings"]
-        for decision in result["decisions"][len(self.state["steps"]) :]:
+        for decision in result["decisions"][self.state.setdefault("decided", 0) :]:
+            self.state["decided"] += 1
             new, action, why = live_rule.autopilot_step(
                 self.state["autopilot"],
                 decision,
@@ -150,6 +156,27 @@ class LiveJudge:
             )
         self.save()
         return result
+
+    def _deployed_back(self, snap: dict) -> None:
+        """A fallen-back box that serves more speculative instances than a fall-back keeps was
+        deployed again: back to speculation, the streaks from zero (said in the steps)."""
+        pilot = self.state["autopilot"]
+        served = len(snap["speculative"])
+        size = served + len(snap["baseline"])
+        if pilot["serving"] == "baseline" and len(snap["speculative"]) > live_rule.fallback_keeps(
+            size
+        ):
+            self.state["autopilot"] = live_rule.autopilot_start() | {"switches": pilot["switches"]}
+            self.state["steps"].append(
+                {
+                    "verdict": None,
+                    "text": None,
+                    "action": live_rule.DEPLOYED,
+                    "why": f"{served} of {size} instances serve speculation again",
+                    "start": snap["t"],
+                    "end": snap["t"],
+                }  # fmt: skip
+            )
 
     def result(self) -> dict:
         s = self.state["settings"]

