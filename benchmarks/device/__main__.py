@@ -358,11 +358,12 @@ def main() -> None:
     p.add_argument("plan", choices=sorted(PLANS))
     p.add_argument("--budget", type=float, default=480, help="seconds the runner may take")
     p.add_argument("--wait", type=float, default=520, help="seconds this call waits for it")
-    p.add_argument("extra", nargs="*", help="after --: more arguments for the runner")
     p = verbs.add_parser("wait", help="(device) wait for the plan's runner, collect its files")
     p.add_argument("plan", choices=sorted(PLANS))
     p.add_argument("--wait", type=float, default=520)
-    args = ap.parse_args()
+    words = sys.argv[1:]
+    cut = words.index("--") if "--" in words else len(words)
+    args, extra = ap.parse_args(words[:cut]), words[cut + 1 :]  # after --: the runner's own
     if args.verb == "pack":
         pack(args.out, args.requirements)
     elif args.verb == "prepare":
@@ -372,7 +373,7 @@ def main() -> None:
     elif args.verb == "recv":
         recv()
     elif args.verb == "run":
-        run(args.plan, args.budget, args.wait, args.extra)
+        run(args.plan, args.budget, args.wait, extra)
     else:
         collect(args.plan, args.wait)
 
