@@ -6,7 +6,7 @@ from specdeploy: every argv comes from plan.json, which plan.py builds with spec
 
 Run by `python -m benchmarks.device run gpu_payoff DIR [-- --arms a,b,c|@queue]` (plan: plan.py).
 Arms run in the order given and are skipped once the budget would be overrun, so order by priority.
-device_call.sh starts it in its own session so that it outlives one 10-minute device call.
+The device runner starts it in its own session so that it outlives one 10-minute device call.
 """
 
 from __future__ import annotations
