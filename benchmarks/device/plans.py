@@ -15,7 +15,7 @@ code tree: benchmarks/, specdeploy/, a pyinfra stand-in, `files`), {site} (the u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # benchmarks.gpu_truth.make_weights: real-shape sparse checkpoints, as the weights step leaves them
 HF = "/tmp/hf"
@@ -88,13 +88,6 @@ PLANS: dict[str, Plan] = {
         ("--plan", "{plan}", "--out", "{out}", "--budget", "{budget}"),
         setup=WEIGHTS,
     ),
-    "gpu_box": Plan(
-        "a whole box's layouts decided by instances.expand on the GPU list the fact read",
-        "benchmarks.gpu_preflight.box_plan:build",
-        "benchmarks.gpu_preflight.device_run",
-        ("--plan", "{plan}", "--out", "{out}", "--budget", "{budget}"),
-        setup=WEIGHTS,
-    ),
     "bench_early": Plan(
         "bench.PendingBench started ahead of its server, at once, cancelled, stale",
         "benchmarks.gpu_preflight.plan:build",
@@ -127,3 +120,10 @@ PLANS: dict[str, Plan] = {
         outputs=("good.out", "good.err", "bad.out", "bad.err", "exit.txt"),
     ),
 }
+# the same runner over a whole box's plan (box_plan.py): each layout decided by instances.expand on
+# the GPU list the fact read at idle
+PLANS["gpu_box"] = replace(
+    PLANS["gpu_preflight"],
+    what="a whole box's layouts decided by instances.expand on the GPU list the fact read",
+    build="benchmarks.gpu_preflight.box_plan:build",
+)
