@@ -8,7 +8,11 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 With `speculation_gate.across_load` and a num_speculative_tokens_per_batch_size schedule deployed,
 the gate measures the schedule, the baseline and the fixed k at every load level (issue 39) and
 keeps the schedule only where compare_across_load's own rule proves it (gate_rule.
-across_load_decision); the record keeps the per-level evidence."""
+across_load_decision); the record keeps the per-level evidence.
+
+This module is the step: which decision stands for this server (measured here, taken from its box's
+first instance or from its class's canary), the unit it ends on, and the record of the decision.
+How the runs are measured is sampling/gate_plans.py's; what they decide, decide/gate_rule.py's."""
 
 from __future__ import annotations
 
@@ -25,36 +29,22 @@ from pyinfra import host, logger
 
 from specdeploy.config import datasets
 from specdeploy.config.record import BenchResult, DeploymentRecord, GateDecision
-from specdeploy.config.schema import LoadLevel, ServeConfig, SpeculationGate
-from specdeploy.config.timestamps import utc_iso, utc_stamp
-from specdeploy.decide.decisions import (
-    RANDOM_REQUESTS_WARNING,
-    acceptance_summary,
-    run_order,
-    run_values,
-)
+from specdeploy.config.schema import ServeConfig
+from specdeploy.config.timestamps import utc_iso
 from specdeploy.decide.gate_rule import (
-    across_load_decision,
-    gate_decision,
     gate_fingerprint,
     gate_needs_recheck,
     power_runs,
     smoke_outside_band,
 )
-from specdeploy.decide.load_rule import (
-    SCHEDULE_KEY,
-    level_label,
-    proof_runs,
-    rotating_rounds,
-    schedule_config,
-    tpot_by_level,
-)
-from specdeploy.host.bench import bench_time_limit
-from specdeploy.host.server import enable_only, remove_measure_unit, switch_enabled, wait_healthy
+from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, schedule_config
+from specdeploy.host.server import enable_only, switch_enabled, wait_healthy
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
-from specdeploy.steps.sampling import Sampler
+from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, measure_gate
+from specdeploy.sampling.sampler import Sampler
+from specdeploy.steps import lock
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -76,24 +66,6 @@ def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedU
     )
 
 
-@dataclass(frozen=True)
-class AcrossLoad:
-    """What the gate across load measures beside the two production units: the deployed schedule,
-    the fixed k's unit (the measurement instance: the speculative config without the schedule,
-    as compare_across_load's fixed arm) and the load levels."""
-
-    schedule: list[list[int]]
-    fixed_k: int
-    fixed: RenderedUnit
-    levels: tuple[LoadLevel, ...]
-
-    def fingerprint(self) -> dict:
-        """What the decision depends on beyond the production units (the fixed unit is theirs
-        with another k, so its hash, which names a box instance's port, stays out)."""
-        return {"schedule": self.schedule, "fixed_k": self.fixed_k,
-                "levels": [lv.model_dump() for lv in self.levels]}  # fmt: skip
-
-
 def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
     """speculation_gate.across_load on a deployed schedule, else None (the gate measures at one
     load). The fixed k: compare_fixed_k (the best single k tune found), else
@@ -109,20 +81,6 @@ def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
         fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed"),
         levels=tuple(cfg.workload.effective_load_levels),
     )
-
-
-@dataclass(frozen=True)
-class GateInput:
-    """What the gate measures and what its decision depends on, fixed while planning (the units are
-    rendered then): the two production units, the gate's settings and their fingerprint; across
-    load, the fixed k's unit and the levels."""
-
-    speculative: RenderedUnit
-    baseline: RenderedUnit
-    settings: SpeculationGate
-    alpha: float
-    fingerprint: dict
-    across_load: AcrossLoad | None = None
 
 
 def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
@@ -272,7 +230,7 @@ def speculation_gate(
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
     (decide/gate_rule.gate_decision). Across load (`units.across_load`: a deployed schedule
     and speculation_gate.across_load), three arms at every load level instead
-    (_measure_across_load, gate_rule.across_load_decision). `box`: a whole box's rolling
+    (sampling/gate_plans.py, gate_rule.across_load_decision). `box`: a whole box's rolling
     restart, where the instance measured first decides for the others (they are not measured).
 
     Returns (the unit the server ends on, healthy; its health check; the gate record). With
@@ -299,7 +257,8 @@ def _gate(
     fleet_key: str | None,
 ) -> tuple[RenderedUnit, dict, dict]:
     """speculation_gate within its class's turn."""
-    sampler = Sampler(cfg, tokenizer=tokenizer)  # every fresh server renews the deploy lock first
+    # every fresh server renews the deploy lock first
+    sampler = Sampler(cfg, tokenizer=tokenizer, renew_lease=lock.renewal(cfg))
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
     known, outlier = None, None
@@ -324,9 +283,12 @@ def _gate(
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
         if units.across_load is not None:  # enough for the proof's test at alpha / L to decide
             runs = max(runs, proof_runs(len(units.across_load.levels), units.alpha))
-            last, checked, decision = _measure_across_load(cfg, units, sampler, runs=runs)
-        else:
-            last, checked, decision = _measure(cfg, units, sampler, runs=runs)
+        own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: its own files
+        last, checked, measured = measure_gate(
+            sampler, units, runs=runs, workload=cfg.workload, own=own,
+            out_dir=host_reports_dir(host.name),
+        )  # fmt: skip
+        decision = _recorded(cfg, units, measured)
         if fleet_key is not None:
             own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
@@ -365,53 +327,6 @@ def _gate(
     return rendered, checked, decision
 
 
-def _measure(
-    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
-) -> tuple[str, dict, dict]:
-    """The gate's `runs` per arm on this server and their decision. Returns (the arm that ran last,
-    its health check, the gate record)."""
-    gate_cfg = units.settings
-    rendered, baseline = units.speculative, units.baseline
-    arms = {"baseline": baseline, "speculative": rendered}
-    # the order depends on the arms' names alone (baseline first), not on the host
-    order = run_order(list(arms), runs, mode="alternate")
-    if cfg.workload.dataset == "random":
-        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    out = host_reports_dir(host.name)
-    stamp = utc_stamp()
-    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
-    results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
-    files: dict[str, list[str]] = {"baseline": [], "speculative": []}
-    checked: dict = {}
-    visit_s = cfg.health_timeout_s + bench_time_limit(cfg)  # a run: its server's start, its bench
-    for i, arm in enumerate(order["order"]):
-        name = f"gate-{own}{stamp}-{i:02d}-{arm}"
-        # the baseline unit is written for its runs; the speculative one is already installed
-        install = arm == "baseline"
-        with sampler.sample(
-            arms[arm], name=name, workload=cfg.workload, renew_s=visit_s, install=install
-        ) as run:
-            checked = run.checked
-            meta = {"arm": arm, "gate": True, "index": i}
-            results[arm].append(run.bench.run(local=out / f"{name}.json", meta=meta))
-        files[arm].append(str(out / f"{name}.json"))
-    decision = gate_decision(
-        run_values(results["speculative"], "tpot"),
-        run_values(results["baseline"], "tpot"),
-        max_tpot_ratio=gate_cfg.max_tpot_ratio,
-        on_fail=gate_cfg.on_fail,
-        alpha=units.alpha,
-    )
-    evidence = {
-        "run_order": order,
-        "files": files,
-        "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
-        "method": f"{runs} fresh-server runs per arm in alternating rounds, the median TPOT of "
-        "each run as one value, production units (prefix caching as deployed)",
-    }
-    return order["order"][-1], checked, _recorded(cfg, units, decision | evidence)
-
-
 def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecision:
     """A measured decision as the record keeps it: what it depends on, when, which units, and on
     a whole box the instance that measured it."""
@@ -429,67 +344,6 @@ def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecisio
                                 "port": cfg.vllm_port}  # fmt: skip
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     return GateDecision.model_validate(decision)
-
-
-def _measure_across_load(
-    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
-) -> tuple[str, dict, GateDecision]:
-    """The gate across load: `runs` visits per arm (the deployed schedule on the production unit,
-    the baseline, the fixed k on the measurement instance) in rotating rounds; each visit one
-    fresh server and one benchmark per load level on it, lowest first (compare_across_load's
-    discipline, measure/load_flow.py), so each level's runs of an arm come from distinct starts.
-    Returns (the role the last server had, its health check, the gate record)."""
-    across, gate_cfg = units.across_load, units.settings
-    arms = {"baseline": units.baseline, "schedule": units.speculative, "fixed": across.fixed}
-    order = rotating_rounds(list(arms), runs)
-    if cfg.workload.dataset == "random":
-        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    workloads = [cfg.workload.at_level(lv) for lv in across.levels]
-    visit_s = cfg.health_timeout_s + sum(bench_time_limit(cfg, w) for w in workloads)
-    out, stamp = host_reports_dir(host.name), utc_stamp()
-    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
-    results: list[BenchResult] = []
-    files: dict[str, list[str]] = {arm: [] for arm in arms}
-    checked: dict = {}
-    for i, arm in enumerate(order):
-        for j, (level, workload) in enumerate(zip(across.levels, workloads, strict=True)):
-            label = level_label(arm, level.concurrency)
-            name = f"gate-{own}{stamp}-{i:02d}-{label}"
-            # the visit's fresh server, renewed for the whole visit; the higher levels run on it.
-            # The schedule's unit is the production one, already installed.
-            with sampler.sample(
-                arms[arm],
-                name=name,
-                workload=workload,
-                renew_s=None if j else visit_s,
-                install=arm != "schedule",
-                same_server=j > 0,
-            ) as run:
-                if j == 0:
-                    checked = run.checked
-                meta = {"arm": label, "gate": True, "index": i, "fresh_server": j == 0}
-                results.append(run.bench.run(local=out / f"{name}.json", meta=meta))
-            files[arm].append(str(out / f"{name}.json"))
-    remove_measure_unit(cfg)  # the fixed k's instance never outlives the gate
-    decision = across_load_decision(
-        tpot_by_level(results),
-        schedule=across.schedule,
-        fixed_k=across.fixed_k,
-        on_fail=gate_cfg.on_fail,
-        alpha=units.alpha,
-    )
-    schedule_runs = [r for r in results if r.run.arm.startswith("schedule@")]
-    evidence = {
-        "run_order": {"order": order, "rounds": runs, "mode": "rotating"},
-        "files": files,
-        "acceptance": acceptance_summary([r.counters for r in schedule_runs]),
-        "method": f"{runs} visits per arm in rotating rounds, each a fresh server and one run per "
-        f"load level ({', '.join(str(lv.concurrency) for lv in across.levels)}), lowest first; "
-        "the median TPOT of each run as one value; production units (prefix caching as "
-        f"deployed), the fixed k = {across.fixed_k} on the measurement instance",
-    }
-    last = {"schedule": "speculative"}.get(order[-1], order[-1])  # "fixed": stopped, removed
-    return last, checked, _recorded(cfg, units, decision | evidence)
 
 
 def _shared(measured: GateDecision, units: GateInput, *, source: str) -> GateDecision:

@@ -25,7 +25,8 @@ import pytest
 from specdeploy.config.schema import config_from_data
 from specdeploy.render import instances
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, sampling
+from specdeploy.sampling import sampler
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, recorded_bench, recording
 
@@ -103,13 +104,13 @@ def replay(monkeypatch, tmp_path):
 
     monkeypatch.setattr(gate, "host", SimpleNamespace(name=first["host"], print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda c, workload: None)
-    monkeypatch.setattr(sampling, "start_fresh", host_call("start"))
+    monkeypatch.setattr(sampler, "warm_up", lambda c, workload: None)
+    monkeypatch.setattr(sampler, "start_fresh", host_call("start"))
     monkeypatch.setattr(gate, "wait_healthy", host_call("healthy"))
     monkeypatch.setattr(gate, "switch_enabled", host_call("switch"))
 
     monkeypatch.setattr(
-        sampling, "PendingBench", recorded_bench(runs, asked, lambda c: c.instance_name)
+        sampler, "PendingBench", recorded_bench(runs, asked, lambda c: c.instance_name)
     )
     rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     done = {}

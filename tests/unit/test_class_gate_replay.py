@@ -20,7 +20,8 @@ from specdeploy.config.record import BenchResult
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide.gate_rule import power_runs, smoke_outside_band
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, sampling
+from specdeploy.sampling import sampler
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
 from tests.unit.replays import approx_tree, load, recorded_bench, recording
 
@@ -64,14 +65,14 @@ def replay(monkeypatch, tmp_path):
     cfg = class_config(canary_gate)
     monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path / name)
-    monkeypatch.setattr(sampling, "warm_up", lambda c, workload: None)
+    monkeypatch.setattr(sampler, "warm_up", lambda c, workload: None)
     started = lambda *a, **kw: {"seconds_to_healthy": 0.0}  # noqa: E731
-    monkeypatch.setattr(sampling, "start_fresh", started)
+    monkeypatch.setattr(sampler, "start_fresh", started)
     for name in ("wait_healthy", "switch_enabled"):
         monkeypatch.setattr(gate, name, started)
     asked = []
 
-    monkeypatch.setattr(sampling, "PendingBench", recorded_bench(runs, asked, lambda c: current[0]))
+    monkeypatch.setattr(sampler, "PendingBench", recorded_bench(runs, asked, lambda c: current[0]))
     current, done = [None], {}
     for name in hosts:  # one pyinfra process per host: nothing known but what is on disk
         current[0] = name

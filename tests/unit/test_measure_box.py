@@ -173,16 +173,17 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
     are the instance's own units on its port; its files and decision name the instance."""
     from specdeploy.config.record import BenchResult
     from specdeploy.render.units import render_unit
-    from specdeploy.steps import gate, sampling
+    from specdeploy.sampling import sampler
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 2, "max_tpot_ratio": 0.95})
     member = instances.expand(cfg, [0, 1, 2, 3]).instances[0]
     started, names = [], []
     monkeypatch.setattr(gate, "host", SimpleNamespace(name="h", print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda cfg, workload: None)
+    monkeypatch.setattr(sampler, "warm_up", lambda cfg, workload: None)
     monkeypatch.setattr(gate, "switch_enabled", lambda cfg, **kw: started.append(("switch", 0)))
-    monkeypatch.setattr(sampling, "start_fresh", lambda c, unit, **kw: started.append(
+    monkeypatch.setattr(sampler, "start_fresh", lambda c, unit, **kw: started.append(
         (unit.name, c.vllm_port)) or {})  # fmt: skip
 
     def bench(c, *, tokenizer, name, local, meta):
@@ -190,7 +191,7 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
         tpot = 5.0 if meta["arm"] == "speculative" else 10.0
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(sampling, "PendingBench", started_early(bench))
+    monkeypatch.setattr(sampler, "PendingBench", started_early(bench))
     rendered = render_unit(member.cfg, "speculative")
     final, _, decision = gate.speculation_gate(
         member.cfg, gate.gate_input(member.cfg, rendered), "tok"
@@ -240,16 +241,17 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
 ):
     from specdeploy.config.record import BenchResult
     from specdeploy.render.units import render_unit
-    from specdeploy.steps import gate, sampling
+    from specdeploy.sampling import sampler
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 3, "max_tpot_ratio": 0.95})
     first, second = instances.expand(cfg, [0, 1, 2, 3]).instances
     calls, benches = [], []
     monkeypatch.setattr(gate, "host", SimpleNamespace(name="h", print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda cfg, workload: None)
+    monkeypatch.setattr(sampler, "warm_up", lambda cfg, workload: None)
     record = lambda *call: calls.append(call) or {}  # noqa: E731
-    monkeypatch.setattr(sampling, "start_fresh", lambda c, unit, **kw: record("start", unit.name))
+    monkeypatch.setattr(sampler, "start_fresh", lambda c, unit, **kw: record("start", unit.name))
     monkeypatch.setattr(gate, "wait_healthy", lambda c, unit, **kw: record("healthy", unit))
     monkeypatch.setattr(gate, "switch_enabled", lambda c, **kw: record("switch", kw["enable"]))
 
@@ -259,7 +261,7 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         tpot = fast if meta["arm"] == "speculative" else slow
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(sampling, "PendingBench", started_early(bench))
+    monkeypatch.setattr(sampler, "PendingBench", started_early(bench))
     rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     one = gate.speculation_gate(
         first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok", rolling

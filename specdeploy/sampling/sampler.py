@@ -1,11 +1,12 @@
 """Sampling on a host: the one way the speculation gate (steps/gate.py) and every measurement
 (measure/harness.py: compare, tune, the load tune and proof) run a benchmark on a server of their
-own, at execution time (inside `python.call`). The plans (which arm, in which order, on which
-workload) stay with them; how one sample runs is written here once.
+own, at execution time (inside `python.call`). The plans (which unit, in which order, on which
+workload) are theirs; how one sample runs is written here once, and runs.run_samples runs a plan.
 
 A sample, in this order:
-1. the deploy lock's lease is renewed for what the host runs until the next renewal (steps/lock.py:
-   a lease taken over meanwhile raises LockLost before anything more changes), and where a
+1. the deploy lock's lease is renewed for what the host runs until the next renewal (`renew_lease`,
+   handed in by the caller: steps/lock.LeaseRenewal, whose LockLost, for a lease taken over
+   meanwhile, stops the sample before anything more changes), and where a
    measurement stopped production, its watchdog with it (host/watchdog.py: the deployed unit comes
    back by itself if the control node goes quiet);
 2. its benchmark starts ahead of its server (host/bench.PendingBench: vLLM's CLI imports overlap
@@ -16,10 +17,7 @@ A sample, in this order:
    level above the first, tune's shared visits), which the renewal before that one covered;
 4. the caller runs the benchmark (`bench.run`) with its own file name and what the run records.
 
-No fresh server starts without a renewal first, also the one the gate ends on (Sampler.start).
-It stands in steps/, the lowest room that may import what it holds together (the deploy lock here,
-rendered units from render/ and the server and benchmark from host/ below), so a step (the gate)
-and measure/ above both use it."""
+No fresh server starts without a renewal first, also the one the gate ends on (Sampler.start)."""
 
 from __future__ import annotations
 
@@ -27,15 +25,22 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyinfra import host, logger
 
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.host import watchdog
-from specdeploy.host.bench import PendingBench
-from specdeploy.host.server import start_fresh, warm_up
+from specdeploy.host.bench import PendingBench, bench_time_limit
+from specdeploy.host.server import remove_measure_unit, start_fresh, warm_up
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import lock
+
+
+class RenewsLease(Protocol):
+    """The deploy lock's renewal (steps/lock.LeaseRenewal): every lock this process holds on the
+    host lasts at least `seconds` more, or LockLost when it was taken over meanwhile."""
+
+    def __call__(self, seconds: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -49,26 +54,27 @@ class Sampled:
 
 class Sampler:
     """One host's samples in a row, for one caller (the gate, or a measurement): the host data, the
-    tokenizer the benchmarks count with, and for a measurement that stopped production the
-    deployed unit its watchdog restores (`restores`; `readmit`: a whole box's drained instance,
-    watchdog.watchdog_script)."""
+    tokenizer the benchmarks count with, the deploy lock's renewal (`renew_lease`), and for a
+    measurement that stopped production the deployed unit its watchdog restores (`restores`;
+    `readmit`: a whole box's drained instance, watchdog.watchdog_script)."""
 
     def __init__(
         self,
         cfg: ServeConfig,
         *,
         tokenizer: str,
+        renew_lease: RenewsLease,
         restores: str | None = None,
         readmit: tuple[str, str] | None = None,
     ):
-        self.cfg, self.tokenizer = cfg, tokenizer
+        self.cfg, self.tokenizer, self.renew_lease = cfg, tokenizer, renew_lease
         self.restores, self.readmit = restores, readmit
         self.timer: str | None = None  # the watchdog timer armed last
 
     def renew(self, seconds: int) -> None:
         """The deploy lock, and the watchdog where production is stopped, hold `seconds` more:
         what the host runs until the next renewal."""
-        lock.renew_held(lock.step_lease(self.cfg, seconds))  # the deploy lock outlasts the sample
+        self.renew_lease(seconds)  # the deploy lock outlasts the sample
         if self.restores is None:
             return
         # armed before the first sample stops production, renewed before every other one
@@ -116,6 +122,15 @@ class Sampler:
         for its start. Returns its health check."""
         self.renew(self.cfg.health_timeout_s)
         return self._start(unit, install)
+
+    def visit_seconds(self, workloads: list[Workload]) -> int:
+        """What one visit may take: its server's start, then each benchmark on it at its time
+        limit (the gate's renewal before a visit)."""
+        return self.cfg.health_timeout_s + sum(bench_time_limit(self.cfg, w) for w in workloads)
+
+    def end_measure_unit(self) -> None:
+        """The measurement instance stopped and removed (the gate's fixed k never outlives it)."""
+        remove_measure_unit(self.cfg)
 
     def _start(self, unit: RenderedUnit, install: bool) -> dict:
         # a speculative unit's health check also asks for the spec-decode counters
