@@ -51,17 +51,39 @@ class AcrossLoad:
 
 
 @dataclass(frozen=True)
+class Instance:
+    """A whole box's instance the gate measures on alone (drained meanwhile): its name, its devices
+    (CUDA_VISIBLE_DEVICES, or the CPU threads it is bound to) and its port."""
+
+    name: str
+    devices: str | None
+    port: int
+
+    def measured(self) -> dict:
+        """What the gate record says of where it was measured."""
+        return {"instance": self.name, "devices": self.devices, "port": self.port}
+
+
+@dataclass(frozen=True)
 class GateInput:
     """What the gate measures and what its decision depends on, fixed while planning (the units are
-    rendered then): the two production units, the gate's settings and their fingerprint; across
-    load, the fixed k's unit and the levels."""
+    rendered then): the two production units, the gate's settings and their fingerprint, the
+    workload it measures, on a whole box the instance; across load, the fixed k's unit and the
+    levels."""
 
     speculative: RenderedUnit
     baseline: RenderedUnit
     settings: SpeculationGate
     alpha: float
     fingerprint: dict
+    workload: Workload
+    instance: Instance | None = None
     across_load: AcrossLoad | None = None
+
+    @property
+    def own(self) -> str:
+        """The prefix of this server's gate files: a box's instances each have their own."""
+        return f"{self.instance.name}-" if self.instance else ""
 
 
 class Measured(NamedTuple):
@@ -74,15 +96,14 @@ class Measured(NamedTuple):
     decision: dict
 
 
-def measure_gate(
-    sampler: Sampler, units: GateInput, *, runs: int, workload: Workload, own: str, out_dir: Path
-) -> Measured:
+def measure_gate(sampler: Sampler, units: GateInput, *, runs: int, out_dir: Path) -> Measured:
     """The gate's plan for `units` (across load when units.across_load), `runs` per arm, its raw
-    files `gate-<own><stamp>-NN-<arm>.json` in `out_dir` (`own`: a whole box's instance, "<name>-",
-    so each has its own files)."""
+    files `gate-<own><stamp>-NN-<arm>.json` in `out_dir` (GateInput.own: a whole box's instances
+    each have their own)."""
+    workload = units.workload
     if workload.dataset == "random":
         logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    prefix = f"gate-{own}{utc_stamp()}"
+    prefix = f"gate-{units.own}{utc_stamp()}"
     if units.across_load is not None:
         return _across_load(sampler, units, runs=runs, workload=workload, prefix=prefix,
                             out_dir=out_dir)  # fmt: skip

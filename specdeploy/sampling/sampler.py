@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pyinfra import host, logger
@@ -32,7 +32,14 @@ from pyinfra import host, logger
 from specdeploy.config.schema import ServeConfig, Workload
 from specdeploy.host import watchdog
 from specdeploy.host.bench import PendingBench, bench_time_limit
-from specdeploy.host.server import remove_measure_unit, start_fresh, warm_up
+from specdeploy.host.server import (
+    enable_only,
+    remove_measure_unit,
+    start_fresh,
+    switch_enabled,
+    wait_healthy,
+    warm_up,
+)
 from specdeploy.render.units import RenderedUnit
 
 
@@ -52,24 +59,21 @@ class Sampled:
     started: float  # time.monotonic() when the benchmark was started, after the renewal
 
 
+@dataclass
 class Sampler:
-    """One host's samples in a row, for one caller (the gate, or a measurement): the host data, the
-    tokenizer the benchmarks count with, the deploy lock's renewal (`renew_lease`), and for a
-    measurement that stopped production the deployed unit its watchdog restores (`restores`;
-    `readmit`: a whole box's drained instance, watchdog.watchdog_script)."""
+    """One server's benchmarks and restarts, for one caller (the verify step: smoke and gate; or a
+    measurement): the host data its server and benchmarks run with (host/ reads it), the tokenizer
+    the benchmarks count with, the deploy lock's renewal (`renew_lease`), and for a measurement
+    that stopped production the deployed unit its watchdog restores (`restores`; `readmit`: a
+    whole box's drained instance, watchdog.watchdog_script). Built once by the step and handed
+    down: what runs below it receives it, not the host data."""
 
-    def __init__(
-        self,
-        cfg: ServeConfig,
-        *,
-        tokenizer: str,
-        renew_lease: RenewsLease,
-        restores: str | None = None,
-        readmit: tuple[str, str] | None = None,
-    ):
-        self.cfg, self.tokenizer, self.renew_lease = cfg, tokenizer, renew_lease
-        self.restores, self.readmit = restores, readmit
-        self.timer: str | None = None  # the watchdog timer armed last
+    cfg: ServeConfig
+    tokenizer: str
+    renew_lease: RenewsLease
+    restores: str | None = None
+    readmit: tuple[str, str] | None = None
+    timer: str | None = field(default=None, init=False)  # the watchdog timer armed last
 
     def renew(self, seconds: int) -> None:
         """The deploy lock, and the watchdog where production is stopped, hold `seconds` more:
@@ -122,6 +126,22 @@ class Sampler:
         for its start. Returns its health check."""
         self.renew(self.cfg.health_timeout_s)
         return self._start(unit, install)
+
+    def bench(self, name: str) -> PendingBench:
+        """A benchmark of the host's workload on the server that is starting (the smoke run)."""
+        return PendingBench(self.cfg, tokenizer=self.tokenizer, name=name)
+
+    def healthy(self, unit: str, *, speculative: bool) -> dict:
+        """The running server of `unit` checked (server.wait_healthy)."""
+        return wait_healthy(self.cfg, unit, speculative=speculative)
+
+    def switch_enabled(self, *, disable: str, enable: str) -> None:
+        """The unit the host boots with switched (server.switch_enabled)."""
+        switch_enabled(self.cfg, disable=disable, enable=enable)
+
+    def enable_only(self, role: str) -> None:
+        """Only the unit of `role` enabled (server.enable_only)."""
+        enable_only(self.cfg, role)
 
     def visit_seconds(self, workloads: list[Workload]) -> int:
         """What one visit may take: its server's start, then each benchmark on it at its time

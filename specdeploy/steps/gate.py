@@ -38,13 +38,11 @@ from specdeploy.decide.gate_rule import (
     smoke_outside_band,
 )
 from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, schedule_config
-from specdeploy.host.server import enable_only, switch_enabled, wait_healthy
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
-from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, measure_gate
+from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, Instance, measure_gate
 from specdeploy.sampling.sampler import Sampler
-from specdeploy.steps import lock
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -89,13 +87,20 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
     if rendered.role != "speculative" or cfg.speculation_gate is None:
         return None
     baseline = render_unit(cfg, "baseline")
+    instance = None
+    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
+        env = cfg.vllm_env
+        devices = env.get("CUDA_VISIBLE_DEVICES") or env.get("VLLM_CPU_OMP_THREADS_BIND")
+        instance = Instance(cfg.instance_name, devices, cfg.vllm_port)
     return GateInput(
         rendered,
         baseline,
         cfg.speculation_gate,
         cfg.decision_alpha,
         fingerprint(cfg, rendered, baseline),
-        across_load_input(cfg),
+        workload=cfg.workload,
+        instance=instance,
+        across_load=across_load_input(cfg),
     )
 
 
@@ -194,11 +199,10 @@ def smoke_figures(smoke: BenchResult | None) -> dict:
 
 
 def unit_it_ends_on(
-    cfg: ServeConfig,
+    sampler: Sampler,
     rendered: RenderedUnit,
     checked: dict,
     units: GateInput | None,
-    tokenizer: str,
     box: BoxGate | None = None,
     *,
     smoke: BenchResult | None = None,
@@ -207,20 +211,20 @@ def unit_it_ends_on(
     """The verified server's last step before its record: without a gate (`units` None) it ends on
     `rendered`, with one on what `speculation_gate` decides. Only that unit stays enabled (an
     earlier decision may have left the other one enabled). Returns (the unit, its health check,
-    the gate record or None)."""
+    the gate record or None). `sampler`: the server's benchmarks and restarts, as the verify step
+    built it (every fresh server renews the deploy lock first)."""
     decision = None
     if units is not None:
         rendered, checked, decision = speculation_gate(
-            cfg, units, tokenizer, box, smoke=smoke, hardware=hardware
+            sampler, units, box, smoke=smoke, hardware=hardware
         )
-    enable_only(cfg, rendered.role)
+    sampler.enable_only(rendered.role)
     return rendered, checked, decision
 
 
 def speculation_gate(
-    cfg: ServeConfig,
+    sampler: Sampler,
     units: GateInput,
-    tokenizer: str,
     box: BoxGate | None = None,
     *,
     smoke: BenchResult | None = None,
@@ -244,21 +248,18 @@ def speculation_gate(
     measured itself and flagged (`outlier`)."""
     fleet_key = class_key(units, hardware or {}) if units.settings.share else None
     with CLASSES.turn(fleet_key):
-        return _gate(cfg, units, tokenizer, box, smoke=smoke, fleet_key=fleet_key)
+        return _gate(sampler, units, box, smoke=smoke, fleet_key=fleet_key)
 
 
 def _gate(
-    cfg: ServeConfig,
+    sampler: Sampler,
     units: GateInput,
-    tokenizer: str,
     box: BoxGate | None,
     *,
     smoke: BenchResult | None,
     fleet_key: str | None,
 ) -> tuple[RenderedUnit, dict, dict]:
     """speculation_gate within its class's turn."""
-    # every fresh server renews the deploy lock first
-    sampler = Sampler(cfg, tokenizer=tokenizer, renew_lease=lock.renewal(cfg))
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
     known, outlier = None, None
@@ -283,12 +284,10 @@ def _gate(
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
         if units.across_load is not None:  # enough for the proof's test at alpha / L to decide
             runs = max(runs, proof_runs(len(units.across_load.levels), units.alpha))
-        own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: its own files
         last, checked, measured = measure_gate(
-            sampler, units, runs=runs, workload=cfg.workload, own=own,
-            out_dir=host_reports_dir(host.name),
-        )  # fmt: skip
-        decision = _recorded(cfg, units, measured)
+            sampler, units, runs=runs, out_dir=host_reports_dir(host.name)
+        )
+        decision = _recorded(units, measured)
         if fleet_key is not None:
             own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
@@ -300,7 +299,7 @@ def _gate(
                 **({"outlier": outlier} if outlier else {}),
             })  # fmt: skip
             if outlier is None:  # an outlier does not speak for its class
-                where = f"{host.name}/{cfg.instance_name}" if cfg.instance_name else host.name
+                where = f"{host.name}/{units.instance.name}" if units.instance else host.name
                 CLASSES.keep(fleet_key, decision, where)
         if key is not None:
             box.decisions[key] = decision
@@ -317,17 +316,17 @@ def _gate(
     # wrote it, after where this instance's start first writes it (a decision shared in a box).
     fall_back = {"disable": units.speculative.name, "enable": rendered.name}
     if not keep and measured_here:
-        switch_enabled(cfg, **fall_back)
+        sampler.switch_enabled(**fall_back)
     if last != rendered.role:  # the last server was the other arm's: start this one
         checked = sampler.start(rendered, install=not measured_here)
     elif not measured_here:  # it serves already: no restart, checked again
-        checked = wait_healthy(cfg, rendered.name, speculative=speculative)
+        checked = sampler.healthy(rendered.name, speculative=speculative)
     if not keep and not measured_here:
-        switch_enabled(cfg, **fall_back)
+        sampler.switch_enabled(**fall_back)
     return rendered, checked, decision
 
 
-def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecision:
+def _recorded(units: GateInput, decision: dict) -> GateDecision:
     """A measured decision as the record keeps it: what it depends on, when, which units, and on
     a whole box the instance that measured it."""
     decision |= {
@@ -336,12 +335,8 @@ def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecisio
         "speculative_unit_sha256": units.speculative.sha256,
         "baseline_unit_sha256": units.baseline.sha256,
     }
-    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
-        devices = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES") or cfg.vllm_env.get(
-            "VLLM_CPU_OMP_THREADS_BIND"
-        )
-        decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
-                                "port": cfg.vllm_port}  # fmt: skip
+    if units.instance:  # a whole box: measured on this instance alone, drained meanwhile
+        decision["measured"] = units.instance.measured()
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     return GateDecision.model_validate(decision)
 

@@ -28,7 +28,7 @@ from specdeploy.render.units import render_unit
 from specdeploy.sampling import gate_plans, sampler
 from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, rank_p_less, recording
+from tests.unit.replays import approx_tree, load, rank_p_less, recording, sampler_of
 
 NAME = "trained_gate"
 B, S = "baseline", "speculative"
@@ -129,9 +129,9 @@ def replay(tmp_path_factory):
         mp.setattr(sampler, "PendingBench", RecordedBench)
         mp.setattr(sampler, "start_fresh", start_fresh)
         mp.setattr(sampler, "warm_up", lambda c, workload: calls.append(("warm up",)))
-        mp.setattr(gate, "switch_enabled", lambda c, *, disable, enable: calls.append(
+        mp.setattr(sampler, "switch_enabled", lambda c, *, disable, enable: calls.append(
             ("switch", disable, enable)))  # fmt: skip
-        returned = gate.speculation_gate(cfg, units, "tok")
+        returned = gate.speculation_gate(sampler_of(cfg), units)
     return record, host, names, returned, calls, metas
 
 
