@@ -40,8 +40,8 @@ from specdeploy.host import server, watchdog
 from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.on_host import read_text
 from specdeploy.measure.arms import Plan, measure_unit
-from specdeploy.sampling.runs import Sample, run_samples
-from specdeploy.sampling.sampler import Sampler
+from specdeploy.sampling.runs import run_samples
+from specdeploy.sampling.sampler import Sample, Sampler
 from specdeploy.steps import lock, weights
 
 

@@ -28,8 +28,8 @@ from specdeploy.decide.decisions import (
 from specdeploy.decide.gate_rule import across_load_decision, gate_decision
 from specdeploy.decide.load_rule import level_label, tpot_by_level
 from specdeploy.render.units import RenderedUnit
-from specdeploy.sampling.runs import Sample, run_samples, visits
-from specdeploy.sampling.sampler import Sampler
+from specdeploy.sampling.runs import run_samples, visits
+from specdeploy.sampling.sampler import Sample, Sampler
 
 
 @dataclass(frozen=True)

@@ -12,38 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from pyinfra import host, logger
 
 from specdeploy.config.record import BenchResult
-from specdeploy.config.schema import Workload
 from specdeploy.decide.load_rule import rotating_rounds
-from specdeploy.render.units import RenderedUnit
-from specdeploy.sampling.sampler import Sampler
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One benchmark of a plan: the unit its server runs, its raw file's name, its workload, what
-    the raw file records of it (`meta`), and how it runs: `renew_s`, the lease (and a measurement's
-    watchdog) for its visit, None only on the visit's server (`same_server`); `install`: the unit
-    written for it (false: a production unit the deploy installed); `extra`: bench flags; `says`:
-    logged once its server is up; `timed`: its server's seconds to healthy and the whole sample's
-    seconds recorded too (compare and tune report them)."""
-
-    unit: RenderedUnit
-    name: str
-    workload: Workload
-    meta: dict
-    renew_s: int | None
-    install: bool = True
-    same_server: bool = False
-    extra: tuple[str, ...] = field(default=())
-    says: str | None = None
-    timed: bool = False
+from specdeploy.sampling.sampler import Sample, Sampler
 
 
 class Ran(NamedTuple):
@@ -59,15 +35,7 @@ def run_samples(sampler: Sampler, samples: Iterable[Sample], out_dir: Path) -> I
     written to `out_dir` before the next is asked for."""
     for s in samples:
         local = out_dir / f"{s.name}.json"
-        with sampler.sample(
-            s.unit,
-            name=s.name,
-            workload=s.workload,
-            renew_s=s.renew_s,
-            install=s.install,
-            same_server=s.same_server,
-            extra=s.extra,
-        ) as run:
+        with sampler.sample(s) as run:
             if s.says:
                 logger.info(f"{host.print_prefix}{s.says}")
             meta = dict(s.meta)

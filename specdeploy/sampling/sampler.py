@@ -51,6 +51,27 @@ class RenewsLease(Protocol):
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One benchmark of a plan: the unit its server runs, its raw file's name, its workload, what
+    the raw file records of it (`meta`), and how it runs: `renew_s`, the lease (and a measurement's
+    watchdog) for its visit, None only on the visit's server (`same_server`); `install`: the unit
+    written for it (false: a production unit the deploy installed); `extra`: bench flags; `says`:
+    logged once its server is up; `timed`: its server's seconds to healthy and the whole sample's
+    seconds recorded too (compare and tune report them)."""
+
+    unit: RenderedUnit
+    name: str
+    workload: Workload
+    meta: dict
+    renew_s: int | None
+    install: bool = True
+    same_server: bool = False
+    extra: tuple[str, ...] = field(default=())
+    says: str | None = None
+    timed: bool = False
+
+
+@dataclass(frozen=True)
 class Sampled:
     """A sample while its benchmark waits to run: `bench.run(local=..., meta=...)` runs it."""
 
@@ -91,34 +112,30 @@ class Sampler:
             )
 
     @contextmanager
-    def sample(
-        self,
-        unit: RenderedUnit,
-        *,
-        name: str,
-        workload: Workload,
-        renew_s: int | None,
-        install: bool = True,
-        same_server: bool = False,
-        extra: tuple[str, ...] = (),
-    ) -> Iterator[Sampled]:
-        """One sample of `unit` (see the module): renewed for `renew_s` (None only on the same
-        server, whose visit's renewal covered it), its benchmark `name` started, a fresh server
-        unless `same_server` (its unit written unless `install` is false: a production unit the
-        deploy installed), warmed up; the caller runs the benchmark inside the block (left unrun,
-        it is ended)."""
-        if renew_s is not None:
-            self.renew(renew_s)
-        elif not same_server:
-            raise ValueError(f"{name}: a fresh server starts only after the lease is renewed")
+    def sample(self, sample: Sample) -> Iterator[Sampled]:
+        """One sample (see the module): renewed for `sample.renew_s` (None only on the same
+        server, whose visit's renewal covered it), its benchmark started, a fresh server unless
+        `same_server` (its unit written unless `install` is false: a production unit the deploy
+        installed), warmed up; the caller runs the benchmark inside the block (left unrun, it is
+        ended)."""
+        if sample.renew_s is not None:
+            self.renew(sample.renew_s)
+        elif not sample.same_server:
+            raise ValueError(
+                f"{sample.name}: a fresh server starts only after the lease is renewed"
+            )
         started = time.monotonic()
         with PendingBench(
-            self.cfg, tokenizer=self.tokenizer, name=name, workload=workload, extra=extra
+            self.cfg,
+            tokenizer=self.tokenizer,
+            name=sample.name,
+            workload=sample.workload,
+            extra=sample.extra,
         ) as bench:  # the benchmark's imports run while this server starts
             checked: dict = {}
-            if not same_server:
-                checked = self._start(unit, install)
-                warm_up(self.cfg, workload)
+            if not sample.same_server:
+                checked = self._start(sample.unit, sample.install)
+                warm_up(self.cfg, sample.workload)
             yield Sampled(bench, checked, started)
 
     def start(self, unit: RenderedUnit, *, install: bool = True) -> dict:
