@@ -144,6 +144,11 @@ class Sampler:
         self.renew(self.cfg.health_timeout_s)
         return self._start(unit, install)
 
+    @property
+    def instance_name(self) -> str | None:
+        """A whole box's instance this server is (its files are named after it), else None."""
+        return self.cfg.instance_name
+
     def bench(self, name: str) -> PendingBench:
         """A benchmark of the host's workload on the server that is starting (the smoke run)."""
         return PendingBench(self.cfg, tokenizer=self.tokenizer, name=name)

@@ -24,7 +24,7 @@ def health_and_smoke(sampler: Sampler, rendered: RenderedUnit) -> tuple[dict, Be
     here."""
     verify_started = time.monotonic()
     # an instance of a whole box names itself: its results sit beside the others' in one folder
-    instance = sampler.cfg.instance_name
+    instance = sampler.instance_name
     name = f"smoke-{instance}-{utc_stamp()}" if instance else f"smoke-{utc_stamp()}"
     speculative = rendered.role == "speculative"
     with sampler.bench(name) as bench:
