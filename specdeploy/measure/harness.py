@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,39 +46,46 @@ from specdeploy.sampling.sampler import Sample, Sampler
 from specdeploy.steps import lock, weights
 
 
-def planned(cfg: ServeConfig, steps: Plan) -> Iterator[Sample]:
+@dataclass(frozen=True)
+class Samples:
     """A plan's steps (Step, or the predict flow's SharedStep) as the samples runs.run_samples runs:
     each a fresh server for its arm (or, same_server, one more benchmark on the server the previous
     sample started for this same arm: tune_flow.py's shared visits, and a visit's higher load
     levels), the deploy lock and the watchdog renewed first for as long as that may take
     (watchdog_seconds). Lazy: a sequential plan reads the samples written so far."""
-    for i, (arm, warm, *same_server) in enumerate(steps):
-        unit = measure_unit(cfg, arm)
-        workload = arm.workload or cfg.workload
-        same = bool(same_server and same_server[0])
-        yield Sample(
-            unit,
-            f"{i:02d}-{arm.label}",
-            workload,
-            {
-                "arm": arm.label,
-                "index": i,
-                "warmup": warm,
-                "speculative": arm.speculative,
-                "prefix_caching": arm.prefix_caching,
-                "unit_argv": unit.argv,
-                "speculative_config": arm.config(cfg).speculative_config
-                if arm.speculative
-                else None,
-                "fresh_server": not same,
-                "seed": workload.seed,
-            },
-            renew_s=watchdog_seconds(cfg, workload),
-            same_server=same,
-            extra=tuple(arm.bench_extra),
-            says=f"sample {i:02d} {arm.label}{' (warm-up, discarded)' if warm else ''}",
-            timed=True,
-        )
+
+    cfg: ServeConfig
+    steps: Plan
+
+    def __iter__(self) -> Iterator[Sample]:
+        cfg = self.cfg
+        for i, (arm, warm, *same_server) in enumerate(self.steps):
+            unit = measure_unit(cfg, arm)
+            workload = arm.workload or cfg.workload
+            same = bool(same_server and same_server[0])
+            yield Sample(
+                unit,
+                f"{i:02d}-{arm.label}",
+                workload,
+                {
+                    "arm": arm.label,
+                    "index": i,
+                    "warmup": warm,
+                    "speculative": arm.speculative,
+                    "prefix_caching": arm.prefix_caching,
+                    "unit_argv": unit.argv,
+                    "speculative_config": arm.config(cfg).speculative_config
+                    if arm.speculative
+                    else None,
+                    "fresh_server": not same,
+                    "seed": workload.seed,
+                },
+                renew_s=watchdog_seconds(cfg, workload),
+                same_server=same,
+                extra=tuple(arm.bench_extra),
+                says=f"sample {i:02d} {arm.label}{' (warm-up, discarded)' if warm else ''}",
+                timed=True,
+            )
 
 
 def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
@@ -144,6 +152,7 @@ def measure_plan(
             default=str,
         )
     )
+    samples = Samples(cfg, plan)
     # the watchdog is armed before the first sample stops production, renewed before every other
     sampler = Sampler(
         cfg,
@@ -153,7 +162,7 @@ def measure_plan(
         readmit=readmit,
     )
     try:
-        results = [ran.result for ran in run_samples(sampler, planned(cfg, plan), out_dir)]
+        results = [ran.result for ran in run_samples(sampler, samples, out_dir)]
     finally:
         # for the restore itself
         watchdog.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg), readmit)
