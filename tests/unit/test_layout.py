@@ -97,8 +97,11 @@ ROOMS = [
     "render",  # argv, units and env files, a whole box's layout: reads the nvidia facts (host)
     "checks",  # refusals before any host is touched; GPU, preflight, memory and release rules:
     #            reads the argv readers (render) and the facts (host)
+    "sampling",  # how a measurement runs on a host, once: the sampler (lease, early benchmark,
+    #              fresh server, warm-up), the loop over a plan's samples, the gate's plans: below
+    #              steps so the gate (a step) and measure/ both use it; the lease is handed in
     "steps",  # what a deploy does to a host: lock, install, weights, unit, gate, smoke, record, ...
-    "measure",  # arms, the sampling harness, compare/tune plans, the tune flow: the harness takes
+    "measure",  # arms, the compare/tune plans and their harness, the tune flow: the harness takes
     #             the deploy lock and stages weights (steps)
     "flows",  # the deploys: serve (a host or a whole box), compare/tune, the fleet rollout
     "observe",  # status, its table, Prometheus and Grafana: reads what the deploys leave
