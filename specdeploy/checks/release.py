@@ -14,10 +14,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from specdeploy.checks import capabilities
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.load_rule import broken_schedule_rule, is_int
+from specdeploy.releases import capabilities
+from specdeploy.releases.capabilities import GRAPHLESS_DRAFT_STEPS, V2_RUNNER_ENV
 from specdeploy.render.argv import engine_flags, has_flag
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).
@@ -346,7 +347,6 @@ def check_draft_parallelism(
     ]
 
 
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 # Upstream threads on speculative decoding with pipeline parallelism (unsupported or refused).
 PIPELINE_PARALLEL_ISSUES = "vllm-project/vllm#50853, #57755"
 
@@ -559,11 +559,6 @@ def _piecewise_schedule_warning(
             "or run a fixed num_speculative_tokens",
         )
     ]
-
-
-# Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
-# the eager draft passes to one or two per step.
-GRAPHLESS_DRAFT_STEPS = 2
 
 
 def release_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:

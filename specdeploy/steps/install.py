@@ -21,19 +21,19 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, python, server
 
-from specdeploy.checks.capabilities import (
-    HOST_SYSTEM_PACKAGES,
-    PACKAGE_REMOVE_AFTER_INSTALL,
-    PACKAGE_SYSTEM_DEPENDENCIES,
-    alias_for,
-    build_facts,
-)
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.system import FreeDiskBytes
 from specdeploy.host.facts.vllm import PythonVersion, VllmVersion
 from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 from specdeploy.host.scripts import source
+from specdeploy.releases.capabilities import (
+    HOST_SYSTEM_PACKAGES,
+    PACKAGE_REMOVE_AFTER_INSTALL,
+    PACKAGE_SYSTEM_DEPENDENCIES,
+    alias_for,
+    build_facts,
+)
 from specdeploy.render.argv import unit_exec_argv
 from specdeploy.steps import lock
 from specdeploy.steps.secrets import Secret, pip_options_text, secret_file

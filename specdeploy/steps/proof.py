@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pyinfra import host, logger
 from pyinfra.operations import python
 
-from specdeploy.checks.capabilities import table_for
 from specdeploy.config.record import DeploymentRecord, ValidatedBy
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
@@ -36,6 +35,7 @@ from specdeploy.host.on_host import (
     sh_status,
 )
 from specdeploy.host.scripts import source
+from specdeploy.releases.capabilities import table_for
 from specdeploy.render.units import RenderedUnit, secrets, service_environment
 from specdeploy.report import notes
 from specdeploy.steps import lock

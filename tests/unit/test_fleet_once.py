@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from specdeploy.checks import capabilities
 from specdeploy.config import revisions
 from specdeploy.config.schema import ServeConfig
+from specdeploy.releases import capabilities
 from tests.unit.conftest import VALID
 
 HOSTS = 20

