@@ -46,6 +46,27 @@ def test_cuda_build_per_release():
     assert "needs driver >= 580.65.06" in capabilities.driver_problem("0.32.0", "575.57.08", "12.9")
 
 
+@pytest.mark.parametrize(
+    ("pin", "table"),
+    [
+        ("0.27.2", "0.27.1"),  # the nearest older table of its minor, not the minor's first
+        ("0.27.1.post1", "0.27.1"),
+        ("0.27.1rc1", "0.27.0"),  # older than 0.27.1: 0.27.1's table would describe the future
+        ("0.27.0rc1", "0.27.0"),  # older than every table of its minor: the minor's oldest
+        ("0.28.3", "0.28.0"),
+    ],
+)
+def test_a_pin_without_its_own_table_takes_the_nearest_older_table_of_its_minor(
+    valid_data, pin, table
+):
+    assert capabilities.table_for(pin) == capabilities.TableChoice(table, False)
+    assert capabilities.release_of(pin).speculative_keys.version == table
+    data = {**valid_data, "vllm_version": pin, "vllm_package": "vllm"}
+    assert check_host("gpu-1", data) == []
+    (w,) = [w for w in check_warnings("gpu-1", data) if w.field == "vllm_version"]
+    assert f"checked against vLLM {table}'s table (same minor release)" in w.what
+
+
 def test_draft_tp_other_than_target_refused_on_the_v1_runner(valid_data):
     data = spec(valid_data, draft_tensor_parallel_size=1)
     data |= {"vllm_version": "0.26.0", "vllm_extra_args": ["--tensor-parallel-size", "2"]}
