@@ -235,7 +235,8 @@ class SpeculativeKeys:
 
 
 def speculative_keys(vllm_version: str, allow_unknown: bool = False) -> SpeculativeKeys:
-    """The key set of the table that describes `vllm_version` (raises UnknownRelease)."""
+    """The key set of the table that describes `vllm_version` (raises UnknownRelease), for a
+    caller holding a pin and no `Release` (the load flow); a check takes `release_of`'s."""
     return release_of(vllm_version, allow_unknown).speculative_keys
 
 
@@ -255,18 +256,9 @@ def removed_methods(release: str) -> dict[str, str]:
     return removed_since_older(release, "methods")
 
 
-def flag_names(vllm_version: str, allow_unknown: bool = False) -> frozenset[str]:
-    """vLLM's own option names (EngineArgs and frontend fields, host-data spelling) of the release;
-    empty when no table describes it."""
-    try:
-        return release_of(vllm_version, allow_unknown).flag_names
-    except UnknownRelease:
-        return frozenset()
-
-
 def build_facts(vllm_version: str, package: str) -> dict | None:
     """What the package's wheel of this release pins (torch, cuda, requires_python), or None where
-    its table has no such build."""
+    its table has no such build or there is no table (for the install step, holding a pin)."""
     try:
         return release_of(vllm_version).build_facts(package)
     except UnknownRelease:
@@ -277,49 +269,8 @@ def supports_heterogeneous_vocab(vllm_version: str) -> bool:
     return Version(vllm_version) >= HETEROGENEOUS_VOCAB_SINCE
 
 
-def cuda_build(vllm_version: str) -> str | None:
-    """The CUDA version the pinned `vllm` build is made for: a local build's `+cuNNN` (cu129: 12.9),
-    else the release's default wheel's (its table), or None where neither says."""
-    local = re.search(r"(?:^|\.)cu(\d{2})(\d)(?:\.|$)", Version(vllm_version).local or "")
-    if local:
-        return f"{int(local.group(1))}.{local.group(2)}"
-    facts = build_facts(vllm_version, "vllm")
-    return facts.get("cuda") if facts else None
-
-
-def cuda_source(vllm_version: str) -> str:
-    """Where `cuda_build` read the CUDA version: the local version, or the release's table."""
-    local = Version(vllm_version).local
-    if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
-        return f"its local version +{local}"
-    return f"table of vLLM {release_of(vllm_version).release}"
-
-
-def min_compute_capability(vllm_version: str) -> tuple[int, int] | None:
-    """The oldest GPU compute capability the pinned build runs on, or None where unknown."""
-    needed = cuda_build(vllm_version)
-    return MIN_COMPUTE_CAPABILITY.get(int(needed.split(".")[0])) if needed else None
-
-
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".") if part.isdigit())
-
-
-def driver_problem(vllm_version: str, driver: str | None, driver_cuda: str | None) -> str | None:
-    """Why this driver cannot run the release's CUDA build, or None (also when unknown)."""
-    needed = cuda_build(vllm_version)
-    if needed is None or driver is None:
-        return None
-    major = int(needed.split(".")[0])
-    minimum = MIN_DRIVER.get(major)
-    too_old_cuda = driver_cuda is not None and _version_tuple(driver_cuda)[:1] < (major,)
-    if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
-        return (
-            f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
-            f"{vllm_version}, built for CUDA {needed} ({cuda_source(vllm_version)}): "
-            f"it needs driver >= {minimum}"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -330,13 +281,6 @@ class DraftModelRuntime:
     model_runner: str  # "v1" or "v2"
     draft_tp: str  # "equal": vLLM raises unless draft TP == target TP; "ignored": target's TP used
     v2_cuda_graphs: bool | None  # Model Runner V2's draft loop captures CUDA graphs (None: no V2)
-
-
-def draft_model_runtime(
-    vllm_version: str, heterogeneous_vocab: bool = False, allow_unknown: bool = False
-) -> DraftModelRuntime:
-    """How the pinned release runs method draft_model (raises UnknownRelease)."""
-    return release_of(vllm_version, allow_unknown).draft_model_runtime(heterogeneous_vocab)
 
 
 @dataclass(frozen=True)
@@ -354,11 +298,6 @@ class ReleaseRules:
     unknown_keys_refused: bool | None  # SpeculativeConfig refuses keys it does not know
     # {"kept": [methods], "names": {fragment: method}}: a draft's name overrides an explicit method
     method_from_draft_name: dict | None
-
-
-def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
-    """The rules of the table that describes `vllm_version` (raises UnknownRelease)."""
-    return release_of(vllm_version, allow_unknown).rules
 
 
 def release_of(vllm_version: str, allow_unknown: bool = False) -> Release:
@@ -380,8 +319,8 @@ def release_of(vllm_version: str, allow_unknown: bool = False) -> Release:
 @dataclass(frozen=True, eq=False)
 class Release:
     """One pin's release table, and what specdeploy reads from it as attributes: its speculative
-    keys and methods, its rules, how it runs draft_model, its vLLM flags and its builds. The
-    module's functions of a version string read the same attributes (through `release_of`)."""
+    keys and methods, its rules, how it runs draft_model, its vLLM flags, its builds and the CUDA
+    they need. `release_of` looks it up once per pin; checks take it and read its attributes."""
 
     pinned: str  # the pin as written, e.g. 0.32.0+cu129
     choice: TableChoice  # which table describes it, and whether it is the release's own
@@ -416,6 +355,46 @@ class Release:
         if self.choice.unknown:
             return None
         return self.table.get("builds", {}).get(package)
+
+    @cached_property
+    def cuda_build(self) -> str | None:
+        """The CUDA version the pinned `vllm` build is made for: a local build's `+cuNNN` (cu129:
+        12.9), else the release's default wheel's (its table), or None where neither says."""
+        local = re.search(r"(?:^|\.)cu(\d{2})(\d)(?:\.|$)", Version(self.pinned).local or "")
+        if local:
+            return f"{int(local.group(1))}.{local.group(2)}"
+        facts = self.build_facts("vllm")
+        return facts.get("cuda") if facts else None
+
+    @property
+    def cuda_source(self) -> str:
+        """Where `cuda_build` read the CUDA version: the local version, or the release's table."""
+        local = Version(self.pinned).local
+        if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
+            return f"its local version +{local}"
+        return f"table of vLLM {self.release}"
+
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The oldest GPU compute capability the pinned build runs on, or None where unknown."""
+        needed = self.cuda_build
+        return MIN_COMPUTE_CAPABILITY.get(int(needed.split(".")[0])) if needed else None
+
+    def driver_problem(self, driver: str | None, driver_cuda: str | None) -> str | None:
+        """Why this driver cannot run the pinned build's CUDA, or None (also when unknown)."""
+        needed = self.cuda_build
+        if needed is None or driver is None:
+            return None
+        major = int(needed.split(".")[0])
+        minimum = MIN_DRIVER.get(major)
+        too_old_cuda = driver_cuda is not None and _version_tuple(driver_cuda)[:1] < (major,)
+        if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
+            return (
+                f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
+                f"{self.pinned}, built for CUDA {needed} ({self.cuda_source}): "
+                f"it needs driver >= {minimum}"
+            )
+        return None
 
     def draft_model_runtime(self, heterogeneous_vocab: bool = False) -> DraftModelRuntime:
         """How the release runs method draft_model. A release without heterogeneous vocabularies

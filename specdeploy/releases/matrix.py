@@ -217,7 +217,7 @@ def page() -> str:
     for release in packaged:
         s = summary(release)
         cuda = s.builds.get("vllm") or next(iter(s.builds.values()))
-        runtime = capabilities.draft_model_runtime(release)
+        runtime = capabilities.release_of(release).draft_model_runtime()
         graphs = {True: "yes", False: "no", None: "(V1)"}[
             runtime.v2_cuda_graphs if runtime.model_runner == "v2" else None
         ]

@@ -30,8 +30,8 @@ def test_release_tables_are_parsed_once_for_a_fleet(monkeypatch):
     try:
         for version in capabilities.known_versions() * HOSTS:  # every host asks every question
             capabilities.speculative_keys(version)
-            capabilities.flag_names(version)
-            capabilities.draft_model_runtime(version)
+            assert capabilities.release_of(version).flag_names
+            capabilities.release_of(version).draft_model_runtime()
         tables = len(capabilities._tables())
     finally:
         capabilities._tables.cache_clear()

@@ -87,10 +87,10 @@ def test_gpu_older_than_the_builds_cuda_supports_is_refused(valid_data):
 
 
 def test_local_cuda_build_is_checked_for_its_own_cuda():
-    assert capabilities.cuda_build("0.32.0+cu129") == "12.9"
-    assert capabilities.cuda_build("0.32.0") == "13.0"
-    assert capabilities.min_compute_capability("0.32.0+cu126") == (7, 0)
-    assert capabilities.min_compute_capability("0.32.0") == (7, 5)
+    assert capabilities.release_of("0.32.0+cu129").cuda_build == "12.9"
+    assert capabilities.release_of("0.32.0").cuda_build == "13.0"
+    assert capabilities.release_of("0.32.0+cu126").min_compute_capability == (7, 0)
+    assert capabilities.release_of("0.32.0").min_compute_capability == (7, 5)
 
 
 def test_driver_and_gpu_count_are_refused_at_planning(valid_data):

@@ -24,26 +24,31 @@ def fields(problems):
 
 
 def test_runtime_per_release():
-    old = capabilities.draft_model_runtime("0.26.0")
+    old = capabilities.release_of("0.26.0").draft_model_runtime()
     assert (old.async_scheduling_default, old.model_runner, old.draft_tp) == (False, "v1", "equal")
     assert old.exact
-    mid = capabilities.draft_model_runtime("0.28.1")  # a patch release borrows its minor's table
+    mid = capabilities.release_of("0.28.1").draft_model_runtime()  # its minor's table, borrowed
     assert (mid.release, mid.exact, mid.async_scheduling_default) == ("0.28.0", False, True)
     with pytest.raises(capabilities.UnknownRelease, match="0.25.0 has no table"):
-        capabilities.draft_model_runtime("0.25.0")
-    new = capabilities.draft_model_runtime("0.32.0")
+        capabilities.release_of("0.25.0")
+    new = capabilities.release_of("0.32.0").draft_model_runtime()
     assert (new.model_runner, new.draft_tp) == ("v2", "ignored")
-    fallback = capabilities.draft_model_runtime("0.32.0", heterogeneous_vocab=True)
+    fallback = capabilities.release_of("0.32.0").draft_model_runtime(heterogeneous_vocab=True)
     assert (fallback.model_runner, fallback.draft_tp) == ("v1", "equal")
 
 
 def test_cuda_build_per_release():
-    assert capabilities.cuda_build("0.26.0") == "13.0"
-    assert capabilities.cuda_build("0.33.0") == "13.0"  # its own table
-    assert capabilities.cuda_build("0.99.0") is None  # no table: check refuses the pin
-    assert capabilities.cuda_build("0.20.0") is None
-    assert capabilities.driver_problem("0.32.0", "580.159.04", "13.0") is None
-    assert "needs driver >= 580.65.06" in capabilities.driver_problem("0.32.0", "575.57.08", "12.9")
+    assert capabilities.release_of("0.26.0").cuda_build == "13.0"
+    assert capabilities.release_of("0.33.0").cuda_build == "13.0"  # its own table
+    unknown = capabilities.release_of("0.99.0", allow_unknown=True)  # the newest table, borrowed
+    assert unknown.cuda_build is None  # its builds are another release's: no CUDA claimed
+    assert capabilities.release_of("0.99.0+cu129", allow_unknown=True).cuda_build == "12.9"
+    for no_table in ("0.99.0", "0.20.0"):  # check refuses these pins
+        with pytest.raises(capabilities.UnknownRelease):
+            capabilities.release_of(no_table)
+    release = capabilities.release_of("0.32.0")
+    assert release.driver_problem("580.159.04", "13.0") is None
+    assert "needs driver >= 580.65.06" in release.driver_problem("575.57.08", "12.9")
 
 
 @pytest.mark.parametrize(
@@ -181,7 +186,7 @@ def test_tables_carry_wheel_facts():
     keys = capabilities.speculative_keys("0.33.0")
     assert {"draft_lm_head_quantization", "disable_lookahead_block_hashes"} <= keys.keys
     assert keys.removed == {"medusa": "0.32.0", "mlp_speculator": "0.32.0"}
-    assert "tensor_parallel_size" in capabilities.flag_names("0.33.0")
+    assert "tensor_parallel_size" in capabilities.release_of("0.33.0").flag_names
 
 
 def test_install_pins_the_full_local_version():

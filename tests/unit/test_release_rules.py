@@ -78,7 +78,7 @@ def test_pipeline_parallel_with_speculation_is_refused(valid_data, version):
     adaptive = pinned(valid_data, version, enable_adaptive_verification=True)
     adaptive["vllm_extra_args"] = ["-pp", "2"]
     own = by_field(check_host("gpu-1", adaptive)).get("vllm_extra_args")
-    if capabilities.release_rules(version).pipeline_parallel_refusals:  # vLLM's own words
+    if capabilities.release_of(version).rules.pipeline_parallel_refusals:  # vLLM's own words
         assert "Adaptive verification is not currently compatible" in own.what
 
 
