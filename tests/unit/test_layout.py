@@ -189,6 +189,13 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     (wheel,) = tmp_path.glob("specdeploy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdeploy/flows/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
+    assert "specdeploy/releases/tables/index.json" in names  # the release tables travel along
+    (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    script = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "specdeploy = specdeploy.cli:main" in script
+    from specdeploy.cli import main  # what the console script calls
+
+    assert callable(main)
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
 
 
