@@ -115,8 +115,9 @@ def test_a_new_release_by_contributings_recipe_alone(tmp_path):
     """CONTRIBUTING's recipe for a new vLLM release, followed step by step in a copy of the
     checkout with nothing else known: `releases add` into the package's tables (a local wheel of
     a fake 0.35.0 for the download), the release added to the index, the reference regenerated.
-    Then the product accepts the release as one of its own (check: valid, no borrowed table;
-    releases list: packaged; the reference current) and the repository's release tests pass."""
+    Then the product accepts the release as one of its own (check: valid, no borrowed table) and
+    the repository's release tests pass unedited: the index covers it as packaged, the reference
+    is the generator's output and has its section and upgrade path."""
     checkout = checkout_copy(tmp_path / "checkout")
     env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{checkout / 'sandbox'}",
            "SPECDEPLOY_RELEASES_DIR": str(tmp_path / "user")}  # fmt: skip
@@ -161,8 +162,6 @@ def test_a_new_release_by_contributings_recipe_alone(tmp_path):
     )
     (checkout / "inv.py").write_text('hosts = ["h1"]\n')
     assert follow("specdeploy check inv.py").stdout.strip().splitlines() == ["1 host(s) valid."]
-    assert "0.35.0 (packaged)" in follow("specdeploy releases list").stdout
-    follow("python -m specdeploy.docs.reference --check")
     page = (checkout / "docs" / "reference" / "releases.md").read_text()
     assert "\n## 0.35.0\n" in page and "## Upgrading a fleet from 0.34.0 to 0.35.0" in page
     tests = follow("python -m pytest -q -p no:cacheprovider --noconftest "
