@@ -170,14 +170,16 @@ def check_release(
     (then only an explicit --dtype is known, and a warning says so)."""
     if cfg.vllm_package != "vllm" or accelerators.status != "ok":
         return
-    try:  # the pin's release, looked up once for the driver, the GPUs and the dtype below
+    try:  # the pin's release, looked up once for the driver and the GPUs below
         release = capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
-    except capabilities.UnknownRelease:  # refused by `specdeploy check` before any host
-        return
+    except capabilities.UnknownRelease:  # refused by `specdeploy check`; bfloat16 still checked
+        release = None
     # what the host has and runs first, then the build's table
     gpus = [g for g in _visible(cfg, accelerators.gpus) if _capability(g.compute_capability)]
     dtype, where = served_dtype(flags, target)
-    reason = release.driver_problem(accelerators.driver_version, accelerators.cuda_version)
+    reason = release and release.driver_problem(
+        accelerators.driver_version, accelerators.cuda_version
+    )
     if reason:
         result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
     if not gpus:
@@ -185,7 +187,7 @@ def check_release(
     oldest = min(gpus, key=lambda g: _capability(g.compute_capability))
     cap = _capability(oldest.compute_capability)
     label = f"GPU {oldest.index} ({oldest.name}) has compute capability {oldest.compute_capability}"
-    minimum = release.min_compute_capability
+    minimum = release and release.min_compute_capability
     if minimum and cap < minimum:
         result.problems.append(
             f"{label}, but vLLM {cfg.vllm_version} is built for CUDA "
