@@ -8,7 +8,7 @@ import difflib
 import ipaddress
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from pyinfra import host as current_host
@@ -28,6 +28,7 @@ from specdeploy.render.argv import (
     LEGACY_SPECULATIVE_FLAGS,
     MANAGED_FLAGS,
     SHORT_SPECULATIVE_FLAGS,
+    EngineFlags,
     engine_flags,
 )
 
@@ -165,13 +166,19 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
 
 def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
     """Every problem with one host's data; empty when it is deployable."""
-    return _check_host(host, data)[0]
+    return _check_host(host, data).problems
 
 
-def _check_host(
-    host: str, data: dict[str, Any]
-) -> tuple[list[Problem], release_checks.PinCheck | None]:
-    """check_host's problems, and the pin's check with its `Release` (None without a pin)."""
+class HostCheck(NamedTuple):
+    problems: list[Problem]
+    pin: release_checks.PinCheck | None  # None without a pin
+    cfg: ServeConfig | None = None  # None where the data is not a config
+    flags: EngineFlags | None = None  # the config's engine flags, parsed once
+
+
+def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
+    """check_host's problems, with what the checks were handed: the pin's check and its `Release`,
+    the config and its parsed engine flags (check_warnings reads the same)."""
     pin = _version(host, data) if "vllm_version" in data else None
     version_problems = pin.problems if pin else []
     problems = version_problems + _check_keys(host, data, pin)
@@ -181,7 +188,7 @@ def _check_host(
     except ValidationError as error:
         seen = {p.field for p in problems}
         problems += [p for p in _from_validation_error(host, error) if p.field not in seen]
-        return problems, pin
+        return HostCheck(problems, pin)
     flags = engine_flags(cfg)  # parsed once, read by each check below
     if pin and not version_problems:  # key sets and rules need a usable version and its table
         problems += release_checks.check_speculative(host, cfg, pin.release, flags)
@@ -194,7 +201,7 @@ def _check_host(
         + check_load(host, cfg, flags)
         + request_set_checks.check_request_set(host, cfg)
     )
-    return problems, pin
+    return HostCheck(problems, pin, cfg, flags)
 
 
 # What pip accepts in a requirements file (pip_install_args reach pip as one, `-r`, so a token in
@@ -303,11 +310,9 @@ def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     """Settings the pinned release makes pointless, and a pin checked against another release's
     table: reported by `specdeploy check`, not refused. Empty when the data has problems (those
     come first)."""
-    problems, pin = _check_host(host, data)
+    problems, pin, cfg, flags = _check_host(host, data)
     if problems:
         return []
-    cfg = config_from_data(data)
-    flags = engine_flags(cfg)
     warnings = pin.warnings + release_checks.release_warnings(host, cfg, pin.release, flags)
     warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
     return warnings + _open_without_key(host, cfg)
