@@ -132,3 +132,27 @@ def test_engine_flags_are_parsed_once_per_config(monkeypatch):
         assert len(parses) == 1
     finally:
         argv.parse_engine_flags.cache_clear()  # no counting flags left for later tests
+
+
+def test_a_hosts_checks_are_handed_its_release(monkeypatch):
+    """check_version looks the pin's Release up once and every check of the host reads that one
+    (keys, flag names, rules, draft TP, warnings), none asks again from the version string (before:
+    3 lookups for check_host, 4 more for check_warnings)."""
+    from specdeploy.checks import host_data
+
+    asked: list[tuple] = []
+    real = capabilities.release_of
+
+    def counting(*args, **kwargs):
+        asked.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capabilities, "release_of", counting)
+    data = {**VALID, "vllm_extra_args": ["--tensor-parallel-size", "2"], "tensor_parallel_sise": 2}
+    data["speculative_config"] = {**VALID["speculative_config"], "draft_tensor_parallel_size": 1}
+    assert host_data.check_host("one", data)  # the typo is found: the flag names were read
+    assert len(asked) == 1, asked
+    asked.clear()
+    del data["tensor_parallel_sise"]
+    assert host_data.check_warnings("one", data)  # draft TP ignored: the runtime was read
+    assert len(asked) == 1, asked
