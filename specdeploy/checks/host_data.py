@@ -37,6 +37,7 @@ __all__ = [
     "Problem",
     "check_config",
     "check_host",
+    "check_report",
     "check_warnings",
     "host_config",
     "host_config_and_pins",
@@ -295,27 +296,38 @@ def host_config_as_deployed() -> ServeConfig:
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:
     """Revisions that are branches or tags: not refused, but the operator should know the deploy
     pins them to the commit the control node resolves at rollout time (revisions.py)."""
-    if check_host(host, data):
-        return []
-    return [
-        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
-                f"{revision!r} of {repo} is a moving ref",
-                "the deploy pins it to the commit the control node resolves at rollout time "
-                "(recorded per host); pin a commit sha to choose the weights yourself")
-        for role, repo, revision in revisions.moving_refs(config_from_data(data))
-    ]  # fmt: skip
+    return check_report(host, data).notes
 
 
 def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     """Settings the pinned release makes pointless, and a pin checked against another release's
     table: reported by `specdeploy check`, not refused. Empty when the data has problems (those
     come first)."""
+    return check_report(host, data).warnings
+
+
+class CheckReport(NamedTuple):
+    problems: list[Problem]
+    warnings: list[Problem]  # empty where there are problems (those come first)
+    notes: list[Problem]  # moving refs; empty where there are problems
+
+
+def check_report(host: str, data: dict[str, Any]) -> CheckReport:
+    """What `specdeploy check` says of a host, from one check of its data: the problems, else the
+    warnings and the notes, which read the config, Release and engine flags the checks had."""
     problems, pin, cfg, flags = _check_host(host, data)
     if problems:
-        return []
+        return CheckReport(problems, [], [])
     warnings = pin.warnings + release_checks.release_warnings(host, cfg, pin.release, flags)
     warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
-    return warnings + _open_without_key(host, cfg)
+    notes = [
+        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
+                f"{revision!r} of {repo} is a moving ref",
+                "the deploy pins it to the commit the control node resolves at rollout time "
+                "(recorded per host); pin a commit sha to choose the weights yourself")
+        for role, repo, revision in revisions.moving_refs(cfg)
+    ]  # fmt: skip
+    return CheckReport([], warnings + _open_without_key(host, cfg), notes)
 
 
 def _loopback(address: str) -> bool:

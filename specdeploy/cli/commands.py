@@ -28,11 +28,12 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
         return 1
-    problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
+    reports = [checks.check_report(name, data) for name, data in hosts.items()]  # one per host
+    problems = [p for report in reports for p in report.problems]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
-    warnings = [w for name, data in hosts.items() for w in checks.check_warnings(name, data)]
-    notes = [n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)]
+    warnings = [w for report in reports for w in report.warnings]
+    notes = [n for report in reports for n in report.notes]
     # the same said of many hosts (a group_data setting) once, with the hosts counted; each with
     # its key's section of the reference: what it means
     for names, problem in grouped(problems):

@@ -156,3 +156,32 @@ def test_a_hosts_checks_are_handed_its_release(monkeypatch):
     del data["tensor_parallel_sise"]
     assert host_data.check_warnings("one", data)  # draft TP ignored: the runtime was read
     assert len(asked) == 1, asked
+
+
+def test_specdeploy_check_checks_each_host_once(tmp_path, monkeypatch, capsys):
+    """`specdeploy check` says a host's problems, warnings and notes from one check of its data
+    (before: three, one each for the problems, the warnings and the moving-ref notes)."""
+    from specdeploy.checks import host_data
+    from specdeploy.cli import main
+
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'vllm_version = "0.28.1"\ntarget_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 2}\n'
+    )
+    (tmp_path / "inv.py").write_text('hosts = ["h1", "h2", "h3"]\n')
+    monkeypatch.chdir(tmp_path)
+    checked: list[str] = []
+    real = host_data._check_host
+
+    def counting(host, data):
+        checked.append(host)
+        return real(host, data)
+
+    monkeypatch.setattr(host_data, "_check_host", counting)
+    assert main(["check", "inv.py"]) == 0
+    out = capsys.readouterr()
+    assert "3 host(s) valid." in out.out and "0.28.0's table" in out.out  # warned, from the one
+    assert "moving ref" in out.err  # and noted
+    assert sorted(checked) == ["h1", "h2", "h3"]
