@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specdeploy"
@@ -199,35 +200,75 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
 
 
-# Scripts the GPU machine runs with its image's bare python3 (no venv, so no checkout on the path):
-# they reach the device helpers of benchmarks/gpu_payoff by path, as their device_call.sh copies
-# them. Every other benchmark imports the installed package (and the checkout, which the editable
-# install puts on the path: `tests.*`, `benchmarks.*`).
-BARE_DEVICE_SCRIPTS = {
-    "benchmarks/bench_early/device_run.py",
-    "benchmarks/gpu_preflight/device_run.py",
-    "benchmarks/gpu_truth/device_run.py",
-    "benchmarks/gpu_truth/make_weights.py",
-    "benchmarks/gpu_truth/swing_run.py",
-}
-
-
 def test_benchmarks_and_tests_import_code_rather_than_patch_the_path():
     """A test imports what it tests (product code from the package, a harness from tests/), never
-    a file by its path; a benchmark imports the package rather than editing sys.path."""
+    a benchmark nor a file by its path; a benchmark imports the package and its siblings as
+    `benchmarks.*` (on the GPU machine too: the device runner carries the code tree and starts
+    every module with -m), never edits sys.path."""
     repo = PACKAGE.parent
-    patched = {
+    patched = sorted(
         str(path.relative_to(repo))
         for path in (repo / "benchmarks").rglob("*.py")
-        if "sys.path.insert" in path.read_text()
-    }
-    assert patched <= BARE_DEVICE_SCRIPTS, sorted(patched - BARE_DEVICE_SCRIPTS)
-    by_path = [
-        str(path.relative_to(repo))
-        for path in (repo / "tests").rglob("*.py")
-        if path != Path(__file__).resolve() and "spec_from_file_location" in path.read_text()
-    ]
+        if re.search(r"sys\.path\s*(\.\w+\(|\[|\+?=)", path.read_text())
+    )
+    assert not patched, patched
+    this = Path(__file__).resolve()
+    by_path, from_benchmarks = [], []
+    for path in sorted((repo / "tests").rglob("*.py")):
+        if path == this:
+            continue
+        text = path.read_text()
+        if "spec_from_file_location" in text:
+            by_path.append(str(path.relative_to(repo)))
+        for node in ast.walk(ast.parse(text)):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n == "benchmarks" or n.startswith("benchmarks.") for n in names):
+                from_benchmarks.append(str(path.relative_to(repo)))
     assert not by_path, by_path
+    assert not from_benchmarks, from_benchmarks
+
+
+# Shell scripts in benchmarks/ that run on the control node (every GPU plan runs through
+# `python -m benchmarks.device`).
+CONTROL_NODE_SCRIPTS = {"benchmarks/suite_cpu/demo_cpu.sh"}
+
+
+def test_every_gpu_plan_goes_through_the_one_device_runner():
+    """benchmarks/device/plans.py names each plan's runner, plan builder and setup modules; each
+    exists, and every device-side runner under benchmarks/ is one of them. The carrying,
+    unpacking, starting and collecting live in benchmarks/device/__main__.py alone: no other
+    benchmark script handles the device call's $OUT or the vLLM pack."""
+    repo = PACKAGE.parent
+    plans = (repo / "benchmarks" / "device" / "plans.py").read_text()
+    named = set(re.findall(r'"(benchmarks(?:\.\w+)+)(?::\w+)?"', plans))
+    assert named, "plans.py names no module"
+    missing = sorted(m for m in named if not (repo / (m.replace(".", "/") + ".py")).is_file())
+    assert not missing, missing
+    runners = {
+        ".".join(path.relative_to(repo).with_suffix("").parts)
+        for path in (repo / "benchmarks").rglob("*.py")
+        if path.stem in ("device_run", "swing_run")
+    }
+    assert runners and runners <= named, sorted(runners - named)
+    scripts = {  # an experiment's scripts, not its recordings (host_proof's recorded command.sh)
+        str(p.relative_to(repo))
+        for pattern in ("*.sh", "*/*.sh")
+        for p in (repo / "benchmarks").glob(pattern)
+    }
+    assert scripts <= CONTROL_NODE_SCRIPTS, sorted(scripts - CONTROL_NODE_SCRIPTS)
+    runner = repo / "benchmarks" / "device" / "__main__.py"
+    handling = sorted(
+        str(path.relative_to(repo))
+        for path in (repo / "benchmarks").rglob("*.py")
+        if path != runner and re.search(r'environ\[?\.?(get\()?\W*"OUT"|vllm026', path.read_text())
+    )
+    assert not handling, handling
 
 
 def test_deploys_are_entry_points_of_a_few_lines():
