@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from specdeploy.checks.capabilities import speculative_keys
 from specdeploy.config.schema import LoadLevel, ServeConfig
 from specdeploy.decide.load_rule import (
     SCHEDULE_KEY,
@@ -26,6 +25,7 @@ from specdeploy.decide.load_rule import (
 from specdeploy.decide.stats import min_runs_per_arm
 from specdeploy.measure.arms import BASELINE, Arm, SharedStep, k_arm
 from specdeploy.measure.conditions import LoadConditions
+from specdeploy.releases.capabilities import speculative_keys
 from specdeploy.render.argv import engine_flags
 from specdeploy.sampling.runs import visits as sampling_visits
 

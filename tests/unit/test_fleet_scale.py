@@ -12,8 +12,8 @@ import math
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from specdeploy.checks import capabilities
 from specdeploy.flows.rollout import plan_batches
+from specdeploy.releases import capabilities
 from tests import rollout_model as model
 from tests import stand_in
 

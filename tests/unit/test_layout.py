@@ -68,8 +68,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "specdeploy.checks.host_data" in graph["specdeploy.cli"]  # a top-level import
-    assert "specdeploy.flows.rollout" in graph["specdeploy.cli"]  # one inside a function
+    assert "specdeploy.checks.host_data" in graph["specdeploy.cli.commands"]  # a top-level import
+    assert "specdeploy.flows.rollout" in graph["specdeploy.cli.commands"]  # one inside a function
 
 
 def test_no_import_cycle_inside_the_package():
@@ -95,8 +95,11 @@ ROOMS = [
     "host",  # facts per tool, commands on a host, the server lifecycle, benchmarks, host scripts:
     #          reads config and decide's counters
     "render",  # argv, units and env files, a whole box's layout: reads the nvidia facts (host)
-    "checks",  # refusals before any host is touched; GPU, preflight, memory and release rules:
-    #            reads the argv readers (render) and the facts (host)
+    "releases",  # the release tables, the `Release` a pin is looked up to, the wheel probe of
+    #              `releases add`, the release matrix: reads only its own tables, so the checks,
+    #              the install step and the docs all read a release from here
+    "checks",  # refusals before any host is touched; GPU, preflight, memory and the pinned
+    #            release's rules: reads the argv readers (render), the facts (host), the releases
     "sampling",  # how a measurement runs on a host, once: the sampler (lease, early benchmark,
     #              fresh server, warm-up), the loop over a plan's samples, the gate's plans: below
     #              steps so the gate (a step) and measure/ both use it; the lease is handed in
@@ -105,10 +108,11 @@ ROOMS = [
     #             the deploy lock and stages weights (steps)
     "flows",  # the deploys: serve (a host or a whole box), compare/tune, the fleet rollout
     "observe",  # status, its table, Prometheus and Grafana: reads what the deploys leave
-    "cli",  # the `specdeploy` command (cli.py, the one module at the top): runs the rooms below
+    "cli",  # the `specdeploy` command and `migrate` (old vLLM flags to host data): runs the rooms
+    #         below
     "docs",  # the manual's generated reference: reads the schema, the CLI's parsers, the releases
 ]
-TOP_LEVEL = {"cli", "__init__", "templates"}  # all else lives in a room's folder
+TOP_LEVEL = {"__init__", "templates"}  # all else lives in a room's folder
 
 
 def room_of(module: str) -> int:
@@ -117,9 +121,9 @@ def room_of(module: str) -> int:
     return ROOMS.index(top)
 
 
-def test_only_the_cli_stands_at_the_top_and_every_folder_is_a_room():
+def test_every_folder_is_a_room_and_no_module_stands_at_the_top():
     top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__"}
-    assert top - TOP_LEVEL == set(ROOMS) - {"cli"}, top
+    assert top - TOP_LEVEL == set(ROOMS), top
 
 
 def contributing_rooms() -> list[tuple[str, str]]:
@@ -141,8 +145,7 @@ def test_every_room_says_what_it_holds():
     missing = [
         room
         for room in ROOMS
-        if room != "cli"
-        and not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
+        if not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
     ]
     assert not missing, missing
 
@@ -190,6 +193,13 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     (wheel,) = tmp_path.glob("specdeploy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdeploy/flows/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
+    assert "specdeploy/releases/tables/index.json" in names  # the release tables travel along
+    (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    script = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "specdeploy = specdeploy.cli:main" in script
+    from specdeploy.cli import main  # what the console script calls
+
+    assert callable(main)
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
 
 
