@@ -16,7 +16,7 @@ from pyinfra.operations import python
 from specdeploy.checks.host_data import host_config_as_deployed
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
-from specdeploy.host import server
+from specdeploy.host import pyinfra_speed, server
 from specdeploy.measure.arms import Arm
 from specdeploy.measure.harness import measure_plan
 from specdeploy.measure.plans import compare_measurement, tune_measurement
@@ -124,6 +124,7 @@ def measurement_deploy(kind: str):
 
     @deploy(title, data_defaults=DATA_DEFAULTS)
     def _measure_fleet():
+        pyinfra_speed.compute_global_arguments_once()  # the deploy's entry, not an import, patches
         refuse_no_wait()  # --no-wait would take every host off its unit at once
         cfg = host_config_as_deployed()  # the record's pins: what the host really serves
         member = measured_instance(cfg)  # a whole box: one instance, drained; None: the host
