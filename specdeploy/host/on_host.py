@@ -21,7 +21,6 @@ import shlex
 from pyinfra import host
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 
-
 # Connector arguments that are about one command, not about who runs it.
 _PER_COMMAND = {"_stdin", "_timeout", "_get_pty", "_success_exit_codes"}
 _MISSING = "specdeploy: no such file"  # read_text's marker on stderr for a missing file
