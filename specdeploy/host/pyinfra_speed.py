@@ -17,4 +17,3 @@ def compute_global_arguments_once() -> None:
     """Idempotent: wraps pyinfra's `all_global_arguments` in a cache (once)."""
     if not hasattr(arguments.all_global_arguments, "cache_info"):
         arguments.all_global_arguments = functools.cache(arguments.all_global_arguments)
-
