@@ -25,6 +25,7 @@ from specdeploy.report import summary as report
 from specdeploy.report.paths import raw_dir, run_dir
 from specdeploy.steps import dataset, lock
 from specdeploy.steps.rollback import host_turn, refuse_no_wait
+from specdeploy.steps.servers import available_devices
 
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
@@ -34,7 +35,7 @@ def measured_instance(cfg: ServeConfig) -> instances.Instance | None:
     from the facts as the deploy split it); None for a host with one server."""
     if cfg.instances is None:
         return None
-    layout = instances.expand(cfg, instances.available_devices(cfg, host.get_fact))
+    layout = instances.expand(cfg, available_devices(cfg, host.get_fact))
     if layout.problems:
         todo = "fix instances (deploys/serve.py refuses this split too)"
         raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])

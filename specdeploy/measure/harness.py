@@ -40,6 +40,7 @@ from specdeploy.host import server, watchdog
 from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.on_host import read_text
 from specdeploy.measure.arms import Arm, Plan, measure_unit
+from specdeploy.steps import unit as steps_unit
 from specdeploy.steps import weights
 from specdeploy.steps.sampling import Sampler
 
@@ -59,7 +60,7 @@ def sample(
     one more benchmark on the server the previous sample started for this same arm (tune_flow.py's
     shared visits, which check the prefix-cache counters)."""
     cfg = sampler.cfg
-    unit = measure_unit(cfg, arm)
+    unit = measure_unit(cfg, arm, steps_unit.cuda_boot(cfg))
     workload = arm.workload or cfg.workload
     name = f"{index:02d}-{arm.label}"
     extra = tuple(arm.bench_extra) + tuple(extra)

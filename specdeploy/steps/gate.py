@@ -50,6 +50,7 @@ from specdeploy.decide.load_rule import (
     tpot_by_level,
 )
 from specdeploy.host.bench import bench_time_limit
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.host.server import enable_only, remove_measure_unit, switch_enabled, wait_healthy
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
@@ -94,10 +95,10 @@ class AcrossLoad:
                 "levels": [lv.model_dump() for lv in self.levels]}  # fmt: skip
 
 
-def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
+def across_load_input(cfg: ServeConfig, cuda_boot: CudaBootInfo | None = None) -> AcrossLoad | None:
     """speculation_gate.across_load on a deployed schedule, else None (the gate measures at one
     load). The fixed k: compare_fixed_k (the best single k tune found), else
-    num_speculative_tokens (the schedule's largest k)."""
+    num_speculative_tokens (the schedule's largest k). `cuda_boot`: the production unit's."""
     gate_cfg, spec = cfg.speculation_gate, cfg.speculative_config
     if gate_cfg is None or not gate_cfg.across_load or not spec.get(SCHEDULE_KEY):
         return None
@@ -106,7 +107,7 @@ def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
     return AcrossLoad(
         schedule=[list(e) for e in spec[SCHEDULE_KEY]],
         fixed_k=k,
-        fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed"),
+        fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed", cuda_boot=cuda_boot),
         levels=tuple(cfg.workload.effective_load_levels),
     )
 
@@ -130,14 +131,14 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
     `speculation_gate` set), else None."""
     if rendered.role != "speculative" or cfg.speculation_gate is None:
         return None
-    baseline = render_unit(cfg, "baseline")
+    baseline = render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
     return GateInput(
         rendered,
         baseline,
         cfg.speculation_gate,
         cfg.decision_alpha,
         fingerprint(cfg, rendered, baseline),
-        across_load_input(cfg),
+        across_load_input(cfg, rendered.cuda_boot),
     )
 
 
@@ -509,12 +510,14 @@ class GateFailed(RuntimeError):
     pass
 
 
-def _recheck(cfg: ServeConfig, previous: DeploymentRecord | None) -> dict:
+def _recheck(
+    cfg: ServeConfig, previous: DeploymentRecord | None, cuda_boot: CudaBootInfo | None
+) -> dict:
     """gate_rule.gate_needs_recheck for this host's units and settings against the record."""
-    speculative = render_unit(cfg, "speculative")
+    speculative = render_unit(cfg, "speculative", cuda_boot=cuda_boot)
     return gate_needs_recheck(
         previous.gate.as_json() if previous and previous.gate else None,
-        fingerprint(cfg, speculative, render_unit(cfg, "baseline")),
+        fingerprint(cfg, speculative, render_unit(cfg, "baseline", cuda_boot=cuda_boot)),
         now=datetime.now(UTC),
         recheck_days=cfg.speculation_gate.recheck_days,
     )
@@ -534,18 +537,21 @@ def gate_settled_unit(
         and gate is not None
         and not gate.passed
         and previous.role == "baseline"
-        and not _recheck(cfg, previous)["recheck"]
+        and not _recheck(cfg, previous, rendered.cuda_boot)["recheck"]
     ):
-        return render_unit(cfg, "baseline")
+        return render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
     return rendered
 
 
-def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
+def gate_pending(
+    cfg: ServeConfig, previous: DeploymentRecord | None, cuda_boot: CudaBootInfo | None = None
+) -> bool:
     """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
-    switched on, what it depends on changed since its decision, or it failed with on_fail=fail."""
+    switched on, what it depends on changed since its decision, or it failed with on_fail=fail.
+    `cuda_boot`: the host's CudaBoot fact the units render from (steps/unit.cuda_boot)."""
     if cfg.speculation_gate is None:
         return False
     gate = previous.gate if previous else None
-    if gate is None or _recheck(cfg, previous)["recheck"]:
+    if gate is None or _recheck(cfg, previous, cuda_boot)["recheck"]:
         return True
     return not gate.passed and gate.on_fail == "fail"

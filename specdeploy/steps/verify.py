@@ -72,7 +72,7 @@ def verify_needed(cfg: ServeConfig, rendered, previous, *, change, pins: dict, s
     up_to_date = (
         previous is not None
         and previous.unit.sha256 == rendered.sha256
-        and not gate.gate_pending(cfg, previous)
+        and not gate.gate_pending(cfg, previous, rendered.cuda_boot)
     )
     stale_workload = dataset.workload_changes(previous, cfg)
     if stale_workload:

@@ -226,9 +226,11 @@ SHOWN = [n for n in DERIVED if n.endswith(("_text", "_sha256", "_fingerprint"))]
 
 
 def _build_unit(case: Case, role: str):
+    """The unit of `role` as plan_server renders it: from the CudaBoot fact the step reads."""
     from specdeploy.render.units import render_unit
+    from specdeploy.steps.unit import cuda_boot
 
-    case.unit = render_unit(case.cfg, role)
+    case.unit = render_unit(case.cfg, role, cuda_boot=cuda_boot(case.cfg))
     return case.unit
 
 
