@@ -247,8 +247,11 @@ class SpeculationGate(BaseModel):
     )
     share: bool = Field(
         False,
-        description="One verdict per class of identical hosts (same units but their addresses, "
-        "release, hardware, workload, request set and gate settings): the class's first host, "
+        description="One verdict per class of identical hosts (the same unit text but its "
+        "address, so the same release, flags, Environment= lines and CPUAffinity; the same env "
+        "file names; the same hardware: GPUs, driver and CUDA, or on vllm-cpu the CPU model, its "
+        "logical CPUs and the memory; the same workload, request set and gate settings): the "
+        "class's first host, "
         "sized by class_cv, is gated and decides for the others, also in later runs "
         "(`specdeploy rollout`'s batches), until its decision would expire on a host. Off: every "
         "host is gated with `runs` per arm.",

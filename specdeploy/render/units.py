@@ -247,6 +247,18 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
     )
 
 
+def env_file_keys(cfg: ServeConfig) -> dict[str, str | None]:
+    """What the env file sets, without a secret: every name it assigns, with its value where that
+    is not a secret (None where it is; today it holds only secrets)."""
+    hidden = secrets(cfg)
+    out: dict[str, str | None] = {}
+    for line in render_env_file(cfg).splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            out[name] = None if name in hidden else value
+    return out
+
+
 def render_env_file(cfg: ServeConfig) -> str:
     return _env.get_template("vllm.env.j2").render(
         service=cfg.service_name,

@@ -53,7 +53,7 @@ from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.host.server import enable_only, remove_measure_unit, switch_enabled, wait_healthy
 from specdeploy.render.argv import flag_value
-from specdeploy.render.units import RenderedUnit, render_unit
+from specdeploy.render.units import RenderedUnit, env_file_keys, exec_start, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
 from specdeploy.steps.sampling import Sampler
 
@@ -124,6 +124,7 @@ class GateInput:
     alpha: float
     fingerprint: dict
     across_load: AcrossLoad | None = None
+    env_file: dict = field(default_factory=dict)  # render/units.env_file_keys: no secret
 
 
 def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
@@ -139,6 +140,7 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
         cfg.decision_alpha,
         fingerprint(cfg, rendered, baseline),
         across_load_input(cfg, rendered.cuda_boot),
+        env_file_keys(cfg),
     )
 
 
@@ -161,12 +163,27 @@ class BoxGate:
 
 def class_key(units: GateInput, hardware: dict) -> str:
     """The class of identical hosts this server's gate decides for: its fingerprint without the
-    units' hashes, the units' argv without the address and port (the release is in the venv's
-    path), and the hardware (checks/preflight.hardware); 16 hex digits of its sha256."""
+    units' hashes; both units' whole text but their address (ExecStart without --host and --port:
+    the release's venv, every flag, each Environment= line such as the attention backend,
+    CPUAffinity); the env file's names and non-secret values; and the hardware
+    (checks/preflight.hardware: GPUs, driver and CUDA, or the CPU's model, logical CPUs and memory).
+    16 hex digits of its sha256."""
     shared = json.loads(BoxGate.key(units))
-    shared["argv"] = {u.role: _addressless(u.argv) for u in (units.speculative, units.baseline)}
+    shared["units"] = {u.role: _addressless_text(u) for u in (units.speculative, units.baseline)}
+    shared["env_file"] = units.env_file
     shared["hardware"] = hardware
     return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _addressless_text(unit: RenderedUnit) -> str:
+    """The unit's text with its one address line, ExecStart=, rendered without the address."""
+    lines = [
+        f"ExecStart={exec_start(_addressless(unit.argv))}"
+        if line.startswith("ExecStart=")
+        else line
+        for line in unit.text.splitlines()
+    ]
+    return "\n".join(lines)
 
 
 def _addressless(argv: list[str]) -> list[str]:
