@@ -637,6 +637,15 @@ class ServeConfig(BaseModel):
         "prints it) that compare_across_load measures instead of the deployed config, so a "
         "schedule is seen winning before it is ever deployed; None: the deployed config.",
     )
+    allow_unproven_schedule: bool = Field(
+        False,
+        description="Deploy a num_speculative_tokens_per_batch_size schedule without a proof of "
+        "it: deploys/serve.py otherwise refuses a schedule unless the control node keeps a proof "
+        "(deploys/compare.py with compare_across_load) made with the same release, target and "
+        "draft at the same revisions, speculative config, workload, request set and hardware, "
+        "and proven. The record says which (schedule_proof.proven, allowed_unproven); status "
+        "and the alerts call such a schedule unproven.",
+    )
 
     @field_validator("vllm_host")
     @classmethod

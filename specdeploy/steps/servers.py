@@ -27,7 +27,7 @@ from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.render import instances
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
-from specdeploy.steps import gate, unit
+from specdeploy.steps import gate, schedule_proof, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.proof import ArgvProof
 from specdeploy.steps.unit import UnitChange
@@ -67,6 +67,7 @@ class ServerPlan:
     change: UnitChange | None = None  # staged by steps/unit.install_unit
     preflight: ServerPreflight | None = None  # set by steps/preflight.preflight_every_server
     proof: ArgvProof | None = None  # set by steps/proof.prove_plans when its unit changes
+    schedule_proof: dict | None = None  # steps/schedule_proof.schedule_evidence, for the record
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
 
 
@@ -145,7 +146,9 @@ def plan_server(member: Instance, role: str) -> ServerPlan:
     boot = unit.cuda_boot(own)  # read here; every unit rendered from `rendered` carries it
     rendered = gate.gate_settled_unit(own, render_unit(own, role, cuda_boot=boot), previous)
     unit.show_unit_diff(own, rendered)
-    return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered))
+    evidence = schedule_proof.schedule_evidence(own, role)  # refuses an unproven schedule
+    return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered),
+                      schedule_proof=evidence)  # fmt: skip
 
 
 @deploy("Instance directories")

@@ -27,13 +27,15 @@ def verify_and_record(
     box_gate: gate.BoxGate | None = None,
     proof: ArgvProof | None = None,
     previous: DeploymentRecord | None = None,
+    schedule_proof: dict | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
     `preflight`: its weights and preflight, from planning or right after the download.
     `gate_input`: the speculation gate's units and fingerprint, fixed while planning (None: no gate
     for this unit). `box_gate`: a whole box's rolling restart, which gates the box once. `proof`:
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
-    `previous`: the record as the run found it; the record says what validated the unit."""
+    `previous`: the record as the run found it; the record says what validated the unit.
+    `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py)."""
     tokenizer = preflight.tokenizer
     checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer)
     # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
@@ -58,6 +60,7 @@ def verify_and_record(
         started=started,
         gate=decision,
         validated_by=validated_by(cfg, rendered, proof, previous),
+        schedule_proof=schedule_proof,
         timings=timings,
         revisions=pins or {},
     )
