@@ -61,6 +61,9 @@ def test_a_proof_of_exactly_this_fingerprint_is_found_and_recorded_as_proven(pla
         cfg_with(), [list(e) for e in CANDIDATE], candidate=True
     )  # what flows/measure.py puts in a candidate's proof conditions
     assert measured == here(deployed())
+    deployed_schedule = deployed().speculative_config[SCHEDULE_KEY]  # a proof of the deployed one
+    assert schedule_proof.measured_fingerprint(deployed(), deployed_schedule, False) == measured
+    assert schedule_proof.measured_fingerprint(cfg_with(), None, False) is None  # no schedule
     proof_run(tmp_path, cfg_with(), measured)
     evidence = schedule_proof.schedule_evidence(deployed(), "speculative")
     assert evidence["proven"] is True and evidence["run"] == "proof-run"
