@@ -34,7 +34,7 @@ from specdeploy.decide.load_rule import batch_outside_proven, proof_range, sched
 from specdeploy.decide.metrics import live_figures
 from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
 from specdeploy.host.facts.http import HttpGet
-from specdeploy.host.facts.nvidia import GpuMemory
+from specdeploy.host.facts.nvidia import CudaBoot, GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
@@ -207,10 +207,9 @@ class HostProbe:
             problems.append(f"no deployment record at {cfg.record_path}")
         # moving refs at the commits the rollout pinned: upstream moving on is not drift
         cfg = as_deployed(cfg, record)
-        from pyinfra.context import ctx_host
-
-        with ctx_host.use(host):  # the CUDA unit renders from the host's CudaBoot fact
-            expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
+        # the CUDA unit renders from the host's CudaBoot fact, read here and passed in
+        boot = self.fact(CudaBoot) if cfg.vllm_package == "vllm" else None
+        expected = gate_settled_unit(cfg, render_unit(cfg, "speculative", cuda_boot=boot), record)
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         # the record's unit as the deploy tests it (host/server.unverified_unit); None: nothing to
