@@ -204,6 +204,21 @@ WINGS: dict[str, Wing] = {
         ("tests/integration/test_host_download.py",),
         ("specdeploy/config/revisions.py",),
     ),
+    "live": Wing(
+        "speculation judged on live traffic: a box with a control arm behind HAProxy routing at "
+        "random, the live verdict pays on the trained set and loses on random-token traffic, the "
+        "autopilot falls back through the serve path with no failed request",
+        ("tests/integration/test_live_verdict.py",),
+        (
+            "specdeploy/decide/live_rule.py",
+            "specdeploy/checks/live.py",
+            "specdeploy/render/control.py",
+            "specdeploy/observe/live_verdict.py",
+            "specdeploy/flows/serve.py",
+            "templates/haproxy.cfg.j2",
+            "templates/monitoring/live-verdict.yml",
+        ),
+    ),
     "sandbox": Wing(
         "the sandbox itself: hosts, services, systemd quoting, down leaves nothing",
         (

@@ -15,6 +15,7 @@ from pyinfra import host as current_host
 
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
+from specdeploy.checks.live import check_live
 from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem, nested_model
@@ -200,6 +201,7 @@ def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
         + check_load(host, cfg, flags)
+        + check_live(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
     return HostCheck(problems, pin, cfg, flags)

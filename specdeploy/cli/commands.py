@@ -165,6 +165,22 @@ def cmd_status(args) -> int:
         return 2
 
 
+def cmd_live(args) -> int:
+    from specdeploy.observe.live_verdict import run_live
+
+    try:
+        return run_live(
+            args.inventory,
+            limit=args.limit,
+            group_data=args.group_data,
+            metrics_port=args.metrics_port,
+            once=args.once,
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"specdeploy live: {error}", file=sys.stderr)
+        return 2
+
+
 def cmd_unlock(args) -> int:
     """Remove a deploy lock left behind by a deploy that died (check that it really is gone
     first)."""
@@ -443,6 +459,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the two /metrics scrapes (default 5)",
     )
     p.set_defaults(func=cmd_status)
+    p = with_inventory(
+        command(
+            sub,
+            "live",
+            "judge speculation on live traffic on boxes with a control arm",
+            "For every box with a control arm (speculation_control): read both arms' /metrics "
+            "once a window, decide pays, loses or undecided by the exact sign test over paired "
+            "windows, export the verdicts for Prometheus and, where speculation_autopilot says "
+            "so, roll the box through the ordinary serve path.",
+        )
+    )
+    p.add_argument(
+        "--limit", action="append", help="only these hosts, groups or host patterns (repeatable)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve the verdicts' Prometheus metrics on this port"
+    )
+    p.add_argument(
+        "--once", action="store_true", help="one window boundary, then the verdicts; no loop"
+    )
+    p.set_defaults(func=cmd_live)
     p = with_inventory(
         command(
             sub,

@@ -75,6 +75,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Rolling out": ("max_unavailable", "lock_lease_s", "ssh_keepalive_s"),
     "A whole box": ("instances", "max_unavailable_instances", "balancer_metrics_port"),
     "The speculation gate": ("speculation_gate",),
+    "Speculation on live traffic": (
+        "speculation_control",
+        "speculation_autopilot",
+        "speculation_autopilot_after",
+        "live_window_s",
+        "live_windows",
+        "live_min_requests",
+    ),
     "Measuring: compare and tune": (
         "measure_watchdog_s",
         "decision_alpha",
@@ -99,6 +107,8 @@ GROUP_NOTES = {
     "way. How they are used: [compare, tune and the gate](../guides/measure.md).",
     "The speculation gate": "How the gate decides and how to read its verdict: "
     "[compare, tune and the gate](../guides/measure.md#the-gate).",
+    "Speculation on live traffic": "How the control arm is judged and what it costs: "
+    "[the live verdict](../guides/live-verdict.md).",
     "A whole box": "[A whole box](../guides/whole-box.md) shows the layout these keys give.",
     "Secrets": "[Hardening and secrets](../guides/hardening.md) says where each one lands.",
 }
