@@ -231,6 +231,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=box_gate,
                                    proof=plan.proof, previous=plan.previous,
+                                   schedule_proof=plan.schedule_proof,
                                    verified=plan.previous and plan.previous.unit,
                                    **kwargs)  # fmt: skip
             except RolledBack:
