@@ -54,6 +54,7 @@ from specdeploy.host.server import enable_only, remove_measure_unit, switch_enab
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
+from specdeploy.steps import turn
 from specdeploy.steps.sampling import Sampler
 
 
@@ -284,6 +285,8 @@ def speculation_gate(
     host measures, with enough runs for the class (power_runs); a later host of the class takes
     that decision (shared_from) when its smoke run (`smoke`) is like the canary's, else it is
     measured itself and flagged (`outlier`)."""
+    # the server's turn (steps/turn.py): production may stop for an arm from here on
+    turn.enter(cfg, turn.Phase.MEASURING)
     fleet_key = class_key(units, hardware or {}) if units.settings.share else None
     with CLASSES.turn(fleet_key):
         return _gate(cfg, units, tokenizer, box, smoke=smoke, fleet_key=fleet_key)

@@ -11,7 +11,7 @@ from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import dataset, gate, install, record, smoke
+from specdeploy.steps import dataset, gate, install, record, smoke, turn
 from specdeploy.steps.preflight import ServerPreflight
 from specdeploy.steps.proof import ArgvProof, validated_by
 
@@ -61,6 +61,7 @@ def verify_and_record(
         timings=timings,
         revisions=pins or {},
     )
+    turn.enter(cfg, turn.Phase.SERVING_VERIFIED)  # what runs is what the record says
     return entry
 
 
