@@ -307,6 +307,16 @@ def start_unit(unit: str) -> None:
     sh(f"systemctl reset-failed {quoted} 2>/dev/null; systemctl start {quoted}", check=False)
 
 
+def start_enabled(units: list[str]) -> None:
+    """Start each of `units` that is enabled at boot and not running: what the host would run
+    after a reboot runs now."""
+    for unit in units:
+        q = shlex.quote(unit)
+        sh(f"if systemctl is-enabled -q {q} 2>/dev/null && ! systemctl is-active -q {q}; then "
+           f"systemctl reset-failed {q} 2>/dev/null; systemctl start {q}; fi; true",
+           check=False)  # fmt: skip
+
+
 def put_back_record(cfg: ServeConfig, text: str | None) -> None:
     """The server's deployment record as it was before this run (`text`; None: it had none)."""
     if text is None:

@@ -137,7 +137,7 @@ def verify_or_rollback(
         lock.release_now(lock_cfg)
         raise HeldBack(message)
     lock.renew_held(lock.lease_seconds(lock_cfg))  # this host's turn: LockLost before any change
-    server_turn = turn.begin(cfg, unit, verified, change)
+    server_turn = turn.begin(cfg, unit, verified, change, kwargs.get("previous"))
     try:
         if change is not None:
             restart_for(change, unit, unverified=server.unverified_installed(cfg, unit, verified),
@@ -235,6 +235,7 @@ class BoxTurn:
     swapped: list[ServerPlan] = field(default_factory=list)  # instances whose turn began
     verified: list[ServerPlan] = field(default_factory=list)  # ... verified and recorded
     at_balancer: bool = False  # its balancer is being swapped in and started
+    balancer_done: bool = False  # ... and serves: the new layout stands, only surplus is left
 
     def drain(self, name: str) -> None:
         cfg = self.servers.cfg
@@ -257,6 +258,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
         box.single_stopped = True
         server.disable_and_stop(list(servers.single))
     serving = server.is_active(cfg.balancer_unit) == "active"
+    box.drained += [n for n in servers.drained if serving]  # an interrupted turn's: put back
     if servers.resplit:  # a re-split: the old instances give their GPUs up before any new starts
         logger.warning(f"{host.print_prefix}re-split: stopping {', '.join(servers.resplit)}")
         for name in sorted({instance_of_unit(u) for u in servers.resplit}) if serving else ():
@@ -287,7 +289,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
     box.at_balancer = True
     balancer.swap_in()  # only now: a held-back host keeps its topology on disk too
     server.start_balancer(cfg, reload=balancer.needs_reload())
-    box.at_balancer = False
+    box.at_balancer, box.balancer_done = False, True  # the box serves with its new layout
     if servers.surplus:
         logger.warning(
             f"{host.print_prefix}no longer in the box, stopped, disabled and removed: "
@@ -333,6 +335,13 @@ def _box_failed(box: BoxTurn, error: Exception) -> None:
             )  # fmt: skip
             entry["rolled_back"], entry["restored"] = True, "its one-server unit"
             entry["after"] = f"the box was stopped and the one server started again: {states}"
+        elif box.balancer_done:  # the new layout serves: the surplus instances go (again)
+            server.disable_and_stop(list(servers.surplus))
+            entry["after"] = (
+                f"its new layout serves ({cfg.balancer_unit} is "
+                f"{server.is_active(cfg.balancer_unit)}); the instances it no longer has "
+                f"({', '.join(servers.surplus)}) stopped and disabled, their files left"
+            )
         else:
             restored, checked = [], []
             if balancer is not None and balancer.swapped:  # its previous balancer files back
@@ -341,9 +350,12 @@ def _box_failed(box: BoxTurn, error: Exception) -> None:
                 server.sh(f"systemctl reset-failed {quoted} 2>/dev/null; "
                           f"systemctl reload-or-restart {quoted}", check=False)  # fmt: skip
                 restored.append("its previous balancer files")
+            checked = _without_new_instances(box)
             if box.resplit_stopped:
-                checked = _back_to_old_layout(box)
+                checked += _back_to_old_layout(box)
                 restored.append("its instances as they were before the re-split")
+            # what the box runs at boot runs now: an instance an interrupted turn stopped too
+            server.start_enabled(_box_units(box))
             for name in list(box.drained):
                 box.undrain(name)  # back in the balancer: its health check decides
             entry["rolled_back"] = bool(restored)
@@ -361,13 +373,30 @@ def _box_failed(box: BoxTurn, error: Exception) -> None:
         lock.release_now(cfg)
 
 
+def _box_units(box: BoxTurn) -> list[str]:
+    """Every unit of the box's instances, old and new: its members' and the surplus ones."""
+    units = [u for p in box.plans for u in p.member.cfg.unit_names.values()]
+    return units + [u for u in box.servers.surplus if u not in units]
+
+
+def _without_new_instances(box: BoxTurn) -> list[str]:
+    """The instances this turn started that the box did not have (no record before it): stopped,
+    disabled and their records removed, since the balancer the box serves with does not know
+    them. Returns what was done, per instance."""
+    new = [p for p in box.swapped if p.previous is None]
+    for plan in new:
+        server.disable_and_stop(list(plan.member.cfg.unit_names.values()))
+        server.put_back_record(plan.member.cfg, None)
+    return [f"{p.member.name}: new in this layout, stopped and disabled" for p in new]
+
+
 def _back_to_old_layout(box: BoxTurn) -> list[str]:
     """A failed re-split: the instances this turn verified give the old instances' GPUs back
     (their kept unit and record restored; an instance the old layout lacked stopped, disabled and
     its record removed), then every old instance starts again on its installed unit, each checked.
     Returns what runs, per instance."""
     servers, cfg = box.servers, box.servers.cfg
-    back = [p for p in box.verified if p.change is not None and p.change.changed()]
+    back = [p for p in box.verified if p.change is not None and p.change.changed() and p.previous]
     if back:
         server.stop([p.rendered.name for p in back])
     for plan in back:

@@ -8,6 +8,7 @@ phases; the rolling restart (steps/rollback.py) and the steps it runs say where 
     drained             a box's instance taken out of its balancer (no new requests)
     swapped-unverified  the new unit or env file is in place and (re)started, not yet verified
     measuring an arm    the speculation gate runs its arms on fresh servers: production stopped
+    recording           the record is being written (it may name the new unit from here on)
     stopped             the server was stopped for the box's layout (a re-split, a conversion)
 
 The invariant at the end of every path (success, an exception at any step, the control node
@@ -40,6 +41,7 @@ class Phase(StrEnum):
     DRAINED = "drained"
     SWAPPED_UNVERIFIED = "swapped-unverified"
     MEASURING = "measuring an arm"
+    RECORDING = "recording"
     STOPPED = "stopped"
 
 
@@ -59,12 +61,14 @@ class Restored:
 @dataclass
 class ServerTurn:
     """One server's turn: its config, the unit it verifies, the record's unit as the turn found it
-    (config/record.UnitRef; None: no record), the planned unit change, and where it stands."""
+    (config/record.UnitRef; None: no record), the planned unit change, the record as the turn
+    found it (config/record.DeploymentRecord), and where it stands."""
 
     cfg: ServeConfig
     unit: str
     verified: object | None = None
     change: object | None = None
+    previous: object | None = None
     phase: Phase = Phase.STAGED
     left_serving: bool = False  # it has been in a phase of LEFT_SERVING since the turn began
     history: tuple[Phase, ...] = ()
@@ -116,6 +120,8 @@ class ServerTurn:
             if text:
                 server.enable(unit)
                 server.restart(unit)
+        if Phase.RECORDING in self.history:  # the record says what runs: the one it verified
+            server.put_back_record(cfg, self.previous.to_json() if self.previous else None)
         if not text:
             server.stop([unit])
             return Restored(unit, None)
@@ -137,8 +143,8 @@ def _key(cfg: ServeConfig) -> tuple[str | None, str]:
     return where, cfg.service_name
 
 
-def begin(cfg: ServeConfig, unit: str, verified=None, change=None) -> ServerTurn:
-    turn = ServerTurn(cfg, unit, verified, change)
+def begin(cfg: ServeConfig, unit: str, verified=None, change=None, previous=None) -> ServerTurn:
+    turn = ServerTurn(cfg, unit, verified, change, previous)
     _TURNS[_key(cfg)] = turn
     return turn
 

@@ -46,6 +46,7 @@ def verify_and_record(
         # describing what the host runs (status, compare and tune read its pins)
         raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision.reason}")
     removed = install.prune_venvs(cfg)  # verified: older releases can go
+    turn.enter(cfg, turn.Phase.RECORDING)
     entry = record.write_record(
         cfg,
         rendered,
