@@ -98,9 +98,12 @@ class ServerTurn:
         """The installed unit or env file is not the verified pair: this run swapped one in, or
         the installed unit is not the record's (read once a turn)."""
         if self._replaced is None:
-            self._replaced = self.changed() or server.unverified_installed(
-                self.cfg, self.unit, self.verified
-            )
+            try:
+                self._replaced = self.changed() or server.unverified_installed(
+                    self.cfg, self.unit, self.verified
+                )
+            except Exception:  # not known: this run swapped nothing, so the kept copy is older
+                return False  # than what is installed (asked again on the next question)
         return self._replaced
 
     def restore(self) -> Restored:

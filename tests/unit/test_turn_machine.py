@@ -100,7 +100,7 @@ def turn_on_stand_in(tmp_path, scenario, broken, speed, fault):
         on_stand_in(patch, fake, tmp_path)
         raised = run_turn(fake, after, resplit=resplit)
         calls = fake.calls
-        counts = fault is None or (fault.kind == "fail" and not fake.fault_in_restore)
+        counts = fault is None or (fault.kind != "kill" and not fake.fault_in_restore)
         first = invariant(fake, after) if counts else None
         fake.fault, fake.killed = None, False
         again = run_turn(fake, after)  # nothing moves any more: no re-split
@@ -142,11 +142,85 @@ def test_every_fault_at_every_step_ends_on_the_invariant(tmp_path, data):
                       label="speed")  # fmt: skip
     n = clean_calls(scenario, broken, speed)
     fault = data.draw(
-        st.none() | st.builds(Fault, st.sampled_from(["fail", "kill"]), st.integers(1, n + 8),
-                              st.booleans()),
+        st.none() | st.builds(Fault, st.sampled_from(["fail", "lost", "kill"]),
+                              st.integers(1, n + 8), st.booleans()),
         label="fault",
     )  # fmt: skip
     fake, first, second, _, raised, again = turn_on_stand_in(tmp_path, scenario, broken, speed,
                                                              fault)  # fmt: skip
     assert first in (None, []), f"after the turn ({raised!r}): {first}\n{fake.log}"
     assert second == [], f"after the next run ({again!r}): {second}\n{fake.log}"
+
+
+# --- the cases of a hostile read of the turn, each failing on the code before the turn was one --
+
+
+def nth_call(scenario: str, what: str, n: int, broken: str = "none") -> int:
+    """The number of the `n`th host call named `what` in the scenario's clean turn."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fake, *_ = turn_on_stand_in(Path(tmp), scenario, broken, "faster", None)
+    seen = [i + 1 for i, call in enumerate(fake.log) if call == what]
+    return seen[n - 1]
+
+
+def test_a_gate_on_an_unchanged_unit_whose_baseline_fails_leaves_the_verified_unit(tmp_path):
+    """The gate newly enabled on an unchanged unit stops it for its baseline arm, which never gets
+    healthy: the host serves its verified speculative unit again, enabled, the record unchanged
+    (before the turn: the production unit stopped, the record still speculative)."""
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "gate an unchanged unit", "baseline", "faster", None
+    )
+    assert "ROLLED BACK" in str(raised) and "specdeploy-vllm.service runs" in str(raised)
+    assert first == [] and second == [], (first, second)
+    assert fake.state["specdeploy-vllm.service"] == "active"
+    assert "specdeploy-vllm-baseline.service" not in fake.enabled
+
+
+def test_a_host_becoming_a_box_whose_first_instance_fails_is_back_on_its_one_server(tmp_path):
+    """Instance 0 of a host becoming a box never gets healthy and has no unit kept: the host is
+    back on its one-server unit, enabled (also after a reboot), no box unit left enabled."""
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "plain host becomes a box", "new", "faster", None
+    )
+    assert "one server started again" in str(raised), raised
+    assert first == [] and second == [], (first, second)
+    assert "specdeploy-vllm.service" in fake.enabled
+    assert not any(u.startswith("specdeploy-vllm-") for u in fake.enabled)
+
+
+def test_a_failed_re_split_restores_every_old_instance_and_says_so(tmp_path):
+    """4 instances re-split into 2, the new instance 0 fails: every old instance serves again
+    (not only the failed one) and the account names each, checked."""
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "box re-split", "new", "faster", None
+    )
+    assert first == [] and second == [], (first, second)
+    assert [n for n, _ in fake.live_members] == [f"specdeploy-vllm-{i}" for i in range(4)]
+    for i in (1, 2, 3):
+        assert f"specdeploy-vllm-{i}: healthy again" in str(raised), raised
+
+
+@pytest.mark.parametrize("kind", ["fail", "lost"])
+def test_a_box_instance_failing_without_a_rollback_is_not_left_drained(tmp_path, kind):
+    """Instance 1's turn fails before anything of it changed (its lease renewal: a host command
+    that failed, the lock taken over): it is put back in the balancer."""
+    at = nth_call("box changes its unit", "renew lease", 2)
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "box changes its unit", "none", "faster", Fault(kind, at)
+    )
+    assert raised is not None
+    assert fake.ready == {"specdeploy-vllm-0": "ready", "specdeploy-vllm-1": "ready"}
+    assert first == [] and second == [], (first, second)
+
+
+def test_a_run_killed_during_a_gate_arm_is_settled_by_the_next_run(tmp_path):
+    """The control node dies while the gate's baseline arm serves (production stopped): the next
+    run stops the arm before it starts the production unit again, and ends verified."""
+    at = nth_call("gate an unchanged unit", "healthy specdeploy-vllm-baseline.service", 1)
+    fake, _, second, _, _, again = turn_on_stand_in(
+        tmp_path, "gate an unchanged unit", "none", "faster", Fault("kill", at)
+    )
+    assert again is None and second == [], (again, second)

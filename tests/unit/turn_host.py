@@ -28,7 +28,12 @@ from specdeploy.render import instances
 from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.instances import instance_of_unit
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, install, lock, record, rollback, sampling, smoke, turn, verify
+from specdeploy.steps import gate, install, lock, record, rollback, sampling, smoke, verify
+
+try:  # absent from releases before the turn was one (the case tests run against those too)
+    from specdeploy.steps import turn
+except ImportError:
+    turn = None
 from specdeploy.steps.servers import HostServers, ServerPlan, the_one_server
 from specdeploy.steps.unit import UnitChange
 
@@ -48,7 +53,8 @@ def sha256(text: str) -> str:
 @dataclass
 class Fault:
     """One injected event: at the host call numbered `at`, `kind` "fail" (the call raises, like
-    a host command that failed or a lost connection) or "kill" (the control node dies there);
+    a host command that failed or a lost connection), "lost" (the deploy lock was taken over) or
+    "kill" (the control node dies there);
     `after`: the call's effect on the host happened first."""
 
     kind: str
@@ -90,6 +96,8 @@ class FakeHost:
             if fault.kind == "kill":
                 self.killed = True
                 raise Killed(what)
+            if fault.kind == "lost":  # the deploy lock taken over (steps/lock.py)
+                raise lock.LockLost(f"{HOST}: the deploy lock is no longer this deploy's")
             raise HostCommandError(f"{HOST}: `{what}` failed: injected")
         return effect()
 
@@ -320,7 +328,7 @@ def on_stand_in(monkeypatch, fake: FakeHost, tmp_path) -> None:
         "start_balancer": start_balancer, "sh": sh, "is_active": is_active,
         "is_healthy": is_healthy,
     }.items():  # fmt: skip
-        monkeypatch.setattr(server, name, fn)
+        monkeypatch.setattr(server, name, fn, raising=False)
     # the names the gate and the sampler imported from host/server.py
     for name in ("enable_only", "remove_measure_unit", "switch_enabled", "wait_healthy"):
         monkeypatch.setattr(gate, name, locals()[name])
@@ -350,7 +358,7 @@ def on_stand_in(monkeypatch, fake: FakeHost, tmp_path) -> None:
     monkeypatch.setattr(verify, "validated_by", lambda *a: None)
     here = SimpleNamespace(name=HOST, print_prefix=f"[{HOST}] ", noop=lambda text: None,
                            get_fact=lambda *a, **k: "0.32.0")  # fmt: skip
-    for module in (rollback, verify, gate, sampling, turn):
+    for module in (rollback, verify, gate, sampling, *([turn] if turn else [])):
         monkeypatch.setattr(module, "host", here)
     monkeypatch.setattr(lock, "renew_held", lambda seconds: S("renew lease"))
     monkeypatch.setattr(lock, "release_now", lambda cfg: None)
@@ -359,8 +367,12 @@ def on_stand_in(monkeypatch, fake: FakeHost, tmp_path) -> None:
     monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
     # a fault inside a restore path is a second failure: the run may end unfinished (the next
     # run then must end on the invariant)
-    for owner, name in ((turn.ServerTurn, "restore"), (rollback, "_box_failed")):
-        monkeypatch.setattr(owner, name, _restoring(fake, getattr(owner, name)))
+    restores = [(rollback, "_box_failed"), (rollback, "_balancer_failed")]
+    if turn is not None:
+        restores += [(turn.ServerTurn, "must_restore"), (turn.ServerTurn, "restore")]
+    for owner, name in restores:
+        if hasattr(owner, name):
+            monkeypatch.setattr(owner, name, _restoring(fake, getattr(owner, name)))
 
 
 def _restoring(fake: FakeHost, function):
@@ -522,8 +534,9 @@ def plan_host(fake: FakeHost, cfg: ServeConfig, *, resplit: tuple[str, ...] = ()
     drained = ()  # steps/servers.left_drained
     if fake.state.get(cfg.balancer_unit) == "active":
         drained = tuple(sorted(n for n, state in fake.ready.items() if state == "maint"))
+    more = {"drained": drained} if "drained" in HostServers.__dataclass_fields__ else {}
     servers = HostServers(cfg, tuple(members), True, single=single, surplus=surplus,
-                          resplit=resplit, drained=drained)  # fmt: skip
+                          resplit=resplit, **more)  # fmt: skip
     plans = [plan_server(fake, m) for m in members]
     balancer = Balancer(fake, [(m.name, m.port) for m in members])
     return servers, plans, balancer
@@ -532,7 +545,8 @@ def plan_host(fake: FakeHost, cfg: ServeConfig, *, resplit: tuple[str, ...] = ()
 def turn_needed(servers, plans, balancer) -> bool:
     """flows/serve.py's `_if` for the host's turn."""
     return (
-        bool(servers.single or servers.surplus or servers.resplit or servers.drained)
+        bool(servers.single or servers.surplus or servers.resplit)
+        or bool(getattr(servers, "drained", ()))
         or bool(balancer and balancer.pending())
         or any(plan.needed() for plan in plans)
     )
