@@ -109,6 +109,7 @@ class Lifecycle:
                 self.commands.append(f"systemctl disable -q {' '.join(units)}"),
             ),
             start_unit=lambda unit: self.commands.append(f"systemctl start {unit}"),
+            start_enabled=lambda units: self.log.append("start enabled"),
             put_back_record=lambda cfg, text: self.log.append(f"record {cfg.service_name}"),
             sh=lambda command, check=True: self.commands.append(command) or "",
             start_balancer=self.start_balancer,
@@ -144,8 +145,9 @@ ONE_SERVER_UNIT = "[Service]\nExecStart=/venv/bin/python -m vllm.entrypoints.cli
 
 def plans(cfg, needed=(True, True, True, True)):
     layout = instances.expand(cfg, list(range(4)))
+    recorded = types.SimpleNamespace(unit=None, to_json=lambda: "{}")  # each served before
     return [
-        ServerPlan(m, rendered=None, previous=None, gate_input=None, needed=lambda n=n: n)
+        ServerPlan(m, rendered=None, previous=recorded, gate_input=None, needed=lambda n=n: n)
         for m, n in zip(layout.instances, needed, strict=True)
     ]
 
@@ -210,7 +212,8 @@ def test_a_failing_instance_is_put_back_and_the_rest_not_touched(valid_data, mon
         roll(cfg, plans(cfg))
     assert life.log == [
         "drain specdeploy-vllm-0", "restart specdeploy-vllm-0", "undrain specdeploy-vllm-0",
-        "drain specdeploy-vllm-1", "restart specdeploy-vllm-1", "undrain specdeploy-vllm-1",
+        "drain specdeploy-vllm-1", "restart specdeploy-vllm-1",
+        "start enabled", "undrain specdeploy-vllm-1",
     ]  # fmt: skip
 
 
@@ -231,7 +234,7 @@ def test_a_failure_puts_the_whole_batch_back(valid_data, monkeypatch):
         roll(cfg, plans(cfg))
     assert life.log == [
         "drain specdeploy-vllm-0", "drain specdeploy-vllm-1", "restart specdeploy-vllm-0",
-        "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
+        "start enabled", "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
     ]  # fmt: skip
 
 
