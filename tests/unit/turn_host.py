@@ -409,6 +409,7 @@ def _bench(fake: FakeHost):
             factor = 1.0 if meta["arm"].startswith("baseline") else SPEEDUP[fake.speed]
             data = dict(base)
             data["median_tpot_ms"] = 10.0 * factor * (1 + 0.001 * meta["index"])
+            data["specdeploy"] = {**base["specdeploy"], **meta}  # the arm (at its load level)
             return BenchResult.model_validate(data)
 
     return Bench
