@@ -28,7 +28,8 @@ from specdeploy.render import instances
 from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.instances import instance_of_unit
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, install, lock, record, rollback, sampling, smoke, verify
+from specdeploy.sampling import sampler as sampling
+from specdeploy.steps import gate, install, lock, record, rollback, smoke, verify
 
 try:  # absent from releases before the turn was one (the case tests run against those too)
     from specdeploy.steps import turn
@@ -329,14 +330,15 @@ def on_stand_in(monkeypatch, fake: FakeHost, tmp_path) -> None:
         "is_healthy": is_healthy,
     }.items():  # fmt: skip
         monkeypatch.setattr(server, name, fn, raising=False)
-    # the names the gate and the sampler imported from host/server.py
+    # the names the sampler imported from host/server.py
     for name in ("enable_only", "remove_measure_unit", "switch_enabled", "wait_healthy"):
-        monkeypatch.setattr(gate, name, locals()[name])
+        monkeypatch.setattr(sampling, name, locals()[name])
     monkeypatch.setattr(sampling, "start_fresh", start_fresh)
     monkeypatch.setattr(sampling, "warm_up", lambda cfg, workload: S("warm up"))
     monkeypatch.setattr(sampling, "PendingBench", _bench(fake))
 
-    def health_and_smoke(cfg, rendered, tokenizer):
+    def health_and_smoke(sampler, rendered):
+        cfg = sampler.cfg
         checked = wait_healthy(cfg, rendered.name, speculative=rendered.role == "speculative")
         S(f"smoke {rendered.name}")
         return checked, None, {}
@@ -358,7 +360,7 @@ def on_stand_in(monkeypatch, fake: FakeHost, tmp_path) -> None:
     monkeypatch.setattr(verify, "validated_by", lambda *a: None)
     here = SimpleNamespace(name=HOST, print_prefix=f"[{HOST}] ", noop=lambda text: None,
                            get_fact=lambda *a, **k: "0.32.0")  # fmt: skip
-    for module in (rollback, verify, gate, sampling, *([turn] if turn else [])):
+    for module in (rollback, verify, gate, sampling, smoke, *([turn] if turn else [])):
         monkeypatch.setattr(module, "host", here)
     monkeypatch.setattr(lock, "renew_held", lambda seconds: S("renew lease"))
     monkeypatch.setattr(lock, "release_now", lambda cfg: None)

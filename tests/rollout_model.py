@@ -2,7 +2,7 @@
 per-host step times (issue 37). Arithmetic over `specdeploy rollout`'s own plan: no host is run;
 the batches are the product's (`specdeploy.flows.rollout.plan_batches`), not modelled here.
 
-    python benchmarks/fleet_scale/rollout_model.py [--runs-per-arm 6] [--classes 1] [--markdown]
+    python -m tests.rollout_model [--runs-per-arm 6] [--classes 1] [--markdown]
 
 The shape modelled is `specdeploy rollout`'s: a canary host first, then batches; within a batch,
 hosts restart `max_unavailable` at a time (each restart: stop, start, health, smoke; the next

