@@ -165,13 +165,13 @@ def test_every_fault_at_every_step_ends_on_the_invariant(tmp_path, data):
 
 
 def nth_call(scenario: str, what: str, n: int, broken: str = "none") -> int:
-    """The number of the `n`th host call named `what` in the scenario's clean turn."""
+    """The number of the `n`th host call named `what` (its start) in the scenario's clean turn."""
     import tempfile
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as tmp:
         fake, *_ = turn_on_stand_in(Path(tmp), scenario, broken, "faster", None)
-    seen = [i + 1 for i, call in enumerate(fake.log) if call == what]
+    seen = [i + 1 for i, call in enumerate(fake.log) if call.startswith(what)]
     return seen[n - 1]
 
 
@@ -243,3 +243,16 @@ def test_a_run_killed_during_a_gate_arm_is_settled_by_the_next_run(tmp_path):
         tmp_path, "gate an unchanged unit", "none", "faster", Fault("kill", at)
     )
     assert again is None and second == [], (again, second)
+
+
+def test_a_shrunk_box_whose_surplus_removal_fails_keeps_its_new_layout(tmp_path):
+    """3 instances become 2: the balancer already serves the 2 when stopping the third fails
+    (after it stopped): the box stays on its new layout, the third stopped and disabled, and
+    the old balancer files are not put back over instances that no longer run."""
+    at = nth_call("box shrinks", "disable-and-stop specdeploy-vllm-2", 1)
+    fake, first, second, _, raised, _ = turn_on_stand_in(
+        tmp_path, "box shrinks", "none", "faster", Fault("fail", at, after=True)
+    )
+    assert "its new layout serves" in str(raised), raised
+    assert [n for n, _ in fake.live_members] == ["specdeploy-vllm-0", "specdeploy-vllm-1"]
+    assert first == [] and second == [], (first, second)
