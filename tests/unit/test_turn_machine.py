@@ -138,7 +138,7 @@ def test_a_turn_without_a_fault_ends_on_the_new_config(tmp_path, scenario):
     assert calls > 0
 
 
-@settings(max_examples=250, deadline=None, derandomize=True, database=None,
+@settings(max_examples=1000, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])  # fmt: skip
 @given(data=st.data())
