@@ -261,7 +261,7 @@ def test_a_shrunk_box_whose_surplus_removal_fails_keeps_its_new_layout(tmp_path)
 
 
 @pytest.mark.parametrize("instances", [None, 2])
-def test_every_server_s_turn_hands_its_schedule_proof_to_the_record(tmp_path, monkeypatch, instances):
+def test_each_turn_hands_its_schedule_proof_to_the_record(tmp_path, monkeypatch, instances):
     """What planning found for a deployed schedule reaches verify-and-record on a plain host and on
     every instance of a box: the record's evidence is handed down, never looked up again."""
     after = config(k=6, instances=instances)
