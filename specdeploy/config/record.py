@@ -254,6 +254,10 @@ class DeploymentRecord(_Part):
     # or {proven: false, allowed_unproven: true, why} under allow_unproven_schedule. Absent without
     # a schedule; None: a baseline deploy, or a record written before proofs were matched.
     schedule_proof: dict[str, Any] | None = None
+    # the live autopilot's fall-back that wrote this record (observe/live_verdict.step_evidence):
+    # action, why, the streak's decisions, its windows (count, from, to), alpha, the judge's file.
+    # Absent from every other deploy's record
+    live_fallback: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     started_at: str
     finished_at: str

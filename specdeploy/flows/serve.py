@@ -105,6 +105,7 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
             balancer=staged,
             started=started,
             pins=pins,
+            live_fallback=control.fallback_evidence(os.environ),
             _if=lambda: (
                 bool(servers.single or servers.surplus or servers.resplit or servers.drained)
                 or bool(staged and staged.pending())

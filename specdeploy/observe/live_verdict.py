@@ -31,8 +31,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from specdeploy.config.schema import ServeConfig
+from specdeploy.config.timestamps import utc_iso
 from specdeploy.decide import live_rule
-from specdeploy.render.control import FALLBACK_ENV, control_instances
+from specdeploy.render.control import EVIDENCE_ENV, FALLBACK_ENV, control_instances
 from specdeploy.render.instances import expand
 from specdeploy.report.paths import reports_root
 
@@ -201,11 +202,36 @@ class LiveJudge:
         return None
 
 
-def roll_command(inventory: str, host: str, step: dict) -> tuple[list[str], dict[str, str]]:
+def step_evidence(judge: LiveJudge, step: dict) -> dict:
+    """What an autopilot step that rolls the box stands on, for the records of that roll: the
+    step's action and why, the decisions of its streak (their texts), the windows they cover (how
+    many, from when to when), alpha, and the judge's file that holds every snapshot."""
+    after = judge.state["settings"]["after"]
+    streak = judge.result()["decisions"][-after:]
+    return {
+        "action": step["action"],
+        "why": step["why"],
+        "decisions": [d["text"] for d in streak],
+        "windows": sum(d["windows"] for d in streak),
+        "from": utc_iso(streak[0]["start"]) if streak else None,
+        "to": utc_iso(streak[-1]["end"]) if streak else None,
+        "alpha": judge.state["settings"]["alpha"],
+        "evidence": str(judge.path),
+    }
+
+
+def roll_command(
+    inventory: str, host: str, step: dict, evidence: dict | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The ordinary rolling path for an autopilot step that rolls the box (argv, environment):
     `pyinfra INVENTORY deploys/serve.py --limit HOST`, with FALLBACK_ENV set for a fall-back (the
-    box keeps one speculative instance as its control arm) and unset for a return."""
-    env = {FALLBACK_ENV: "1"} if step["action"] == live_rule.FALL_BACK else {}
+    box keeps one speculative instance as its control arm) and the step's `evidence`
+    (step_evidence) for its records; nothing set for a return."""
+    env = {}
+    if step["action"] == live_rule.FALL_BACK:
+        env[FALLBACK_ENV] = "1"
+        if evidence is not None:
+            env[EVIDENCE_ENV] = json.dumps(evidence, sort_keys=True)
     return ["pyinfra", "-y", inventory, "deploys/serve.py", "--limit", host], env
 
 
@@ -370,7 +396,7 @@ def roll_if_asked(judge: LiveJudge, inventory: str, *, run=None, warn=print) -> 
     step = judge.pending_action()
     if step is None or "rolled" in step:
         return None
-    argv, env = roll_command(inventory, judge.host, step)
+    argv, env = roll_command(inventory, judge.host, step, step_evidence(judge, step))
     warn(f"live verdict {judge.host}: {step['action']}: {step['why']}")
     runner = run or (lambda a, e: subprocess.run(a, env={**os.environ, **e}).returncode)
     step["rolled"] = runner(argv, env)

@@ -4,11 +4,33 @@ that routes at random (templates/haproxy.cfg.j2: `balance random`). Pure, no hos
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 from specdeploy.config.schema import ServeConfig
-from specdeploy.decide.live_rule import control_count, fallback_keeps
+from specdeploy.decide.live_rule import FALL_BACK, control_count, fallback_keeps
 
 # Set by the live autopilot's fall-back for its serve run: the box keeps one speculative instance
 FALLBACK_ENV = "SPECDEPLOY_LIVE_FALLBACK"
+# ... and the evidence it falls back on (JSON: the autopilot's step, the deciding windows, the
+# judge's file), which every record that run writes names
+EVIDENCE_ENV = "SPECDEPLOY_LIVE_EVIDENCE"
+
+
+def fallback_evidence(environ: Mapping[str, str]) -> dict | None:
+    """The live evidence a fall-back run's records name (EVIDENCE_ENV, as
+    observe/live_verdict.roll_command hands it in); None outside a fall-back. A fall-back without
+    it (set by hand) is still said to be one."""
+    if environ.get(FALLBACK_ENV) != "1":
+        return None
+    raw = environ.get(EVIDENCE_ENV)
+    try:
+        evidence = json.loads(raw) if raw else None
+    except ValueError:
+        evidence = None
+    if not isinstance(evidence, dict):
+        return {"action": FALL_BACK, "why": f"{FALLBACK_ENV}=1 without evidence", "evidence": raw}
+    return evidence
 
 
 def control_instances(

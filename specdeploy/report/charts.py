@@ -318,3 +318,94 @@ def load_chart(s: dict, run_dir: Path) -> list[str]:
     ax.legend(fontsize=SMALLEST_PT)
     ax.grid(alpha=0.3)
     return [_save(fig, run_dir, "load_ratio.png")]
+
+
+LIVE_VERDICT_COLORS = {"pays": "#2ca02c", "loses": "#d62728", "undecided": "#7f7f7f"}
+
+
+def live_chart(state: dict, path: Path, *, marks: dict[str, float] | None = None) -> Path:
+    """The live verdict over time, from a judge's state (observe/live_verdict.py's
+    live-verdict.json). Above: each arm's mean TPOT per window and the speculative arm's draft
+    acceptance. Below: each usable window's paired ratio (speculative / baseline), every decision
+    as a bar over its windows at its median ratio with its interval, coloured by verdict, the
+    skipped windows, and the autopilot's rolls. `marks` ({label: epoch s}): vertical lines, such
+    as where the traffic changed."""
+    from specdeploy.decide import live_rule
+
+    settings = state["settings"]
+    windows = live_rule.windows_from_snapshots(
+        state["snapshots"], min_requests=settings["min_requests"]
+    )
+    result = live_rule.live_decisions(
+        windows, windows_per_decision=settings["windows_per_decision"], alpha=settings["alpha"]
+    )
+    t0 = state["snapshots"][0]["t"]
+
+    def minutes(t: float) -> float:
+        return (t - t0) / 60
+
+    plt = _plt()
+    fig, (top, low) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.2), sharex=True,
+                                   gridspec_kw={"height_ratios": [1, 1.3]})  # fmt: skip
+    mids = [minutes((w["start"] + w["end"]) / 2) for w in windows]
+    for arm in live_rule.ARMS:
+        tpot = [(x, w[arm]["tpot_mean_s"] * 1e3) for x, w in zip(mids, windows, strict=True)
+                if w[arm]["tpot_mean_s"] is not None]  # fmt: skip
+        if tpot:
+            top.plot(*zip(*tpot, strict=True), marker="o", markersize=3, color=COLORS[arm],
+                     label=f"{arm} TPOT")  # fmt: skip
+    top.set_ylabel("mean TPOT per window (ms)")
+    top.set_ylim(bottom=0)
+    rate = top.twinx()
+    accepted = [(x, 100 * w["speculative"]["acceptance_rate"])
+                for x, w in zip(mids, windows, strict=True)
+                if w["speculative"]["acceptance_rate"] is not None]  # fmt: skip
+    if accepted:
+        rate.plot(*zip(*accepted, strict=True), linestyle=":", color="#ff7f0e",
+                  label="draft acceptance")  # fmt: skip
+    rate.set_ylim(0, 100)
+    rate.set_ylabel("draft acceptance (%)")
+    lines = top.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    top.legend(lines, [ln.get_label() for ln in lines], fontsize=SMALLEST_PT, loc="upper left")
+    top.grid(alpha=0.3)
+
+    used = [(x, w["ratio"]) for x, w in zip(mids, windows, strict=True) if w["ratio"] is not None]
+    if used:
+        low.plot(*zip(*used, strict=True), linestyle="none", marker="o", markersize=4,
+                 color="black", label="window ratio")  # fmt: skip
+    skipped = [x for x, w in zip(mids, windows, strict=True) if w["skipped"]]
+    if skipped:
+        low.plot(skipped, [1.0] * len(skipped), linestyle="none", marker="x", color="#7f7f7f",
+                 label="window skipped (too few requests)")  # fmt: skip
+    for decision in result["decisions"]:
+        color = LIVE_VERDICT_COLORS[decision["verdict"]]
+        x0, x1 = minutes(decision["start"]), minutes(decision["end"])
+        if decision["low"] is not None:
+            low.fill_between([x0, x1], decision["low"], decision["high"], color=color, alpha=0.2,
+                             linewidth=0)  # fmt: skip
+        low.plot([x0, x1], [decision["ratio"]] * 2, color=color, linewidth=3)
+        low.annotate(f"{decision['verdict']} {decision['ratio']:.2f}x", ((x0 + x1) / 2,
+                     decision["high"] or decision["ratio"]), textcoords="offset points",
+                     xytext=(0, 4), ha="center", fontsize=SMALLEST_PT, color=color)  # fmt: skip
+    low.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    low.set_ylabel("speculative / baseline TPOT")
+    low.set_xlabel(f"minutes ({settings['window_s']} s windows, {settings['windows_per_decision']}"
+                   f" per decision, alpha {settings['alpha']:g})")  # fmt: skip
+    rolled = [s for s in state["steps"] if s["action"] in (live_rule.FALL_BACK, live_rule.RETURN)]
+    for ax in (top, low):
+        for t in (marks or {}).values():
+            ax.axvline(minutes(t), color="#9467bd", linewidth=1.2, linestyle="-.")
+        for step in rolled:
+            ax.axvline(minutes(step["end"]), color="#d62728", linewidth=1.2)
+    ymax = low.get_ylim()[1]  # along their lines: clear of the decisions' labels
+    for label, t in (marks or {}).items():
+        low.text(minutes(t), ymax, f"{label} ", va="top", ha="right", rotation=90,
+                 fontsize=SMALLEST_PT, color="#9467bd")  # fmt: skip
+    for step in rolled:
+        low.text(minutes(step["end"]), ymax, f"autopilot: {step['action']} ", va="top",
+                 ha="right", rotation=90, fontsize=SMALLEST_PT, color="#d62728")  # fmt: skip
+    low.legend(fontsize=SMALLEST_PT, loc="center left")
+    low.grid(alpha=0.3)
+    top.set_title("speculation judged on live traffic: both arms behind one balancer, paired "
+                  "windows", fontsize=9)  # fmt: skip
+    return save(fig, path)

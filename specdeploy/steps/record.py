@@ -40,6 +40,7 @@ def build_record(
     pruned_venvs: list[str] | None = None,
     validated_by: ValidatedBy | None = None,
     schedule_proof: dict | None = None,
+    live_fallback: dict | None = None,
 ) -> DeploymentRecord:
     """The record of a verified deploy; `unit` is the unit the host serves with (its role too).
     Every piece of evidence is handed in by the step that made it: `schedule_proof`, the proof of
@@ -99,6 +100,8 @@ def build_record(
         **({"validated_by": validated_by} if validated_by is not None else {}),
         # only with a schedule, so every other record stays as it was
         **({"schedule_proof": schedule_proof} if SCHEDULE_KEY in cfg.speculative_config else {}),
+        # only in a live autopilot's fall-back: the verdict and windows it fell back on
+        **({"live_fallback": live_fallback} if live_fallback is not None else {}),
         "timings": timings,
         "started_at": utc_iso(started),
         "finished_at": utc_iso(),

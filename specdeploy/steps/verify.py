@@ -29,6 +29,7 @@ def verify_and_record(
     proof: ArgvProof | None = None,
     previous: DeploymentRecord | None = None,
     schedule_proof: dict | None = None,
+    live_fallback: dict | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
     `preflight`: its weights and preflight, from planning or right after the download.
@@ -36,7 +37,8 @@ def verify_and_record(
     for this unit). `box_gate`: a whole box's rolling restart, which gates the box once. `proof`:
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
     `previous`: the record as the run found it; the record says what validated the unit.
-    `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py)."""
+    `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py).
+    `live_fallback`: the live autopilot's evidence when this run is its fall-back."""
     # the server's benchmarks and restarts, resolved here once and handed down: the smoke run and
     # the gate receive it, not the host data; every fresh server renews the deploy lock first
     sampler = Sampler(cfg, preflight.tokenizer, lock.renewal(cfg))
@@ -65,6 +67,7 @@ def verify_and_record(
         gate=decision,
         validated_by=validated_by(cfg, rendered, proof, previous),
         schedule_proof=schedule_proof,
+        live_fallback=live_fallback,
         timings=timings,
         revisions=pins or {},
     )

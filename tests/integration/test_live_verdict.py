@@ -44,6 +44,7 @@ from tests.integration.test_whole_box import (
     code,
     deploy,
     inventory,
+    record,
     tail,
 )
 from tests.integration.test_whole_box import host as box_host
@@ -258,15 +259,16 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
         "phase2_start": phase2_start,
     }
     # the fast tier's replay (tests/unit/test_live_verdict_replay.py): every snapshot and step
-    recording = {"live-verdict.json": judge.path, "phases.json": phases, "probe.json": PROBED}
-    record_replay("live_verdict", recording)
+    recorded = {"live-verdict.json": judge.path, "phases.json": phases, "probe.json": PROBED}
+    record_replay("live_verdict", recorded)
     assert [s["verdict"] for s in phase2] == [live_rule.LOSES] * AFTER, phase2
     step = judge.pending_action()
     assert step and step["action"] == live_rule.FALL_BACK, phase2
 
     # the fall-back through the ordinary serve path, under the phase 2 traffic
     started = time.time()
-    argv, env = live_verdict.roll_command(str(path), host, step)
+    evidence = live_verdict.step_evidence(judge, step)
+    argv, env = live_verdict.roll_command(str(path), host, step, evidence)
     rolled = subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, **env}
     )
@@ -281,6 +283,11 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
     )
     assert units.split() == ["active", "active"]
     assert code(ssh, host, PORT, "/health") == "200"
+    # the record of the instance the fall-back rolled names the verdict and windows it fell on
+    rolled_record = record(ssh, host, f"{SERVICE}-0")
+    assert rolled_record["role"] == "baseline"
+    assert rolled_record["live_fallback"] == evidence
+    assert rolled_record["live_fallback"]["decisions"] == [s["text"] for s in phase2]
     assert {arm: sorted(t) for arm, t in arm_texts(ssh, host).items()} == {
         "speculative": [],
         "baseline": [f"{SERVICE}-0", f"{SERVICE}-1"],
@@ -294,10 +301,11 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
     print(shown.stdout)
     line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("live verdict"))
     assert f"live verdict {host}: loses" in line and "serving baseline" in line, line
-    recording["fallback.json"] = {
+    recorded["fallback.json"] = {
         "requests": len(codes),
         "codes": sorted(set(codes)),
         "status_line": line,
         "timings_s": {k: round(v) for k, v in timings.items()},
+        "record": rolled_record["live_fallback"],
     }
-    record_replay("live_verdict", recording)
+    record_replay("live_verdict", recorded)

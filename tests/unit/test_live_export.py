@@ -286,12 +286,10 @@ def test_roll_runs_the_serve_path_once_per_step(cfg, tmp_path):
         judge, "inv.py", run=lambda a, e: calls.append((a, e)) or 0, warn=lambda m: None
     )
     assert step["action"] == live_rule.FALL_BACK and step["rolled"] == 0
-    assert calls == [
-        (
-            ["pyinfra", "-y", "inv.py", "deploys/serve.py", "--limit", "box"],
-            {"SPECDEPLOY_LIVE_FALLBACK": "1"},
-        )
-    ]
+    ((argv, env),) = calls
+    assert argv == ["pyinfra", "-y", "inv.py", "deploys/serve.py", "--limit", "box"]
+    assert env["SPECDEPLOY_LIVE_FALLBACK"] == "1"
+    assert json.loads(env["SPECDEPLOY_LIVE_EVIDENCE"]) == live_verdict.step_evidence(judge, step)
     assert live_verdict.roll_if_asked(judge, "inv.py", run=lambda a, e: 1 / 0) is None
     assert json.loads(judge.path.read_text())["steps"][-1]["rolled"] == 0
 
@@ -403,3 +401,42 @@ def test_arms_are_read_from_what_each_server_serves_and_a_deploy_ends_a_fall_bac
     assert step["action"] == live_rule.DEPLOYED and step["why"].startswith("2 of 3 instances")
     assert judge.state["autopilot"]["serving"] == "speculative"
     assert judge.state["decided"] == 1
+
+
+def test_a_fall_back_hands_its_evidence_to_the_records_it_writes(cfg, tmp_path):
+    """The streak the autopilot fell back on (its decisions, their windows, the judge's file) goes
+    through the serve run's environment into every record that run writes; other runs' records
+    have no live_fallback key."""
+    import time
+    from types import SimpleNamespace
+
+    from pyinfra.context import ctx_host
+
+    from specdeploy.render import control
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps import record
+    from tests.unit.test_schedule_proof import Host
+
+    judge = run_judge(cfg, tmp_path, [1.3] * 12)
+    step = judge.pending_action()
+    evidence = live_verdict.step_evidence(judge, step)
+    decisions = judge.result()["decisions"]
+    assert evidence["decisions"] == [d["text"] for d in decisions] and len(decisions) == 2
+    assert evidence["windows"] == 12 and evidence["evidence"] == str(judge.path)
+    assert evidence["why"].startswith("speculation lost 2 decisions in a row")
+    _, env = live_verdict.roll_command("inv.py", "box", step, evidence)
+    assert control.fallback_evidence(env) == evidence
+    assert control.fallback_evidence({}) is None  # an ordinary deploy
+    by_hand = control.fallback_evidence({control.FALLBACK_ENV: "1"})
+    assert by_hand["action"] == live_rule.FALL_BACK and by_hand["why"].endswith("without evidence")
+
+    def build(live):
+        with ctx_host.use(Host()):
+            return record.build_record(
+                cfg, render_unit(cfg, "baseline"), vllm_version="0.32.0", snapshots={},
+                preflight=SimpleNamespace(vocab=None, memory=None), health=None, smoke=None,
+                started=time.time(), live_fallback=live,
+            )  # fmt: skip
+
+    assert json.loads(build(evidence).to_json())["live_fallback"] == evidence
+    assert "live_fallback" not in json.loads(build(None).to_json())
