@@ -2,7 +2,8 @@
 draws them for a user: a compare and a tune report are rebuilt by the product's report
 (specdeploy/report/summary.write, which draws report/charts.py's charts) from the raw files of the
 replays the live tier recorded; the H200 load chart is report/charts.load_chart over the recorded
-proof's summary; the payoff map and the rolling-restart timeline come from their own scripts, which
+proof's summary; the live verdict over time is report/charts.live_chart over the live wing's
+recorded judge; the payoff map and the rolling-restart timeline come from their own scripts, which
 draw with the report's style (charts.save). Every figure is sized for the manual's column:
 tests/unit/test_docs_figures.py checks each.
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from benchmarks import timeline_chart
 from benchmarks.gpu_payoff import analyze
 from specdeploy.report import summary
-from specdeploy.report.charts import load_chart
+from specdeploy.report.charts import live_chart, load_chart
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,12 +79,25 @@ def rolling_timeline() -> None:
     timeline_chart.draw(timeline_chart.REPLAY, ASSETS / "rolling-timeline.png")
 
 
+def live_verdict() -> None:
+    """The live wing's judge over both phases: the trained set, then the probe's slowest traffic."""
+    replay = REPLAYS / "live_verdict"
+    state = json.loads((replay / "live-verdict.json").read_text())
+    phases = json.loads((replay / "phases.json").read_text())
+    marks = {
+        f"phase 1: {phases['phase1_traffic']}": state["snapshots"][0]["t"],
+        f"phase 2: {phases['phase2_traffic']}": phases["phase2_start"],
+    }
+    live_chart(state, ASSETS / "live-verdict.png", marks=marks)
+
+
 FIGURES = {
     "compare": compare,
     "tune": tune,
     "h200-load": h200_load,
     "h200-payoff": h200_payoff,
     "rolling-timeline": rolling_timeline,
+    "live-verdict": live_verdict,
 }
 
 

@@ -13,8 +13,8 @@ baseline through the ordinary serve path, under that traffic, with no failed req
 why. Between the phases the clients stop and a window closes on their last few requests, fewer
 than the minimum, so it is skipped and no decision mixes the two phases.
 
-Short windows for the sandbox (20 s, 6 per decision, 5 requests per arm at least): a decision
-every 2 minutes. The recording (`make test-live WING=live`) is what the fast tier's replay and
+Short windows for the sandbox (30 s, the shortest host data allows; 6 per decision, 5 requests
+per arm at least): a decision every 3 minutes. The recording (`make test-live WING=live`) is what
 the guide's chart are drawn from.
 """
 
@@ -52,7 +52,7 @@ from tests.integration.test_whole_box import host as box_host
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 host = box_host  # the whole box's module fixture: its units removed at the end
 
-WINDOW_S, PER_DECISION, AFTER, MIN_REQUESTS = 20, 6, 2, 5
+WINDOW_S, PER_DECISION, AFTER, MIN_REQUESTS = 30, 6, 2, 5  # 30 s: the shortest host data allows
 PROBE_S = 30  # one window per probed traffic
 LIVE = {
     "speculation_control": {"instances": 1},

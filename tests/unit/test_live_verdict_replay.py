@@ -12,14 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.decide import live_rule
 from specdeploy.observe import live_verdict
-from tests.unit.replays import approx_tree, load, recording
+from tests.unit.replays import REPLAYS, approx_tree, load, recording
 
-RECORDED = recording("live_verdict")
+RECORDED = REPLAYS / "live_verdict"
 
 
 @pytest.fixture(scope="module")
 def state():
-    return load(RECORDED / "live-verdict.json")
+    return load(recording("live_verdict") / "live-verdict.json")  # fails without it
 
 
 @pytest.fixture(scope="module")
