@@ -15,7 +15,7 @@ than the minimum, so it is skipped and no decision mixes the two phases.
 
 Short windows for the sandbox (30 s, the shortest host data allows; 6 per decision, 5 requests
 per arm at least): a decision every 3 minutes. The recording (`make test-live WING=live`) is what
-the guide's chart are drawn from.
+the fast tier's replay and the guide's chart are drawn from.
 """
 
 from __future__ import annotations
