@@ -172,13 +172,13 @@ def probe(ssh, host, name: str) -> dict:
     return {"traffic": name, **window, "codes": sorted(set(codes))}
 
 
-def judge_until(judge, ssh, host, *, decisions: int, stop_on_roll=False) -> list[dict]:
+def judge_until(judge, ssh, host, *, decisions: int, stop_on_roll=False, read=arm_texts):
     """Observe window after window until `decisions` more decisions are made (or the autopilot
     asks to roll the box); their steps."""
     seen = len(judge.state["steps"])
     while len(judge.state["steps"]) < seen + decisions:
         time.sleep(WINDOW_S)
-        judge.observe(arm_texts(ssh, host))
+        judge.observe(read(ssh, host))
         if stop_on_roll and judge.pending_action():
             break
     return judge.state["steps"][seen:]
@@ -309,3 +309,29 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
         "record": rolled_record["live_fallback"],
     }
     record_replay("live_verdict", recorded)
+
+
+def test_identical_arms_lean_neither_way(live_box, host, ssh, tmp_path, record_replay):
+    """After the fall-back both instances serve the baseline (A/A): a judge told that box-0 is the
+    speculative arm (a label only) decides once over the phase 2 traffic and must not decide; its
+    windows are recorded for the fast tier. A false verdict here has probability 2/64."""
+    assert PROBED, "the probe did not run"
+    traffic = max(PROBED, key=lambda n: PROBED[n]["ratio"])
+    _, cfg = live_box
+
+    def labelled(ssh, host):
+        texts = arm_texts(ssh, host)
+        assert not texts["speculative"], "the box does not serve the baseline alone"
+        first = f"{SERVICE}-0"
+        return {"speculative": {n: t for n, t in texts["baseline"].items() if n == first},
+                "baseline": {n: t for n, t in texts["baseline"].items() if n != first}}  # fmt: skip
+
+    judge = live_verdict.LiveJudge(host, cfg, path=tmp_path / host / "live-verdict.json")
+    start_clients(ssh, host, traffic)
+    judge.observe(labelled(ssh, host))
+    steps = judge_until(judge, ssh, host, decisions=1, read=labelled)
+    codes = stop_clients(ssh, host)
+    print("A/A:", json.dumps(steps))
+    record_replay("live_verdict_aa", {"live-verdict.json": judge.path, "traffic.json": traffic})
+    assert set(codes) == {"200"}, sorted(set(codes))
+    assert [s["verdict"] for s in steps] == [live_rule.UNDECIDED], steps
