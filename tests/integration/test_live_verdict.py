@@ -332,6 +332,8 @@ def test_identical_arms_lean_neither_way(live_box, host, ssh, tmp_path, record_r
     steps = judge_until(judge, ssh, host, decisions=1, read=labelled)
     codes = stop_clients(ssh, host)
     print("A/A:", json.dumps(steps))
-    record_replay("live_verdict_aa", {"live-verdict.json": judge.path, "traffic.json": traffic})
+    record_replay(
+        "live_verdict_aa", {"live-verdict.json": judge.path, "traffic.json": {"traffic": traffic}}
+    )
     assert set(codes) == {"200"}, sorted(set(codes))
     assert [s["verdict"] for s in steps] == [live_rule.UNDECIDED], steps
