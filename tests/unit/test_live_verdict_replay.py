@@ -143,3 +143,42 @@ def test_the_chart_draws_every_decision_in_its_verdicts_colour(state, tmp_path, 
         windows_per_decision=state["settings"]["windows_per_decision"])["decisions"]]  # fmt: skip
     assert [b.get_color() for b in bars] == [charts.LIVE_VERDICT_COLORS[v] for v in verdicts]
     assert (tmp_path / "live.png").stat().st_size > 0
+
+
+def test_identical_arms_recorded_do_not_decide_and_their_noise_simulated_stays_under_alpha():
+    """The A/A recording (both instances on the baseline after the fall-back, box-0 labelled
+    speculative): its decision is undecided; decisions simulated at its traffic (requests per
+    window) and its window-to-window noise (the spread of its log ratios) say pays or loses at
+    most alpha of the time."""
+    import math
+    import random
+    import statistics
+
+    aa = load(recording("live_verdict_aa") / "live-verdict.json")
+    s = aa["settings"]
+    windows = live_rule.windows_from_snapshots(aa["snapshots"], min_requests=s["min_requests"])
+    result = live_rule.live_decisions(
+        windows, windows_per_decision=s["windows_per_decision"], alpha=s["alpha"]
+    )
+    assert [d["text"] for d in result["decisions"]] == approx_tree(
+        [step["text"] for step in aa["steps"]]
+    )
+    assert [d["verdict"] for d in result["decisions"]] == [live_rule.UNDECIDED]
+    used = [w for w in windows if w["ratio"] is not None]
+    per_arm = statistics.median(w["baseline"]["requests"] for w in used)
+    spread = statistics.stdev(math.log(w["ratio"]) for w in used)
+    # a window's log ratio spreads by about request_cv * sqrt(2 / requests per arm)
+    request_cv = spread * math.sqrt(per_arm / 2)
+    rng = random.Random(20261205)
+    verdicts = [
+        live_rule.live_decisions(
+            live_rule.simulated_windows(
+                rng, s["windows_per_decision"], ratio=1.0, requests_per_window=2 * per_arm,
+                request_cv=request_cv, min_requests=s["min_requests"],
+            ),
+            windows_per_decision=s["windows_per_decision"], alpha=s["alpha"],
+        )["current"]["verdict"]
+        for _ in range(2000)
+    ]  # fmt: skip
+    false_rate = sum(v not in (live_rule.UNDECIDED,) for v in verdicts) / len(verdicts)
+    assert false_rate <= s["alpha"], false_rate
