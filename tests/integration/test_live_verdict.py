@@ -7,9 +7,9 @@ First a short probe says which traffic makes speculation lose: one window each o
 prompts at temperature 1.5, random-token prompts at temperature 0, and random-token prompts at
 temperature 1.5 (speculative / baseline TPOT of the window, and the draft acceptance). Then phase
 1 sends the trained request set, greedy: the verdict must say pays at its first decision. Phase 2
-sends the traffic the probe found slowest for speculation: the verdict must say loses at each of
-its first `AFTER` decisions, and with speculation_autopilot = "fallback" the box rolls to the
-baseline through the ordinary serve path, under that traffic, with no failed request; status says
+sends the traffic the probe found slowest for speculation: the verdict must say loses at `AFTER`
+decisions in a row within its first `PHASE2_DECISIONS`, and with speculation_autopilot =
+"fallback" the box rolls to the baseline through the ordinary serve path, under that traffic, with no failed request; status says
 why. Between the phases the clients stop and a window closes on their last few requests, fewer
 than the minimum, so it is skipped and no decision mixes the two phases.
 
@@ -54,6 +54,9 @@ host = box_host  # the whole box's module fixture: its units removed at the end
 
 WINDOW_S, PER_DECISION, AFTER, MIN_REQUESTS = 30, 6, 2, 5  # 30 s: the shortest host data allows
 PROBE_S = 30  # one window per probed traffic
+# phase 2 falls back within this many decisions: AFTER loses in a row, one block of slack for a
+# noisy window on the shared cores (a window on the wrong side of 1 leaves its block undecided)
+PHASE2_DECISIONS = AFTER + 1
 LIVE = {
     "speculation_control": {"instances": 1},
     "speculation_autopilot": "fallback",
@@ -248,7 +251,7 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
     # phase 2: loses at each of its first AFTER decisions: the autopilot falls back
     started = phase2_start = time.time()
     start_clients(ssh, host, phase2_traffic)
-    phase2 = judge_until(judge, ssh, host, decisions=AFTER, stop_on_roll=True)
+    phase2 = judge_until(judge, ssh, host, decisions=PHASE2_DECISIONS, stop_on_roll=True)
     timings["phase 2"] = time.time() - started
     print(f"phase 2 ({phase2_traffic}):", json.dumps(phase2))
     phases = {
@@ -261,7 +264,7 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
     # the fast tier's replay (tests/unit/test_live_verdict_replay.py): every snapshot and step
     recorded = {"live-verdict.json": judge.path, "phases.json": phases, "probe.json": PROBED}
     record_replay("live_verdict", recorded)
-    assert [s["verdict"] for s in phase2] == [live_rule.LOSES] * AFTER, phase2
+    assert [s["verdict"] for s in phase2][-AFTER:] == [live_rule.LOSES] * AFTER, phase2
     step = judge.pending_action()
     assert step and step["action"] == live_rule.FALL_BACK, phase2
 
