@@ -9,9 +9,11 @@ temperature 1.5 (speculative / baseline TPOT of the window, and the draft accept
 1 sends the trained request set, greedy: the verdict must say pays at its first decision. Phase 2
 sends the traffic the probe found slowest for speculation: the verdict must say loses at `AFTER`
 decisions in a row within its first `PHASE2_DECISIONS`, and with speculation_autopilot =
-"fallback" the box rolls to the baseline through the ordinary serve path, under that traffic, with no failed request; status says
-why. Between the phases the clients stop and a window closes on their last few requests, fewer
-than the minimum, so it is skipped and no decision mixes the two phases.
+"fallback" the box rolls to the baseline through the ordinary serve path, under that traffic,
+with no failed request; status and the rolled instance's record say why. Between the phases the
+clients stop and a window closes on their last few requests, fewer than the minimum, so it is
+skipped and no decision mixes the two phases. Last, identical arms (both instances on the
+baseline after the fall-back) must not decide.
 
 Short windows for the sandbox (30 s, the shortest host data allows; 6 per decision, 5 requests
 per arm at least): a decision every 3 minutes. The recording (`make test-live WING=live`) is what
