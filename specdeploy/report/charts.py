@@ -404,7 +404,7 @@ def live_chart(state: dict, path: Path, *, marks: dict[str, float] | None = None
     for step in rolled:
         low.text(minutes(step["end"]), ymax, f"autopilot: {step['action']} ", va="top",
                  ha="right", rotation=90, fontsize=SMALLEST_PT, color="#d62728")  # fmt: skip
-    low.legend(fontsize=SMALLEST_PT, loc="center left")
+    low.legend(fontsize=SMALLEST_PT, loc="lower right")
     low.grid(alpha=0.3)
     top.set_title("speculation judged on live traffic: both arms behind one balancer, paired "
                   "windows", fontsize=9)  # fmt: skip
