@@ -9,9 +9,10 @@
   wing's modules) and a set of paths: `make test-changed` runs the wings whose paths changed since
   the merge base with main (`python -m tests.wings changed`).
 
-tests/unit/test_wings.py holds the map to the tree: every module under tests/integration is in the
-fast tier or in exactly one wing, every product and sandbox file is guarded by at least one wing,
-and the live tier never has fewer tests than LIVE_TESTS_AT_LEAST (a proof is moved, not dropped).
+tests/unit/project/test_wings.py holds the map to the tree: every module under tests/integration is
+in the fast tier or in exactly one wing, every product and sandbox file is guarded by at least one
+wing, and the live tier never has fewer tests than LIVE_TESTS_AT_LEAST (a proof is moved, not
+dropped).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ WINGS: dict[str, Wing] = {
 }
 
 # The live tier's size when this map was written (collected with `-m live`): it may grow, never
-# fall (tests/unit/test_wings.py collects it).
+# fall (tests/unit/project/test_wings.py collects it).
 LIVE_TESTS_AT_LEAST = 86
 
 

@@ -209,7 +209,7 @@ def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
 
 # What pip accepts in a requirements file (pip_install_args reach pip as one, `-r`, so a token in
 # an index URL never shows in ps): pip's req_file.SUPPORTED_OPTIONS and SUPPORTED_OPTIONS_REQ, with
-# their short forms (tests/unit/test_record_is_truth.py compares it with the installed pip's).
+# their short forms (tests/unit/steps/test_record_is_truth.py compares it with the installed pip's).
 PIP_FILE_OPTIONS = frozenset({
     "--index-url", "-i", "--extra-index-url", "--no-index", "--constraint", "-c",
     "--requirement", "-r", "--editable", "-e", "--find-links", "-f", "--no-binary",

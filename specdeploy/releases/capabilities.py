@@ -109,7 +109,8 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
 
 
 RELEASES_DIR = "tables"
-INDEX = "index.json"  # the PyPI releases the tables must cover (tests/unit/test_release_index.py)
+# the PyPI releases the tables must cover (tests/unit/releases/test_release_index.py)
+INDEX = "index.json"
 # Tables `specdeploy releases add` writes, which the checks read beside the packaged ones.
 USER_RELEASES_ENV = "SPECDEPLOY_RELEASES_DIR"
 ADD_TABLE = (

@@ -1,9 +1,9 @@
 """The fake host behind tests/operations/<step>/<case>.json: pyinfra's operation fixtures
 (pyinfra's tests/test_operations.py and tests/util.py), for specdeploy's deploy steps.
 
-A step runs against a real pyinfra `State` and `Host` (as tests/unit/test_fact_defaults.py builds
-them), whose facts come from the fixture and whose execution-time commands (`on_host`) answer from
-it; nothing is connected to. What comes out is compared with the fixture:
+A step runs against a real pyinfra `State` and `Host` (as tests/unit/host/test_fact_defaults.py
+builds them), whose facts come from the fixture and whose execution-time commands (`on_host`) answer
+from it; nothing is connected to. What comes out is compared with the fixture:
 
 * planning time (a step that is a pyinfra `@deploy` or `@operation`): every operation it scheduled,
   in order, with the commands pyinfra would run for it on this host, or the `noop` it said; and the

@@ -11,7 +11,7 @@ from specdeploy.config.schema import config_from_data
 from specdeploy.host.facts.nvidia import ACCELERATOR_COMMAND, Accelerators
 from specdeploy.render.argv import engine_flags
 from tests.facts import fixture
-from tests.unit.test_preflight import DRAFT, RAM, TARGET
+from tests.unit.checks.test_preflight import DRAFT, RAM, TARGET
 
 MIB = 1 << 20
 HEADER = "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0     |"

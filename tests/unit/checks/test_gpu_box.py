@@ -15,7 +15,7 @@ import pytest
 from specdeploy.checks.preflight import evaluate
 from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render import instances
-from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
+from tests.unit.checks.test_gpu_preflight import DRAFT, RAM, TARGET, fixture, running
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -18,8 +18,8 @@ from specdeploy.flows import serve
 from specdeploy.host.facts.nvidia import parse_accelerators
 from specdeploy.releases import capabilities
 from specdeploy.steps import servers
-from tests.unit.test_accelerator import OLD_DRIVER
-from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
+from tests.unit.checks.test_accelerator import OLD_DRIVER
+from tests.unit.checks.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
 
 V100_LINE = "0, Tesla V100-SXM2-32GB, 32768, 0, 580.159.04, 7.0, Disabled"
 

@@ -22,7 +22,7 @@ from specdeploy.host.facts import nvidia
 from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from tests.facts import cases, snapshots
 from tests.facts import fixture as facts_fixture
-from tests.unit.test_accelerator import FAILING, H100_MIG, gpu_line, recording
+from tests.unit.checks.test_accelerator import FAILING, H100_MIG, gpu_line, recording
 
 FIXTURES = cases("Accelerators")
 MODELS = snapshots()  # the ModelSnapshot fixtures

@@ -7,13 +7,11 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from specdeploy.cli import build_parser
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
 
 
 def run(*args, cwd=REPO):

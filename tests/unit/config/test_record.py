@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from specdeploy.config.record import DeploymentRecord, RecordError, bench_result, read_record
 from specdeploy.decide.metrics import acceptance
 from specdeploy.report.bench_summary import summarize
+from tests.unit import DATA
 
 # Written on a sandbox host by deploys/serve.py at commit a83c70e, before the record was typed.
-OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
+OLD = DATA / "deployment-record-a83c70e.json"
 
 
 def test_a_record_written_before_the_typed_model_reads_and_round_trips():

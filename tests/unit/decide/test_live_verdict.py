@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,8 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from specdeploy.decide import live_rule as live
 from specdeploy.decide.stats import sign_test
-
-DATA = Path(__file__).parent / "data"
+from tests.unit import DATA
 
 
 def counters(tpot_sum=0.0, count=0.0, accepted=0.0, drafted=0.0):

@@ -320,7 +320,7 @@ def config_from_data_open(data):
 def test_the_alert_fires_when_the_running_batch_leaves_the_proven_range(tmp_path):
     """A host whose servers ran 6 requests at once for 10 minutes, proven up to 4, alerts; one
     running 3 does not, and a host with no schedule (its constant: max_num_seqs) does not."""
-    from tests.unit.test_monitoring import fired, promtool_test
+    from tests.unit.observe.test_monitoring import fired, promtool_test
 
     def running(host, values):
         labels = f'job="specdeploy-vllm",instance="{host}:8000",host="{host}",engine="0"'

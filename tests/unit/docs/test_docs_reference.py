@@ -3,15 +3,13 @@ writes from the schema, the CLIs' parsers and the release tables; every host-dat
 too, has its description and a section a check message can link."""
 
 import re
-from pathlib import Path
 
 import pytest
 
 from specdeploy.config import schema
 from specdeploy.config.problems import REFERENCE_PAGE, Problem, nested_model, reference_anchor
 from specdeploy.docs import reference
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
 
 
 @pytest.mark.parametrize("path", sorted(reference.PAGES))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,8 +18,9 @@ from specdeploy.measure.arms import measure_unit
 from specdeploy.measure.plans import compare_measurement
 from specdeploy.render import instances
 from specdeploy.report import summary as report
+from tests.unit import DATA
 from tests.unit.replays import sampler_of
-from tests.unit.test_report import bench_json, counters, write_run
+from tests.unit.report.test_report import bench_json, counters, write_run
 
 
 def box(valid_data, **changes):
@@ -160,7 +160,7 @@ def test_the_tune_report_of_a_box_says_which_instance_it_measured(tmp_path):
     sandbox). Its report, rebuilt here from a real run's raw files (the sandbox's box, tune_k 1,
     one run per arm, 2026-12-01), names the instance, its cores and port, and its verdict."""
     run = tmp_path / "run"
-    shutil.copytree(Path(__file__).parent / "data/box_tune_run", run)
+    shutil.copytree(DATA / "box_tune_run", run)
     summary = report.write(run, "tune")
     h = summary["hosts"]["sd0a72-h1"]
     assert (h["conditions"]["instance"], h["conditions"]["instance_port"]) == ("box-1", 8102)

@@ -1,11 +1,10 @@
 """Failure messages quote vLLM's own refusal: the journal summary on lines recorded on an H200
 (benchmarks/gpu_truth, a server refused for free memory below gpu_memory_utilization)."""
 
-from pathlib import Path
-
 from specdeploy.host.on_host import ERROR_LINE, journal_command, root_cause, summarize_journal
+from tests.unit import DATA
 
-RECORDED = (Path(__file__).parent / "data" / "journal-h200-free-memory-refusal.txt").read_text()
+RECORDED = (DATA / "journal-h200-free-memory-refusal.txt").read_text()
 REFUSAL = (
     "ValueError: Free memory on device cuda:0 (118.69/139.8 GiB) on startup is less than desired "
     "GPU memory utilization (0.92, 128.62 GiB). Decrease GPU memory utilization or reduce GPU "

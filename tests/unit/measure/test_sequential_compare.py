@@ -14,7 +14,7 @@ from specdeploy.decide.decisions import BETTER, NO_DIFFERENCE
 from specdeploy.measure import plans
 from specdeploy.measure.plans import SequentialCompare, sequential_compare_plan
 from specdeploy.report import summary as report
-from tests.unit.test_report import bench_json, write_run
+from tests.unit.report.test_report import bench_json, write_run
 
 B, S = "baseline", "speculative"
 

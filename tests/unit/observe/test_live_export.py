@@ -332,7 +332,7 @@ def test_status_shows_the_judges_verdict(cfg, tmp_path, valid_data, monkeypatch)
     import gevent
 
     from specdeploy.observe import status as status_module
-    from tests.unit.status_fakes import FakeFleet, FakeProbe
+    from tests.unit.observe.status_fakes import FakeFleet, FakeProbe
 
     monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
     run_judge(cfg, tmp_path, [0.8] * 6)  # the fake probe's host is "box"

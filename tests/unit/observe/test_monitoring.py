@@ -12,8 +12,7 @@ import yaml
 
 from specdeploy.config.schema import config_from_data
 from specdeploy.observe.monitoring import monitoring_dir, scrape_address, write_prometheus
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
 
 
 def host(name, data, groups=("gpu",)):

@@ -33,7 +33,8 @@ from specdeploy.observe.status import changed_keys, started_before_change, unit_
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff
 from specdeploy.render.units import exec_start, render_unit
-from tests.unit.status_fakes import (
+from tests.unit import REPO
+from tests.unit.observe.status_fakes import (
     AFTER,
     BEFORE,
     VERIFIED_BEFORE,
@@ -42,8 +43,6 @@ from tests.unit.status_fakes import (
     read,
     sha256,
 )
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_live_figures_between_two_recorded_scrapes():

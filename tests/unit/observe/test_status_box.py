@@ -1,12 +1,12 @@
 """`specdeploy status` on a whole box (issue 23): one row per instance and one for the balancer,
 read through the same facts as a single server, with the balancer's backends from HAProxy 2.6's
 recorded `show stat` answers (tests/facts/BalancerServers/). The facts are answered from a table
-(tests/unit/status_fakes.py); each fact has its own fixtures (tests/facts/)."""
+(tests/unit/observe/status_fakes.py); each fact has its own fixtures (tests/facts/)."""
 
 from __future__ import annotations
 
 from specdeploy.observe.status_table import format_table
-from tests.unit.status_fakes import FakeProbe, box_data, read
+from tests.unit.observe.status_fakes import FakeProbe, box_data, read
 
 
 def test_both_instances_and_the_balancer(valid_data):

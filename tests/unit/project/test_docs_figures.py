@@ -26,8 +26,8 @@ import pytest
 from specdeploy.report import summary
 from specdeploy.report.charts import SMALLEST_TEXT_KEY, load_chart
 from tests.tools import need_module
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 FIGURES = sorted((REPO / "docs").rglob("*.png"))
 REPLAYS = REPO / "tests/unit/data/replays"
 COLUMN_PX = 800  # the manual's text column

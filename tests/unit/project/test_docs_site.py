@@ -16,8 +16,8 @@ import pytest
 
 from specdeploy.config import schema
 from tests.tools import need_module, need_tool
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DOCS_EXTRA = "the docs extra: pip install -e '.[docs]'; `make deps` installs it"
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from tests.tools import need_module
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md", REPO / "CONTRIBUTING.md"]
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
 
 # Runs a module's command line as if specdeploy_sandbox were not installed (None in sys.modules:
 # every import of it raises ImportError, and importlib's find_spec answers None).

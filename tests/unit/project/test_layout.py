@@ -7,7 +7,9 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "specdeploy"
+from tests.unit import REPO
+
+PACKAGE = REPO / "specdeploy"
 
 
 def module_name(path: Path) -> str:
@@ -149,6 +151,57 @@ def test_every_room_says_what_it_holds():
         if not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
     ]
     assert not missing, missing
+
+
+# The unit tests mirror the rooms: tests/unit/<room>/ holds the tests of specdeploy/<room>/ (a
+# concept with several test modules gets a folder of its own inside its room: steps/gate/,
+# flows/rollout/), PROJECT the tests of the repository itself (this layout, the tiers, the manual,
+# the tools, the sandbox). What several rooms share (conftest.py, replays.py, data/) stays in
+# tests/unit itself.
+UNIT = REPO / "tests" / "unit"
+PROJECT = "project"
+
+
+def unit_layout_problems(unit: Path) -> list[str]:
+    """What keeps `unit` (a tests/unit tree) from mirroring ROOMS: a test module outside a room's
+    folder or PROJECT's, a folder of test modules that is no package (pytest would import two
+    test_x.py of different rooms under one name), a room with no test module."""
+    problems, tested = [], set()
+    for path in sorted(unit.rglob("test_*.py")):
+        parts = path.relative_to(unit).parts
+        if len(parts) < 2 or parts[0] not in {*ROOMS, PROJECT}:
+            problems.append(f"{'/'.join(parts)}: in no room's folder; move it to <room>/")
+            continue
+        tested.add(parts[0])
+        folder = path.parent
+        while folder != unit:
+            if not (folder / "__init__.py").is_file():
+                problems.append(f"{folder.relative_to(unit)}/: no __init__.py")
+            folder = folder.parent
+    problems += [f"{room}/: no tests of specdeploy/{room}/" for room in ROOMS if room not in tested]
+    return sorted(set(problems))
+
+
+def test_the_unit_tests_mirror_the_rooms():
+    assert unit_layout_problems(UNIT) == []
+
+
+def test_a_flat_test_module_and_an_untested_room_are_named(tmp_path):
+    for name in ROOMS[1:]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").touch()
+        (tmp_path / name / "test_x.py").touch()
+    (tmp_path / "test_flat.py").touch()
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "test_gate.py").touch()
+    (tmp_path / "steps" / "lock").mkdir()
+    (tmp_path / "steps" / "lock" / "test_lock.py").touch()
+    assert unit_layout_problems(tmp_path) == [
+        "config/: no tests of specdeploy/config/",
+        "gate/test_gate.py: in no room's folder; move it to <room>/",
+        "steps/lock/: no __init__.py",
+        "test_flat.py: in no room's folder; move it to <room>/",
+    ]
 
 
 def test_every_import_runs_down_the_rooms():

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from specdeploy.checks import host_data
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

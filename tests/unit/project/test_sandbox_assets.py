@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from specdeploy_sandbox import cli, control_venv, services, wheelhouse
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
 
 FAKE_PIP = r"""
 import json, sys

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests import tools
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 NO_SUCH_TOOL = "specdeploy-no-such-tool"
 
 

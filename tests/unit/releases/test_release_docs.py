@@ -2,13 +2,13 @@
 committed page equals the generator's output (regenerate: python -m specdeploy.docs.reference)."""
 
 import json
-from pathlib import Path
 
 from packaging.version import Version
 
 from specdeploy.releases import capabilities, matrix
+from tests.unit import REPO
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "releases.md"
+PAGE = REPO / "docs" / "reference" / "releases.md"
 
 
 def test_the_committed_page_is_the_generators_output():

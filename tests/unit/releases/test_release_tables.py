@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdeploy.releases import probe as extract
-from tests.unit.release_wheels import FILES_033, FILES_034, wheel
+from tests.unit.releases.release_wheels import FILES_033, FILES_034, wheel
 
 
 def test_table_read_from_the_wheel(tmp_path):

@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.release_wheels import FILES_034, wheel
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit import REPO
+from tests.unit.releases.release_wheels import FILES_034, wheel
 
 
 def run(*args, cwd, releases):
@@ -165,7 +164,8 @@ def test_a_new_release_by_contributings_recipe_alone(tmp_path):
     page = (checkout / "docs" / "reference" / "releases.md").read_text()
     assert "\n## 0.35.0\n" in page and "## Upgrading a fleet from 0.34.0 to 0.35.0" in page
     tests = follow("python -m pytest -q -p no:cacheprovider --noconftest "
-                   "tests/unit/test_release_index.py tests/unit/test_release_docs.py")  # fmt: skip
+                   "tests/unit/releases/test_release_index.py "
+                   "tests/unit/releases/test_release_docs.py")  # fmt: skip
     assert " passed" in tests.stdout and "failed" not in tests.stdout
 
 

@@ -20,7 +20,7 @@ from specdeploy.host.facts.nvidia import Accelerators, parse_accelerators
 from specdeploy.render import instances
 from specdeploy.render.units import render_unit
 from tests.facts import fixture
-from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, running
+from tests.unit.checks.test_gpu_preflight import DRAFT, RAM, TARGET, running
 
 RECORDED = fixture("Accelerators", "device_own_server_plus_other_40g")["output"]
 MIB = 1 << 20
@@ -212,7 +212,7 @@ def test_the_fact_is_asked_about_the_instances_own_units_only(valid_data):
     ],
 )
 def test_an_old_host_wide_record_is_read_only_by_its_own_service(service, unit, found):
-    from tests.unit.test_record import OLD  # a record written by an older release
+    from tests.unit.config.test_record import OLD  # a record written by an older release
 
     old = json.loads(OLD.read_text())
     old["unit"]["name"] = unit

@@ -15,8 +15,9 @@ import pytest
 from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, split_label, tpot_by_level
 from specdeploy.decide.stats import DEFAULT_ALPHA
 from specdeploy.report.load_summary import load_summary
+from tests.unit import REPO
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_load"
+RECORDINGS = REPO / "benchmarks" / "gpu_load"
 RECORDING = RECORDINGS / "h200-0.26.0"
 FIVE = RECORDINGS / "h200-0.26.0-5starts"
 SCHEDULE = [[1, 4, 3], [5, 24, 1], [25, 64, 0]]

@@ -11,7 +11,6 @@ import os
 import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,8 @@ from specdeploy.config.record import read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.observe.status import unit_drift
 from specdeploy.render.units import render_unit
+from tests.unit import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "tests/unit/data/deployment-record-a83c70e.json"
 DEPLOYED = "d" * 40  # what "main" meant at the rollout
 MOVED = "e" * 40  # what it means now

@@ -24,10 +24,11 @@ from specdeploy.observe.status_table import _details
 from specdeploy.releases.capabilities import known_versions
 from specdeploy.render.units import render_env_file, render_unit
 from specdeploy.steps import proof
+from tests.unit import DATA, REPO
 from tests.unit.conftest import VALID
 
-H200 = Path(__file__).parents[2] / "benchmarks" / "host_proof" / "h200-0.26.0"
-OLD_RECORD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
+H200 = REPO / "benchmarks" / "host_proof" / "h200-0.26.0"
+OLD_RECORD = DATA / "deployment-record-a83c70e.json"
 SPEC = '{"method":"draft_model","model":"d","num_speculative_tokens":1,"no_such_key":1}'
 
 

@@ -23,7 +23,7 @@ from specdeploy.render.units import render_unit
 from specdeploy.report.load_summary import proof_fingerprint
 from specdeploy.steps import record, schedule_proof
 from tests.facts import fixture
-from tests.unit.test_load_report import CANDIDATE, cfg_with, deployed, proof_run
+from tests.unit.report.test_load_report import CANDIDATE, cfg_with, deployed, proof_run
 
 
 class Host:
@@ -185,7 +185,7 @@ def test_render_writes_a_proven_range_only_from_a_kept_proof(planning, tmp_path)
 
 @pytest.mark.needs_tool("promtool")
 def test_the_unproven_alert_fires_for_a_serving_unproven_schedule_alone(tmp_path):
-    from tests.unit.test_monitoring import fired, promtool_test
+    from tests.unit.observe.test_monitoring import fired, promtool_test
 
     def running(host, values):
         labels = f'job="specdeploy-vllm",instance="{host}:8000",host="{host}",engine="0"'

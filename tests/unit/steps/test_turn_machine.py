@@ -1,14 +1,14 @@
 """A host's turn ends on its invariant, whatever happens in it (steps/turn.py): the real rolling
 restart (steps/rollback.roll_servers and everything it runs: the unit swap, the health check, the
 speculation gate's arms, the record, a whole box's drain, balancer and layout) on a stand-in host
-(tests/unit/turn_host.py), with hypothesis drawing the turn (serve a changed unit, with and without
-the gate; the gate on an unchanged unit; a plain host becoming a box; a box grown, shrunk, re-split,
-changed, gated), whether the new config or the gate's baseline arm is broken, what the gate finds,
-and one fault at any host call of the turn: a failed call (before or after its effect) or the
-control node killed there. After the turn (unless the fault hit inside a restore: a second failure)
-and after the next run on the same host data, the host serves what its records say: each server
-its recorded unit, alone on its port, healthy, enabled at boot; a box's balancer over its live
-members, none left drained; no unit of the other layout running or enabled."""
+(tests/unit/steps/turn_host.py), with hypothesis drawing the turn (serve a changed unit, with and
+without the gate; the gate on an unchanged unit; a plain host becoming a box; a box grown, shrunk,
+re-split, changed, gated), whether the new config or the gate's baseline arm is broken, what the
+gate finds, and one fault at any host call of the turn: a failed call (before or after its effect)
+or the control node killed there. After the turn (unless the fault hit inside a restore: a second
+failure) and after the next run on the same host data, the host serves what its records say: each
+server its recorded unit, alone on its port, healthy, enabled at boot; a box's balancer over its
+live members, none left drained; no unit of the other layout running or enabled."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from specdeploy.config.schema import config_from_data
 from specdeploy.render.units import render_unit
 from specdeploy.steps import rollback
 from tests.unit.conftest import VALID
-from tests.unit.turn_host import (
+from tests.unit.steps.turn_host import (
     FakeHost,
     Fault,
     deployed_box,
@@ -85,11 +85,11 @@ def break_it(fake: FakeHost, before, after, what: str) -> None:
         fake.bad.add(render_unit(after, "baseline").text)
         for i in range(4):
             member = after.model_copy(update={"instances": 4})
-            from tests.unit.turn_host import box_members
+            from tests.unit.steps.turn_host import box_members
 
             fake.bad.add(render_unit(box_members(member, 4)[i].cfg, "baseline").text)
     elif what == "new":
-        from tests.unit.turn_host import box_members
+        from tests.unit.steps.turn_host import box_members
 
         running = set(fake.files.values())
         configs = [after] if after.instances is None else [

@@ -1,5 +1,5 @@
-"""A STAND-IN host for the turn's property tests (tests/unit/test_turn_machine.py): systemd, the
-unit and record files and a whole box's balancer, as the server lifecycle (host/server.py) sees
+"""A STAND-IN host for the turn's property tests (tests/unit/steps/test_turn_machine.py): systemd,
+the unit and record files and a whole box's balancer, as the server lifecycle (host/server.py) sees
 them, with every call a step boundary where a failure or a kill of the control node can be
 injected.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 from specdeploy.config.record import BenchResult, GateDecision, UnitRef
@@ -37,8 +36,9 @@ except ImportError:
     turn = None
 from specdeploy.steps.servers import HostServers, ServerPlan, the_one_server
 from specdeploy.steps.unit import UnitChange
+from tests.unit import DATA
 
-BENCH = Path(__file__).parent / "data" / "replays" / "box_gate" / "bench"
+BENCH = DATA / "replays" / "box_gate" / "bench"
 HOST = "h1"
 
 

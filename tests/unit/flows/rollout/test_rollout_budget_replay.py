@@ -12,7 +12,7 @@ from io import StringIO
 
 from specdeploy.flows import rollout
 from specdeploy.report import notes
-from tests.unit.fake_pyinfra import limited
+from tests.unit.flows.rollout.fake_pyinfra import limited
 from tests.unit.replays import load, recording
 
 

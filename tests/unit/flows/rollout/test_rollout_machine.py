@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from specdeploy.flows import rollout
 from specdeploy.report import notes
-from tests.unit.fake_pyinfra import limited
+from tests.unit.flows.rollout.fake_pyinfra import limited
 
 
 def cents(value: int) -> str:

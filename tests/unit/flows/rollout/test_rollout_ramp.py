@@ -15,7 +15,7 @@ import pytest
 
 from specdeploy.flows import rollout
 from specdeploy.report import notes
-from tests.unit.fake_pyinfra import Batch, limited
+from tests.unit.flows.rollout.fake_pyinfra import Batch, limited
 
 HOSTS = [("c1", ["canary"])] + [(f"h{i}", []) for i in range(1, 11)]
 

@@ -16,7 +16,7 @@ import pytest
 from specdeploy.flows import rollout
 from specdeploy.report import notes
 from specdeploy.steps import rollback
-from tests.unit.fake_pyinfra import limited
+from tests.unit.flows.rollout.fake_pyinfra import limited
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit import REPO as ROOT
 
 CONTROLLER = """
 import json, sys

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,8 +14,9 @@ from specdeploy.config.schema import config_from_data
 from specdeploy.decide.gate_rule import gate_needs_recheck
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
+from tests.unit import DATA
 
-OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
+OLD = DATA / "deployment-record-a83c70e.json"
 
 
 def cfg_with_gate(valid_data, **gate_settings):
