@@ -102,8 +102,9 @@ def checkout_copy(into: Path) -> Path:
     skip = shutil.ignore_patterns("__pycache__")
     for folder in ("specdeploy", "templates", "sandbox", "docs"):
         shutil.copytree(REPO / folder, into / folder, symlinks=True, ignore=skip)
-    tests = ["__init__.py", "unit/__init__.py", "unit/test_release_index.py",
-             "unit/test_release_docs.py"]  # fmt: skip
+    tests = ["__init__.py", "unit/__init__.py", "unit/releases/__init__.py",
+             "unit/releases/test_release_index.py",
+             "unit/releases/test_release_docs.py"]  # fmt: skip
     for name in ["CONTRIBUTING.md", *(f"tests/{t}" for t in tests)]:
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, into / name)
