@@ -85,8 +85,9 @@ def model_refusals(
     result = evaluate(cand, target, card, accelerators, ram, cpu)
     where = candidate_field(index, candidate)
     fix = "drop it from draft_candidates" + (
-        "" if candidate.is_ngram else ", or pick a draft that fits (smaller, quantized, the "
-        "target's tokenizer)"
+        ""
+        if candidate.is_ngram
+        else ", or pick a draft that fits (smaller, quantized, the target's tokenizer)"
     )
     return [Problem(host, where, p, fix) for p in result.problems], result
 

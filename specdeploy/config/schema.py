@@ -294,7 +294,7 @@ class DraftCandidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     repo: ModelRef | Literal["ngram"] = Field(
-        description='The draft\'s Hub repo id (or absolute path), or "ngram" for vLLM\'s '
+        description="The draft's Hub repo id (or absolute path), or \"ngram\" for vLLM's "
         "prompt-lookup speculator (no weights, no KV cache of its own)."
     )
     revision: Revision = Field(
@@ -749,8 +749,8 @@ class ServeConfig(BaseModel):
     )
     draft_candidates: list[DraftCandidate] = Field(
         default_factory=list,
-        description='The drafts deploys/choose_draft.py measures against each other and the '
-        'baseline on the workload\'s request set: [{repo, revision, quantization}, ..., '
+        description="The drafts deploys/choose_draft.py measures against each other and the "
+        "baseline on the workload's request set: [{repo, revision, quantization}, ..., "
         '{repo = "ngram"}]. Each is refused by name (vocabulary, memory, the release\'s methods) '
         "before any download; the survivors are downloaded, measured at the largest tune_k, "
         "predicted over tune_k, and the best two proven against the baseline.",

@@ -105,6 +105,11 @@ def looks(max_runs: int, pairs: int, alpha: float) -> list[dict]:
     return sequential_looks(max_runs, alpha=alpha / max(pairs, 1), alternative="less")
 
 
+def tpot_by_label(results: Sequence[BenchResult | Mapping]) -> dict[str, list[float]]:
+    """Run-level TPOT of every counted arm, by label."""
+    return {label: run_values(rs, "tpot") for label, rs in runs_by_label(results).items()}
+
+
 def _tests(tpot: Mapping[str, Sequence[float]], labels: Sequence[str]) -> dict[str, dict]:
     base = list(tpot.get(BASELINE, []))
     out = {}
@@ -129,7 +134,7 @@ def next_step(
     max_runs: int,
     alpha: float = DEFAULT_ALPHA,
 ) -> dict:
-    """"decide now" or "add a round" from the proving runs so far ({label: run-level TPOTs}, the
+    """ "decide now" or "add a round" from the proving runs so far ({label: run-level TPOTs}, the
     baseline under BASELINE). Decides at a look where some pair is shown faster than the baseline,
     or every pair slower, or at the budget's end."""
     rule_looks = looks(max_runs, len(labels), alpha)
@@ -145,12 +150,13 @@ def next_step(
     tests = _tests(tpot, labels)
     faster = [a for a in labels if (tests[a]["p_faster"] or 1.0) <= look["level"]]
     slower = [a for a in labels if (tests[a]["p_slower"] or 1.0) <= look["level"]]
+    level = look["level"]
     if faster or len(slower) == len(labels) or n >= max_runs:
+        why = f"faster {faster or 'none'}, slower {slower or 'none'} at this look's level"
         return {"action": "decide now", "look": look, "tests": tests,
-                "reason": f"{n} runs per arm: faster {faster or 'none'}, slower "
-                          f"{slower or 'none'} at this look's level {look['level']:.3g}"}  # fmt: skip
+                "reason": f"{n} runs per arm: {why} {level:.3g}"}  # fmt: skip
     return {"action": "add a round", "look": look, "tests": tests,
-            "reason": f"{n} runs per arm: undecided at level {look['level']:.3g}"}  # fmt: skip
+            "reason": f"{n} runs per arm: undecided at level {level:.3g}"}  # fmt: skip
 
 
 def decide(
@@ -164,8 +170,8 @@ def decide(
     """The recommendation from the proving runs: the pair shown faster than the baseline at its
     look's level (alpha / pairs, spent over the looks) with the lowest median TPOT, or OFF."""
     labels = [arm_label(i, k) for i, k in pairs]
-    by_label = runs_by_label(results)
-    tpot = {a: run_values(by_label.get(a, []), "tpot") for a in [BASELINE, *labels]}
+    measured = tpot_by_label(results)
+    tpot = {a: measured.get(a, []) for a in [BASELINE, *labels]}
     out = {"alpha": alpha, "rule": DRAFT_RULE, "pairs": [], "max_runs": max_runs,
            "baseline": summarize_values(tpot[BASELINE])}  # fmt: skip
     if not labels:

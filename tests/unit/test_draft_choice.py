@@ -4,15 +4,22 @@ different request set's evidence changes the recommendation."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
 
-from specdeploy.checks.draft_candidates import check_candidates
-from specdeploy.config.schema import DraftCandidate, config_from_data
+from specdeploy.checks.draft_candidates import CandidateCheck, check_candidates
+from specdeploy.checks.model_cards import card_from_listing
+from specdeploy.config.problems import Problem
+from specdeploy.config.schema import config_from_data
 from specdeploy.decide import draft_rule as rule
+from specdeploy.measure import draft_flow
 from specdeploy.releases.capabilities import release_of
+from specdeploy.report import summary as report
 
-from .draft_fixtures import pin_runs, proving_runs, true_tpot
+from .draft_fixtures import ACCEPTANCE, bench, pin_runs, proving_runs, true_tpot
 from .test_preflight import DRAFT, H200, RAM, TARGET, gpus, model
 
 KS = [1, 2, 3, 4, 5]
@@ -110,7 +117,7 @@ def test_memory_refusal_depends_on_the_gpu(valid_data):
     assert not found["Qwen/Qwen3-0.6B"].refused
 
 
-# --- the decision, replayed ------------------------------------------------------------------------
+# --- the decision, replayed -----------------------------------------------------------------------
 
 
 def replay(request_set: str, rounds: int = 4) -> dict:
@@ -176,3 +183,84 @@ def test_the_proof_stops_at_a_look_and_is_exact():
 def test_undecided_until_the_budget_then_off():
     same = {"baseline": [20.0, 20.2, 19.8, 20.1], "d0-k3": [20.1, 19.9, 20.0, 20.2]}
     assert rule.next_step(same, ["d0-k3"], max_runs=8, alpha=0.05)["action"] == "add a round"
+
+
+# --- the flow over a played host, and its report rebuilt from the raw files -----------------------
+
+
+class PlayedHost:
+    """Plays the harness: each step of the plan becomes NN-<label>.json in out_dir, its TPOT from
+    the fixtures' model on `request_set`."""
+
+    def __init__(self, out_dir, names, request_set):
+        self.out_dir, self.names, self.request_set = out_dir, names, request_set
+        self.index = 0
+
+    def run(self, plan):
+        for arm, warm in plan:
+            k = arm.speculative_config["num_speculative_tokens"] if arm.speculative else 0
+            parsed = rule.parse_label(arm.label)
+            name = self.names[parsed[1]] if parsed else ""
+            rates = ACCEPTANCE[self.request_set][name] if parsed else None
+            tpot = true_tpot(name, self.request_set, k) * (1 + 0.01 * ((self.index % 3) - 1))
+            result = bench(arm.label, self.index, tpot, k, rates)
+            result["specdeploy"] |= {"warmup": warm, "speculative_config": arm.speculative_config}
+            path = self.out_dir / f"{self.index:02d}-{arm.label}.json"
+            path.write_text(json.dumps(result))
+            self.index += 1
+
+
+def test_the_flow_refuses_by_name_proves_two_pairs_and_the_report_replays_it(
+    valid_data, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(draft_flow, "logger", SimpleNamespace(info=lambda _: None))
+    monkeypatch.setattr(draft_flow, "host", SimpleNamespace(print_prefix="h1: "))
+    cfg = config_from_data({**valid_data, "draft_candidates": [
+        {"repo": "org/trained"}, {"repo": "org/poor"}, {"repo": "org/other-vocab"}]})  # fmt: skip
+    other = Problem("h1", "draft_candidates[2] (org/other-vocab@main)", "vocab_size 3072", "drop")
+    checks = (
+        CandidateCheck(0, cfg.draft_candidates[0], download_bytes=5 << 20),
+        CandidateCheck(1, cfg.draft_candidates[1], download_bytes=3 << 20),
+        CandidateCheck(2, cfg.draft_candidates[2], refusals=[other]),
+    )
+    out = tmp_path / "raw" / "h1"
+    out.mkdir(parents=True)
+    plan = draft_flow.DraftPlan(cfg, checks, tuple(KS), 1, 8, out)
+    PlayedHost(out, ["trained", "poor", "other"], "chat").run(plan)
+    labels = [p.name.split("-", 1)[1][:-5] for p in sorted(out.glob("[0-9][0-9]-*.json"))]
+    assert labels[:4] == ["p-baseline", "p-baseline", "p-d0-k5", "p-d1-k5"]  # warm-up, pins
+    assert "p-d2-k5" not in labels  # the refused candidate never ran
+    assert set(labels[4:]) == {"baseline", "d0-k4", "d1-k1"} and len(labels[4:]) == 12
+    recorded = json.loads((out / draft_flow.DRAFT_CHOICE).read_text())
+    assert recorded["decision"]["recommended"] == {"candidate": 0, "name": "org/trained@main",
+                                                   "k": 4}  # fmt: skip
+    cond = {"finished_at": "x", "plan": plan.conditions().as_json(), "decision_alpha": 0.05,
+            "speculative_config": cfg.speculative_config, "draft_max_runs": 8,
+            "draft_candidates": [c.as_json() for c in checks]}  # fmt: skip
+    (out / "conditions.json").write_text(json.dumps(cond))
+    s = report.write(tmp_path, "choose_draft")
+    h = s["hosts"]["h1"]
+    assert h["decision"] == recorded["decision"]  # the report replays the flow's decision
+    assert "num_speculative_tokens': 4" in h["host_data_change"]
+    assert "'model': 'org/trained'" in h["host_data_change"]
+    md = (tmp_path / "summary.md").read_text()
+    assert "draft_candidates[2] (org/other-vocab@main): vocab_size 3072" in md
+    assert "5.0 MiB" in md and s["charts"] == ["draft_tpot.png"]
+    assert (tmp_path / "draft_tpot.png").stat().st_size > 10_000
+
+
+def test_a_card_is_read_by_the_snapshot_parser_and_sized_by_what_the_download_fetches(tmp_path):
+    sha = "b" * 40
+    snap = tmp_path / "hub" / "models--org--d" / "snapshots" / sha
+    snap.mkdir(parents=True)
+    config = {"vocab_size": 1024, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "hidden_size": 64}  # fmt: skip
+    (snap / "config.json").write_text(json.dumps(config))
+    (snap / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    (snap / ".specdeploy-complete").write_text("")
+    files = {"config.json": 300, "tokenizer.json": 50, "model.safetensors": 4000,
+             "original/consolidated.pth": 9000, "README.md": 10}  # fmt: skip
+    card = card_from_listing("org/d", {"home": str(tmp_path), "sha": sha, "files": files})
+    assert card["vocab_size"] == 1024 and card["tokenizer_vocab_size"] == 2
+    assert card["head_dim"] == 32 and card["weight_bytes"] == 4000
+    assert card["download_bytes"] == 4350  # never original/ or the README
