@@ -228,10 +228,13 @@ class SpeculationGate(BaseModel):
         description="Speculation stays only when its TPOT is shown below this share of the "
         "baseline's (speculative TPOT / baseline TPOT), one-sided at decision_alpha.",
     )
-    on_fail: Literal["baseline", "fail"] = Field(
+    on_fail: Literal["baseline", "fail", "best_proven"] = Field(
         "baseline",
         description="What a host that speculation does not pay off on does: `baseline` ends on "
-        "the baseline unit (the record says why); `fail` fails the deploy instead.",
+        "the baseline unit (the record says why); `fail` fails the deploy instead; "
+        "`best_proven` (opt-in) serves the best configuration the gate's own runs proved faster "
+        "than the baseline (across load: the fixed k without the schedule), recording why, and "
+        "the baseline only when nothing is.",
     )
     runs: int = Field(
         3,
