@@ -120,8 +120,9 @@ def check_candidates(
             if card is None:
                 check.refusals = [
                     Problem(host, candidate_field(index, candidate),
-                            f"no config.json at {candidate.revision} on the Hub",
-                            "check the repo id and revision (and hf_token for a gated repo)")
+                            f"no config.json at {candidate.revision} on the Hub, or the Hub "
+                            "could not be reached from the control node",
+                            "check the repo id, the revision, hf_endpoint and hf_token")
                 ]  # fmt: skip
                 continue
             check.download_bytes = card.get("download_bytes")

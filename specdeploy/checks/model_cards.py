@@ -20,10 +20,14 @@ from specdeploy.host.scripts import fetch_weights, model_facts
 # (gevent-patched `select`) it cannot be imported. The token travels in its environment.
 _READ_CARD = """
 import json, os, sys, tempfile
-from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 endpoint, repo, revision = sys.argv[1:4]
 info = HfApi(endpoint=endpoint or None).model_info(repo, revision=revision, files_metadata=True)
 listed = {s.rfilename: s.size for s in info.siblings or []}
+for name, size in listed.items():  # a mirror without file metadata: a HEAD per weights file
+    if size is None and "/" not in name and name.endswith((".safetensors", ".bin")):
+        url = hf_hub_url(repo, name, revision=info.sha, endpoint=endpoint or None)
+        listed[name] = get_hf_file_metadata(url).size
 home = tempfile.mkdtemp(prefix="specdeploy-card-")
 for name in ("config.json", "tokenizer.json"):
     if name in listed:
