@@ -41,6 +41,7 @@ class CandidateCheck:
     memory: dict = field(default_factory=dict)
     vocab: dict = field(default_factory=dict)
     download_bytes: int | None = None
+    kv_tokens_without_draft: int | None = None  # the same server's KV cache with no draft model
 
     @property
     def name(self) -> str:
@@ -57,6 +58,9 @@ class CandidateCheck:
             "refused": [f"{p.field}: {p.what} — {p.todo}" for p in self.refusals],
             "download_bytes": self.download_bytes,
             "kv_tokens": self.memory.get("kv_tokens"),
+            "kv_tokens_taken": (self.kv_tokens_without_draft - self.memory["kv_tokens"])
+            if self.kv_tokens_without_draft is not None and "kv_tokens" in self.memory
+            else None,
             "max_sequences": self.memory.get("max_sequences"),
             "vocab": self.vocab,
         }
@@ -108,8 +112,11 @@ def check_candidates(
     rules first (no card is read for a candidate the release cannot run), then its card and the
     preflight. `card_of(candidate)`: its card, None where the Hub has none at that revision."""
     out = []
+    # what the KV cache holds with no draft model: what each candidate's weights and KV take from
+    alone = evaluate(candidate_config(cfg, DraftCandidate(repo="ngram"), k), target, None,
+                     accelerators, ram, cpu).memory.get("kv_tokens")  # fmt: skip
     for index, candidate in enumerate(cfg.draft_candidates):
-        check = CandidateCheck(index, candidate)
+        check = CandidateCheck(index, candidate, kv_tokens_without_draft=alone)
         out.append(check)
         check.refusals = release_refusals(host, cfg, index, candidate, release, k)
         if check.refusals:

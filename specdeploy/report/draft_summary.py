@@ -50,13 +50,20 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _kv(c: dict) -> str:
+    if c.get("kv_tokens_taken") is None:
+        return "-"
+    return f"{c['kv_tokens_taken']} ({c.get('max_sequences')})"
+
+
 def draft_markdown(s: dict) -> str:
     lines = [f"# Which draft: {s['run']}", ""]
     for name, h in s["hosts"].items():
         d = h["decision"]
         lines += [f"## {name}", "", f"**{d['verdict']}** (alpha {d['alpha']:g}; {d['rule']})", "",
                   "| candidate | refused | acceptance by position | predicted best k | predicted "
-                  "TPOT ms | proven k | measured TPOT ms | KV sequences | download |",
+                  "TPOT ms | proven k | measured TPOT ms | KV tokens it takes (sequences left) | "
+                  "download |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in h["candidates"]:
             rates = ", ".join(f"{a:.2f}" for a in c.get("per_position_acceptance") or []) or "-"
@@ -64,7 +71,7 @@ def draft_markdown(s: dict) -> str:
             lines.append(
                 f"| {c['name']} | {refused} | {rates} | {c.get('best_k') or '-'} | "
                 f"{_ms(c.get('predicted_tpot_ms'))} | {c.get('proven_k') or '-'} | "
-                f"{_ms(c.get('measured_tpot_ms'))} | {c.get('max_sequences') or '-'} | "
+                f"{_ms(c.get('measured_tpot_ms'))} | {_kv(c)} | "
                 f"{_size(c.get('download_bytes'))} |"
             )
         base = (d.get("baseline") or {}).get("median")

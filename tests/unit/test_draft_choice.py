@@ -84,6 +84,8 @@ def test_each_refusal_names_its_candidate(valid_data):
     assert not found["Qwen/Qwen3-0.6B"].refused and not found["ngram"].refused
     assert found["Qwen/Qwen3-0.6B"].download_bytes == int(1.2 * GIB)
     assert found["Qwen/Qwen3-0.6B"].memory["kv_tokens"] > 0  # the KV it leaves, for the report
+    taken = found["Qwen/Qwen3-0.6B"].as_json()["kv_tokens_taken"]
+    assert taken > 0 and found["ngram"].as_json()["kv_tokens_taken"] == 0  # no weights, no KV
     vocab = found["org/other-vocab-draft"].refusals
     assert vocab and "draft_candidates[1] (org/other-vocab-draft@main)" == vocab[0].field
     assert "vocab_size 32000" in vocab[0].what
