@@ -435,7 +435,12 @@ def draft_measurement(cfg: ServeConfig) -> Measurement:
         max_runs=setting(cfg, "compare_max_repeats"),
         out_dir=raw_dir("choose_draft", host.name),
     )
-    cond = conditions(cfg, plan.conditions())
-    cond = {**cond, "draft_candidates": [c.as_json() for c in plan.checks],
+    return Measurement(plan, draft_conditions(cfg, plan), plan.describe())
+
+
+def draft_conditions(cfg: ServeConfig, plan: DraftPlan) -> dict:
+    """conditions.json of a draft choice: every report's conditions, every candidate's checks (its
+    refusals by name) and the proof's budget, which the report replays the decision with."""
+    return {**conditions(cfg, plan.conditions()),
+            "draft_candidates": [c.as_json() for c in plan.checks],
             "draft_max_runs": plan.max_runs}  # fmt: skip
-    return Measurement(plan, cond, plan.describe())

@@ -15,12 +15,11 @@ from specdeploy.report.charts import SMALLEST_PT, _plt, _save
 
 def host_choice(name: str, h: dict) -> dict:
     """One host's draft_choice from its conditions and runs, and the host-data line to set."""
-    cond = h["conditions"]
-    plan = cond["plan"]
+    cond = h["conditions"]  # conditions.json: the plan's keys (ks, ...) beside the rest
     candidates = cond.get("draft_candidates") or []
     choice = draft_rule.draft_choice(
-        candidates, h["runs"], ks=plan["ks"],
-        max_runs=cond.get("draft_max_runs") or cond.get("compare_max_repeats") or 8,
+        candidates, h["runs"], ks=cond["ks"],
+        max_runs=cond["draft_max_runs"],
         alpha=cond.get("decision_alpha", DEFAULT_ALPHA),
     )  # fmt: skip
     rec = choice["decision"]["recommended"]

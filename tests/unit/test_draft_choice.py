@@ -16,6 +16,7 @@ from specdeploy.config.problems import Problem
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide import draft_rule as rule
 from specdeploy.measure import draft_flow
+from specdeploy.measure.plans import draft_conditions
 from specdeploy.releases.capabilities import release_of
 from specdeploy.report import summary as report
 
@@ -236,9 +237,7 @@ def test_the_flow_refuses_by_name_proves_two_pairs_and_the_report_replays_it(
     recorded = json.loads((out / draft_flow.DRAFT_CHOICE).read_text())
     assert recorded["decision"]["recommended"] == {"candidate": 0, "name": "org/trained@main",
                                                    "k": 4}  # fmt: skip
-    cond = {"finished_at": "x", "plan": plan.conditions().as_json(), "decision_alpha": 0.05,
-            "speculative_config": cfg.speculative_config, "draft_max_runs": 8,
-            "draft_candidates": [c.as_json() for c in checks]}  # fmt: skip
+    cond = {**draft_conditions(cfg, plan), "finished_at": "x"}  # as measure_plan writes it
     (out / "conditions.json").write_text(json.dumps(cond))
     s = report.write(tmp_path, "choose_draft")
     h = s["hosts"]["h1"]
