@@ -7,7 +7,7 @@ the trained draft, the deliberately poor one and the draft with another vocabula
 - the trained draft is recommended with its k, proven faster than the baseline at decision_alpha by
   the exact test, recomputed here from the raw JSONs;
 - the report's decision is the one the flow recorded (draft_choice.json), so the fast tier's replay
-  (tests/unit/test_draft_choice.py) drives the same rule.
+  (tests/unit/measure/test_draft_choice.py) drives the same rule.
 
 Pin phase: baseline + 2 candidates, one run each; proof: 3 arms x 4 rounds at least: 15+ fresh
 server runs, about 10-15 minutes on the sandbox.

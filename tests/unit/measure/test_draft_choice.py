@@ -19,9 +19,9 @@ from specdeploy.measure import draft_flow
 from specdeploy.measure.plans import draft_conditions
 from specdeploy.releases.capabilities import release_of
 from specdeploy.report import summary as report
+from tests.unit.checks.test_preflight import DRAFT, H200, RAM, TARGET, gpus, model
 
 from .draft_fixtures import ACCEPTANCE, bench, pin_runs, proving_runs, true_tpot
-from .test_preflight import DRAFT, H200, RAM, TARGET, gpus, model
 
 KS = [1, 2, 3, 4, 5]
 NAMES = ["trained", "bigger", "poor", "ngram"]

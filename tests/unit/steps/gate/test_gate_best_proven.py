@@ -6,7 +6,6 @@ configuration instead of measuring again."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from specdeploy.config.record import read_record
 from specdeploy.config.schema import config_from_data
@@ -15,10 +14,11 @@ from specdeploy.decide.load_rule import SCHEDULE_KEY
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
+from tests.unit import DATA
 
 from .test_gate_across_load import SCHEDULED, decide
 
-OLD = Path(__file__).parent / "data" / "deployment-record-a83c70e.json"
+OLD = DATA / "deployment-record-a83c70e.json"
 BEHIND_FIXED = {
     1: (40.0, 30.0, 20.0),
     4: (50.0, 40.0, 40.0),
