@@ -43,6 +43,8 @@ __all__ = [
     "host_config",
     "host_config_and_pins",
     "host_config_as_deployed",
+    "host_inputs",
+    "host_inputs_as_deployed",
     "moving_ref_notes",
     "unknown_keys",
 ]
@@ -258,11 +260,51 @@ def _version(host: str, data: dict[str, Any]) -> release_checks.PinCheck:
     )
 
 
-def host_config_and_pins() -> tuple[ServeConfig, dict]:
+class HostInputs(NamedTuple):
+    """What a deploy's start hands down for its host, read once there: the config (moving refs
+    pinned), the `Release` its pin was looked up to and its engine flags parsed once (what the
+    checks read; the steps and the measurements take them from here, never from the version
+    string or the argv again), and the pins."""
+
+    cfg: ServeConfig
+    release: capabilities.Release | None  # None only for a pin no table describes (refused)
+    flags: EngineFlags
+    pins: dict
+
+
+def _checked(host: str, data: dict[str, Any]) -> HostCheck:
+    """check_config's check, kept whole: its config, the pin's Release and the parsed flags."""
+    checked = _check_host(host, data)
+    if checked.problems:
+        raise ConfigError(checked.problems)
+    return checked
+
+
+def _release(checked: HostCheck) -> capabilities.Release | None:
+    """The Release the pin check looked up; the schema's default pin's where the data has none."""
+    if checked.pin is not None:
+        return checked.pin.release
+    cfg = checked.cfg
+    try:
+        return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:
+        return None
+
+
+def host_inputs() -> HostInputs:
     """Inside a deploy: the current pyinfra host's validated config with moving refs pinned to the
-    commit the control node resolved (revisions.py), and those pins. Raises ConfigError (listing
-    every problem) before any operation is scheduled, so an invalid host is never touched."""
-    return _pinned(check_config(current_host.name, current_host.data.dict()))
+    commit the control node resolved (revisions.py), those pins, and the Release and engine flags
+    its check read. Raises ConfigError (listing every problem) before any operation is scheduled,
+    so an invalid host is never touched."""
+    checked = _checked(current_host.name, current_host.data.dict())
+    cfg, pins = _pinned(checked.cfg)
+    return HostInputs(cfg, _release(checked), checked.flags, pins)
+
+
+def host_config_and_pins() -> tuple[ServeConfig, dict]:
+    """host_inputs' config and pins."""
+    inputs = host_inputs()
+    return inputs.cfg, inputs.pins
 
 
 def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
@@ -285,14 +327,22 @@ def host_config() -> ServeConfig:
     return host_config_and_pins()[0]
 
 
-def host_config_as_deployed() -> ServeConfig:
+def host_inputs_as_deployed() -> HostInputs:
     """Inside a measurement (compare, tune): the host's config as its deployment record says it
     was deployed — every moving ref at the record's commit, never resolved again (upstream may
-    have moved since the rollout). Only a ref the record does not answer is resolved."""
-    cfg = check_config(current_host.name, current_host.data.dict())
+    have moved since the rollout). Only a ref the record does not answer is resolved. With the
+    Release and engine flags its check read (the record changes revisions only)."""
+    checked = _checked(current_host.name, current_host.data.dict())
+    cfg = checked.cfg
     found = current_host.get_fact(JsonFile, path=cfg.record_path)
     record = read_record(found, where=f"{current_host.name}: {cfg.record_path}")
-    return _pinned(revisions.as_deployed(cfg, record))[0]
+    cfg, pins = _pinned(revisions.as_deployed(cfg, record))
+    return HostInputs(cfg, _release(checked), checked.flags, pins)
+
+
+def host_config_as_deployed() -> ServeConfig:
+    """host_inputs_as_deployed's config."""
+    return host_inputs_as_deployed().cfg
 
 
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:

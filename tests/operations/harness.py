@@ -22,6 +22,8 @@ A fixture's keys (all but `call` optional):
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
                 input, a sampler, a schedule's proof kept on the control node, a server's turn...)
+                a step's `release`/`pinned_release` and `flags` not given are the host data's
+                (HANDED: what the deploy's start reads once and hands down)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -66,6 +68,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -98,6 +101,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 
 from specdeploy.config.schema import ServeConfig, config_from_data
+from specdeploy.render.argv import engine_flags
 from tests.unit.conftest import VALID
 
 FIXTURES = Path(__file__).parent
@@ -153,6 +157,9 @@ class Case:
         self.members = None  # a whole box's instances ($members)
         self.gate_input = None  # the gate's units and fingerprint ($gate_input)
         self.reports: str | None = None  # where reports land on the control node ({reports})
+        # what the deploy's start reads once and hands down (checks/host_data.host_inputs)
+        self.release = _release_of(self.cfg)
+        self.flags = engine_flags(self.cfg)
         self._derived: dict[str, str] = {}
 
     def derived(self, name: str) -> str:
@@ -168,6 +175,30 @@ class Case:
             except FixtureError:
                 return None  # not cached: a $unit argument may still come
         return self._derived[name]
+
+
+def _release_of(cfg: ServeConfig):
+    from specdeploy.releases import capabilities
+
+    try:
+        return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:
+        return None
+
+
+# A step's parameters that a deploy's start fills (flows/serve.py, flows/measure.py: the pin's
+# Release and the engine flags, read once): given from the host data where the fixture does not
+# give them, as the flow hands them down.
+HANDED = {"release": "release", "pinned_release": "release", "flags": "flags"}
+
+
+def handed_in(case: Case, function, args: list, kwargs: dict) -> dict:
+    """`kwargs` with what the deploy's start hands the step (HANDED) and the fixture left out."""
+    params = list(inspect.signature(function).parameters)
+    given = set(params[: len(args)]) | set(kwargs)
+    extra = {name: getattr(case, attr) for name, attr in HANDED.items()
+             if name in params and name not in given}  # fmt: skip
+    return {**kwargs, **extra}
 
 
 def _sha1(text: str) -> str:
@@ -247,7 +278,7 @@ def _build_layout(case: Case, available: list[int] | None):
     """A whole box's split of the host's GPUs or cores `available` (render/instances.expand)."""
     from specdeploy.render import instances
 
-    layout = instances.expand(case.cfg, available)
+    layout = instances.expand(case.cfg, available, flags=case.flags)
     case.members = layout.instances
     return layout
 
@@ -257,9 +288,11 @@ def _build_servers(case: Case, available: list[int] | None):
     or (instances unset) the host's one server."""
     from specdeploy.steps.servers import HostServers, the_one_server
 
+    handed = {"release": case.release, "flags": case.flags}
     if case.cfg.instances is None:
-        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False)
-    return HostServers(case.cfg, tuple(_build_layout(case, available).instances), balanced=True)
+        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False, **handed)
+    members = tuple(_build_layout(case, available).instances)
+    return HostServers(case.cfg, members, balanced=True, **handed)
 
 
 def _build_secret(case: Case, value: str):
@@ -390,7 +423,8 @@ def _build_plan(case: Case, spec: dict):
 
     change = _build_change(case, {"role": spec.get("role", "speculative"), **spec["change"]})
     previous = _build_record(case, spec["previous"]) if "previous" in spec else None
-    return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change)
+    return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change,
+                      release=case.release, flags=case.flags)  # fmt: skip
 
 
 def _build_turn(case: Case, spec: dict):
@@ -769,7 +803,7 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         result, error = None, None
         try:
             args = build(case, data.get("args", []))
-            kwargs = build(case, data.get("kwargs", {}))
+            kwargs = handed_in(case, function, args, build(case, data.get("kwargs", {})))
             state.is_executing = executing and not planned
             result = function(*args, **kwargs)
         except Exception as raised:  # what a step raises is an output (a FixtureError is not)
@@ -901,6 +935,10 @@ def jsonable(case: Case, value, host):
         return f"$op:{host.op_hash_order.index(value._hash)}"
     if isinstance(value, RenderedUnit):
         return {"$unit": value.role, "name": value.name}
+    if value is case.release:  # the deploy's start's, handed down
+        return "$release"
+    if value is case.flags:
+        return "$flags"
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True, exclude_none=True)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
