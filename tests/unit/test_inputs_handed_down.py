@@ -6,9 +6,11 @@ counts every call of the lookup and the parse however a module imported them (by
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -16,7 +18,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 
-from specdeploy.flows import serve
+from specdeploy.flows import measure, serve
 from specdeploy.releases import capabilities
 from specdeploy.render import argv
 from specdeploy.render.instances import CPU_IDS_COMMAND
@@ -66,6 +68,8 @@ class FreshHost:
         text = str(command)
         if CPU_IDS_COMMAND in text:
             lines = ["0-7"]
+        elif text.endswith("then cat /var/lib/specdeploy/records/specdeploy-vllm.json; fi"):
+            lines = [json.dumps(RECORD)]
         elif text.startswith("command -v useradd"):  # a stock image's tools
             lines = ["/usr/sbin/useradd"]
         elif "df -Pk" in text:  # a terabyte free everywhere
@@ -75,12 +79,12 @@ class FreshHost:
         return True, CommandOutput([OutputLine("stdout", line) for line in lines])
 
 
-def plan_one_host(data: dict) -> State:
+def plan_one_host(data: dict, deploy=serve.serve, *args) -> State:
     state = State(Inventory((["h1"], data)), Config())
     host = state.inventory.get_host("h1")
     host.connector = FreshHost()
     state.activate_host(host)
-    add_deploy(state, serve.serve)
+    add_deploy(state, deploy, *args)
     return state
 
 
@@ -111,4 +115,28 @@ def test_one_planned_host_looks_its_release_up_and_parses_its_flags_once(monkeyp
     host = state.inventory.get_host("h1")
     names = [state.get_op_meta(op).names for op in host.op_hash_order]
     assert any("pip install" in " ".join(n) or "Install pinned vLLM" in " ".join(n) for n in names)
+    assert calls == {"release_of": 1, "table_for": 1, "engine_flags": 1}, calls
+
+
+# a record as the verify step writes it (tests/operations/verify/): what compare reads back
+VERIFIED = Path(__file__).parents[1] / "operations/verify/verify_and_record_plain_no_gate.json"
+RECORD = next(e["json"] for e in json.loads(VERIFIED.read_text())["host"] if "json" in e)
+
+
+def test_a_planned_measurement_looks_its_release_up_and_parses_its_flags_once():
+    """compare across load on a whole box, planned: the load proof's conditions state whether the
+    release takes a schedule and the data-parallel size from what the measurement's start read
+    (before: 2 lookups, the load flow asking again by pin; 10 parses, the split, the data check
+    and the load flow each parsing the argv again)."""
+    data = {**BOX, "compare_across_load": True}
+    capabilities.reread_tables()
+    try:
+        with counted() as calls:
+            state = plan_one_host(data, measure.measurement_deploy, "compare")
+    finally:
+        capabilities.reread_tables()
+    assert state.failed_hosts == set(), "the host is planned, not refused"
+    host = state.inventory.get_host("h1")
+    names = [" ".join(state.get_op_meta(op).names) for op in host.op_hash_order]
+    assert any("at concurrency" in n for n in names), names  # the load proof was planned
     assert calls == {"release_of": 1, "table_for": 1, "engine_flags": 1}, calls
