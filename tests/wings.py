@@ -104,11 +104,12 @@ WINGS: dict[str, Wing] = {
     "measure": Wing(
         "the trained pair: smoke figures, the compare, gate and tune verdicts, the tune and proof "
         "across load levels (recorded for the replays), the gate across load levels and a load "
-        "ramp across a schedule boundary",
+        "ramp across a schedule boundary, the choice among three drafts",
         (
             "tests/integration/test_trained_models.py",
             "tests/integration/test_load_aware.py",
             "tests/integration/test_load_gate.py",
+            "tests/integration/test_choose_draft.py",
         ),
         (
             "specdeploy/measure/*",
@@ -121,6 +122,9 @@ WINGS: dict[str, Wing] = {
             "specdeploy/host/watchdog.py",
             "deploys/compare.py",
             "deploys/tune.py",
+            "deploys/choose_draft.py",
+            "specdeploy/checks/draft_candidates.py",
+            "specdeploy/checks/model_cards.py",
         ),
     ),
     "box": Wing(

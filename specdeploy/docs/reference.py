@@ -99,6 +99,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "compare_across_load",
         "compare_fixed_k",
         "compare_schedule",
+        "draft_candidates",
     ),
 }
 GROUP_NOTES = {

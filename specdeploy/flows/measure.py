@@ -18,9 +18,10 @@ from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
 from specdeploy.host import pyinfra_speed, server
 from specdeploy.measure.arms import Arm
+from specdeploy.measure.draft_flow import DraftPlan
 from specdeploy.measure.harness import measure_plan
 from specdeploy.measure.load_flow import LoadProof
-from specdeploy.measure.plans import compare_measurement, tune_measurement
+from specdeploy.measure.plans import compare_measurement, draft_measurement, tune_measurement
 from specdeploy.render import instances
 from specdeploy.render.argv import EngineFlags
 from specdeploy.report import summary as report
@@ -104,6 +105,10 @@ def _write_report(kind: str) -> None:
             print(f"{name}: {verdict}")
             if h.get("host_data_change"):
                 print(f"  {h['host_data_change']}")
+    if kind == "choose_draft":
+        for name, h in summary["hosts"].items():
+            print(f"{name}: {h['decision']['verdict']}")
+            print(f"  {h['host_data_change']}")
     if kind == "tune":
         for name, h in summary["hosts"].items():
             if "choice" not in h:
@@ -122,6 +127,7 @@ def _write_report(kind: str) -> None:
 MEASUREMENTS = {
     "compare": ("specdeploy: baseline vs speculative A/B", compare_measurement),
     "tune": ("specdeploy: num_speculative_tokens sweep", tune_measurement),
+    "choose_draft": ("specdeploy: which draft, at which k", draft_measurement),
 }
 
 
@@ -149,6 +155,8 @@ def measurement_deploy(kind: str):
             what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
         with lock.held(cfg):  # no serve deploy meanwhile
             dataset.ship_request_set(cfg)  # the request set every arm replays
+            if isinstance(plan, DraftPlan):  # the candidates that passed every check
+                plan.stage()
             # a measured host is off its deployed unit: at most max_unavailable hosts at once
             host_turn(cfg, what, _measure, cfg=measured, kind=kind, plan=plan, cond=cond,
                       box=cfg if member else None)  # fmt: skip

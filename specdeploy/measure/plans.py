@@ -39,6 +39,7 @@ from specdeploy.measure.conditions import (
     TuneConditions,
     VllmPin,
 )
+from specdeploy.measure.draft_flow import DraftPlan, draft_plan
 from specdeploy.measure.load_flow import (
     LoadProof,
     LoadTune,
@@ -275,7 +276,7 @@ class Measurement(NamedTuple):
     conditions its report states (a mapping: conditions.json's object), and the line that says
     what (the pyinfra operation's name). Unpacks as (plan, cond, what)."""
 
-    plan: list[Step] | SequentialCompare | PredictPlan
+    plan: list[Step] | SequentialCompare | PredictPlan | DraftPlan
     conditions: Conditions
     what: str
 
@@ -432,3 +433,30 @@ def load_proof_measurement(
     arms = " vs ".join(a.label for a in plan.arms())
     what = f"{arms} at concurrency {_levels_text(cfg)} ({repeats} visits per arm)"
     return Measurement(plan, cond, what)
+
+
+# --- which draft (deploys/choose_draft.py) --------------------------------------------------------
+
+
+def draft_measurement(cfg: ServeConfig) -> Measurement:
+    """The candidates checked (each refusal by name, before any download), then the pin runs at
+    the largest tune_k and the proof of the best two pairs, up to compare_max_repeats runs per arm
+    (measure/draft_flow.py). conditions.json also keeps every candidate's checks."""
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}choose_draft: {RANDOM_REQUESTS_WARNING}")
+    plan = draft_plan(
+        cfg,
+        ks=setting(cfg, "tune_k"),
+        warmup_runs=setting(cfg, "tune_warmup_runs"),
+        max_runs=setting(cfg, "compare_max_repeats"),
+        out_dir=raw_dir("choose_draft", host.name),
+    )
+    return Measurement(plan, draft_conditions(cfg, plan), plan.describe())
+
+
+def draft_conditions(cfg: ServeConfig, plan: DraftPlan) -> dict:
+    """conditions.json of a draft choice: every report's conditions, every candidate's checks (its
+    refusals by name) and the proof's budget, which the report replays the decision with."""
+    return {**conditions(cfg, plan.conditions()),
+            "draft_candidates": [c.as_json() for c in plan.checks],
+            "draft_max_runs": plan.max_runs}  # fmt: skip
