@@ -438,10 +438,13 @@ def load_proof_measurement(
 # --- which draft (deploys/choose_draft.py) --------------------------------------------------------
 
 
-def draft_measurement(cfg: ServeConfig) -> Measurement:
+def draft_measurement(
+    cfg: ServeConfig, *, release: Release | None, flags: EngineFlags
+) -> Measurement:
     """The candidates checked (each refusal by name, before any download), then the pin runs at
     the largest tune_k and the proof of the best two pairs, up to compare_max_repeats runs per arm
-    (measure/draft_flow.py). conditions.json also keeps every candidate's checks."""
+    (measure/draft_flow.py). conditions.json also keeps every candidate's checks. `release`: the
+    pin's, read at the measurement's start (every candidate is checked against its rules)."""
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}choose_draft: {RANDOM_REQUESTS_WARNING}")
     plan = draft_plan(
@@ -450,6 +453,7 @@ def draft_measurement(cfg: ServeConfig) -> Measurement:
         warmup_runs=setting(cfg, "tune_warmup_runs"),
         max_runs=setting(cfg, "compare_max_repeats"),
         out_dir=raw_dir("choose_draft", host.name),
+        release=release,
     )
     return Measurement(plan, draft_conditions(cfg, plan), plan.describe())
 
