@@ -40,9 +40,6 @@ __all__ = [
     "check_host",
     "check_report",
     "check_warnings",
-    "host_config",
-    "host_config_and_pins",
-    "host_config_as_deployed",
     "host_inputs",
     "host_inputs_as_deployed",
     "moving_ref_notes",
@@ -302,12 +299,6 @@ def host_inputs() -> HostInputs:
     return HostInputs(cfg, _release(checked), checked.flags, pins)
 
 
-def host_config_and_pins() -> tuple[ServeConfig, dict]:
-    """host_inputs' config and pins."""
-    inputs = host_inputs()
-    return inputs.cfg, inputs.pins
-
-
 def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
     try:
         return revisions.pin(cfg)
@@ -324,10 +315,6 @@ def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
         ) from None
 
 
-def host_config() -> ServeConfig:
-    return host_config_and_pins()[0]
-
-
 def host_inputs_as_deployed() -> HostInputs:
     """Inside a measurement (compare, tune): the host's config as its deployment record says it
     was deployed — every moving ref at the record's commit, never resolved again (upstream may
@@ -339,11 +326,6 @@ def host_inputs_as_deployed() -> HostInputs:
     record = read_record(found, where=f"{current_host.name}: {cfg.record_path}")
     cfg, pins = _pinned(revisions.as_deployed(cfg, record))
     return HostInputs(cfg, _release(checked), checked.flags, pins)
-
-
-def host_config_as_deployed() -> ServeConfig:
-    """host_inputs_as_deployed's config."""
-    return host_inputs_as_deployed().cfg
 
 
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:
