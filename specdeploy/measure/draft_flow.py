@@ -37,7 +37,7 @@ from specdeploy.host.facts.system import CpuInfo, MemoryBytes
 from specdeploy.measure.arms import BASELINE, Arm, Step
 from specdeploy.measure.conditions import TuneConditions
 from specdeploy.measure.tune_flow import read_raw, rounds
-from specdeploy.releases.capabilities import release_of
+from specdeploy.releases.capabilities import Release
 from specdeploy.steps import weights
 
 DRAFT_CHOICE = "draft_choice.json"
@@ -53,8 +53,9 @@ def pinned(cfg: ServeConfig, candidate: DraftCandidate) -> DraftCandidate:
     return candidate.model_copy(update={"revision": sha})
 
 
-def checked_candidates(cfg: ServeConfig, k: int) -> list[CandidateCheck]:
-    """Planning time: every candidate through the checks, each refusal logged by name."""
+def checked_candidates(cfg: ServeConfig, k: int, release: Release | None) -> list[CandidateCheck]:
+    """Planning time: every candidate through the checks, each refusal logged by name. `release`:
+    the pin's, read at the measurement's start."""
     snaps = weights.snapshots(cfg)
     if not snaps.get("target"):
         raise RuntimeError(f"{host.name}: the target's weights are not on the host; run "
@@ -62,7 +63,7 @@ def checked_candidates(cfg: ServeConfig, k: int) -> list[CandidateCheck]:
     found = check_candidates(
         host.name,
         cfg.model_copy(update={"draft_candidates": [pinned(cfg, c) for c in cfg.draft_candidates]}),
-        release_of(cfg.vllm_version, cfg.allow_unknown_release),
+        release,
         k=k,
         target=snaps["target"],
         card_of=lambda c: read_card(cfg, c.repo, c.revision),
@@ -156,7 +157,7 @@ class DraftPlan:
 
 
 def draft_plan(cfg: ServeConfig, *, ks: list[int], warmup_runs: int, max_runs: int,
-               out_dir: Path) -> DraftPlan:  # fmt: skip
+               out_dir: Path, release: Release | None) -> DraftPlan:  # fmt: skip
     """Planning time, before any download: the checks and the plan (DraftPlan.stage downloads the
     survivors once the deploy lock is held)."""
     if not cfg.draft_candidates:
@@ -171,5 +172,5 @@ def draft_plan(cfg: ServeConfig, *, ks: list[int], warmup_runs: int, max_runs: i
                 )
             ]
         )
-    checks = checked_candidates(cfg, max(ks))
+    checks = checked_candidates(cfg, max(ks), release)
     return DraftPlan(cfg, tuple(checks), tuple(sorted(set(ks))), warmup_runs, max_runs, out_dir)

@@ -111,10 +111,10 @@ def test_vllm_cpu_has_no_gpu_checks(valid_data):
 
 def test_serve_checks_gpus_before_any_install_or_download():
     source = inspect.getsource(serve)  # serve(), then its planning, _serve()
-    first = source.index("host_servers(cfg)")
+    first = source.index("host_servers(cfg, inputs.release, inputs.flags)")
     assert first < source.index("install.prepare_host") < source.index("weights.fetch_weights")
-    assert first > source.index("host_config_and_pins()")
+    assert first > source.index("host_inputs()")
     # a plain host and a whole box: the GPUs are checked before the layout is planned
     plan = inspect.getsource(servers.host_servers) + inspect.getsource(servers.box_layout)
-    assert plan.index("check_gpus_first(cfg)") < plan.index("return HostServers(cfg, (the_one")
-    assert plan.index("check_gpus_first(cfg, also_own)") < plan.index("instances.expand(")
+    assert plan.index("check_gpus_first(cfg, **read)") < plan.index("return HostServers(cfg, (the")
+    assert plan.index("check_gpus_first(cfg, also_own,") < plan.index("instances.expand(")

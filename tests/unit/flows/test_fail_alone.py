@@ -44,13 +44,13 @@ def planned(monkeypatch):
     seen: list[str] = []
     refusals: dict[str, Exception] = {}
 
-    def plan(cfg, pins, role, started):
+    def plan(inputs, role, started):
         name = rollback.host.name
         if name in refusals:
             raise refusals[name]
         seen.append(name)
 
-    monkeypatch.setattr(serve, "host_config_and_pins", lambda: (object(), {}))
+    monkeypatch.setattr(serve, "host_inputs", lambda: object())
     monkeypatch.setattr(serve, "_serve", plan)
     return seen, refusals
 
@@ -88,7 +88,7 @@ def test_every_host_state_refusal_is_a_host_refusal():
 
 def test_invalid_host_data_still_stops_the_run_before_any_host(planned, monkeypatch):
     problem = Problem("h2", "served_model_name", "has a newline", "write it on one line")
-    monkeypatch.setattr(serve, "host_config_and_pins", lambda: (_ for _ in ()).throw(
+    monkeypatch.setattr(serve, "host_inputs", lambda: (_ for _ in ()).throw(
         ConfigError([problem])))  # fmt: skip
     with pytest.raises(ConfigError):
         add_deploy(fleet(["h1", "h2"]), serve.serve)

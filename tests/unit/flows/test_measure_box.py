@@ -19,6 +19,7 @@ from specdeploy.measure.plans import compare_measurement
 from specdeploy.render import instances
 from specdeploy.report import summary as report
 from tests.unit import DATA
+from tests.unit.handed import handed
 from tests.unit.replays import sampler_of
 from tests.unit.report.test_report import bench_json, counters, write_run
 
@@ -44,7 +45,7 @@ def test_the_last_instance_is_measured_with_its_own_port_and_cores(valid_data, m
     }
     # the plan is the instance's: its measurement unit, port and core binding
     monkeypatch.setattr("specdeploy.measure.plans.host", fake, raising=False)
-    plan, _, _ = compare_measurement(member.cfg)
+    plan, _, _ = compare_measurement(member.cfg, **handed(member.cfg))
     first_arm = next(iter(plan))[0]  # the sequential plan's first run (a warm-up)
     unit = measure_unit(member.cfg, first_arm)
     assert unit.name == "specdeploy-vllm-1-measure.service"

@@ -19,6 +19,7 @@ from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.measure import arms, harness, load_flow
 from tests.operations import harness as fake
 from tests.unit.conftest import VALID
+from tests.unit.handed import handed
 
 LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
 METRICS = (
@@ -109,7 +110,7 @@ def test_a_visits_later_level_runs_on_its_server_renewed_but_not_restarted(measu
     levels = [{"concurrency": 1}, {"concurrency": 4}]
     cfg = config_from_data({**VALID, "workload": {**VALID.get("workload", {}),
                                                   "load_levels": levels}})  # fmt: skip
-    plan = list(load_flow.LoadTune(cfg, (2,), repeats=1, warmup_runs=0))
+    plan = list(load_flow.LoadTune(cfg, (2,), repeats=1, warmup_runs=0, **handed(cfg)))
     assert [(s.arm.label, s.same_server) for s in plan] == [
         ("baseline@c1", False), ("baseline@c4", True), ("k2@c1", False), ("k2@c4", True)
     ]  # fmt: skip

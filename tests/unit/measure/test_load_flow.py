@@ -15,6 +15,7 @@ from specdeploy.measure.load_flow import (
     tune_runs_per_arm,
 )
 from tests.unit.conftest import VALID
+from tests.unit.handed import handed
 
 LEVELS = {"load_levels": [1, 2, 4]}
 
@@ -26,7 +27,7 @@ def cfg_with(**data):
 
 def test_a_tune_visit_is_one_fresh_server_and_one_run_per_level_lowest_first():
     cfg = cfg_with()
-    steps = list(LoadTune(cfg, (1, 3), repeats=2, warmup_runs=1))
+    steps = list(LoadTune(cfg, (1, 3), repeats=2, warmup_runs=1, **handed(cfg)))
     labels = [(s.arm.label, s.warmup, s.same_server) for s in steps]
     assert labels[0] == ("baseline@c1", True, False)  # the warm-up: one discarded run
     counted = labels[1:]
@@ -58,10 +59,12 @@ def test_runs_per_arm_pay_for_the_correction_across_levels():
 
 def test_the_proof_runs_the_schedule_the_baseline_and_the_fixed_k():
     spec = {**VALID["speculative_config"], "num_speculative_tokens": 3}
-    plain = LoadProof(cfg_with(speculative_config=spec), None, repeats=1, warmup_runs=0)
+    plain = cfg_with(speculative_config=spec)
+    plain = LoadProof(plain, None, repeats=1, warmup_runs=0, **handed(plain))
     assert [a.label for a in plain.arms()] == ["baseline", "speculative"]
     scheduled = {**spec, SCHEDULE_KEY: [[1, 2, 3], [3, 8, 0]]}
-    proof = LoadProof(cfg_with(speculative_config=scheduled, max_num_seqs=8), 1, 1, 0)
+    scheduled_cfg = cfg_with(speculative_config=scheduled, max_num_seqs=8)
+    proof = LoadProof(scheduled_cfg, 1, 1, 0, **handed(scheduled_cfg))
     arms = {a.label: a for a in proof.arms()}
     assert list(arms) == ["baseline", "schedule", "fixed"]
     assert arms["schedule"].speculative_config is None  # the deployed config, as it is

@@ -24,6 +24,7 @@ from specdeploy.decide.load_rule import SCHEDULE_KEY, k_at, schedule_problems, s
 from specdeploy.measure.load_flow import LoadProof, LoadTune
 from specdeploy.report import summary as report
 from tests.unit.conftest import VALID
+from tests.unit.handed import handed
 from tests.unit.replays import approx_tree, load, rank_p_less, recording
 
 TUNE, PROOF = "trained_load_tune", "trained_load_proof"
@@ -89,7 +90,8 @@ def rebuilt(path: Path, host: str, kind: str, tmp_path: Path) -> tuple[dict, dic
 def test_the_load_tune_asks_for_exactly_the_recorded_runs():
     path, host, cond, runs = recorded(TUNE)
     assert cond["tune_method"] == "load" and cond["restart_between_samples"].startswith("per visit")
-    plan = LoadTune(config_of(cond), tuple(cond["ks"]), cond["repeats"], cond["warmup_runs"])
+    cfg = config_of(cond)
+    plan = LoadTune(cfg, tuple(cond["ks"]), cond["repeats"], cond["warmup_runs"], **handed(cfg))
     assert asked(plan) == ran(runs)
     assert [r["specdeploy"]["index"] for r in runs] == list(range(len(runs)))
 
@@ -117,12 +119,14 @@ def test_the_proof_asks_for_exactly_the_recorded_runs():
     path, host, cond, runs = recorded(PROOF)
     assert cond["across_load"] is True
     candidate = None if cond["schedule_deployed"] else cond["schedule"]  # compare_schedule
+    cfg = config_of(cond)
     proof = LoadProof(
-        config_of(cond),
+        cfg,
         cond["fixed_k"],
         cond["repeats"],
         cond["warmup_runs"],
         tuple(tuple(e) for e in candidate) if candidate else None,
+        **handed(cfg),
     )
     assert [a.label for a in proof.arms()] == cond["arms"]
     assert asked(proof) == ran(runs)

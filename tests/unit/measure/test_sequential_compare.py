@@ -14,6 +14,7 @@ from specdeploy.decide.decisions import BETTER, NO_DIFFERENCE
 from specdeploy.measure import plans
 from specdeploy.measure.plans import SequentialCompare, sequential_compare_plan
 from specdeploy.report import summary as report
+from tests.unit.handed import handed
 from tests.unit.report.test_report import bench_json, write_run
 
 B, S = "baseline", "speculative"
@@ -185,17 +186,17 @@ def cfg(**kw):
 def test_compare_measurement_picks_sequential_by_default(monkeypatch, tmp_path):
     monkeypatch.setattr(plans, "host", SimpleNamespace(name="h1", print_prefix="[h1] "))
     monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
-    plan, cond, what = plans.compare_measurement(cfg())
+    plan, cond, what = plans.compare_measurement(cfg(), **handed(cfg()))
     assert isinstance(plan, SequentialCompare) and plan.max_runs == 8
     assert cond["repeats"] is None and cond["sequential"]["first_runs"] == 4
     assert "sequential: 4 to 8 runs per arm" in what
-    fixed, cond, _ = plans.compare_measurement(cfg(compare_repeats=3))
+    fixed, cond, _ = plans.compare_measurement(cfg(compare_repeats=3), **handed(cfg()))
     assert isinstance(fixed, list) and cond["repeats"] == 3 and "sequential" not in cond
 
 
 def test_a_budget_that_cannot_reach_alpha_is_refused(monkeypatch):
     monkeypatch.setattr(plans, "host", SimpleNamespace(name="h1", print_prefix="[h1] "))
     with pytest.raises(ConfigError) as e:
-        plans.compare_measurement(cfg(compare_max_repeats=3))
+        plans.compare_measurement(cfg(compare_max_repeats=3), **handed(cfg()))
     assert str(e.value).startswith("h1: compare_max_repeats: 3 runs per arm can never reach")
     assert "at least 4" in str(e.value)

@@ -15,6 +15,7 @@ from specdeploy.measure.load_flow import LoadProof, LoadTune
 from specdeploy.measure.plans import VISIT_NOTE, conditions
 from specdeploy.report import summary as report
 from tests.unit.conftest import VALID
+from tests.unit.handed import handed
 
 SPREAD = (0.97, 0.99, 1.0, 1.01, 1.03)
 
@@ -52,7 +53,7 @@ def cfg_with(**data):
 
 def test_a_load_tune_reports_the_crossover_a_candidate_schedule_and_the_plot(tmp_path):
     cfg = cfg_with()
-    plan = LoadTune(cfg, (1, 3), repeats=5, warmup_runs=1)
+    plan = LoadTune(cfg, (1, 3), repeats=5, warmup_runs=1, **handed(cfg))
     tpot = {
         "baseline": {1: 40.0, 2: 45.0, 4: 50.0},
         "k1": {1: 30.0, 2: 36.0, 4: 60.0},
@@ -88,7 +89,7 @@ def test_a_schedule_that_lost_at_every_level_is_reported_off(tmp_path):
     workload = {**VALID["workload"], "load_levels": [1, 16, 64]}
     cfg = config_from_data({**VALID, "speculative_config": spec, "workload": workload,
                             "max_num_seqs": 64})  # fmt: skip
-    plan = LoadProof(cfg, 1, repeats=5, warmup_runs=0)
+    plan = LoadProof(cfg, 1, repeats=5, warmup_runs=0, **handed(cfg))
     tpot = {  # the H200 sweep (shared/gpu/load-sweep-2026-12-04), medians in ms
         "baseline": {1: 5.18, 16: 5.51, 64: 7.40},
         "schedule": {1: 8.23, 16: 12.17, 64: 14.65},
@@ -113,7 +114,7 @@ def test_a_candidate_schedule_proven_winning_is_what_to_deploy(tmp_path):
     schedule) against the baseline and the fixed k; proven, its host-data line is printed."""
     cfg = cfg_with()
     candidate = ((1, 2, 3), (3, 4, 0))
-    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=candidate)
+    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=candidate, **handed(cfg))
     arms = {a.label: a for a in plan.arms()}
     assert arms["schedule"].speculative_config[SCHEDULE_KEY] == [[1, 2, 3], [3, 4, 0]]
     assert arms["fixed"].speculative_config["num_speculative_tokens"] == 3
@@ -145,7 +146,7 @@ def proof_run(root: Path, cfg, fingerprint, name="proof-run", finished="2026-12-
     flows/measure.py writes them), reported and kept as the flow keeps it."""
     from specdeploy.report.load_summary import keep_proofs
 
-    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=CANDIDATE)
+    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=CANDIDATE, **handed(cfg))
     write_run(root / name, cfg, plan, WINS, "compare", proof_fingerprint=fingerprint,
               finished_at=finished)  # fmt: skip
     return keep_proofs(root / name, report.write(root / name, "compare"))

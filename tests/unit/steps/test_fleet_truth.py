@@ -89,7 +89,7 @@ def test_measurements_and_status_read_the_record_pins():
     """The consumers use the one helper (a new consumer that resolves refs itself would drift)."""
     uses = {
         "specdeploy/observe/status.py": "as_deployed(cfg, record)",
-        "specdeploy/flows/measure.py": "host_config_as_deployed()",
+        "specdeploy/flows/measure.py": "host_inputs_as_deployed()",
         "tests/host/test_deployed_host.py": "as_deployed(host_cfg, read_record(record))",
     }
     for path, call in uses.items():

@@ -26,6 +26,7 @@ from specdeploy.render.units import render_env_file, render_unit
 from specdeploy.steps import proof
 from tests.unit import DATA, REPO
 from tests.unit.conftest import VALID
+from tests.unit.handed import handed
 
 H200 = REPO / "benchmarks" / "host_proof" / "h200-0.26.0"
 OLD_RECORD = DATA / "deployment-record-a83c70e.json"
@@ -231,19 +232,22 @@ def record_with(validated: dict | None) -> DeploymentRecord:
 
 def test_validated_by_this_runs_proof_or_the_one_that_swapped_the_same_unit_in():
     cfg = cfg_of()
+    release = handed(cfg)["release"]  # the deploy's start looked it up
     unit = render_unit(cfg, "speculative", cuda_boot=None)
     fresh = proof.ArgvProof(unit.sha256, "vllm 0.32.0", "2026-12-01T17:00:00Z", {})
-    assert proof.validated_by(cfg, unit, fresh, None) == ValidatedBy(
+    assert proof.validated_by(release, unit, fresh, None) == ValidatedBy(
         table="0.32.0", proof="vllm 0.32.0 parser + engine config",
         proved_at="2026-12-01T17:00:00Z", unit_sha256=unit.sha256,
     )  # fmt: skip
     kept = record_with({"table": "0.32.0", "proof": "vllm 0.32.0 parser + engine config",
                         "unit_sha256": unit.sha256})  # fmt: skip
-    assert proof.validated_by(cfg, unit, None, kept).proof == "vllm 0.32.0 parser + engine config"
+    assert (
+        proof.validated_by(release, unit, None, kept).proof == "vllm 0.32.0 parser + engine config"
+    )
     other = record_with({"table": "0.32.0", "proof": "an older unit's", "unit_sha256": "0" * 64})
-    assert proof.validated_by(cfg, unit, None, other) == ValidatedBy(table="0.32.0")
+    assert proof.validated_by(release, unit, None, other) == ValidatedBy(table="0.32.0")
     stale = proof.ArgvProof("0" * 64, "vllm 0.32.0", "2026-12-01T17:00:00Z", {})
-    assert proof.validated_by(cfg, unit, stale, None) == ValidatedBy(table="0.32.0")
+    assert proof.validated_by(release, unit, stale, None) == ValidatedBy(table="0.32.0")
 
 
 def test_a_release_newer_than_every_table_records_the_borrowed_table_beside_its_proof():
@@ -252,13 +256,13 @@ def test_a_release_newer_than_every_table_records_the_borrowed_table_beside_its_
     cfg = cfg_of(vllm_version=newer, allow_unknown_release=True)
     unit = render_unit(cfg, "speculative", cuda_boot=None)
     fresh = proof.ArgvProof(unit.sha256, f"vllm {newer}", "t", {})
-    validated = proof.validated_by(cfg, unit, fresh, None)
+    validated = proof.validated_by(handed(cfg)["release"], unit, fresh, None)
     # the checks read the newest table for it: the record says so, not "no table"
     assert (validated.table, validated.table_borrowed) == (newest, True)
     assert validated.authority == (
         f"proof: vllm {newer} parser + engine config (table {newest}, borrowed for a newer release)"
     )
-    assert proof.validated_by(cfg_of(), unit, fresh, None).table_borrowed is None
+    assert proof.validated_by(handed(cfg_of())["release"], unit, fresh, None).table_borrowed is None
 
 
 def test_the_record_keeps_it_and_an_older_record_has_none():

@@ -156,7 +156,7 @@ def test_on_fail_fail_raises_before_the_record_is_written(monkeypatch, valid_dat
         preflight = SimpleNamespace(
             tokenizer=None, snapshots={}, result=SimpleNamespace(hardware={})
         )
-        verify.verify_and_record(cfg, object(), 0.0, preflight=preflight)
+        verify.verify_and_record(cfg, object(), 0.0, preflight=preflight, pinned_release=None)
     assert written == []
 
 

@@ -20,6 +20,7 @@ from specdeploy.host import bench
 from specdeploy.host.on_host import with_time_limit
 from specdeploy.host.scripts import fetch_weights, source
 from specdeploy.steps import install, lock
+from tests.unit.handed import handed
 
 
 @pytest.fixture(autouse=True)
@@ -91,19 +92,20 @@ def test_a_new_venv_is_refused_before_pip_on_a_small_disk(
     monkeypatch.setattr(install.python, "call", lambda **kw: None)
     monkeypatch.setattr(install, "host", fact_host(free=int(default_gb * 1e9) - 1))
     with pytest.raises(RuntimeError) as refused:
-        install.install_vllm.__wrapped__(cfg)
+        install.install_vllm.__wrapped__(cfg, handed(cfg)["release"])
     message = str(refused.value)
     assert message.startswith("h1: install: only ")
     assert f"needs about {default_gb:g} GB (venv_disk_gb, the build default)" in message
     assert calls == []  # nothing scheduled
     # the host data's own figure decides; and the pin already installed needs no disk at all
     monkeypatch.setattr(install, "host", fact_host(free=3 * 10**9))
-    install.install_vllm.__wrapped__(
-        config_from_data({**valid_data, "vllm_package": package, "venv_disk_gb": 2.5})
-    )
+    own = config_from_data({**valid_data, "vllm_package": package, "venv_disk_gb": 2.5})
+    install.install_vllm.__wrapped__(own, handed(own)["release"])
     assert len(calls) == 1
     monkeypatch.setattr(install, "host", fact_host(free=0, installed=cfg.vllm_version))
-    install.install_vllm.__wrapped__(cfg)  # no new venv: not refused, whatever the disk
+    install.install_vllm.__wrapped__(
+        cfg, handed(cfg)["release"]
+    )  # no new venv: not refused, whatever the disk
     assert not any("pip install" in " ".join(op["commands"]) for op in calls[1:])
 
 
@@ -113,7 +115,7 @@ def test_install_operation_carries_pyinfras_timeout(valid_data, monkeypatch, ren
     monkeypatch.setattr(install, "host", fact_host(free=10**12))
     monkeypatch.setattr(install.server, "shell", lambda **kw: calls.append(kw))
     monkeypatch.setattr(install.python, "call", lambda **kw: None)
-    install.install_vllm.__wrapped__(cfg)
+    install.install_vllm.__wrapped__(cfg, handed(cfg)["release"])
     (op,) = calls
     assert op["_timeout"] == 7200 + 60  # the host's limit first, then pyinfra's backstop
     assert "time limit install_timeout_s = 7200 s" in op["name"]
