@@ -10,7 +10,6 @@ import json
 import sys
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from pyinfra.api import Config, Inventory, State
@@ -22,6 +21,7 @@ from specdeploy.flows import measure, serve
 from specdeploy.releases import capabilities
 from specdeploy.render import argv
 from specdeploy.render.instances import CPU_IDS_COMMAND
+from tests.unit import REPO
 from tests.unit.conftest import VALID
 
 WATCHED = {
@@ -50,7 +50,7 @@ def counted():
 
 @pytest.fixture(autouse=True)
 def pyinfra_context():
-    """pyinfra's context managers set no `finally` (tests/unit/test_fail_alone.py)."""
+    """pyinfra's context managers set no `finally` (tests/unit/flows/test_fail_alone.py)."""
     before = ctx_host.get(), ctx_state.get()
     yield
     ctx_host.set(before[0]), ctx_state.set(before[1])
@@ -119,7 +119,7 @@ def test_one_planned_host_looks_its_release_up_and_parses_its_flags_once(monkeyp
 
 
 # a record as the verify step writes it (tests/operations/verify/): what compare reads back
-VERIFIED = Path(__file__).parents[1] / "operations/verify/verify_and_record_plain_no_gate.json"
+VERIFIED = REPO / "tests/operations/verify/verify_and_record_plain_no_gate.json"
 RECORD = next(e["json"] for e in json.loads(VERIFIED.read_text())["host"] if "json" in e)
 
 

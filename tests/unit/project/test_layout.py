@@ -162,10 +162,23 @@ UNIT = REPO / "tests" / "unit"
 PROJECT = "project"
 
 
+def counts_its_own_depth(tree: ast.AST) -> bool:
+    """Whether a module reaches a file from `Path(__file__).parent` or `.parents[n]`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("parent", "parents"):
+            base = node.value
+            if ast.unparse(base).endswith(".resolve()"):
+                base = base.func.value
+            if ast.unparse(base) == "Path(__file__)":
+                return True
+    return False
+
+
 def unit_layout_problems(unit: Path) -> list[str]:
     """What keeps `unit` (a tests/unit tree) from mirroring ROOMS: a test module outside a room's
     folder or PROJECT's, a folder of test modules that is no package (pytest would import two
-    test_x.py of different rooms under one name), a room with no test module."""
+    test_x.py of different rooms under one name), a module that finds files by counting its own
+    folders (it breaks when moved: tests.unit.REPO and DATA do not), a room with no test module."""
     problems, tested = [], set()
     for path in sorted(unit.rglob("test_*.py")):
         parts = path.relative_to(unit).parts
@@ -178,6 +191,11 @@ def unit_layout_problems(unit: Path) -> list[str]:
             if not (folder / "__init__.py").is_file():
                 problems.append(f"{folder.relative_to(unit)}/: no __init__.py")
             folder = folder.parent
+    problems += [
+        f"{path.relative_to(unit)}: finds files by its own depth; use tests.unit.REPO"
+        for path in unit.glob("*/**/*.py")
+        if counts_its_own_depth(ast.parse(path.read_text()))
+    ]
     problems += [f"{room}/: no tests of specdeploy/{room}/" for room in ROOMS if room not in tested]
     return sorted(set(problems))
 
@@ -196,9 +214,11 @@ def test_a_flat_test_module_and_an_untested_room_are_named(tmp_path):
     (tmp_path / "gate" / "test_gate.py").touch()
     (tmp_path / "steps" / "lock").mkdir()
     (tmp_path / "steps" / "lock" / "test_lock.py").touch()
+    (tmp_path / "host" / "test_x.py").write_text('DATA = Path(__file__).parent / "data"\n')
     assert unit_layout_problems(tmp_path) == [
         "config/: no tests of specdeploy/config/",
         "gate/test_gate.py: in no room's folder; move it to <room>/",
+        "host/test_x.py: finds files by its own depth; use tests.unit.REPO",
         "steps/lock/: no __init__.py",
         "test_flat.py: in no room's folder; move it to <room>/",
     ]
