@@ -18,6 +18,8 @@ true: what was restored, whether the host is healthy, and what runs now. A note 
 
 from __future__ import annotations
 
+import functools
+import logging
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -45,6 +47,38 @@ class RolledBack(RuntimeError):
 
 class HeldBack(RuntimeError):
     """An earlier host of this run failed its restart: this one was not restarted at all."""
+
+
+class TurnFailed(RuntimeError):
+    """A host's turn that failed the way its message already said (rolled back, held back): it
+    fails the host in pyinfra's state, and pyinfra says nothing more of it (QuietTold)."""
+
+
+class QuietTold(logging.Filter):
+    """pyinfra logs whatever a python.call lets out as a traceback and 'Unexpected error in Python
+    callback'; for a TurnFailed the turn has said what happened and what runs now, in its own
+    words, so both records would only bury that under a stack that says nothing to an operator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return TurnFailed.__name__ not in str(record.msg)
+
+
+QUIET_TOLD = QuietTold()
+
+
+def _told(function):
+    """`function` as a host's turn: a failure it has explained (RolledBack, HeldBack) is logged
+    once, as an error with the host's prefix, and fails the host without a traceback."""
+
+    @functools.wraps(function)
+    def turn_of_host(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (RolledBack, HeldBack) as failure:
+            logger.error(f"{host.print_prefix}{failure}")
+            raise TurnFailed(type(failure).__name__) from None
+
+    return turn_of_host
 
 
 class RolloutGate:
@@ -522,7 +556,8 @@ def host_turn(cfg: ServeConfig, what: str, function, /, **kwargs) -> None:
     """Schedule this host's turn: ONE `python.call` of `function` that pyinfra runs host by host
     (`_serial`), or `max_unavailable` hosts at a time (`_parallel`) — the rolling restart of a
     serve, the measurement of a compare or tune. Its name says the width."""
-    python.call(name=f"{what} ({width_text(cfg)})", function=function, **kwargs,
+    logger.addFilter(QUIET_TOLD)  # once per logger: a filter is kept as a set member
+    python.call(name=f"{what} ({width_text(cfg)})", function=_told(function), **kwargs,
                 **out_of_service_width(cfg))  # fmt: skip
 
 
