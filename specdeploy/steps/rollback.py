@@ -189,7 +189,11 @@ def verify_or_rollback(
                     f"{notes.STILL_SERVING}; {unit} is {state}"
                 )
                 raise
-            logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
+            # what failed: the new config, or (unit and env file unchanged) the gate's arm of it
+            failed = ("the new config failed its health check" if change is not None else
+                      "a measurement of the unchanged unit failed")  # fmt: skip
+            said = "new config failed" if change is not None else failed
+            logger.warning(f"{host.print_prefix}{said}: {cause.splitlines()[0]}")
             restored = server_turn.restore()
             unit = restored.unit
             if restored.argv is None:
@@ -199,14 +203,18 @@ def verify_or_rollback(
                     "and the host serves nothing"
                 )
                 raise RolledBack(
-                    f"{host.name}: the new config failed its health check; {entry['after']}.\n"
-                    f"cause: {cause}"
+                    f"{host.name}: {failed}; {entry['after']}.\ncause: {cause}"
                 ) from error
             entry["rolled_back"] = True
             entry["after"] = _after_restore(cfg, unit, restored.argv)
             raise RolledBack(
-                f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
-                f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
+                f"{host.name}: ROLLED BACK: {failed}; "
+                + (
+                    "the previous unit and env file were restored"
+                    if change is not None
+                    else "its verified unit was started again"
+                )
+                + f" and the host is {entry['after']}.\ncause: {cause}"
             ) from error
         finally:
             _report(entry)

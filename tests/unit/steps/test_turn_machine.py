@@ -185,6 +185,10 @@ def test_a_gate_on_an_unchanged_unit_whose_baseline_fails_leaves_the_verified_un
         tmp_path, "gate an unchanged unit", "baseline", "faster", None
     )
     assert "ROLLED BACK" in str(raised) and "specdeploy-vllm.service runs" in str(raised)
+    # it says what failed: not a new config (there is none), the gate's measurement of the old
+    assert "a measurement of the unchanged unit failed" in str(raised)
+    assert "its verified unit was started again" in str(raised)
+    assert "new config" not in str(raised) and "previous unit" not in str(raised)
     assert first == [] and second == [], (first, second)
     assert fake.state["specdeploy-vllm.service"] == "active"
     assert "specdeploy-vllm-baseline.service" not in fake.enabled
