@@ -190,9 +190,10 @@ def verify_or_rollback(
                 )
                 raise
             # what failed: the new config, or (unit and env file unchanged) the gate's arm of it
-            failed = ("the new config failed its health check" if change is not None else
+            new = server_turn.replaced()
+            failed = ("the new config failed its health check" if new else
                       "a measurement of the unchanged unit failed")  # fmt: skip
-            said = "new config failed" if change is not None else failed
+            said = "new config failed" if new else failed
             logger.warning(f"{host.print_prefix}{said}: {cause.splitlines()[0]}")
             restored = server_turn.restore()
             unit = restored.unit
@@ -211,7 +212,7 @@ def verify_or_rollback(
                 f"{host.name}: ROLLED BACK: {failed}; "
                 + (
                     "the previous unit and env file were restored"
-                    if change is not None
+                    if new
                     else "its verified unit was started again"
                 )
                 + f" and the host is {entry['after']}.\ncause: {cause}"
