@@ -136,7 +136,8 @@ def host_data() -> dict:
 
 def once_per_fleet() -> dict[str, int]:
     """How often the fleet-wide work really ran (cache misses) in this process so far."""
-    from specdeploy.checks import capabilities, request_set
+    from specdeploy.checks import request_set
+    from specdeploy.releases import capabilities
 
     return {
         "release table reads": capabilities._tables.cache_info().misses,

@@ -12,7 +12,7 @@ the healthy server (what a benchmark cost before); `cancelled` — started, then
 process group ends and its directory goes; `stale` — one left waiting (a dead control node), ended
 by the next start, which runs.
 
-Usage: python3 device_run.py --plan plan.json --out DIR   (plan: benchmarks.gpu_preflight.plan)
+Run by `python -m benchmarks.device run bench_early` (plan: benchmarks.gpu_preflight.plan).
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-from device_common import complete, kill_group, log, start_server
-
+from benchmarks.device.common import complete, kill_group, log, start_server
 from specdeploy.config.schema import config_from_data
 from specdeploy.host import bench, server
 from specdeploy.host.on_host import HostCommandError

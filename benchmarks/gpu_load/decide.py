@@ -30,9 +30,9 @@ import json
 import sys
 from pathlib import Path
 
-from specdeploy.checks.capabilities import speculative_keys
 from specdeploy.decide.load_rule import SCHEDULE_KEY, k_of, level_label, split_label
 from specdeploy.decide.stats import DEFAULT_ALPHA
+from specdeploy.releases.capabilities import speculative_keys
 from specdeploy.report.load_summary import load_markdown, load_summary
 
 HOST = "h200"

@@ -19,7 +19,7 @@ Benchmarks run in this process through vLLM's own `vllm bench serve` entry
 (vllm.benchmarks.serve.main with the argv parsed by its parser), so the CLI's start-up is paid
 once, not per run. Idle servers run no kernels while another is measured.
 
-Usage: python3 device_run.py --plan plan.json --rounds N --budget S --out DIR
+Run by `python -m benchmarks.device run gpu_load DIR -- --rounds N` (plan: render.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import sys
 import tarfile
 import time
 
-from device_common import http_ok, kill_group, log, wait_gpu_free, warm
+from benchmarks.device.common import http_ok, kill_group, log, wait_gpu_free, warm
 
 LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"

@@ -11,13 +11,12 @@ that every round is one set of fresh starts; device_run.py benchmarks one server
 fixed k = 3 arm of the first recording (h200-0.26.0) is dropped: three starts a round is what let
 five rounds fit the device time (README.md), and the proof's fixed arm is k = 1.
 
-Usage: python benchmarks/gpu_load/render.py OUT.json     (from the repo root)
+The plan of `python -m benchmarks.device prepare gpu_load DIR` (benchmarks/device).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 from specdeploy.checks.host_data import check_config, check_warnings
 from specdeploy.decide.load_rule import SCHEDULE_KEY, level_label
@@ -123,10 +122,3 @@ def build() -> dict:
             "bench": bench,
         }
     return plan
-
-
-if __name__ == "__main__":
-    plan = build()
-    with open(sys.argv[1], "w") as f:
-        json.dump(plan, f, indent=1)
-    print(f"{len(plan)} arms -> {sys.argv[1]}")

@@ -4,9 +4,9 @@ planned concurrency, stop it, and write a compact summary to $OUT after every ar
 Runs on the H200 machine under its python3 (vLLM unpacked in /tmp/site on PYTHONPATH); needs nothing
 from specdeploy: every argv comes from plan.json, which plan.py builds with specdeploy's own code.
 
-Usage: python3 device_run.py --plan plan.json --arms a,b,c|@queue --budget 1100 --out DIR
+Run by `python -m benchmarks.device run gpu_payoff DIR [-- --arms a,b,c|@queue]` (plan: plan.py).
 Arms run in the order given and are skipped once the budget would be overrun, so order by priority.
-device_call.sh starts it in its own session so that it outlives one 10-minute device call.
+The device runner starts it in its own session so that it outlives one 10-minute device call.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tarfile
 import time
 
-from device_common import kill_group, log, start_server, wait_gpu_free, warm
+from benchmarks.device.common import kill_group, log, start_server, wait_gpu_free, warm
 
 LOGS = "/tmp/logs"
 RESULTS = "/tmp/results"

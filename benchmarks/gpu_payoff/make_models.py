@@ -6,7 +6,7 @@ here. Both configs keep vocab_size 151936 (the real one) so the draft and target
 as vLLM requires for draft_model; the tokenizer only ever emits ids < its own size, which is all the
 random-prompt benchmark needs.
 
-Usage: python make_models.py OUTDIR      (writes OUTDIR/target and OUTDIR/draft)
+Usage: python -m benchmarks.gpu_payoff.make_models OUTDIR   (writes OUTDIR/target and OUTDIR/draft)
 """
 
 from __future__ import annotations

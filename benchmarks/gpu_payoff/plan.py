@@ -6,13 +6,12 @@ from `specdeploy.render.argv.serve_args` and `specdeploy.host.bench.bench_args`.
 server flags go in `vllm_extra_args`, environment in `vllm_env`. Output: JSON consumed by
 device_run.py on the H200.
 
-Usage: python -m benchmarks.gpu_payoff.plan OUT.json     (from the repo root)
+The plan of `python -m benchmarks.device prepare gpu_payoff DIR` (benchmarks/device).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 from specdeploy.checks.host_data import check_config
 from specdeploy.config.schema import Workload
@@ -190,10 +189,3 @@ def build() -> dict:
             "speculative_config": cfg.speculative_config if arm["speculative"] else None,
         }
     return plan
-
-
-if __name__ == "__main__":
-    plan = build()
-    with open(sys.argv[1], "w") as f:
-        json.dump(plan, f, indent=1)
-    print(f"{len(plan)} arms -> {sys.argv[1]}")

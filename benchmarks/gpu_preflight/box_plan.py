@@ -11,13 +11,10 @@ fact's GPU list. The running server's model and settings are those of
 benchmarks/gpu_preflight/plan.py (Qwen3-8B + Qwen3-0.6B architecture, dummy weights, k=1,
 gpu_memory_utilization 0.55).
 
-Usage: python -m benchmarks.gpu_preflight.box_plan OUT.json      (from the repo root)
+The plan of `python -m benchmarks.device prepare gpu_box DIR` (benchmarks/device).
 """
 
 from __future__ import annotations
-
-import json
-import sys
 
 from benchmarks.gpu_preflight.plan import CONFIGS as SINGLE
 from benchmarks.gpu_preflight.plan import plan_for
@@ -52,11 +49,3 @@ def build() -> dict:
         "unset": {**boxes["redeploy"], "instances": None},
     }
     return plan
-
-
-if __name__ == "__main__":
-    out = build()
-    with open(sys.argv[1], "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"unit {out['unit']} on port {out['port']}, env {out['env']}")
-    print("argv:", " ".join(out["serve"]))

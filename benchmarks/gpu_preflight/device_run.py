@@ -16,8 +16,9 @@ idle; own server running; own server + another process holding HOG_GIB; after th
 server stopped, the same config started again, healthy: the check `verify_and_record` makes); after
 both stopped. The `ModelSnapshot` fact's command gives the target and draft dicts.
 
-Usage: python3 device_run.py --plan plan.json --out DIR     (PYTHONPATH: vLLM's tree, then the
-carried specdeploy with its pyinfra stub)
+Run by `python -m benchmarks.device run gpu_preflight` (plan: plan.py) or `... run gpu_box`
+(box_plan.py), which puts vLLM's tree and the carried specdeploy with its pyinfra stand-in on
+PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ import sys
 import tarfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-from device_common import complete, kill_group, log, start_server
-
+from benchmarks.device.common import complete, kill_group, log, start_server
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.host.facts.nvidia import parse_accelerators

@@ -6,13 +6,12 @@ The running server is the one recorded on 2026-12-01 (tests/facts/Accelerators/2
 server_argv.txt): Qwen3-8B + Qwen3-0.6B architecture, dummy weights, k=1, synthetic acceptance
 length 2.0, gpu_memory_utilization 0.55, eager, async scheduling (`benchmarks.gpu_truth.plan.row`).
 
-Usage: python -m benchmarks.gpu_preflight.plan OUT.json      (from the repo root)
+The plan of `python -m benchmarks.device prepare gpu_preflight DIR` (and of bench_early).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from benchmarks.gpu_truth.plan import D06, HF_HOME, T8, row
@@ -68,10 +67,3 @@ def plan_for(running, configs: dict) -> dict:
 
 def build() -> dict:
     return plan_for(check_config("redeploy", CONFIGS["redeploy"]), CONFIGS)
-
-
-if __name__ == "__main__":
-    plan = build()
-    with open(sys.argv[1], "w") as f:
-        json.dump(plan, f, indent=1)
-    print(f"plan -> {sys.argv[1]}: units {plan['units']}")

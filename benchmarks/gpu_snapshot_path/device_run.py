@@ -12,7 +12,7 @@ two-line shell script that execs the image's python3, which sees vLLM through PY
 carried tree). Inherited HF_*, TRANSFORMERS_* and VLLM_* variables are dropped, as systemd would
 not pass them.
 
-Usage: python3 device_run.py --plan plan.json --out DIR --site /tmp/site [--budget S]
+Run by `python -m benchmarks.device run gpu_snapshot_path` (plan: plan.py).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
+
+from benchmarks.device.common import gpu_used_mib, kill_group, log
 
 GREP = re.compile(
     r"cannot reach|huggingface\.co|offline|snapshots/|models--|specdeploy-gpu/|draft|specul"
@@ -33,10 +34,6 @@ GREP = re.compile(
     re.I,
 )
 PROMPT = "def fibonacci(n):"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def get(url: str, timeout: float = 10) -> tuple[int, str]:
@@ -66,28 +63,6 @@ def spec_counters(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
-
-
-def gpu_used_mib() -> int:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    return int(out[0]) if out and out[0].isdigit() else -1
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=20)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def server_env(plan: dict, site: str) -> tuple[dict, list[str]]:
@@ -124,7 +99,7 @@ def run_form(plan: dict, form: str, env: dict, out: str, deadline: float) -> dic
     rec |= {"state": state, "seconds_to_healthy": round(time.time() - t0, 1)}
     log(f"{form}: {state} after {rec['seconds_to_healthy']} s")
     if state == "healthy":
-        rec["gpu_used_mib"] = gpu_used_mib()
+        rec["gpu_used_mib"] = gpu_used_mib()[0]
         rec["models"] = json.loads(get(f"{base}/v1/models")[1])
         rec["metrics_before"] = spec_counters(get(f"{base}/metrics")[1])
         rec["completions"] = []
@@ -153,7 +128,7 @@ def run_form(plan: dict, form: str, env: dict, out: str, deadline: float) -> dic
         ).stdout.splitlines()
     kill_group(proc)
     for _ in range(60):
-        if 0 <= gpu_used_mib() < 2000:
+        if 0 <= gpu_used_mib()[0] < 2000:
             break
         time.sleep(0.5)
     lines = open(log_path, errors="replace").read().splitlines()

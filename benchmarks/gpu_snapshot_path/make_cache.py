@@ -4,7 +4,7 @@ into blobs/), with random bf16 weights (std 0.02, norms 1): small Qwen3-architec
 that vLLM really loads from disk. The tokenizer is gpu_payoff's small trained BPE (the configs keep
 Qwen3's 151936-token vocabulary, so target and draft match as draft_model requires).
 
-Usage: python3 make_cache.py PLAN.json     (on the GPU machine: torch, safetensors, tokenizers)
+Usage: python3 -m benchmarks.gpu_snapshot_path.make_cache PLAN.json   (the plan's device setup)
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "gpu_payoff"), os.path.join(HERE, "..", "gpu_truth")]
-from make_models import train_tokenizer, write_model_files  # noqa: E402
-from make_weights import tensors  # noqa: E402
+from benchmarks.gpu_payoff.make_models import train_tokenizer, write_model_files
+from benchmarks.gpu_truth.make_weights import tensors
 
 
 def random_weights(cfg: dict, seed: int) -> dict:

@@ -9,14 +9,12 @@ named here (40 hex, as the Hub's). Only the flags a one-H200 test machine needs 
 vllm_extra_args (--enforce-eager: no compile, so two starts fit the device budget) and vllm_env
 (no FlashInfer in the carried tree; NVLink multicast off, as the device's KINDS.md asks).
 
-Usage: python -m benchmarks.gpu_snapshot_path.plan OUT.json      (from the repo root)
+The plan of `python -m benchmarks.device prepare gpu_snapshot_path DIR` (benchmarks/device).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 
 from benchmarks.gpu_payoff.make_models import COMMON
 from benchmarks.gpu_payoff.make_models import DRAFT as QWEN3_0_6B
@@ -106,15 +104,3 @@ def build() -> dict:
         },
         "forms": {"snapshot_path": argv, "repo_id": old},
     }
-
-
-if __name__ == "__main__":
-    plan = build()
-    with open(sys.argv[1], "w") as f:
-        json.dump(plan, f, indent=1)
-    spec = json.loads(
-        plan["forms"]["snapshot_path"][
-            plan["forms"]["snapshot_path"].index("--speculative-config") + 1
-        ]
-    )
-    print(f"plan -> {sys.argv[1]}: draft served as {spec['model']}")

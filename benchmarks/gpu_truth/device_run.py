@@ -9,7 +9,7 @@ busy percentage are sampled (NVML read 0 % throughout on the H200 x2 VM: not usa
 `ModelSnapshot` fact script runs once per model over the generated checkpoints. Everything lands in
 OUT/summary.json after every row.
 
-Usage: python3 device_run.py --plan plan.json --budget S --phase1 S --out DIR
+Run by `python -m benchmarks.device run gpu_truth DIR [-- --phase1 S]` (plan: plan.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import tarfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-from device_common import kill_group, log, start_server, wait_gpu_free, warm
+from benchmarks.device.common import kill_group, log, start_server, wait_gpu_free, warm
 
 LOGS = "/tmp/gt_logs"
 RESULTS = "/tmp/gt_results"
@@ -342,11 +341,14 @@ def main() -> None:
     ap.add_argument("--command", required=True, help="file with the Accelerators fact command")
     ap.add_argument("--model-facts", required=True, help="specdeploy/host/scripts/model_facts.py")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", help="only these rows (ids, comma-separated)")
     args = ap.parse_args()
     start = time.time()
     for d in (LOGS, RESULTS, args.out):
         os.makedirs(d, exist_ok=True)
     plan = json.load(open(args.plan))
+    if args.rows:
+        plan = [r for r in plan if r["id"] in args.rows.split(",")]
     command = open(args.command).read()
     source = open(args.model_facts).read()
     facts = {}

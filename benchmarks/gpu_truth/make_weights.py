@@ -6,7 +6,7 @@ the real checkpoint at its real shape and dtype. The data region is a sparse hol
 no disk), so the headers and file sizes are exactly what the `ModelSnapshot` fact reads on a real
 host; vLLM is started with `--load-format dummy` and allocates the same tensors from config.json.
 
-Usage: python3 make_weights.py HF_HOME          (runs on the GPU machine; needs `tokenizers`)
+Usage: python3 -m benchmarks.gpu_truth.make_weights HF_HOME   (a device plan's setup; `tokenizers`)
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import os
 import struct
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-from make_models import DRAFT, TARGET, train_tokenizer, write_model_files
+from benchmarks.gpu_payoff.make_models import DRAFT, TARGET, train_tokenizer, write_model_files
 
 REVISION_SHA = "0" * 39 + "1"
 SHARD_BYTES = 5 * 10**9  # like the Hub's ~5 GB shards

@@ -7,14 +7,13 @@ phase 2 uses both GPUs. Rows run in the order listed, each lane skipping what it
 allows, so the list is in priority order. Rows with `bench` are payoff samples too: a fresh server
 per sample, the first of each arm discarded (it compiles cold).
 
-Usage: python -m benchmarks.gpu_truth.plan OUT.json [--second]     (from the repo root;
---second: the swing experiment and the TP=2 repeats of `swing_run.py`)
+The plans of `python -m benchmarks.device prepare gpu_truth DIR` (`build`) and of `... prepare
+gpu_truth_swing DIR` (`build_second`: the swing experiment and the TP=2 repeats of `swing_run.py`).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 from benchmarks.gpu_payoff.plan import (
     CAPTURE_SIZES,
@@ -202,8 +201,5 @@ def build(second: bool = False) -> list[dict]:
     return plan
 
 
-if __name__ == "__main__":
-    plan = build(second="--second" in sys.argv)
-    with open(sys.argv[1], "w") as f:
-        json.dump(plan, f, indent=1)
-    print(f"{len(plan)} rows -> {sys.argv[1]}")
+def build_second() -> list[dict]:
+    return build(second=True)

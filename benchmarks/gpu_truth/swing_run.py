@@ -14,7 +14,7 @@ Nothing about the GPU is changed (no clock, power or mode setting).
 Repeats (rows with `load`): a fresh server per row, samplers on, warm-up, c=1 then c=8 with
 client.py; records shaped like device_run.py's, so analyze.payoff reads them.
 
-Usage: python3 swing_run.py --plan plan.json --budget S --swing-cap S --out DIR
+Run by `python -m benchmarks.device run gpu_truth_swing DIR [-- --swing-cap S]` (plan.py's second).
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_payoff"))
-import client
-import device_common as dc
-import device_run as dr
-from device_common import log
+import benchmarks.device.common as dc
+from benchmarks.device.common import log
+from benchmarks.gpu_truth import client
+from benchmarks.gpu_truth import device_run as dr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LANES = {"S": ("0", "0-15", "16-31"), "P2": ("0,1", "0-27", "28-31")}

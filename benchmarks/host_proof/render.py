@@ -2,21 +2,17 @@
 argv (render/units.render_unit, so steps/proof.serve_words of it), the unit's environment
 (steps/proof.unit_environment) and the proof command (steps/proof.proof_command) — for one config
 the release accepts and one it refuses. The device then runs that command with that stdin, as
-steps/proof.prove does through pyinfra (device_proof.sh).
+steps/proof.prove does through pyinfra (device_run.py).
 
 Both configs pass `specdeploy check` (checks/host_data.check_config): the release table for 0.26.0
 allows every key. The bad one asks for a synthetic acceptance length vLLM 0.26.0 refuses for its k
 (SpeculativeConfig: "synthetic_acceptance_length must be in [1, k + 1]"), a rule no table holds.
 
-Usage: python benchmarks/host_proof/render.py OUTDIR   (writes OUTDIR/{good,bad}.json, command.sh,
-OUTDIR/rendered.json: argv, environment and the check's verdict of both)
+The plan of `python -m benchmarks.device prepare host_proof DIR`: the requests (`good`, `bad`),
+the proof `command` and what was `rendered` (argv, environment and the check's verdict of both).
 """
 
 from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
 
 from specdeploy.checks.host_data import check_config
 from specdeploy.render.units import render_unit
@@ -52,10 +48,8 @@ CONFIGS = {
 }
 
 
-def main(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    rendered = {}
-    command = None
+def build() -> dict:
+    plan: dict = {"rendered": {}}
     for name, speculative in CONFIGS.items():
         cfg = check_config("h200", {**HOST_DATA, "speculative_config": speculative})
         unit = render_unit(cfg, "speculative")
@@ -64,13 +58,7 @@ def main(out: Path) -> None:
             "env": unit_environment(cfg),
             "engine_config": True,
         }
-        (out / f"{name}.json").write_text(json.dumps(request, indent=1) + "\n")
-        rendered[name] = {"check": "passed", "unit": unit.name, "argv": unit.argv}
-        command = proof_command(cfg)
-    (out / "command.sh").write_text(command + "\n")
-    (out / "rendered.json").write_text(json.dumps(rendered, indent=1) + "\n")
-    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+        plan[name] = request
+        plan["rendered"][name] = {"check": "passed", "unit": unit.name, "argv": unit.argv}
+        plan["command"] = proof_command(cfg)
+    return plan

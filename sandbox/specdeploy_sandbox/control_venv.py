@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdeploy.checks.capabilities import alias_for
+from specdeploy.releases.capabilities import alias_for
 from specdeploy.steps.install import install_commands
 
 from . import wheelhouse

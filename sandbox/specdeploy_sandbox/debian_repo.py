@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from specdeploy.checks.capabilities import (
+from specdeploy.releases.capabilities import (
     BALANCER_PACKAGES,
     HOST_SYSTEM_PACKAGES,
     PACKAGE_SYSTEM_DEPENDENCIES,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdeploy.checks import capabilities
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
+from specdeploy.releases import capabilities
 from specdeploy.render.argv import EngineFlags, engine_flags
 
 
@@ -170,11 +170,15 @@ def check_release(
     (then only an explicit --dtype is known, and a warning says so)."""
     if cfg.vllm_package != "vllm" or accelerators.status != "ok":
         return
+    try:  # the pin's release, looked up once for the driver and the GPUs below
+        release = capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:  # refused by `specdeploy check`; bfloat16 still checked
+        release = None
     # what the host has and runs first, then the build's table
     gpus = [g for g in _visible(cfg, accelerators.gpus) if _capability(g.compute_capability)]
     dtype, where = served_dtype(flags, target)
-    reason = capabilities.driver_problem(
-        cfg.vllm_version, accelerators.driver_version, accelerators.cuda_version
+    reason = release and release.driver_problem(
+        accelerators.driver_version, accelerators.cuda_version
     )
     if reason:
         result.problems.append(f"{reason}; upgrade the driver or pin an older vLLM")
@@ -183,11 +187,11 @@ def check_release(
     oldest = min(gpus, key=lambda g: _capability(g.compute_capability))
     cap = _capability(oldest.compute_capability)
     label = f"GPU {oldest.index} ({oldest.name}) has compute capability {oldest.compute_capability}"
-    minimum = capabilities.min_compute_capability(cfg.vllm_version)
+    minimum = release and release.min_compute_capability
     if minimum and cap < minimum:
         result.problems.append(
             f"{label}, but vLLM {cfg.vllm_version} is built for CUDA "
-            f"{capabilities.cuda_build(cfg.vllm_version)}, which needs >= "
+            f"{release.cuda_build}, which needs >= "
             f"{minimum[0]}.{minimum[1]}; pin a build for an older CUDA (e.g. a +cu129 local "
             "version from the index in pip_install_args) or use newer GPUs"
         )

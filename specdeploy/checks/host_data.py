@@ -8,14 +8,14 @@ import difflib
 import ipaddress
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from pyinfra import host as current_host
 
-from specdeploy.checks import capabilities
 from specdeploy.checks import release as release_checks
 from specdeploy.checks import request_set as request_set_checks
+from specdeploy.checks.live import check_live
 from specdeploy.checks.load import check_load
 from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem, nested_model
@@ -23,14 +23,22 @@ from specdeploy.config.record import read_record
 from specdeploy.config.schema import FIELDS, ServeConfig, config_from_data
 from specdeploy.decide.stats import min_p_value
 from specdeploy.host.facts.files import JsonFile
+from specdeploy.releases import capabilities
 from specdeploy.render import instances
-from specdeploy.render.argv import LEGACY_SPECULATIVE_FLAGS, MANAGED_FLAGS, SHORT_SPECULATIVE_FLAGS
+from specdeploy.render.argv import (
+    LEGACY_SPECULATIVE_FLAGS,
+    MANAGED_FLAGS,
+    SHORT_SPECULATIVE_FLAGS,
+    EngineFlags,
+    engine_flags,
+)
 
 __all__ = [
     "ConfigError",
     "Problem",
     "check_config",
     "check_host",
+    "check_report",
     "check_warnings",
     "host_config",
     "host_config_and_pins",
@@ -160,27 +168,43 @@ def _from_validation_error(host: str, error: ValidationError) -> list[Problem]:
 
 def check_host(host: str, data: dict[str, Any]) -> list[Problem]:
     """Every problem with one host's data; empty when it is deployable."""
-    version_problems = _version(host, data)[0] if "vllm_version" in data else []
-    problems = version_problems + _check_keys(host, data)
+    return _check_host(host, data).problems
+
+
+class HostCheck(NamedTuple):
+    problems: list[Problem]
+    pin: release_checks.PinCheck | None  # None without a pin
+    cfg: ServeConfig | None = None  # None where the data is not a config
+    flags: EngineFlags | None = None  # the config's engine flags, parsed once
+
+
+def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
+    """check_host's problems, with what the checks were handed: the pin's check and its `Release`,
+    the config and its parsed engine flags (check_warnings reads the same)."""
+    pin = _version(host, data) if "vllm_version" in data else None
+    version_problems = pin.problems if pin else []
+    problems = version_problems + _check_keys(host, data, pin)
     problems += _check_extra_args(host, data.get("vllm_extra_args") or [])
     try:
         cfg = config_from_data(data)
     except ValidationError as error:
         seen = {p.field for p in problems}
-        return problems + [p for p in _from_validation_error(host, error) if p.field not in seen]
-    if not version_problems:  # key sets and capabilities depend on a usable version and its table
-        table = release_checks.release_for(cfg)  # looked up once, read by each check below
-        problems += release_checks.check_speculative(host, cfg, table)
-        problems += release_checks.check_draft_parallelism(host, cfg, table)[0]
-    return (
-        problems
-        + _check_instances(host, cfg)
+        problems += [p for p in _from_validation_error(host, error) if p.field not in seen]
+        return HostCheck(problems, pin)
+    flags = engine_flags(cfg)  # parsed once, read by each check below
+    if pin and not version_problems:  # key sets and rules need a usable version and its table
+        problems += release_checks.check_speculative(host, cfg, pin.release, flags)
+        problems += release_checks.check_draft_parallelism(host, cfg, pin.release, flags)[0]
+    problems += (
+        _check_instances(host, cfg)
         + _check_pip_options(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
-        + check_load(host, cfg)
+        + check_load(host, cfg, flags)
+        + check_live(host, cfg)
         + request_set_checks.check_request_set(host, cfg)
     )
+    return HostCheck(problems, pin, cfg, flags)
 
 
 # What pip accepts in a requirements file (pip_install_args reach pip as one, `-r`, so a token in
@@ -224,7 +248,7 @@ def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
     return problems
 
 
-def _version(host: str, data: dict[str, Any]) -> tuple[list[Problem], list[Problem]]:
+def _version(host: str, data: dict[str, Any]) -> release_checks.PinCheck:
     return release_checks.check_version(
         host,
         data["vllm_version"],
@@ -274,28 +298,38 @@ def host_config_as_deployed() -> ServeConfig:
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:
     """Revisions that are branches or tags: not refused, but the operator should know the deploy
     pins them to the commit the control node resolves at rollout time (revisions.py)."""
-    if check_host(host, data):
-        return []
-    return [
-        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
-                f"{revision!r} of {repo} is a moving ref",
-                "the deploy pins it to the commit the control node resolves at rollout time "
-                "(recorded per host); pin a commit sha to choose the weights yourself")
-        for role, repo, revision in revisions.moving_refs(config_from_data(data))
-    ]  # fmt: skip
+    return check_report(host, data).notes
 
 
 def check_warnings(host: str, data: dict[str, Any]) -> list[Problem]:
     """Settings the pinned release makes pointless, and a pin checked against another release's
     table: reported by `specdeploy check`, not refused. Empty when the data has problems (those
     come first)."""
-    if check_host(host, data):
-        return []
-    cfg = config_from_data(data)
-    table = release_checks.release_for(cfg)
-    warnings = _version(host, data)[1] + release_checks.release_warnings(host, cfg, table)
+    return check_report(host, data).warnings
+
+
+class CheckReport(NamedTuple):
+    problems: list[Problem]
+    warnings: list[Problem]  # empty where there are problems (those come first)
+    notes: list[Problem]  # moving refs; empty where there are problems
+
+
+def check_report(host: str, data: dict[str, Any]) -> CheckReport:
+    """What `specdeploy check` says of a host, from one check of its data: the problems, else the
+    warnings and the notes, which read the config, Release and engine flags the checks had."""
+    problems, pin, cfg, flags = _check_host(host, data)
+    if problems:
+        return CheckReport(problems, [], [])
+    warnings = pin.warnings + release_checks.release_warnings(host, cfg, pin.release, flags)
     warnings += request_set_checks.length_warnings(host, cfg) + _gate_warnings(host, cfg)
-    return warnings + _open_without_key(host, cfg)
+    notes = [
+        Problem(host, "target_revision" if role == "target" else "speculative_config.revision",
+                f"{revision!r} of {repo} is a moving ref",
+                "the deploy pins it to the commit the control node resolves at rollout time "
+                "(recorded per host); pin a commit sha to choose the weights yourself")
+        for role, repo, revision in revisions.moving_refs(cfg)
+    ]  # fmt: skip
+    return CheckReport([], warnings + _open_without_key(host, cfg), notes)
 
 
 def _loopback(address: str) -> bool:
@@ -355,20 +389,29 @@ def _key_names(data: dict[str, Any]) -> list[str]:
     return [k for k in data if isinstance(k, str) and k not in FIELDS]
 
 
-def _vllm_flags(data: dict[str, Any]) -> frozenset[str]:
+def _vllm_flags(data: dict[str, Any], pin: release_checks.PinCheck | None) -> frozenset[str]:
+    """vLLM's option names of the pinned release: its `Release`'s, else (a pin check refused)
+    those of the table the string leads to, if any."""
+    if pin and pin.release:
+        return pin.release.flag_names
     version = data.get("vllm_version")
     try:
         allow = data.get("allow_unknown_release") is True
-        return capabilities.flag_names(version, allow) if isinstance(version, str) else frozenset()
+        release = capabilities.release_of(version, allow) if isinstance(version, str) else None
+    except capabilities.UnknownRelease:
+        return frozenset()
     except ValueError:  # not a version at all: reported by the version check
         return frozenset()
+    return release.flag_names if release else frozenset()
 
 
-def _check_keys(host: str, data: dict[str, Any]) -> list[Problem]:
+def _check_keys(
+    host: str, data: dict[str, Any], pin: release_checks.PinCheck | None = None
+) -> list[Problem]:
     """Top-level keys the deploy would silently ignore although they were meant for it: a schema
     field misspelt (did you mean), or a vLLM flag written as host data (where it belongs)."""
     problems = []
-    flags = _vllm_flags(data)
+    flags = _vllm_flags(data, pin)
     for key in _key_names(data):
         if key.startswith(PYINFRA_PREFIXES):
             continue

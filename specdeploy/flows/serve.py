@@ -20,6 +20,7 @@ refuses it while planning (rollback.refuse_no_wait).
 
 from __future__ import annotations
 
+import os
 import time
 
 from pyinfra import host
@@ -29,6 +30,7 @@ from pyinfra.operations import python
 from specdeploy.checks.host_data import host_config_and_pins
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
+from specdeploy.render import control
 from specdeploy.report import notes
 from specdeploy.steps import balancer, dataset, install, lock, proof, unit, weights
 from specdeploy.steps.preflight import preflight_every_server
@@ -52,7 +54,13 @@ def serve(role: str = "speculative"):
 def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
     servers = host_servers(cfg)
-    plans = [plan_server(member, role) for member in servers.members]
+    names = [member.name for member in servers.members]
+    # a control arm (speculation_control): its instances are planned on the baseline unit; the
+    # live autopilot's fall-back (observe/live_verdict.py) keeps only the first speculative
+    fallen_back = os.environ.get(control.FALLBACK_ENV) == "1"
+    plans = [plan_server(member, control.arm_of(cfg, names, member.name, role,
+                                                fallen_back=fallen_back))
+             for member in servers.members]  # fmt: skip
     with lock.held(cfg):  # see steps/lock.py
         install.prepare_host(cfg)
         if servers.balanced:

@@ -1,6 +1,6 @@
 """The measurement watchdog: a transient systemd timer on the host that restores the deployed unit
 when the control node dies (or hangs) mid-measurement, so production comes back without it. Armed
-and renewed before every sample (steps/sampling.py), removed by measure/harness.py once production
+and renewed before every sample (sampling/sampler.py), removed by measure/harness.py once production
 is back.
 """
 

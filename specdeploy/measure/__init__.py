@@ -1,2 +1,3 @@
-"""Measurement on hosts: arms, the sampling harness on fresh servers, the compare/tune plans and
-the predict-then-confirm tune flow. The verdicts are decide/'s; the reports report/'s."""
+"""Measurement on hosts: arms, the compare/tune plans and their harness (the plan run through
+sampling/, the room below steps that the gate uses too), the predict-then-confirm tune flow. The
+verdicts are decide/'s; the reports report/'s."""

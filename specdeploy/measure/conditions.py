@@ -117,7 +117,7 @@ class LoadConditions(JsonView):
     arms: list[str]
     fixed_k: int | None
     order: str
-    # what the release and the engine flags say of a schedule (checks/capabilities.py,
+    # what the release and the engine flags say of a schedule (releases/capabilities.py,
     # render/argv.py), for the report, which may not read them itself
     schedule_supported: bool = False
     data_parallel_size: int = 1

@@ -12,8 +12,8 @@ Rules every measurement here follows:
   with the deploy lock's lease before every sample and removed once the deployed unit is back;
 * every sample is a fresh server (stop, start, /health, a discarded warm-up completion), then one
   `vllm bench serve` with bench_args(): the same dataset, seed, rate, concurrency and prompt count;
-  how one sample runs is steps/sampling.py's, the gate's too (a visit's later samples on its
-  server: same_server);
+  how one sample runs, and the loop over a plan's samples, are sampling/'s, the gate's too (a
+  visit's later samples on its server: same_server);
 * automatic prefix caching is OFF in every speculative/baseline/k measurement; the APC profile is
   the only place it is on;
 * the server's spec-decode counters are read from /metrics with prometheus_client before and after
@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host
 
 from specdeploy.config.record import BenchResult, service_record
 from specdeploy.config.schema import ServeConfig, Workload
@@ -39,58 +40,52 @@ from specdeploy.config.timestamps import utc_iso
 from specdeploy.host import server, watchdog
 from specdeploy.host.bench import bench_time_limit
 from specdeploy.host.on_host import read_text
-from specdeploy.measure.arms import Arm, Plan, measure_unit
-from specdeploy.steps import weights
-from specdeploy.steps.sampling import Sampler
+from specdeploy.measure.arms import Plan, measure_unit
+from specdeploy.sampling.runs import run_samples
+from specdeploy.sampling.sampler import Sample, Sampler
+from specdeploy.steps import lock, weights
 
 
-def sample(
-    sampler: Sampler,
-    arm: Arm,
-    *,
-    index: int,
-    out_dir: Path,
-    warmup: bool = False,
-    extra: tuple[str, ...] = (),
-    same_server: bool = False,
-) -> BenchResult:
-    """A fresh server for `arm`, a discarded warm-up completion, one benchmark, the deploy lock
-    and the watchdog renewed first for as long as that may take (watchdog_seconds). same_server:
-    one more benchmark on the server the previous sample started for this same arm (tune_flow.py's
-    shared visits, which check the prefix-cache counters)."""
-    cfg = sampler.cfg
-    unit = measure_unit(cfg, arm)
-    workload = arm.workload or cfg.workload
-    name = f"{index:02d}-{arm.label}"
-    extra = tuple(arm.bench_extra) + tuple(extra)
-    with sampler.sample(
-        unit,
-        name=name,
-        workload=workload,
-        renew_s=watchdog_seconds(cfg, workload),
-        same_server=same_server,
-        extra=extra,
-    ) as run:
-        logger.info(
-            f"{host.print_prefix}sample {index:02d} "
-            f"{arm.label}{' (warm-up, discarded)' if warmup else ''}"
-        )
-        meta = {
-            "arm": arm.label,
-            "index": index,
-            "warmup": warmup,
-            "speculative": arm.speculative,
-            "prefix_caching": arm.prefix_caching,
-            "unit_argv": unit.argv,
-            "speculative_config": arm.config(cfg).speculative_config if arm.speculative else None,
-            "seconds_to_healthy": run.checked.get("seconds_to_healthy"),
-            "fresh_server": not same_server,
-            "seed": workload.seed,
-        }
-        result = run.bench.run(local=out_dir / f"{name}.json", meta=meta)
-    result.run.sample_seconds = round(time.monotonic() - run.started, 1)
-    (out_dir / f"{name}.json").write_text(result.to_json())
-    return result
+@dataclass(frozen=True)
+class Samples:
+    """A plan's steps (Step, or the predict flow's SharedStep) as the samples runs.run_samples runs:
+    each a fresh server for its arm (or, same_server, one more benchmark on the server the previous
+    sample started for this same arm: tune_flow.py's shared visits, and a visit's higher load
+    levels), the deploy lock and the watchdog renewed first for as long as that may take
+    (watchdog_seconds). Lazy: a sequential plan reads the samples written so far."""
+
+    cfg: ServeConfig
+    steps: Plan
+
+    def __iter__(self) -> Iterator[Sample]:
+        cfg = self.cfg
+        for i, (arm, warm, *same_server) in enumerate(self.steps):
+            unit = measure_unit(cfg, arm)
+            workload = arm.workload or cfg.workload
+            same = bool(same_server and same_server[0])
+            yield Sample(
+                unit,
+                f"{i:02d}-{arm.label}",
+                workload,
+                {
+                    "arm": arm.label,
+                    "index": i,
+                    "warmup": warm,
+                    "speculative": arm.speculative,
+                    "prefix_caching": arm.prefix_caching,
+                    "unit_argv": unit.argv,
+                    "speculative_config": arm.config(cfg).speculative_config
+                    if arm.speculative
+                    else None,
+                    "fresh_server": not same,
+                    "seed": workload.seed,
+                },
+                renew_s=watchdog_seconds(cfg, workload),
+                same_server=same,
+                extra=tuple(arm.bench_extra),
+                says=f"sample {i:02d} {arm.label}{' (warm-up, discarded)' if warm else ''}",
+                timed=True,
+            )
 
 
 def deployed_unit(cfg: ServeConfig) -> tuple[str, str]:
@@ -157,21 +152,17 @@ def measure_plan(
             default=str,
         )
     )
-    results = []
+    samples = Samples(cfg, plan)
     # the watchdog is armed before the first sample stops production, renewed before every other
-    sampler = Sampler(cfg, tokenizer=tokenizer, restores=prod_unit, readmit=readmit)
+    sampler = Sampler(
+        cfg,
+        tokenizer=tokenizer,
+        renew_lease=lock.renewal(cfg),
+        restores=prod_unit,
+        readmit=readmit,
+    )
     try:
-        for i, (arm, warm, *same_server) in enumerate(plan):  # Step or SharedStep
-            results.append(
-                sample(
-                    sampler,
-                    arm,
-                    index=i,
-                    out_dir=out_dir,
-                    warmup=warm,
-                    same_server=bool(same_server and same_server[0]),
-                )
-            )
+        results = [ran.result for ran in run_samples(sampler, samples, out_dir)]
     finally:
         # for the restore itself
         watchdog.arm_watchdog(cfg, prod_unit, watchdog_seconds(cfg), readmit)

@@ -3,7 +3,7 @@ tune_k at every level of workload.load_levels) and compare_across_load (a schedu
 candidate or the deployed one, against the baseline and the fixed k at every level).
 
 One visit = one freshly started server for one arm, then one `vllm bench serve` per load level on
-it, lowest concurrency first (harness.sample's same_server). Each level's runs of an arm therefore
+it, lowest concurrency first (sampling/runs.py: same_server). Each level's runs of an arm therefore
 come from distinct server starts, so they are independent samples at that level, as every other
 measurement's are; a visit spends one start on all levels (the H200 sweep's shape), which is what
 makes three levels affordable. Visits go in rounds whose order rotates (no arm always first).
@@ -14,20 +14,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from specdeploy.checks.capabilities import speculative_keys
 from specdeploy.config.schema import LoadLevel, ServeConfig
 from specdeploy.decide.load_rule import (
     SCHEDULE_KEY,
     level_alpha,
     level_label,
     proof_runs,
-    rotating_rounds,
     schedule_config,
 )
 from specdeploy.decide.stats import min_runs_per_arm
 from specdeploy.measure.arms import BASELINE, Arm, SharedStep, k_arm
 from specdeploy.measure.conditions import LoadConditions
+from specdeploy.releases.capabilities import speculative_keys
 from specdeploy.render.argv import engine_flags
+from specdeploy.sampling.runs import visits as sampling_visits
 
 
 def at_level(cfg: ServeConfig, arm: Arm, level: LoadLevel) -> Arm:
@@ -49,12 +49,10 @@ def visits(
         for i in range(warmup_runs)
     ]
     by_label = {a.label: a for a in arms}
-    for label in rotating_rounds([a.label for a in arms], repeats):
-        steps += [
-            SharedStep(at_level(cfg, by_label[label], lv), False, j > 0)
-            for j, lv in enumerate(levels)
-        ]
-    return steps
+    return steps + [
+        SharedStep(at_level(cfg, by_label[v.arm], v.level), False, v.at > 0)
+        for v in sampling_visits([a.label for a in arms], levels, repeats)
+    ]
 
 
 def tune_runs_per_arm(cfg: ServeConfig, ks: Sequence[int], alpha: float) -> int:

@@ -147,7 +147,7 @@ def sequential_compare_plan(
     runs, starting with the fewest rounds at which the rule can decide (the first look of
     decisions.next_step) and adding one round while it says "add a run to each arm", up to
     max_runs per arm; then `then` (the APC profile). `read()` returns the samples written so far
-    (harness.sample writes each before the next step is asked for). The report replays the same
+    (runs.run_samples writes each before the next step is asked for). The report replays the same
     next_step over the raw files (report.sequential_steps), so what stopped the run is recorded
     from the runs themselves."""
     yield from _warmups(warmup_runs)

@@ -44,6 +44,7 @@ from specdeploy.decide.load_rule import schedule_proven_range
 JOB = "specdeploy-vllm"
 BALANCER_JOB = "specdeploy-balancer"  # a job of its own: job=~"specdeploy-vllm.*" is vLLM only
 MONITORING_TEMPLATES = ("rules.yml", "grafana-dashboard.json")
+LIVE_RULES = "live-verdict.yml"  # only where a host has a control arm (speculation_control)
 
 
 def monitoring_dir() -> Path:
@@ -179,7 +180,9 @@ class PrometheusFiles:
     baselines: list[str]  # hosts with a smoke baseline
 
 
-def prometheus_config(jobs: list[ScrapeJob], *, scrape_interval: str = "15s") -> dict:
+def prometheus_config(
+    jobs: list[ScrapeJob], *, scrape_interval: str = "15s", live: bool = False
+) -> dict:
     scrape_configs = []
     for job in jobs:
         entry: dict[str, Any] = {
@@ -192,7 +195,7 @@ def prometheus_config(jobs: list[ScrapeJob], *, scrape_interval: str = "15s") ->
         scrape_configs.append(entry)
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "rule_files": ["rules.yml", "baselines.yml"],
+        "rule_files": ["rules.yml", "baselines.yml"] + ([LIVE_RULES] if live else []),
         "scrape_configs": scrape_configs,
     }
 
@@ -256,11 +259,17 @@ def write_prometheus(
         scraped.append(ScrapeJob(BALANCER_JOB, None, balancers))
         _write(out / "targets" / f"{BALANCER_JOB}.json", json.dumps(balancers, indent=2) + "\n")
     header = "# Written by `specdeploy render`; regenerate rather than edit.\n"
-    config = prometheus_config(scraped)
+    # a control arm's live verdict: its rules (and the alert when its exporter goes missing)
+    live = any(cfg.speculation_control is not None for _, _, _, cfg in hosts)
+    config = prometheus_config(scraped, live=live)
     _write(out / "prometheus.yml", header + yaml.safe_dump(config, sort_keys=False))
     _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines, proven)))
     for name in MONITORING_TEMPLATES:
         shutil.copyfile(monitoring_dir() / name, out / name)
+    if live:
+        shutil.copyfile(monitoring_dir() / LIVE_RULES, out / LIVE_RULES)
+    elif (out / LIVE_RULES).exists():
+        (out / LIVE_RULES).unlink()  # no control arm any more: no alert on a missing verdict
     return PrometheusFiles(
         jobs=[job.name for job in jobs.values()],
         targets=sum(len(job.targets) for job in jobs.values()),

@@ -38,6 +38,7 @@ from specdeploy.host.facts.nvidia import GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
+from specdeploy.observe.live_verdict import live_summary, status_lines
 from specdeploy.observe.rows import (
     GateSummary,
     HealthCheck,
@@ -468,6 +469,9 @@ def run_status(
             code = 0 if results and all(row.ok for row in results) else 1
             if as_json:
                 rows = [row.to_json() for row in results]
+                for row in rows:  # a box with a control arm: its judge's latest verdict
+                    if (live := live_summary(row.get("host", ""))) is not None:
+                        row["live_verdict"] = live
                 print(
                     json.dumps(rows, indent=None if watch else 2, default=str),
                     file=out,
@@ -479,6 +483,8 @@ def run_status(
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 print(f"specdeploy status {inventory}  {stamp}", file=out)
                 print(format_table(results), file=out, flush=True)
+                for line in status_lines([row.host for row in results]):  # a control arm's
+                    print(line, file=out, flush=True)
             if not watch:
                 return code
             stop.wait(watch)

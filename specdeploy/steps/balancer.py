@@ -16,10 +16,10 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
-from specdeploy.checks.capabilities import BALANCER_PACKAGES
 from specdeploy.config.schema import SECRETS_DIR, ServeConfig
 from specdeploy.host import server
 from specdeploy.host.facts.systemd import ServiceActive
+from specdeploy.releases.capabilities import BALANCER_PACKAGES
 from specdeploy.render.units import render_balancer
 from specdeploy.steps.unit import sha1
 

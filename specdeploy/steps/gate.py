@@ -8,7 +8,11 @@ kept on re-runs until the units, the workload or the gate's settings change (or 
 With `speculation_gate.across_load` and a num_speculative_tokens_per_batch_size schedule deployed,
 the gate measures the schedule, the baseline and the fixed k at every load level (issue 39) and
 keeps the schedule only where compare_across_load's own rule proves it (gate_rule.
-across_load_decision); the record keeps the per-level evidence."""
+across_load_decision); the record keeps the per-level evidence.
+
+This module is the step: which decision stands for this server (measured here, taken from its box's
+first instance or from its class's canary), the unit it ends on, and the record of the decision.
+How the runs are measured is sampling/gate_plans.py's; what they decide, decide/gate_rule.py's."""
 
 from __future__ import annotations
 
@@ -25,36 +29,20 @@ from pyinfra import host, logger
 
 from specdeploy.config import datasets
 from specdeploy.config.record import BenchResult, DeploymentRecord, GateDecision
-from specdeploy.config.schema import LoadLevel, ServeConfig, SpeculationGate
-from specdeploy.config.timestamps import utc_iso, utc_stamp
-from specdeploy.decide.decisions import (
-    RANDOM_REQUESTS_WARNING,
-    acceptance_summary,
-    run_order,
-    run_values,
-)
+from specdeploy.config.schema import ServeConfig
+from specdeploy.config.timestamps import utc_iso
 from specdeploy.decide.gate_rule import (
-    across_load_decision,
-    gate_decision,
     gate_fingerprint,
     gate_needs_recheck,
     power_runs,
     smoke_outside_band,
 )
-from specdeploy.decide.load_rule import (
-    SCHEDULE_KEY,
-    level_label,
-    proof_runs,
-    rotating_rounds,
-    schedule_config,
-    tpot_by_level,
-)
-from specdeploy.host.bench import bench_time_limit
-from specdeploy.host.server import enable_only, remove_measure_unit, switch_enabled, wait_healthy
+from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, schedule_config
 from specdeploy.render.argv import flag_value
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
-from specdeploy.steps.sampling import Sampler
+from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, Instance, measure_gate
+from specdeploy.sampling.sampler import Sampler
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -76,24 +64,6 @@ def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedU
     )
 
 
-@dataclass(frozen=True)
-class AcrossLoad:
-    """What the gate across load measures beside the two production units: the deployed schedule,
-    the fixed k's unit (the measurement instance: the speculative config without the schedule,
-    as compare_across_load's fixed arm) and the load levels."""
-
-    schedule: list[list[int]]
-    fixed_k: int
-    fixed: RenderedUnit
-    levels: tuple[LoadLevel, ...]
-
-    def fingerprint(self) -> dict:
-        """What the decision depends on beyond the production units (the fixed unit is theirs
-        with another k, so its hash, which names a box instance's port, stays out)."""
-        return {"schedule": self.schedule, "fixed_k": self.fixed_k,
-                "levels": [lv.model_dump() for lv in self.levels]}  # fmt: skip
-
-
 def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
     """speculation_gate.across_load on a deployed schedule, else None (the gate measures at one
     load). The fixed k: compare_fixed_k (the best single k tune found), else
@@ -111,33 +81,26 @@ def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
     )
 
 
-@dataclass(frozen=True)
-class GateInput:
-    """What the gate measures and what its decision depends on, fixed while planning (the units are
-    rendered then): the two production units, the gate's settings and their fingerprint; across
-    load, the fixed k's unit and the levels."""
-
-    speculative: RenderedUnit
-    baseline: RenderedUnit
-    settings: SpeculationGate
-    alpha: float
-    fingerprint: dict
-    across_load: AcrossLoad | None = None
-
-
 def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
     """Planning time: the gate's input when it runs for this unit (a speculative unit with
     `speculation_gate` set), else None."""
     if rendered.role != "speculative" or cfg.speculation_gate is None:
         return None
     baseline = render_unit(cfg, "baseline")
+    instance = None
+    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
+        env = cfg.vllm_env
+        devices = env.get("CUDA_VISIBLE_DEVICES") or env.get("VLLM_CPU_OMP_THREADS_BIND")
+        instance = Instance(cfg.instance_name, devices, cfg.vllm_port)
     return GateInput(
         rendered,
         baseline,
         cfg.speculation_gate,
         cfg.decision_alpha,
         fingerprint(cfg, rendered, baseline),
-        across_load_input(cfg),
+        workload=cfg.workload,
+        instance=instance,
+        across_load=across_load_input(cfg),
     )
 
 
@@ -236,11 +199,10 @@ def smoke_figures(smoke: BenchResult | None) -> dict:
 
 
 def unit_it_ends_on(
-    cfg: ServeConfig,
+    sampler: Sampler,
     rendered: RenderedUnit,
     checked: dict,
     units: GateInput | None,
-    tokenizer: str,
     box: BoxGate | None = None,
     *,
     smoke: BenchResult | None = None,
@@ -249,20 +211,20 @@ def unit_it_ends_on(
     """The verified server's last step before its record: without a gate (`units` None) it ends on
     `rendered`, with one on what `speculation_gate` decides. Only that unit stays enabled (an
     earlier decision may have left the other one enabled). Returns (the unit, its health check,
-    the gate record or None)."""
+    the gate record or None). `sampler`: the server's benchmarks and restarts, as the verify step
+    built it (every fresh server renews the deploy lock first)."""
     decision = None
     if units is not None:
         rendered, checked, decision = speculation_gate(
-            cfg, units, tokenizer, box, smoke=smoke, hardware=hardware
+            sampler, units, box, smoke=smoke, hardware=hardware
         )
-    enable_only(cfg, rendered.role)
+    sampler.enable_only(rendered.role)
     return rendered, checked, decision
 
 
 def speculation_gate(
-    cfg: ServeConfig,
+    sampler: Sampler,
     units: GateInput,
-    tokenizer: str,
     box: BoxGate | None = None,
     *,
     smoke: BenchResult | None = None,
@@ -272,7 +234,7 @@ def speculation_gate(
     rounds (B S, S B, ...); each run's median TPOT is one value of the one-sided rank test
     (decide/gate_rule.gate_decision). Across load (`units.across_load`: a deployed schedule
     and speculation_gate.across_load), three arms at every load level instead
-    (_measure_across_load, gate_rule.across_load_decision). `box`: a whole box's rolling
+    (sampling/gate_plans.py, gate_rule.across_load_decision). `box`: a whole box's rolling
     restart, where the instance measured first decides for the others (they are not measured).
 
     Returns (the unit the server ends on, healthy; its health check; the gate record). With
@@ -286,20 +248,18 @@ def speculation_gate(
     measured itself and flagged (`outlier`)."""
     fleet_key = class_key(units, hardware or {}) if units.settings.share else None
     with CLASSES.turn(fleet_key):
-        return _gate(cfg, units, tokenizer, box, smoke=smoke, fleet_key=fleet_key)
+        return _gate(sampler, units, box, smoke=smoke, fleet_key=fleet_key)
 
 
 def _gate(
-    cfg: ServeConfig,
+    sampler: Sampler,
     units: GateInput,
-    tokenizer: str,
     box: BoxGate | None,
     *,
     smoke: BenchResult | None,
     fleet_key: str | None,
 ) -> tuple[RenderedUnit, dict, dict]:
     """speculation_gate within its class's turn."""
-    sampler = Sampler(cfg, tokenizer=tokenizer)  # every fresh server renews the deploy lock first
     key = BoxGate.key(units) if box is not None else None
     measured_here = key is None or key not in box.decisions
     known, outlier = None, None
@@ -324,9 +284,10 @@ def _gate(
         runs = max(units.settings.runs, power["runs"]) if power else units.settings.runs
         if units.across_load is not None:  # enough for the proof's test at alpha / L to decide
             runs = max(runs, proof_runs(len(units.across_load.levels), units.alpha))
-            last, checked, decision = _measure_across_load(cfg, units, sampler, runs=runs)
-        else:
-            last, checked, decision = _measure(cfg, units, sampler, runs=runs)
+        last, checked, measured = measure_gate(
+            sampler, units, runs=runs, out_dir=host_reports_dir(host.name)
+        )
+        decision = _recorded(units, measured)
         if fleet_key is not None:
             own = smoke_figures(smoke) or {"median_tpot_ms": None, "acceptance_rate": None}
             decision = GateDecision.model_validate({
@@ -338,7 +299,7 @@ def _gate(
                 **({"outlier": outlier} if outlier else {}),
             })  # fmt: skip
             if outlier is None:  # an outlier does not speak for its class
-                where = f"{host.name}/{cfg.instance_name}" if cfg.instance_name else host.name
+                where = f"{host.name}/{units.instance.name}" if units.instance else host.name
                 CLASSES.keep(fleet_key, decision, where)
         if key is not None:
             box.decisions[key] = decision
@@ -355,64 +316,17 @@ def _gate(
     # wrote it, after where this instance's start first writes it (a decision shared in a box).
     fall_back = {"disable": units.speculative.name, "enable": rendered.name}
     if not keep and measured_here:
-        switch_enabled(cfg, **fall_back)
+        sampler.switch_enabled(**fall_back)
     if last != rendered.role:  # the last server was the other arm's: start this one
         checked = sampler.start(rendered, install=not measured_here)
     elif not measured_here:  # it serves already: no restart, checked again
-        checked = wait_healthy(cfg, rendered.name, speculative=speculative)
+        checked = sampler.healthy(rendered.name, speculative=speculative)
     if not keep and not measured_here:
-        switch_enabled(cfg, **fall_back)
+        sampler.switch_enabled(**fall_back)
     return rendered, checked, decision
 
 
-def _measure(
-    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
-) -> tuple[str, dict, dict]:
-    """The gate's `runs` per arm on this server and their decision. Returns (the arm that ran last,
-    its health check, the gate record)."""
-    gate_cfg = units.settings
-    rendered, baseline = units.speculative, units.baseline
-    arms = {"baseline": baseline, "speculative": rendered}
-    # the order depends on the arms' names alone (baseline first), not on the host
-    order = run_order(list(arms), runs, mode="alternate")
-    if cfg.workload.dataset == "random":
-        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    out = host_reports_dir(host.name)
-    stamp = utc_stamp()
-    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
-    results: dict[str, list[BenchResult]] = {"baseline": [], "speculative": []}
-    files: dict[str, list[str]] = {"baseline": [], "speculative": []}
-    checked: dict = {}
-    visit_s = cfg.health_timeout_s + bench_time_limit(cfg)  # a run: its server's start, its bench
-    for i, arm in enumerate(order["order"]):
-        name = f"gate-{own}{stamp}-{i:02d}-{arm}"
-        # the baseline unit is written for its runs; the speculative one is already installed
-        install = arm == "baseline"
-        with sampler.sample(
-            arms[arm], name=name, workload=cfg.workload, renew_s=visit_s, install=install
-        ) as run:
-            checked = run.checked
-            meta = {"arm": arm, "gate": True, "index": i}
-            results[arm].append(run.bench.run(local=out / f"{name}.json", meta=meta))
-        files[arm].append(str(out / f"{name}.json"))
-    decision = gate_decision(
-        run_values(results["speculative"], "tpot"),
-        run_values(results["baseline"], "tpot"),
-        max_tpot_ratio=gate_cfg.max_tpot_ratio,
-        on_fail=gate_cfg.on_fail,
-        alpha=units.alpha,
-    )
-    evidence = {
-        "run_order": order,
-        "files": files,
-        "acceptance": acceptance_summary([r.counters for r in results["speculative"]]),
-        "method": f"{runs} fresh-server runs per arm in alternating rounds, the median TPOT of "
-        "each run as one value, production units (prefix caching as deployed)",
-    }
-    return order["order"][-1], checked, _recorded(cfg, units, decision | evidence)
-
-
-def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecision:
+def _recorded(units: GateInput, decision: dict) -> GateDecision:
     """A measured decision as the record keeps it: what it depends on, when, which units, and on
     a whole box the instance that measured it."""
     decision |= {
@@ -421,75 +335,10 @@ def _recorded(cfg: ServeConfig, units: GateInput, decision: dict) -> GateDecisio
         "speculative_unit_sha256": units.speculative.sha256,
         "baseline_unit_sha256": units.baseline.sha256,
     }
-    if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
-        devices = cfg.vllm_env.get("CUDA_VISIBLE_DEVICES") or cfg.vllm_env.get(
-            "VLLM_CPU_OMP_THREADS_BIND"
-        )
-        decision["measured"] = {"instance": cfg.instance_name, "devices": devices,
-                                "port": cfg.vllm_port}  # fmt: skip
+    if units.instance:  # a whole box: measured on this instance alone, drained meanwhile
+        decision["measured"] = units.instance.measured()
     logger.info(f"{host.print_prefix}speculation gate: {decision['reason']}")
     return GateDecision.model_validate(decision)
-
-
-def _measure_across_load(
-    cfg: ServeConfig, units: GateInput, sampler: Sampler, *, runs: int
-) -> tuple[str, dict, GateDecision]:
-    """The gate across load: `runs` visits per arm (the deployed schedule on the production unit,
-    the baseline, the fixed k on the measurement instance) in rotating rounds; each visit one
-    fresh server and one benchmark per load level on it, lowest first (compare_across_load's
-    discipline, measure/load_flow.py), so each level's runs of an arm come from distinct starts.
-    Returns (the role the last server had, its health check, the gate record)."""
-    across, gate_cfg = units.across_load, units.settings
-    arms = {"baseline": units.baseline, "schedule": units.speculative, "fixed": across.fixed}
-    order = rotating_rounds(list(arms), runs)
-    if cfg.workload.dataset == "random":
-        logger.warning(f"{host.print_prefix}speculation gate: {RANDOM_REQUESTS_WARNING}")
-    workloads = [cfg.workload.at_level(lv) for lv in across.levels]
-    visit_s = cfg.health_timeout_s + sum(bench_time_limit(cfg, w) for w in workloads)
-    out, stamp = host_reports_dir(host.name), utc_stamp()
-    own = f"{cfg.instance_name}-" if cfg.instance_name else ""  # a whole box: each its own files
-    results: list[BenchResult] = []
-    files: dict[str, list[str]] = {arm: [] for arm in arms}
-    checked: dict = {}
-    for i, arm in enumerate(order):
-        for j, (level, workload) in enumerate(zip(across.levels, workloads, strict=True)):
-            label = level_label(arm, level.concurrency)
-            name = f"gate-{own}{stamp}-{i:02d}-{label}"
-            # the visit's fresh server, renewed for the whole visit; the higher levels run on it.
-            # The schedule's unit is the production one, already installed.
-            with sampler.sample(
-                arms[arm],
-                name=name,
-                workload=workload,
-                renew_s=None if j else visit_s,
-                install=arm != "schedule",
-                same_server=j > 0,
-            ) as run:
-                if j == 0:
-                    checked = run.checked
-                meta = {"arm": label, "gate": True, "index": i, "fresh_server": j == 0}
-                results.append(run.bench.run(local=out / f"{name}.json", meta=meta))
-            files[arm].append(str(out / f"{name}.json"))
-    remove_measure_unit(cfg)  # the fixed k's instance never outlives the gate
-    decision = across_load_decision(
-        tpot_by_level(results),
-        schedule=across.schedule,
-        fixed_k=across.fixed_k,
-        on_fail=gate_cfg.on_fail,
-        alpha=units.alpha,
-    )
-    schedule_runs = [r for r in results if r.run.arm.startswith("schedule@")]
-    evidence = {
-        "run_order": {"order": order, "rounds": runs, "mode": "rotating"},
-        "files": files,
-        "acceptance": acceptance_summary([r.counters for r in schedule_runs]),
-        "method": f"{runs} visits per arm in rotating rounds, each a fresh server and one run per "
-        f"load level ({', '.join(str(lv.concurrency) for lv in across.levels)}), lowest first; "
-        "the median TPOT of each run as one value; production units (prefix caching as "
-        f"deployed), the fixed k = {across.fixed_k} on the measurement instance",
-    }
-    last = {"schedule": "speculative"}.get(order[-1], order[-1])  # "fixed": stopped, removed
-    return last, checked, _recorded(cfg, units, decision | evidence)
 
 
 def _shared(measured: GateDecision, units: GateInput, *, source: str) -> GateDecision:

@@ -21,19 +21,19 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, python, server
 
-from specdeploy.checks.capabilities import (
-    HOST_SYSTEM_PACKAGES,
-    PACKAGE_REMOVE_AFTER_INSTALL,
-    PACKAGE_SYSTEM_DEPENDENCIES,
-    alias_for,
-    build_facts,
-)
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.system import FreeDiskBytes
 from specdeploy.host.facts.vllm import PythonVersion, VllmVersion
 from specdeploy.host.on_host import TIME_LIMIT_GRACE_S, sh, with_time_limit
 from specdeploy.host.scripts import source
+from specdeploy.releases.capabilities import (
+    HOST_SYSTEM_PACKAGES,
+    PACKAGE_REMOVE_AFTER_INSTALL,
+    PACKAGE_SYSTEM_DEPENDENCIES,
+    alias_for,
+    build_facts,
+)
 from specdeploy.render.argv import unit_exec_argv
 from specdeploy.steps import lock
 from specdeploy.steps.secrets import Secret, pip_options_text, secret_file
@@ -122,7 +122,7 @@ def pip_args_of(cfg: ServeConfig) -> list[str]:
 
 def python_problem(cfg: ServeConfig, found: dict | None) -> str | None:
     """Why the host's Python cannot run the pinned release, or None: the release's wheel says
-    which Pythons it installs on (Requires-Python, kept in its table: checks/releases/), and pip on
+    which Pythons it installs on (Requires-Python, kept in its table: releases/tables/), and pip on
     another would stop half way with "no matching distribution". `found`: the PythonVersion fact;
     None (no python3 yet: prepare_host installs the distribution's) and a release without a table
     are left to pip."""

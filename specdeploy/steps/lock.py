@@ -28,7 +28,8 @@ A lease: the lock line also says until when it holds (`expires=`, the host's clo
 judges it alike): `lock_lease_s` (default: health_timeout_s plus the smoke benchmark's time limit
 plus a margin, the longest step of a deploy). The deploy renews it when a longer step starts (pip
 install, a download) and when a host's turn in the rolling restart comes; the speculation gate and
-every measurement renew it before every sample (steps/sampling.py: no fresh server without it).
+every measurement renew it before every sample (LeaseRenewal, handed to sampling/sampler.py: no
+fresh server without it).
 Every renewal also renews, through their own connections, the locks this process holds on the
 run's other hosts whose lease is half spent: a host that waits hours for its turn in a serial run
 of hundreds keeps its lock. A lease that expired is taken over from any control
@@ -56,6 +57,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyinfra import host, logger
@@ -153,6 +155,23 @@ def holder_id() -> str:
 def step_lease(cfg: ServeConfig, step_s: int | None = None) -> int:
     """The lease a renewal sets before a step that may take `step_s` (its own time limit)."""
     return max(lease_seconds(cfg), (step_s or 0) + LEASE_GRACE_S)
+
+
+@dataclass(frozen=True)
+class LeaseRenewal:
+    """What a measurement renews before every sample (sampling/sampler.RenewsLease): every lock this
+    process holds on the host for the step ahead, at least the lock's own lease (`lease_s`:
+    lease_seconds). Handed down, so the sampling room below steps/ never imports this module."""
+
+    lease_s: int
+
+    def __call__(self, seconds: int) -> None:
+        renew_held(max(self.lease_s, seconds + LEASE_GRACE_S))
+
+
+def renewal(cfg: ServeConfig) -> LeaseRenewal:
+    """The host's lease renewal for its samples (step_lease's rule)."""
+    return LeaseRenewal(lease_seconds(cfg))
 
 
 def parse_holder(text: str) -> dict:

@@ -1,7 +1,7 @@
 """Step 5b: the host's own vLLM proves each changed unit's argv before the rolling restart swaps it
 in.
 
-A release table (checks/capabilities.py) says what a release accepts; the installed release is the
+A release table (releases/capabilities.py) says what a release accepts; the installed release is the
 authority. After install and weights, and before the swap, the venv's python runs
 host/scripts/prove_argv.py as the service user, in the unit's environment (its Environment= values
 and the env file's secrets, on stdin: never argv): vLLM's own `serve` parser, then
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pyinfra import host, logger
 from pyinfra.operations import python
 
-from specdeploy.checks.capabilities import table_for
 from specdeploy.config.record import DeploymentRecord, ValidatedBy
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
@@ -36,6 +35,7 @@ from specdeploy.host.on_host import (
     sh_status,
 )
 from specdeploy.host.scripts import source
+from specdeploy.releases.capabilities import table_for
 from specdeploy.render.units import RenderedUnit, secrets, service_environment
 from specdeploy.report import notes
 from specdeploy.steps import lock

@@ -11,7 +11,8 @@ from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit
-from specdeploy.steps import dataset, gate, install, record, smoke
+from specdeploy.sampling.sampler import Sampler
+from specdeploy.steps import dataset, gate, install, lock, record, smoke
 from specdeploy.steps.preflight import ServerPreflight
 from specdeploy.steps.proof import ArgvProof, validated_by
 
@@ -34,11 +35,13 @@ def verify_and_record(
     for this unit). `box_gate`: a whole box's rolling restart, which gates the box once. `proof`:
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
     `previous`: the record as the run found it; the record says what validated the unit."""
-    tokenizer = preflight.tokenizer
-    checked, result, timings = smoke.health_and_smoke(cfg, rendered, tokenizer)
+    # the server's benchmarks and restarts, resolved here once and handed down: the smoke run and
+    # the gate receive it, not the host data; every fresh server renews the deploy lock first
+    sampler = Sampler(cfg, preflight.tokenizer, lock.renewal(cfg))
+    checked, result, timings = smoke.health_and_smoke(sampler, rendered)
     # opt-in (speculation_gate): smoke A/B; may leave the host on the baseline
     rendered, checked, decision = gate.unit_it_ends_on(
-        cfg, rendered, checked, gate_input, tokenizer, box_gate,
+        sampler, rendered, checked, gate_input, box_gate,
         smoke=result, hardware=preflight.result.hardware,
     )  # fmt: skip
     if decision is not None and not decision.passed and decision.on_fail == "fail":

@@ -13,7 +13,8 @@ it; nothing is connected to. What comes out is compared with the fixture:
 
 A fixture's keys (all but `call` optional):
 
-    call        the step's function in specdeploy/steps/<dir>.py (dotted for a method)
+    call        the step's function in specdeploy/steps/<dir>.py, or specdeploy/sampling/<dir>.py
+                (dotted for a method)
     host_data   merged over tests/unit/conftest.py's VALID (dicts merged key by key)
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
@@ -64,6 +65,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -317,13 +319,16 @@ def _build_box_gate(case: Case, spec: dict | None):
 
 
 def _build_sampler(case: Case, spec: dict):
-    """steps/sampling.Sampler for the case's config: `tokenizer`, and for a measurement that
-    stopped production the unit its watchdog `restores` (and `readmit`)."""
-    from specdeploy.steps.sampling import Sampler
+    """sampling/sampler.Sampler for the case's config, renewing the deploy lock as the gate and the
+    harness hand it in (steps/lock.renewal): `tokenizer`, and for a measurement that stopped
+    production the unit its watchdog `restores` (and `readmit`)."""
+    from specdeploy.sampling.sampler import Sampler
+    from specdeploy.steps import lock
 
     readmit = tuple(spec["readmit"]) if spec.get("readmit") else None
     tokenizer = spec.get("tokenizer", "/var/lib/specdeploy/hf/tok")
-    return Sampler(case.cfg, tokenizer=tokenizer, restores=spec.get("restores"), readmit=readmit)
+    return Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
+                   restores=spec.get("restores"), readmit=readmit)  # fmt: skip
 
 
 def _build_smoke(case: Case, spec: dict):
@@ -641,13 +646,27 @@ def pyinfra_host():
     return state, host
 
 
+# the rooms whose functions a fixture calls: the deploy's steps, and the sampling room below them
+# (tests/operations/<module>/ names a module of either)
+STEP_ROOMS = ("steps", "sampling")
+
+
 def import_steps() -> None:
     """Every step module and what it imports, before anything is replaced: a module imported
     while a fake is in place would keep it (`from on_host import sh`) after the test."""
-    import specdeploy.steps
+    for room in STEP_ROOMS:
+        package = importlib.import_module(f"specdeploy.{room}")
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"specdeploy.{room}.{info.name}")
 
-    for info in pkgutil.iter_modules(specdeploy.steps.__path__):
-        importlib.import_module(f"specdeploy.steps.{info.name}")
+
+def step_module(name: str):
+    """The module `tests/operations/<name>/` calls into: specdeploy/steps/<name>.py, else
+    specdeploy/sampling/<name>.py."""
+    for room in STEP_ROOMS:
+        if importlib.util.find_spec(f"specdeploy.{room}.{name}") is not None:
+            return importlib.import_module(f"specdeploy.{room}.{name}")
+    raise FixtureError(f"no module {name} in specdeploy/{' or specdeploy/'.join(STEP_ROOMS)}")
 
 
 def run_case(data: dict, monkeypatch, tmp_path) -> dict:
@@ -706,7 +725,7 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         stack.callback(logging.getLogger("pyinfra").removeHandler, recorder)
         stack.enter_context(ctx_state.use(state))
         stack.enter_context(ctx_host.use(host))
-        function = importlib.import_module(f"specdeploy.steps.{module_name}")
+        function = step_module(module_name)
         for part in attr.split("."):
             function = getattr(function, part)
         planned = hasattr(function, "_inner")  # a @deploy or @operation: it schedules

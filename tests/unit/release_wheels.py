@@ -1,4 +1,4 @@
-"""Small wheels for the release probe (checks/release_probe.py): only the files its probes read,
+"""Small wheels for the release probe (releases/probe.py): only the files its probes read,
 shaped as vLLM 0.33 (both model runners, a graph-less V2 draft loop) and 0.34 (no Model Runner V1,
 a speculator registry, CUDA graphs captured) write them. CI downloads no real wheel (each is
 hundreds of MB); the probes' reading of real ones is what the committed tables record."""

@@ -97,3 +97,12 @@ def recorded_bench(runs: dict, asked: list, who):
             return BenchResult.model_validate(runs[key])
 
     return RecordedBench
+
+
+def sampler_of(cfg):
+    """The server's benchmarks and restarts as the verify step hands them to the gate
+    (steps/verify.py): the host data, the tokenizer "tok", the deploy lock's renewal."""
+    from specdeploy.sampling.sampler import Sampler
+    from specdeploy.steps import lock
+
+    return Sampler(cfg, "tok", lock.renewal(cfg))

@@ -25,9 +25,10 @@ import pytest
 from specdeploy.config.schema import config_from_data
 from specdeploy.render import instances
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, sampling
+from specdeploy.sampling import sampler
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recorded_bench, recording
+from tests.unit.replays import approx_tree, load, recorded_bench, recording, sampler_of
 
 # an instance's own: its units, hence their hashes and the fingerprint; when and where it ran
 OWN_KEYS = ("fingerprint", "speculative_unit_sha256", "baseline_unit_sha256", "decided_at", "files")
@@ -103,20 +104,20 @@ def replay(monkeypatch, tmp_path):
 
     monkeypatch.setattr(gate, "host", SimpleNamespace(name=first["host"], print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda c, workload: None)
-    monkeypatch.setattr(sampling, "start_fresh", host_call("start"))
-    monkeypatch.setattr(gate, "wait_healthy", host_call("healthy"))
-    monkeypatch.setattr(gate, "switch_enabled", host_call("switch"))
+    monkeypatch.setattr(sampler, "warm_up", lambda c, workload: None)
+    monkeypatch.setattr(sampler, "start_fresh", host_call("start"))
+    monkeypatch.setattr(sampler, "wait_healthy", host_call("healthy"))
+    monkeypatch.setattr(sampler, "switch_enabled", host_call("switch"))
 
     monkeypatch.setattr(
-        sampling, "PendingBench", recorded_bench(runs, asked, lambda c: c.instance_name)
+        sampler, "PendingBench", recorded_bench(runs, asked, lambda c: c.instance_name)
     )
     rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     done = {}
     for name in box["instances"]:
         own = members[name].cfg
         units = gate.gate_input(own, render_unit(own, "speculative"))
-        final, _, decision = gate.speculation_gate(own, units, "tok", rolling)
+        final, _, decision = gate.speculation_gate(sampler_of(own), units, rolling)
         done[name] = (members[name], final, as_recorded(decision))
     return box, records, runs, done, asked, calls
 

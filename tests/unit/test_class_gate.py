@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from specdeploy.config.record import GateDecision
-from specdeploy.config.schema import SpeculationGate
+from specdeploy.config.schema import SpeculationGate, Workload
 from specdeploy.decide.gate_rule import gate_fingerprint, power_runs, smoke_outside_band
 from specdeploy.render.units import RenderedUnit
 from specdeploy.steps.gate import FleetClasses, GateInput, class_key
@@ -36,7 +36,7 @@ def units(*, port="8000", host="10.0.0.1", venv="vllm-0.32.0", request_set="sha-
         max_tpot_ratio=ratio,
         on_fail="baseline",
     )
-    return GateInput(spec, base, SpeculationGate(share=True), 0.05, fp)
+    return GateInput(spec, base, SpeculationGate(share=True), 0.05, fp, Workload())
 
 
 def test_identical_hosts_but_their_addresses_are_one_class():

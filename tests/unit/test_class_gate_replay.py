@@ -20,9 +20,10 @@ from specdeploy.config.record import BenchResult
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide.gate_rule import power_runs, smoke_outside_band
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, sampling
+from specdeploy.sampling import sampler
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, recorded_bench, recording
+from tests.unit.replays import approx_tree, load, recorded_bench, recording, sampler_of
 
 CPU = {"device": "cpu", "memory_gib": 16}  # the sandbox's hosts are alike (one machine's cores)
 OWN_KEYS = ("fingerprint", "speculative_unit_sha256", "baseline_unit_sha256", "decided_at",
@@ -64,14 +65,14 @@ def replay(monkeypatch, tmp_path):
     cfg = class_config(canary_gate)
     monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path / name)
-    monkeypatch.setattr(sampling, "warm_up", lambda c, workload: None)
+    monkeypatch.setattr(sampler, "warm_up", lambda c, workload: None)
     started = lambda *a, **kw: {"seconds_to_healthy": 0.0}  # noqa: E731
-    monkeypatch.setattr(sampling, "start_fresh", started)
+    monkeypatch.setattr(sampler, "start_fresh", started)
     for name in ("wait_healthy", "switch_enabled"):
-        monkeypatch.setattr(gate, name, started)
+        monkeypatch.setattr(sampler, name, started)
     asked = []
 
-    monkeypatch.setattr(sampling, "PendingBench", recorded_bench(runs, asked, lambda c: current[0]))
+    monkeypatch.setattr(sampler, "PendingBench", recorded_bench(runs, asked, lambda c: current[0]))
     current, done = [None], {}
     for name in hosts:  # one pyinfra process per host: nothing known but what is on disk
         current[0] = name
@@ -79,7 +80,9 @@ def replay(monkeypatch, tmp_path):
         monkeypatch.setattr(gate, "CLASSES", gate.FleetClasses())
         units = gate.gate_input(cfg, render_unit(cfg, "speculative"))
         own_smoke = BenchResult.model_validate(smoke[name])
-        final, _, decision = gate.speculation_gate(cfg, units, "tok", smoke=own_smoke, hardware=CPU)
+        final, _, decision = gate.speculation_gate(
+            sampler_of(cfg), units, smoke=own_smoke, hardware=CPU
+        )
         done[name] = (final, decision.model_dump(mode="json", exclude_unset=True))
     return hosts, records, runs, smoke, done, asked
 

@@ -199,6 +199,7 @@ TAKES = {  # subcommand: the arguments it takes, and what it needs besides
     "status": (["inventory", "group_data", "limit"], []),
     "unlock": (["inventory", "group_data", "limit"], []),
     "rollout": (["inventory", "limit"], []),
+    "live": (["inventory", "group_data", "limit"], ["--once"]),
 }
 
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from specdeploy.checks import capabilities
 from specdeploy.config import revisions
 from specdeploy.config.schema import ServeConfig
+from specdeploy.releases import capabilities
 from tests.unit.conftest import VALID
 
 HOSTS = 20
@@ -30,8 +30,8 @@ def test_release_tables_are_parsed_once_for_a_fleet(monkeypatch):
     try:
         for version in capabilities.known_versions() * HOSTS:  # every host asks every question
             capabilities.speculative_keys(version)
-            capabilities.flag_names(version)
-            capabilities.draft_model_runtime(version)
+            assert capabilities.release_of(version).flag_names
+            capabilities.release_of(version).draft_model_runtime()
         tables = len(capabilities._tables())
     finally:
         capabilities._tables.cache_clear()
@@ -132,3 +132,56 @@ def test_engine_flags_are_parsed_once_per_config(monkeypatch):
         assert len(parses) == 1
     finally:
         argv.parse_engine_flags.cache_clear()  # no counting flags left for later tests
+
+
+def test_a_hosts_checks_are_handed_its_release(monkeypatch):
+    """check_version looks the pin's Release up once and every check of the host reads that one
+    (keys, flag names, rules, draft TP, warnings), none asks again from the version string (before:
+    3 lookups for check_host, 4 more for check_warnings)."""
+    from specdeploy.checks import host_data
+
+    asked: list[tuple] = []
+    real = capabilities.release_of
+
+    def counting(*args, **kwargs):
+        asked.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capabilities, "release_of", counting)
+    data = {**VALID, "vllm_extra_args": ["--tensor-parallel-size", "2"], "tensor_parallel_sise": 2}
+    data["speculative_config"] = {**VALID["speculative_config"], "draft_tensor_parallel_size": 1}
+    assert host_data.check_host("one", data)  # the typo is found: the flag names were read
+    assert len(asked) == 1, asked
+    asked.clear()
+    del data["tensor_parallel_sise"]
+    assert host_data.check_warnings("one", data)  # draft TP ignored: the runtime was read
+    assert len(asked) == 1, asked
+
+
+def test_specdeploy_check_checks_each_host_once(tmp_path, monkeypatch, capsys):
+    """`specdeploy check` says a host's problems, warnings and notes from one check of its data
+    (before: three, one each for the problems, the warnings and the moving-ref notes)."""
+    from specdeploy.checks import host_data
+    from specdeploy.cli import main
+
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        'vllm_version = "0.28.1"\ntarget_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 2}\n'
+    )
+    (tmp_path / "inv.py").write_text('hosts = ["h1", "h2", "h3"]\n')
+    monkeypatch.chdir(tmp_path)
+    checked: list[str] = []
+    real = host_data._check_host
+
+    def counting(host, data):
+        checked.append(host)
+        return real(host, data)
+
+    monkeypatch.setattr(host_data, "_check_host", counting)
+    assert main(["check", "inv.py"]) == 0
+    out = capsys.readouterr()
+    assert "3 host(s) valid." in out.out and "0.28.0's table" in out.out  # warned, from the one
+    assert "moving ref" in out.err  # and noted
+    assert sorted(checked) == ["h1", "h2", "h3"]

@@ -1,7 +1,7 @@
 """The fleet at scale on a small fleet (issue 37): the real serve deploy planned on 20 stand-in
 hosts (tests/stand_in.py, which benchmarks/fleet_scale/plan_fleet.py times on 1,000) runs the
 fleet-wide work once (a broken cache reads the release tables per host and fails here), and each
-host sends the same commands whatever the fleet's size. benchmarks/fleet_scale/rollout_model.py's
+host sends the same commands whatever the fleet's size. tests/rollout_model.py's
 arithmetic over the rollout's own batches (flows/rollout.plan_batches): the waves of a batch, and
 the issue's bar (200 hosts gated per class at a 10 % ramp within 4 h)."""
 
@@ -12,9 +12,9 @@ import math
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-from benchmarks.fleet_scale import rollout_model as model
-from specdeploy.checks import capabilities
 from specdeploy.flows.rollout import plan_batches
+from specdeploy.releases import capabilities
+from tests import rollout_model as model
 from tests import stand_in
 
 

@@ -25,9 +25,10 @@ from specdeploy.config.record import BenchResult, read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide.gate_rule import gate_needs_recheck
 from specdeploy.render.units import render_unit
-from specdeploy.steps import gate, sampling
+from specdeploy.sampling import gate_plans, sampler
+from specdeploy.steps import gate
 from tests.unit.conftest import VALID
-from tests.unit.replays import approx_tree, load, rank_p_less, recording
+from tests.unit.replays import approx_tree, load, rank_p_less, recording, sampler_of
 
 NAME = "trained_gate"
 B, S = "baseline", "speculative"
@@ -124,13 +125,13 @@ def replay(tmp_path_factory):
             gate, "logger", SimpleNamespace(info=lambda line: None, warning=lambda line: None)
         )
         mp.setattr(gate, "host_reports_dir", lambda name: tmp_path_factory.mktemp("gate") / name)
-        mp.setattr(gate, "utc_stamp", lambda: stamp)
-        mp.setattr(sampling, "PendingBench", RecordedBench)
-        mp.setattr(sampling, "start_fresh", start_fresh)
-        mp.setattr(sampling, "warm_up", lambda c, workload: calls.append(("warm up",)))
-        mp.setattr(gate, "switch_enabled", lambda c, *, disable, enable: calls.append(
+        mp.setattr(gate_plans, "utc_stamp", lambda: stamp)
+        mp.setattr(sampler, "PendingBench", RecordedBench)
+        mp.setattr(sampler, "start_fresh", start_fresh)
+        mp.setattr(sampler, "warm_up", lambda c, workload: calls.append(("warm up",)))
+        mp.setattr(sampler, "switch_enabled", lambda c, *, disable, enable: calls.append(
             ("switch", disable, enable)))  # fmt: skip
-        returned = gate.speculation_gate(cfg, units, "tok")
+        returned = gate.speculation_gate(sampler_of(cfg), units)
     return record, host, names, returned, calls, metas
 
 

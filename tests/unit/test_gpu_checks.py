@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import inspect
 
-from specdeploy.checks import capabilities
 from specdeploy.checks.gpus import check_gpus
 from specdeploy.checks.preflight import evaluate
 from specdeploy.config.schema import config_from_data
 from specdeploy.flows import serve
 from specdeploy.host.facts.nvidia import parse_accelerators
+from specdeploy.releases import capabilities
 from specdeploy.steps import servers
 from tests.unit.test_accelerator import OLD_DRIVER
 from tests.unit.test_gpu_preflight import DRAFT, RAM, TARGET, fact, fixture
@@ -87,10 +87,10 @@ def test_gpu_older_than_the_builds_cuda_supports_is_refused(valid_data):
 
 
 def test_local_cuda_build_is_checked_for_its_own_cuda():
-    assert capabilities.cuda_build("0.32.0+cu129") == "12.9"
-    assert capabilities.cuda_build("0.32.0") == "13.0"
-    assert capabilities.min_compute_capability("0.32.0+cu126") == (7, 0)
-    assert capabilities.min_compute_capability("0.32.0") == (7, 5)
+    assert capabilities.release_of("0.32.0+cu129").cuda_build == "12.9"
+    assert capabilities.release_of("0.32.0").cuda_build == "13.0"
+    assert capabilities.release_of("0.32.0+cu126").min_compute_capability == (7, 0)
+    assert capabilities.release_of("0.32.0").min_compute_capability == (7, 5)
 
 
 def test_driver_and_gpu_count_are_refused_at_planning(valid_data):

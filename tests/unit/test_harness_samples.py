@@ -1,4 +1,4 @@
-"""measure/harness.measure_plan on a fake host, its samples through steps/sampling.py as the gate's:
+"""measure/harness.measure_plan on a fake host, its samples through sampling/ as the gate's:
 before every sample the deploy lock's lease is renewed and the watchdog re-armed, the benchmark
 starts ahead of its server, a fresh server starts (none for a visit's later level on the same
 server); after the last sample the deployed unit comes back and no watchdog is left. The host's

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from specdeploy.checks.capabilities import known_versions
 from specdeploy.config.record import DeploymentRecord, ValidatedBy, read_record
 from specdeploy.config.schema import config_from_data
 from specdeploy.host.scripts import source
 from specdeploy.host.scripts.prove_argv import named_keys, parser_error
 from specdeploy.observe.rows import RecordSummary, ServerStatus
 from specdeploy.observe.status_table import _details
+from specdeploy.releases.capabilities import known_versions
 from specdeploy.render.units import render_env_file, render_unit
 from specdeploy.steps import proof
 from tests.unit.conftest import VALID

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specdeploy"
@@ -67,8 +68,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "specdeploy.checks.host_data" in graph["specdeploy.cli"]  # a top-level import
-    assert "specdeploy.flows.rollout" in graph["specdeploy.cli"]  # one inside a function
+    assert "specdeploy.checks.host_data" in graph["specdeploy.cli.commands"]  # a top-level import
+    assert "specdeploy.flows.rollout" in graph["specdeploy.cli.commands"]  # one inside a function
 
 
 def test_no_import_cycle_inside_the_package():
@@ -94,17 +95,24 @@ ROOMS = [
     "host",  # facts per tool, commands on a host, the server lifecycle, benchmarks, host scripts:
     #          reads config and decide's counters
     "render",  # argv, units and env files, a whole box's layout: reads the nvidia facts (host)
-    "checks",  # refusals before any host is touched; GPU, preflight, memory and release rules:
-    #            reads the argv readers (render) and the facts (host)
+    "releases",  # the release tables, the `Release` a pin is looked up to, the wheel probe of
+    #              `releases add`, the release matrix: reads only its own tables, so the checks,
+    #              the install step and the docs all read a release from here
+    "checks",  # refusals before any host is touched; GPU, preflight, memory and the pinned
+    #            release's rules: reads the argv readers (render), the facts (host), the releases
+    "sampling",  # how a measurement runs on a host, once: the sampler (lease, early benchmark,
+    #              fresh server, warm-up), the loop over a plan's samples, the gate's plans: below
+    #              steps so the gate (a step) and measure/ both use it; the lease is handed in
     "steps",  # what a deploy does to a host: lock, install, weights, unit, gate, smoke, record, ...
-    "measure",  # arms, the sampling harness, compare/tune plans, the tune flow: the harness takes
+    "measure",  # arms, the compare/tune plans and their harness, the tune flow: the harness takes
     #             the deploy lock and stages weights (steps)
     "flows",  # the deploys: serve (a host or a whole box), compare/tune, the fleet rollout
     "observe",  # status, its table, Prometheus and Grafana: reads what the deploys leave
-    "cli",  # the `specdeploy` command (cli.py, the one module at the top): runs the rooms below
+    "cli",  # the `specdeploy` command and `migrate` (old vLLM flags to host data): runs the rooms
+    #         below
     "docs",  # the manual's generated reference: reads the schema, the CLI's parsers, the releases
 ]
-TOP_LEVEL = {"cli", "__init__", "templates"}  # all else lives in a room's folder
+TOP_LEVEL = {"__init__", "templates"}  # all else lives in a room's folder
 
 
 def room_of(module: str) -> int:
@@ -113,9 +121,9 @@ def room_of(module: str) -> int:
     return ROOMS.index(top)
 
 
-def test_only_the_cli_stands_at_the_top_and_every_folder_is_a_room():
+def test_every_folder_is_a_room_and_no_module_stands_at_the_top():
     top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__"}
-    assert top - TOP_LEVEL == set(ROOMS) - {"cli"}, top
+    assert top - TOP_LEVEL == set(ROOMS), top
 
 
 def contributing_rooms() -> list[tuple[str, str]]:
@@ -137,8 +145,7 @@ def test_every_room_says_what_it_holds():
     missing = [
         room
         for room in ROOMS
-        if room != "cli"
-        and not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
+        if not ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
     ]
     assert not missing, missing
 
@@ -186,38 +193,85 @@ def test_the_wheel_carries_no_sandbox(tmp_path):
     (wheel,) = tmp_path.glob("specdeploy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdeploy/flows/serve.py" in names and "specdeploy/templates/vllm.service.j2" in names
+    assert "specdeploy/releases/tables/index.json" in names  # the release tables travel along
+    (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    script = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "specdeploy = specdeploy.cli:main" in script
+    from specdeploy.cli import main  # what the console script calls
+
+    assert callable(main)
     assert not [n for n in names if "sandbox" in n or "argparse_probe" in n]
-
-
-# Scripts the GPU machine runs with its image's bare python3 (no venv, so no checkout on the path):
-# they reach the device helpers of benchmarks/gpu_payoff by path, as their device_call.sh copies
-# them. Every other benchmark imports the installed package (and the checkout, which the editable
-# install puts on the path: `tests.*`, `benchmarks.*`).
-BARE_DEVICE_SCRIPTS = {
-    "benchmarks/bench_early/device_run.py",
-    "benchmarks/gpu_preflight/device_run.py",
-    "benchmarks/gpu_truth/device_run.py",
-    "benchmarks/gpu_truth/make_weights.py",
-    "benchmarks/gpu_truth/swing_run.py",
-}
 
 
 def test_benchmarks_and_tests_import_code_rather_than_patch_the_path():
     """A test imports what it tests (product code from the package, a harness from tests/), never
-    a file by its path; a benchmark imports the package rather than editing sys.path."""
+    a benchmark nor a file by its path; a benchmark imports the package and its siblings as
+    `benchmarks.*` (on the GPU machine too: the device runner carries the code tree and starts
+    every module with -m), never edits sys.path."""
     repo = PACKAGE.parent
-    patched = {
+    patched = sorted(
         str(path.relative_to(repo))
         for path in (repo / "benchmarks").rglob("*.py")
-        if "sys.path.insert" in path.read_text()
-    }
-    assert patched <= BARE_DEVICE_SCRIPTS, sorted(patched - BARE_DEVICE_SCRIPTS)
-    by_path = [
-        str(path.relative_to(repo))
-        for path in (repo / "tests").rglob("*.py")
-        if path != Path(__file__).resolve() and "spec_from_file_location" in path.read_text()
-    ]
+        if re.search(r"sys\.path\s*(\.\w+\(|\[|\+?=)", path.read_text())
+    )
+    assert not patched, patched
+    this = Path(__file__).resolve()
+    by_path, from_benchmarks = [], []
+    for path in sorted((repo / "tests").rglob("*.py")):
+        if path == this:
+            continue
+        text = path.read_text()
+        if "spec_from_file_location" in text:
+            by_path.append(str(path.relative_to(repo)))
+        for node in ast.walk(ast.parse(text)):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n == "benchmarks" or n.startswith("benchmarks.") for n in names):
+                from_benchmarks.append(str(path.relative_to(repo)))
     assert not by_path, by_path
+    assert not from_benchmarks, from_benchmarks
+
+
+# Shell scripts in benchmarks/ that run on the control node (every GPU plan runs through
+# `python -m benchmarks.device`).
+CONTROL_NODE_SCRIPTS = {"benchmarks/suite_cpu/demo_cpu.sh"}
+
+
+def test_every_gpu_plan_goes_through_the_one_device_runner():
+    """benchmarks/device/plans.py names each plan's runner, plan builder and setup modules; each
+    exists, and every device-side runner under benchmarks/ is one of them. The carrying,
+    unpacking, starting and collecting live in benchmarks/device/__main__.py alone: no other
+    benchmark script handles the device call's $OUT or the vLLM pack."""
+    repo = PACKAGE.parent
+    plans = (repo / "benchmarks" / "device" / "plans.py").read_text()
+    named = set(re.findall(r'"(benchmarks(?:\.\w+)+)(?::\w+)?"', plans))
+    assert named, "plans.py names no module"
+    missing = sorted(m for m in named if not (repo / (m.replace(".", "/") + ".py")).is_file())
+    assert not missing, missing
+    runners = {
+        ".".join(path.relative_to(repo).with_suffix("").parts)
+        for path in (repo / "benchmarks").rglob("*.py")
+        if path.stem in ("device_run", "swing_run")
+    }
+    assert runners and runners <= named, sorted(runners - named)
+    scripts = {  # an experiment's scripts, not its recordings (host_proof's recorded command.sh)
+        str(p.relative_to(repo))
+        for pattern in ("*.sh", "*/*.sh")
+        for p in (repo / "benchmarks").glob(pattern)
+    }
+    assert scripts <= CONTROL_NODE_SCRIPTS, sorted(scripts - CONTROL_NODE_SCRIPTS)
+    runner = repo / "benchmarks" / "device" / "__main__.py"
+    handling = sorted(
+        str(path.relative_to(repo))
+        for path in (repo / "benchmarks").rglob("*.py")
+        if path != runner and re.search(r'environ\[?\.?(get\()?\W*"OUT"|vllm026', path.read_text())
+    )
+    assert not handling, handling
 
 
 def test_deploys_are_entry_points_of_a_few_lines():

@@ -19,6 +19,7 @@ from specdeploy.measure.arms import measure_unit
 from specdeploy.measure.plans import compare_measurement
 from specdeploy.render import instances
 from specdeploy.report import summary as report
+from tests.unit.replays import sampler_of
 from tests.unit.test_report import bench_json, counters, write_run
 
 
@@ -173,16 +174,17 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
     are the instance's own units on its port; its files and decision name the instance."""
     from specdeploy.config.record import BenchResult
     from specdeploy.render.units import render_unit
-    from specdeploy.steps import gate, sampling
+    from specdeploy.sampling import sampler
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 2, "max_tpot_ratio": 0.95})
     member = instances.expand(cfg, [0, 1, 2, 3]).instances[0]
     started, names = [], []
     monkeypatch.setattr(gate, "host", SimpleNamespace(name="h", print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda cfg, workload: None)
-    monkeypatch.setattr(gate, "switch_enabled", lambda cfg, **kw: started.append(("switch", 0)))
-    monkeypatch.setattr(sampling, "start_fresh", lambda c, unit, **kw: started.append(
+    monkeypatch.setattr(sampler, "warm_up", lambda cfg, workload: None)
+    monkeypatch.setattr(sampler, "switch_enabled", lambda cfg, **kw: started.append(("switch", 0)))
+    monkeypatch.setattr(sampler, "start_fresh", lambda c, unit, **kw: started.append(
         (unit.name, c.vllm_port)) or {})  # fmt: skip
 
     def bench(c, *, tokenizer, name, local, meta):
@@ -190,10 +192,10 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
         tpot = 5.0 if meta["arm"] == "speculative" else 10.0
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(sampling, "PendingBench", started_early(bench))
+    monkeypatch.setattr(sampler, "PendingBench", started_early(bench))
     rendered = render_unit(member.cfg, "speculative")
     final, _, decision = gate.speculation_gate(
-        member.cfg, gate.gate_input(member.cfg, rendered), "tok"
+        sampler_of(member.cfg), gate.gate_input(member.cfg, rendered)
     )
     assert final.name in ("specdeploy-vllm-0.service", "specdeploy-vllm-0-baseline.service")
     assert {u for u, _ in started} - {"switch"} == {
@@ -210,7 +212,7 @@ def test_the_gate_of_an_instance_runs_on_it_and_says_so(valid_data, monkeypatch,
     names.clear()
     one = config_from_data({**valid_data, "speculation_gate": {"runs": 2, "max_tpot_ratio": 0.95}})
     _, _, decision = gate.speculation_gate(
-        one, gate.gate_input(one, render_unit(one, "speculative")), "tok"
+        sampler_of(one), gate.gate_input(one, render_unit(one, "speculative"))
     )
     assert "measured" not in decision and all(n.startswith("gate-2") for n in names)
 
@@ -240,18 +242,19 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
 ):
     from specdeploy.config.record import BenchResult
     from specdeploy.render.units import render_unit
-    from specdeploy.steps import gate, sampling
+    from specdeploy.sampling import sampler
+    from specdeploy.steps import gate
 
     cfg = box(valid_data, speculation_gate={"runs": 3, "max_tpot_ratio": 0.95})
     first, second = instances.expand(cfg, [0, 1, 2, 3]).instances
     calls, benches = [], []
     monkeypatch.setattr(gate, "host", SimpleNamespace(name="h", print_prefix=""))
     monkeypatch.setattr(gate, "host_reports_dir", lambda name: tmp_path)
-    monkeypatch.setattr(sampling, "warm_up", lambda cfg, workload: None)
+    monkeypatch.setattr(sampler, "warm_up", lambda cfg, workload: None)
     record = lambda *call: calls.append(call) or {}  # noqa: E731
-    monkeypatch.setattr(sampling, "start_fresh", lambda c, unit, **kw: record("start", unit.name))
-    monkeypatch.setattr(gate, "wait_healthy", lambda c, unit, **kw: record("healthy", unit))
-    monkeypatch.setattr(gate, "switch_enabled", lambda c, **kw: record("switch", kw["enable"]))
+    monkeypatch.setattr(sampler, "start_fresh", lambda c, unit, **kw: record("start", unit.name))
+    monkeypatch.setattr(sampler, "wait_healthy", lambda c, unit, **kw: record("healthy", unit))
+    monkeypatch.setattr(sampler, "switch_enabled", lambda c, **kw: record("switch", kw["enable"]))
 
     def bench(c, *, tokenizer, name, local, meta):
         benches.append(c.instance_name)
@@ -259,16 +262,17 @@ def test_a_box_is_gated_once_its_other_instances_take_the_decision(
         tpot = fast if meta["arm"] == "speculative" else slow
         return BenchResult.model_validate({"median_tpot_ms": tpot, "completed": 8, "failed": 0})
 
-    monkeypatch.setattr(sampling, "PendingBench", started_early(bench))
+    monkeypatch.setattr(sampler, "PendingBench", started_early(bench))
     rolling = gate.BoxGate()  # one rolling restart of the box (rollback.roll_servers)
     one = gate.speculation_gate(
-        first.cfg, gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")), "tok", rolling
+        sampler_of(first.cfg),
+        gate.gate_input(first.cfg, render_unit(first.cfg, "speculative")),
+        rolling,
     )
     calls.clear()
     two = gate.speculation_gate(
-        second.cfg,
+        sampler_of(second.cfg),
         gate.gate_input(second.cfg, render_unit(second.cfg, "speculative")),
-        "tok",
         rolling,
     )
     assert set(benches) == {"specdeploy-vllm-0"} and len(benches) == 6  # measured once

@@ -3,8 +3,8 @@ import shlex
 
 import pytest
 
-from specdeploy.checks.migrate import MigrationError, migrate
 from specdeploy.cli import main
+from specdeploy.cli.migrate import MigrationError, migrate
 
 
 def test_legacy_flags_become_one_json():

@@ -3,8 +3,8 @@ warned."""
 
 import pytest
 
-from specdeploy.checks import capabilities
 from specdeploy.checks.host_data import check_host, check_warnings
+from specdeploy.releases import capabilities
 
 
 @pytest.fixture
@@ -24,26 +24,52 @@ def fields(problems):
 
 
 def test_runtime_per_release():
-    old = capabilities.draft_model_runtime("0.26.0")
+    old = capabilities.release_of("0.26.0").draft_model_runtime()
     assert (old.async_scheduling_default, old.model_runner, old.draft_tp) == (False, "v1", "equal")
     assert old.exact
-    mid = capabilities.draft_model_runtime("0.28.1")  # a patch release borrows its minor's table
+    mid = capabilities.release_of("0.28.1").draft_model_runtime()  # its minor's table, borrowed
     assert (mid.release, mid.exact, mid.async_scheduling_default) == ("0.28.0", False, True)
     with pytest.raises(capabilities.UnknownRelease, match="0.25.0 has no table"):
-        capabilities.draft_model_runtime("0.25.0")
-    new = capabilities.draft_model_runtime("0.32.0")
+        capabilities.release_of("0.25.0")
+    new = capabilities.release_of("0.32.0").draft_model_runtime()
     assert (new.model_runner, new.draft_tp) == ("v2", "ignored")
-    fallback = capabilities.draft_model_runtime("0.32.0", heterogeneous_vocab=True)
+    fallback = capabilities.release_of("0.32.0").draft_model_runtime(heterogeneous_vocab=True)
     assert (fallback.model_runner, fallback.draft_tp) == ("v1", "equal")
 
 
 def test_cuda_build_per_release():
-    assert capabilities.cuda_build("0.26.0") == "13.0"
-    assert capabilities.cuda_build("0.33.0") == "13.0"  # its own table
-    assert capabilities.cuda_build("0.99.0") is None  # no table: check refuses the pin
-    assert capabilities.cuda_build("0.20.0") is None
-    assert capabilities.driver_problem("0.32.0", "580.159.04", "13.0") is None
-    assert "needs driver >= 580.65.06" in capabilities.driver_problem("0.32.0", "575.57.08", "12.9")
+    assert capabilities.release_of("0.26.0").cuda_build == "13.0"
+    assert capabilities.release_of("0.33.0").cuda_build == "13.0"  # its own table
+    unknown = capabilities.release_of("0.99.0", allow_unknown=True)  # the newest table, borrowed
+    assert unknown.cuda_build is None  # its builds are another release's: no CUDA claimed
+    assert capabilities.release_of("0.99.0+cu129", allow_unknown=True).cuda_build == "12.9"
+    for no_table in ("0.99.0", "0.20.0"):  # check refuses these pins
+        with pytest.raises(capabilities.UnknownRelease):
+            capabilities.release_of(no_table)
+    release = capabilities.release_of("0.32.0")
+    assert release.driver_problem("580.159.04", "13.0") is None
+    assert "needs driver >= 580.65.06" in release.driver_problem("575.57.08", "12.9")
+
+
+@pytest.mark.parametrize(
+    ("pin", "table"),
+    [
+        ("0.27.2", "0.27.1"),  # the nearest older table of its minor, not the minor's first
+        ("0.27.1.post1", "0.27.1"),
+        ("0.27.1rc1", "0.27.0"),  # older than 0.27.1: 0.27.1's table would describe the future
+        ("0.27.0rc1", "0.27.0"),  # older than every table of its minor: the minor's oldest
+        ("0.28.3", "0.28.0"),
+    ],
+)
+def test_a_pin_without_its_own_table_takes_the_nearest_older_table_of_its_minor(
+    valid_data, pin, table
+):
+    assert capabilities.table_for(pin) == capabilities.TableChoice(table, False)
+    assert capabilities.release_of(pin).speculative_keys.version == table
+    data = {**valid_data, "vllm_version": pin, "vllm_package": "vllm"}
+    assert check_host("gpu-1", data) == []
+    (w,) = [w for w in check_warnings("gpu-1", data) if w.field == "vllm_version"]
+    assert f"checked against vLLM {table}'s table (same minor release)" in w.what
 
 
 def test_draft_tp_other_than_target_refused_on_the_v1_runner(valid_data):
@@ -160,7 +186,7 @@ def test_tables_carry_wheel_facts():
     keys = capabilities.speculative_keys("0.33.0")
     assert {"draft_lm_head_quantization", "disable_lookahead_block_hashes"} <= keys.keys
     assert keys.removed == {"medusa": "0.32.0", "mlp_speculator": "0.32.0"}
-    assert "tensor_parallel_size" in capabilities.flag_names("0.33.0")
+    assert "tensor_parallel_size" in capabilities.release_of("0.33.0").flag_names
 
 
 def test_install_pins_the_full_local_version():

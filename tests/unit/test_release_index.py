@@ -4,7 +4,7 @@ specdeploy supports to the newest: a missing release or build is a red test, not
 
 from packaging.version import Version
 
-from specdeploy.checks import capabilities
+from specdeploy.releases import capabilities
 
 
 def packaged() -> list[str]:

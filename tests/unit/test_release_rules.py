@@ -4,8 +4,8 @@ graph-less V2 draft loop of 0.31-0.33, and a release newer than every table."""
 
 import pytest
 
-from specdeploy.checks import capabilities
 from specdeploy.checks.host_data import check_host, check_warnings
+from specdeploy.releases import capabilities
 
 
 def pinned(valid_data, version, **spec):
@@ -78,7 +78,7 @@ def test_pipeline_parallel_with_speculation_is_refused(valid_data, version):
     adaptive = pinned(valid_data, version, enable_adaptive_verification=True)
     adaptive["vllm_extra_args"] = ["-pp", "2"]
     own = by_field(check_host("gpu-1", adaptive)).get("vllm_extra_args")
-    if capabilities.release_rules(version).pipeline_parallel_refusals:  # vLLM's own words
+    if capabilities.release_of(version).rules.pipeline_parallel_refusals:  # vLLM's own words
         assert "Adaptive verification is not currently compatible" in own.what
 
 
@@ -154,7 +154,7 @@ def test_newer_than_every_table_needs_allow_unknown_release(valid_data):
 
 
 def test_every_schedule_rule_a_probe_can_name_has_a_check():
-    from specdeploy.checks.release_probe import SCHEDULE_RULES
     from specdeploy.decide.load_rule import SCHEDULE_FORM
+    from specdeploy.releases.probe import SCHEDULE_RULES
 
     assert set(SCHEDULE_RULES.values()) - {None} == set(SCHEDULE_FORM)

@@ -1,4 +1,4 @@
-"""The release probe (`specdeploy releases add`, checks/release_probe.py) on wheels made here:
+"""The release probe (`specdeploy releases add`, releases/probe.py) on wheels made here:
 what it reads, a release without Model Runner V1 (0.34-shaped code), and that it refuses code it
 does not recognise instead of guessing, naming the file."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdeploy.checks import release_probe as extract
+from specdeploy.releases import probe as extract
 from tests.unit.release_wheels import FILES_033, FILES_034, wheel
 
 

@@ -3,6 +3,8 @@
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,34 +85,92 @@ def test_add_into_a_folder_check_does_not_read_says_so(tmp_path):
     assert (out / "0.35.0.json").exists() and "not that folder" in added.stdout
 
 
-def recipe() -> str:
-    """The command CONTRIBUTING.md's "a new vLLM release" row gives a contributor."""
+def recipe_row() -> str:
+    """CONTRIBUTING.md's "a new vLLM release" row: what a contributor is told to do."""
     text = (REPO / "CONTRIBUTING.md").read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| a new vLLM release |"))
-    return next(span for span in row.split("`")[1::2] if span.startswith("specdeploy releases add"))
+    return next(line for line in text.splitlines() if line.startswith("| a new vLLM release |"))
 
 
-def test_contributing_sends_a_new_release_to_releases_add_into_the_package(tmp_path):
-    """CONTRIBUTING's recipe is the product's `specdeploy releases add` writing into the package's
-    own tables (not a benchmark script, not the user's directory): followed in a copy of the
-    checkout's tables, with a local wheel instead of a download, it writes the table there and
-    prints its comparison with the previous release."""
-    import shlex
-    import shutil
+def recipe_spans(prefix: str = "", suffix: str = "") -> list[str]:
+    """The row's code spans that start with `prefix` and end with `suffix`."""
+    spans = recipe_row().split("`")[1::2]
+    return [s for s in spans if s.startswith(prefix) and s.endswith(suffix)]
 
-    from specdeploy import cli
-    from specdeploy.checks import capabilities
 
-    words = shlex.split(recipe().replace("X.Y.Z", "0.35.0"))
-    args = cli.build_parser().parse_args(words[1:])
-    assert (args.func, args.version) == (cli.cmd_releases_add, "0.35.0")
-    assert args.out and (REPO / args.out).resolve() == capabilities.packaged_dir().resolve()
+def checkout_copy(into: Path) -> Path:
+    """What the recipe touches and the tests that judge it: the package, its sandbox (the CLI
+    reference documents both commands), the manual, CONTRIBUTING.md, the release tests."""
+    skip = shutil.ignore_patterns("__pycache__")
+    for folder in ("specdeploy", "templates", "sandbox", "docs"):
+        shutil.copytree(REPO / folder, into / folder, symlinks=True, ignore=skip)
+    tests = ["__init__.py", "unit/__init__.py", "unit/test_release_index.py",
+             "unit/test_release_docs.py"]  # fmt: skip
+    for name in ["CONTRIBUTING.md", *(f"tests/{t}" for t in tests)]:
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, into / name)
+    return into
 
-    checkout = tmp_path / "checkout"
-    shutil.copytree(capabilities.packaged_dir(), checkout / args.out)
-    path = wheel(tmp_path, FILES_034, version="0.35.0")
-    added = run(*words[1:], "--wheel", str(path), cwd=checkout, releases=tmp_path / "user")
-    assert added.returncode == 0, added.stderr
-    assert "0.35.0 vs 0.34.0:" in added.stdout
-    assert json.loads((checkout / args.out / "0.35.0.json").read_text())["release"] == "0.35.0"
+
+def test_a_new_release_by_contributings_recipe_alone(tmp_path):
+    """CONTRIBUTING's recipe for a new vLLM release, followed step by step in a copy of the
+    checkout with nothing else known: `releases add` into the package's tables (a local wheel of
+    a fake 0.35.0 for the download), the release added to the index, the reference regenerated.
+    Then the product accepts the release as one of its own (check: valid, no borrowed table) and
+    the repository's release tests pass unedited: the index covers it as packaged, the reference
+    is the generator's output and has its section and upgrade path."""
+    checkout = checkout_copy(tmp_path / "checkout")
+    env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{checkout / 'sandbox'}",
+           "SPECDEPLOY_RELEASES_DIR": str(tmp_path / "user")}  # fmt: skip
+
+    def follow(command: str) -> subprocess.CompletedProcess:
+        words = shlex.split(command)
+        words[:1] = [sys.executable, "-m", "specdeploy.cli"] if words[0] == "specdeploy" else [
+            sys.executable]  # fmt: skip
+        done = subprocess.run(words, cwd=checkout, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        return done
+
+    # 1. read the table from the release's wheels into the package's tables, and review it
+    (add,) = recipe_spans("specdeploy releases add X.Y.Z")
+    (have_wheel,) = recipe_spans("--wheel ")
+    wheel_path = wheel(tmp_path, FILES_034, version="0.35.0")
+    added = follow(
+        f"{add.replace('X.Y.Z', '0.35.0')} {have_wheel.replace('FILE', str(wheel_path))}"
+    )
+    assert "0.35.0 vs 0.34.0:" in added.stdout  # the comparison to review
+    # 2. add the release to the index the tables must cover
+    (index_name,) = recipe_spans(suffix="index.json")
+    index_path = checkout / index_name
+    index = json.loads(index_path.read_text())
+    index["packages"]["vllm"].append("0.35.0")
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    # 3. regenerate the reference
+    (regenerate,) = recipe_spans("python -m specdeploy.docs.reference")
+    follow(regenerate)
+
+    # the product knows 0.35.0 as its own release
+    assert (
+        json.loads((checkout / add.split("--out ")[1] / "0.35.0.json").read_text())["release"]
+        == "0.35.0"
+    )
     assert not (tmp_path / "user").exists()  # nothing into the user's directory
+    (checkout / "group_data").mkdir()
+    (checkout / "group_data" / "all.py").write_text(
+        'vllm_version = "0.35.0"\ntarget_model = "t/t"\ngpu_memory_utilization = 0.9\n'
+        'speculative_config = {"method": "draft_model", "model": "d/d", '
+        '"num_speculative_tokens": 2}\n'
+    )
+    (checkout / "inv.py").write_text('hosts = ["h1"]\n')
+    assert follow("specdeploy check inv.py").stdout.strip().splitlines() == ["1 host(s) valid."]
+    page = (checkout / "docs" / "reference" / "releases.md").read_text()
+    assert "\n## 0.35.0\n" in page and "## Upgrading a fleet from 0.34.0 to 0.35.0" in page
+    tests = follow("python -m pytest -q -p no:cacheprovider --noconftest "
+                   "tests/unit/test_release_index.py tests/unit/test_release_docs.py")  # fmt: skip
+    assert " passed" in tests.stdout and "failed" not in tests.stdout
+
+
+def test_the_recipe_names_no_other_way():
+    """A new release goes through `releases add` only: no script of the benchmarks."""
+    row = recipe_row()
+    assert "benchmarks/" not in row and "extract" not in row
+    assert recipe_spans("specdeploy releases add X.Y.Z --out specdeploy/")

@@ -142,7 +142,10 @@ class Rollouts(RuleBasedStateMachine):
             assert batch == pending[:size], (batch, pending, size)
         self.batches_this_run += 1
         self.ran.append(batch)
-        return self.pyinfra(batch, env)
+        self.word = {}  # this batch's hosts as it leaves them: a host can run in two batches
+        code = self.pyinfra(batch, env)
+        self.settled.append(self.word)  # a killed batch never gets here: it recorded nothing
+        return code
 
     def pyinfra(self, batch: list[str], env: dict) -> int:
         """The batch's notes as the serve deploy leaves them; a host after a failed one is held
@@ -196,7 +199,7 @@ class Rollouts(RuleBasedStateMachine):
 
     def run(self, outcome, between, **kw) -> None:
         before = rollout.read_progress(self.path) if self.path.exists() else None
-        self.outcome, self.batches_this_run, self.ran, self.word = outcome, 0, [], {}
+        self.outcome, self.batches_this_run, self.ran, self.settled = outcome, 0, [], []
         self.signalled: list = []
         out = SignalBetweenBatches(*(between or (None, None)), self.signalled)
         killed = False
@@ -215,11 +218,9 @@ class Rollouts(RuleBasedStateMachine):
         after = rollout.Progress.model_validate_json(self.path.read_text())  # always parses
         self.ever_done |= set(after.named("done"))
         # what each host's last batch of this run left it as; a killed batch recorded nothing
-        settled_batches = self.ran[:-1] if killed else self.ran
         last: dict[str, str] = {}
-        for batch in settled_batches:
-            for name in batch:
-                last[name] = self.word[name]
+        for words in self.settled:
+            last.update(words)
         for name, word in last.items():
             assert after.state[name].state == word, (name, word, after.state[name], said)
         if killed:
