@@ -104,7 +104,7 @@ def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
             started=started,
             pins=pins,
             _if=lambda: (
-                bool(servers.single or servers.surplus or servers.resplit)
+                bool(servers.single or servers.surplus or servers.resplit or servers.drained)
                 or bool(staged and staged.pending())
                 or any(plan.needed() for plan in plans)
             ),

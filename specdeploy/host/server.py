@@ -265,11 +265,13 @@ def restart(unit: str) -> None:
     sh(f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl restart {quoted}")
 
 
-def start_if_inactive(unit: str) -> bool:
-    """Start `unit` unless it is active; True when it was started."""
+def start_if_inactive(unit: str, *, stop_first: list[str] = ()) -> bool:
+    """Start `unit` unless it is active, `stop_first` stopped before (units that would hold its
+    port: a measurement's arm an interrupted run left running); True when it was started."""
     quoted = shlex.quote(unit)
+    stopping = stop_command(list(stop_first)) + "; " if stop_first else ""
     out = sh(
-        f"if systemctl is-active -q {quoted}; then echo ACTIVE; else "
+        f"if systemctl is-active -q {quoted}; then echo ACTIVE; else {stopping}"
         f"(systemctl reset-failed {quoted} 2>/dev/null || true) && systemctl start {quoted} "
         "&& echo STARTED; fi"
     )
@@ -282,6 +284,45 @@ def stop_command(units: list[str]) -> str:
 
 def stop(units: list[str]) -> None:
     sh(stop_command(units), check=False)
+
+
+def stop_others(cfg: ServeConfig, keep: str) -> None:
+    """Every other unit of this server (the other role, a measurement's arm) off its port, so only
+    `keep` may hold it: what a turn leaves running is the unit it verified or restored."""
+    stop([u for u in cfg.service_units if u != keep])
+
+
+def disable_and_stop(units: list[str]) -> None:
+    """Stopped and disabled (not started at boot); reset-failed: a stopped crashed unit would
+    still read "failed" and be found again next run."""
+    stop(units)
+    names = " ".join(shlex.quote(u) for u in units)
+    sh(f"systemctl disable -q {names} 2>/dev/null; systemctl reset-failed {names} "
+       "2>/dev/null; true", check=False)  # fmt: skip
+
+
+def start_unit(unit: str) -> None:
+    """Start `unit` (enabled before by the caller), a failed state reset first."""
+    quoted = shlex.quote(unit)
+    sh(f"systemctl reset-failed {quoted} 2>/dev/null; systemctl start {quoted}", check=False)
+
+
+def start_enabled(units: list[str]) -> None:
+    """Start each of `units` that is enabled at boot and not running: what the host would run
+    after a reboot runs now."""
+    for unit in units:
+        q = shlex.quote(unit)
+        sh(f"if systemctl is-enabled -q {q} 2>/dev/null && ! systemctl is-active -q {q}; then "
+           f"systemctl reset-failed {q} 2>/dev/null; systemctl start {q}; fi; true",
+           check=False)  # fmt: skip
+
+
+def put_back_record(cfg: ServeConfig, text: str | None) -> None:
+    """The server's deployment record as it was before this run (`text`; None: it had none)."""
+    if text is None:
+        sh(f"rm -f -- {shlex.quote(cfg.record_path)}")
+    else:
+        write_text(cfg.record_path, text, mode="644")
 
 
 def start_fresh(

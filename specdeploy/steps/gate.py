@@ -43,6 +43,7 @@ from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
 from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, Instance, measure_gate
 from specdeploy.sampling.sampler import Sampler
+from specdeploy.steps import turn
 
 
 def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedUnit) -> dict:
@@ -246,6 +247,8 @@ def speculation_gate(
     host measures, with enough runs for the class (power_runs); a later host of the class takes
     that decision (shared_from) when its smoke run (`smoke`) is like the canary's, else it is
     measured itself and flagged (`outlier`)."""
+    # the server's turn (steps/turn.py): production may stop for an arm from here on
+    turn.enter(sampler.cfg, turn.Phase.MEASURING)
     fleet_key = class_key(units, hardware or {}) if units.settings.share else None
     with CLASSES.turn(fleet_key):
         return _gate(sampler, units, box, smoke=smoke, fleet_key=fleet_key)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass, field
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
@@ -32,7 +33,7 @@ from specdeploy.render.argv import flag_value, unit_exec_argv
 from specdeploy.render.instances import instance_of_unit
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report import notes
-from specdeploy.steps import lock
+from specdeploy.steps import lock, turn
 from specdeploy.steps.gate import BoxGate
 from specdeploy.steps.servers import HostServers, ServerPlan, surplus_files
 from specdeploy.steps.verify import verify_and_record
@@ -110,24 +111,23 @@ def verify_or_rollback(
     rendered: RenderedUnit,
     *,
     change=None,
-    changed=None,
     lock_cfg: ServeConfig | None = None,
     verified=None,
+    release: bool = True,
     **kwargs,
 ):
     """python.call target, one host at a time: unless an earlier host of this run failed, swap in
     the new unit/env file and restart (`change`, a steps.unit.UnitChange; None: verify only), then
-    `verify(cfg, rendered, **kwargs)`; on failure, roll back what this run changed, release the
-    deploy lock (`lock_cfg`'s: a whole box's instances run under the host's lock) and raise with a
-    true account of the host's state. `verified`: the record's unit (config/record.UnitRef), the
-    last one verified: a failure on a host that does not run it (an earlier run interrupted after
-    its swap, or a gate's fall-back to the other unit) puts it back, like a unit this run swapped
-    in; only the restored unit stays enabled."""
+    `verify(cfg, rendered, **kwargs)`; on failure, the server's turn (steps/turn.py) goes back to
+    its verified unit where it left it, the deploy lock is released (`lock_cfg`'s: a whole box's
+    instances run under the host's lock; `release` false: the box's turn releases it after its
+    own restore) and the failure raised with a true account of the host's state. `verified`: the
+    record's unit (config/record.UnitRef), the last one verified: a failure on a host that does
+    not run it (an earlier run interrupted after its swap, or a gate's fall-back to the other
+    unit) puts it back, like a unit this run swapped in, and so does a failure after a gate
+    stopped an unchanged unit for its baseline arm; only the restored unit stays enabled."""
     unit = rendered.name
     lock_cfg = lock_cfg or cfg
-    if change is not None:
-        changed = change.changed
-    changed = changed or (lambda: False)
     if GATE.failed_first() is not None:
         state = server.is_active(unit)
         restart = change is not None and change.pending()
@@ -137,16 +137,18 @@ def verify_or_rollback(
         lock.release_now(lock_cfg)
         raise HeldBack(message)
     lock.renew_held(lock.lease_seconds(lock_cfg))  # this host's turn: LockLost before any change
+    server_turn = turn.begin(cfg, unit, verified, change, kwargs.get("previous"))
     try:
         if change is not None:
-            restart_for(change, unit, unverified=server.unverified_installed(cfg, unit, verified))
+            restart_for(change, unit, unverified=server.unverified_installed(cfg, unit, verified),
+                        cfg=cfg)  # fmt: skip
         return verify(cfg, rendered, **kwargs)
     except Exception as error:  # any failure of the new config
         GATE.note_failure(host.name)
         cause = str(error)
         entry = {"host": host.name, "cause": cause, "rolled_back": False}
         try:
-            if not changed() and not server.unverified_installed(cfg, unit, verified):
+            if not server_turn.must_restore():
                 state = server.is_active(unit)
                 entry["after"] = (
                     "not rolled back (this run changed neither unit nor env file): "
@@ -154,13 +156,9 @@ def verify_or_rollback(
                 )
                 raise
             logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
-            if verified is not None and verified.name != unit:  # the record serves with another
-                previous = server.restore_recorded(cfg, unit, verified.name)
-                unit = verified.name if previous is not None else unit
-            else:
-                previous = server.restore_previous(cfg, unit)
-            if previous is None:
-                server.stop([unit])
+            restored = server_turn.restore()
+            unit = restored.unit
+            if restored.argv is None:
                 entry["after"] = (
                     f"no previous unit was kept (first deploy of {unit} here), so nothing was "
                     f"restored; {unit} is stopped ({server.is_active(unit)}) "
@@ -170,19 +168,18 @@ def verify_or_rollback(
                     f"{host.name}: the new config failed its health check; {entry['after']}.\n"
                     f"cause: {cause}"
                 ) from error
-            restored_argv = unit_exec_argv(previous) or []
-            # only the restored unit starts at boot: a gate's fall-back may have left the other on
-            server.enable_only(cfg, "speculative" if "--speculative-config" in restored_argv
-                               else "baseline")  # fmt: skip
             entry["rolled_back"] = True
-            entry["after"] = _after_restore(cfg, unit, restored_argv)
+            entry["after"] = _after_restore(cfg, unit, restored.argv)
             raise RolledBack(
                 f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
                 f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
             ) from error
         finally:
             _report(entry)
-            lock.release_now(lock_cfg)
+            if release:
+                lock.release_now(lock_cfg)
+    finally:
+        turn.end(cfg)
 
 
 def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, **kwargs) -> None:
@@ -193,8 +190,9 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
     config changed (`balancer`: steps/balancer.stage's BalancerChange). `servers.single`: the
     host's one-server units, stopped first when it becomes a whole box (they hold vllm_port);
     `servers.surplus`: instances the box no longer has, stopped once the reloaded balancer no
-    longer sends them requests. The first server that fails is rolled back and put back if
-    healthy; the host's other servers are not touched, so it keeps answering on vllm_port."""
+    longer sends them requests. The first server that fails is rolled back; any failure of a box's
+    turn then puts the host back as the turn found it (`_box_failed`: the one-server unit of a
+    host becoming a box, the old instances of a re-split, every drained instance undrained)."""
     cfg = servers.cfg
     notes.turn_began(host.name)  # from here on, a failure may have changed what it serves
     if servers.balanced and GATE.failed_first() is not None:
@@ -206,82 +204,129 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                  "after": message.split(": ", 1)[1]})  # fmt: skip
         lock.release_now(cfg)
         raise HeldBack(message)
+    if not servers.balanced:
+        for plan in plans:
+            if plan.needed():
+                verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
+                                   change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
+                                   gate_input=plan.gate_input, box_gate=None, proof=plan.proof,
+                                   previous=plan.previous,
+                                   verified=plan.previous and plan.previous.unit,
+                                   **kwargs)  # fmt: skip
+        return
+    box = BoxTurn(servers, plans, balancer)
+    try:
+        _roll_box(box, **kwargs)
+    except Exception as error:
+        _box_failed(box, error)
+
+
+@dataclass
+class BoxTurn:
+    """A whole box's turn (steps/turn.py says one server's), as far as it went: what a failure
+    must put back."""
+
+    servers: HostServers
+    plans: list[ServerPlan]
+    balancer: object
+    drained: list[str] = field(default_factory=list)  # instances in maintenance on the balancer
+    single_stopped: bool = False  # the one-server units stopped and disabled (becoming a box)
+    resplit_stopped: bool = False  # the old instances of a re-split stopped
+    swapped: list[ServerPlan] = field(default_factory=list)  # instances whose turn began
+    verified: list[ServerPlan] = field(default_factory=list)  # ... verified and recorded
+    at_balancer: bool = False  # its balancer is being swapped in and started
+    balancer_done: bool = False  # ... and serves: the new layout stands, only surplus is left
+
+    def drain(self, name: str) -> None:
+        cfg = self.servers.cfg
+        self.drained.append(name)
+        server.drain(cfg, name, timeout_s=server.drain_timeout_s(cfg))
+
+    def undrain(self, name: str) -> None:
+        server.undrain(self.servers.cfg, name)
+        self.drained.remove(name)
+
+
+def _roll_box(box: BoxTurn, **kwargs) -> None:
+    servers, plans, balancer = box.servers, box.plans, box.balancer
+    cfg = servers.cfg
     if servers.single:
         logger.warning(
             f"{host.print_prefix}becoming a whole box: stopping {', '.join(servers.single)} (it "
             f"holds {cfg.vllm_port}); the host answers again once the balancer starts"
         )
-        _stop_and_disable(list(servers.single))
-    serving = servers.balanced and server.is_active(cfg.balancer_unit) == "active"
+        box.single_stopped = True
+        server.disable_and_stop(list(servers.single))
+    serving = server.is_active(cfg.balancer_unit) == "active"
+    box.drained += [n for n in servers.drained if serving]  # an interrupted turn's: put back
     if servers.resplit:  # a re-split: the old instances give their GPUs up before any new starts
         logger.warning(f"{host.print_prefix}re-split: stopping {', '.join(servers.resplit)}")
         for name in sorted({instance_of_unit(u) for u in servers.resplit}) if serving else ():
-            server.drain(cfg, name, timeout_s=server.drain_timeout_s(cfg))
+            box.drain(name)
+        box.resplit_stopped = True
         server.stop(list(servers.resplit))
     todo = [plan for plan in plans if plan.needed()]
     width = cfg.max_unavailable_instances
-    box_gate = BoxGate() if servers.balanced else None  # the first instance gated decides
+    box_gate = BoxGate()  # the first instance gated decides
     for start in range(0, len(todo), width):
         batch = todo[start : start + width]
         for plan in batch if serving else ():
-            server.drain(cfg, plan.member.name, timeout_s=server.drain_timeout_s(cfg))
+            if plan.member.name not in box.drained:
+                box.drain(plan.member.name)
         for plan in batch:
-            try:
-                verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
-                                   change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
-                                   gate_input=plan.gate_input, box_gate=box_gate,
-                                   proof=plan.proof, previous=plan.previous,
-                                   verified=plan.previous and plan.previous.unit,
-                                   **kwargs)  # fmt: skip
-            except RolledBack:
-                # the batch back into the balancer where it serves: the rolled-back instance on
-                # its old config, the rest of the batch as they were or verified
-                for other in batch if serving else ():
-                    if server.is_healthy(other.member.cfg):
-                        server.undrain(cfg, other.member.name)
-                if servers.balanced:
-                    untouched = [p.member.name for p in todo[start:] if p is not plan]
-                    logger.warning(
-                        f"{host.print_prefix}{plan.member.name} rolled back; not touched: "
-                        f"{', '.join(untouched) or 'none'}"
-                    )
-                raise
+            box.swapped.append(plan)
+            verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
+                               change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
+                               gate_input=plan.gate_input, box_gate=box_gate,
+                               proof=plan.proof, previous=plan.previous,
+                               verified=plan.previous and plan.previous.unit, release=False,
+                               **kwargs)  # fmt: skip
+            box.verified.append(plan)
         for plan in batch if serving else ():
-            server.undrain(cfg, plan.member.name)
-    if servers.balanced:
-        try:
-            balancer.swap_in()  # only now: a held-back host keeps its topology on disk too
-            server.start_balancer(cfg, reload=balancer.needs_reload())
-        except Exception as error:  # a balancer that cannot serve is a host failure, like a unit's
-            _balancer_failed(servers, plans, balancer, error)
+            box.undrain(plan.member.name)
+    for name in list(box.drained):  # a re-split's old instances the new layout keeps
+        box.undrain(name)
+    box.at_balancer = True
+    balancer.swap_in()  # only now: a held-back host keeps its topology on disk too
+    server.start_balancer(cfg, reload=balancer.needs_reload())
+    box.at_balancer, box.balancer_done = False, True  # the box serves with its new layout
     if servers.surplus:
         logger.warning(
             f"{host.print_prefix}no longer in the box, stopped, disabled and removed: "
             f"{', '.join(servers.surplus)}"
         )
-        _stop_and_disable(list(servers.surplus))
+        server.disable_and_stop(list(servers.surplus))
         doomed = " ".join(shlex.quote(p) for p in surplus_files(cfg, servers.surplus))
         server.sh(f"rm -f {doomed} && systemctl daemon-reload")
 
 
-def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
-                     error: Exception) -> None:  # fmt: skip
-    """The box's balancer did not start or answer: the host failed its turn, so the hosts after it
-    are held back (GATE). A host that was becoming a box gets its one-server unit back: the box's
-    instances and balancer are stopped and disabled first (they hold its GPUs and port); a box
-    gets its previous balancer files back."""
+def _box_failed(box: BoxTurn, error: Exception) -> None:
+    """A whole box's turn failed (an instance rolled back or not, the balancer, a lost lease, a
+    host command): the host failed its turn, so the hosts after it are held back (GATE), and it
+    goes back to what it served when the turn began. A host that was becoming a box gets its
+    one-server unit back: the box's instances and balancer stopped and disabled first (they hold
+    its GPUs and port). A box: its previous balancer files back where they were swapped in; after
+    a re-split, every instance this turn verified back on its kept unit and record, then the old
+    instances started again; every instance the turn drained undrained. The note says what runs,
+    each server checked."""
+    servers, plans, balancer = box.servers, box.plans, box.balancer
     cfg = servers.cfg
     GATE.note_failure(host.name)
     cause = str(error)
-    entry = {"host": host.name, "cause": f"balancer: {cause}", "rolled_back": False}
+    entry = {"host": host.name, "cause": cause, "rolled_back": False}
     try:
-        if servers.single:
-            box = [cfg.balancer_unit, *(p.member.cfg.unit_names["speculative"] for p in plans)]
-            _stop_and_disable(box)
+        if box.single_stopped:
+            units = [cfg.balancer_unit]
+            for plan in plans:
+                units += list(plan.member.cfg.unit_names.values())
+            server.disable_and_stop(units)
+            if balancer is not None:
+                balancer.restore()
+            for plan in box.verified:  # the box's instances serve nothing now: no record says so
+                server.put_back_record(plan.member.cfg, None)
             for unit in servers.single:
                 server.enable(unit)
-                server.sh(f"systemctl reset-failed {shlex.quote(unit)} 2>/dev/null; "
-                          f"systemctl start {shlex.quote(unit)}", check=False)  # fmt: skip
+                server.start_unit(unit)
             # checked healthy, as a rollback is: the host answers on vllm_port again, or says not
             states = "; ".join(
                 _after_restore(cfg, u, unit_exec_argv(server.read_text(cfg.unit_path(u),
@@ -290,52 +335,113 @@ def _balancer_failed(servers: HostServers, plans: list[ServerPlan], balancer,
             )  # fmt: skip
             entry["rolled_back"], entry["restored"] = True, "its one-server unit"
             entry["after"] = f"the box was stopped and the one server started again: {states}"
-        else:  # a box before: its previous balancer files back, reloaded (or started)
-            balancer.restore()
-            if balancer.swapped:
-                unit = shlex.quote(cfg.balancer_unit)
-                server.sh(f"systemctl reset-failed {unit} 2>/dev/null; "
-                          f"systemctl reload-or-restart {unit}", check=False)  # fmt: skip
-            entry["rolled_back"], entry["restored"] = (
-                balancer.swapped,
-                "its previous balancer files",
-            )
+        elif box.balancer_done:  # the new layout serves: the surplus instances go (again)
+            server.disable_and_stop(list(servers.surplus))
             entry["after"] = (
-                f"its instances serve the new config (each verified); {cfg.balancer_unit} is "
+                f"its new layout serves ({cfg.balancer_unit} is "
+                f"{server.is_active(cfg.balancer_unit)}); the instances it no longer has "
+                f"({', '.join(servers.surplus)}) stopped and disabled, their files left"
+            )
+        else:
+            restored, checked = [], []
+            if balancer is not None and balancer.swapped:  # its previous balancer files back
+                balancer.restore()
+                quoted = shlex.quote(cfg.balancer_unit)
+                server.sh(f"systemctl reset-failed {quoted} 2>/dev/null; "
+                          f"systemctl reload-or-restart {quoted}", check=False)  # fmt: skip
+                restored.append("its previous balancer files")
+            checked = _without_new_instances(box)
+            if box.resplit_stopped:
+                checked += _back_to_old_layout(box)
+                restored.append("its instances as they were before the re-split")
+            # what the box runs at boot runs now: an instance an interrupted turn stopped too
+            server.start_enabled(_box_units(box))
+            for name in list(box.drained):
+                box.undrain(name)  # back in the balancer: its health check decides
+            entry["rolled_back"] = bool(restored)
+            if restored:
+                entry["restored"] = ", ".join(restored)
+            states = "; ".join(checked) or "its instances serve as they were left"
+            entry["after"] = (
+                f"{states}; no instance left drained; {cfg.balancer_unit} is "
                 f"{server.is_active(cfg.balancer_unit)}"
             )
-        raise RolledBack(
-            f"{host.name}: the balancer failed: {entry['after']}.\ncause: {cause}"
-        ) from error
+        what = "the balancer failed" if box.at_balancer else "the box's turn failed"
+        raise RolledBack(f"{host.name}: {what}: {entry['after']}.\ncause: {cause}") from error
     finally:
         _report(entry)
         lock.release_now(cfg)
 
 
-def _stop_and_disable(units: list[str]) -> None:
-    server.stop(units)
-    names = " ".join(shlex.quote(u) for u in units)
-    # reset-failed: a stopped crashed unit would still read "failed" and be found again next run
-    server.sh(f"systemctl disable -q {names} 2>/dev/null; systemctl reset-failed {names} "
-              "2>/dev/null; true", check=False)  # fmt: skip
+def _box_units(box: BoxTurn) -> list[str]:
+    """Every unit of the box's instances, old and new: its members' and the surplus ones."""
+    units = [u for p in box.plans for u in p.member.cfg.unit_names.values()]
+    return units + [u for u in box.servers.surplus if u not in units]
 
 
-def restart_for(change, unit: str, *, unverified: bool = False) -> None:
+def _without_new_instances(box: BoxTurn) -> list[str]:
+    """The instances this turn started that the box did not have (no record before it): stopped,
+    disabled and their records removed, since the balancer the box serves with does not know
+    them. Returns what was done, per instance."""
+    new = [p for p in box.swapped if p.previous is None]
+    for plan in new:
+        server.disable_and_stop(list(plan.member.cfg.unit_names.values()))
+        server.put_back_record(plan.member.cfg, None)
+    return [f"{p.member.name}: new in this layout, stopped and disabled" for p in new]
+
+
+def _back_to_old_layout(box: BoxTurn) -> list[str]:
+    """A failed re-split: the instances this turn verified give the old instances' GPUs back
+    (their kept unit and record restored; an instance the old layout lacked stopped, disabled and
+    its record removed), then every old instance starts again on its installed unit, each checked.
+    Returns what runs, per instance."""
+    servers, cfg = box.servers, box.servers.cfg
+    back = [p for p in box.verified if p.change is not None and p.change.changed() and p.previous]
+    if back:
+        server.stop([p.rendered.name for p in back])
+    for plan in back:
+        own, name = plan.member.cfg, plan.rendered.name
+        if server.restore_previous(own, name) is None:  # new in this layout: nothing to go back to
+            server.disable_and_stop([name])
+        server.put_back_record(own, plan.previous.to_json() if plan.previous else None)
+    old = [u for u in servers.resplit if u not in {p.rendered.name for p in back}]
+    for unit in old:
+        server.enable(unit)
+        server.start_unit(unit)
+    checked = []
+    for unit in [*(p.rendered.name for p in back if p.previous), *old]:
+        argv = unit_exec_argv(server.read_text(cfg.unit_path(unit), missing_ok=True)) or []
+        checked.append(f"{instance_of_unit(unit)}: {_after_restore(cfg, unit, argv)}")
+    return checked
+
+
+def restart_for(change, unit: str, *, unverified: bool = False, cfg: ServeConfig | None = None):
     """This host's turn: swap in what changed and restart; start the unit if it is not running;
     a change of the workload alone restarts nothing (the server keeps its MainPID).
     `unverified`: the installed unit is not the one the record verified (an earlier run was cut
     off between its swap and its health check): restarted too, since the running process may
-    still be the old unit's and a health check of it would prove nothing about the new one."""
+    still be the old unit's and a health check of it would prove nothing about the new one.
+    Before a start, the server's other units (`cfg`'s: the other role, a measurement's arm an
+    interrupted run left running) are stopped: they would hold its port."""
+    others = [u for u in cfg.service_units if u != unit] if cfg is not None else []
     if change.apply():
         logger.info(f"{host.print_prefix}restarting {unit} (unit or env file changed)")
-        server.restart(unit)
+        _restart(cfg, unit, others)
     elif unverified:
         logger.info(f"{host.print_prefix}restarting {unit} ({server.NEVER_VERIFIED})")
-        server.restart(unit)
-    elif server.start_if_inactive(unit):
+        _restart(cfg, unit, others)
+    elif server.start_if_inactive(unit, stop_first=others):
         logger.info(f"{host.print_prefix}started {unit} (it was not running)")
     else:  # the no-change path: the server keeps its MainPID
         host.noop(f"{unit}: unit and env file unchanged and it runs: not restarted")
+
+
+def _restart(cfg: ServeConfig | None, unit: str, others: list[str]) -> None:
+    if cfg is not None:
+        turn.enter(cfg, turn.Phase.SWAPPED_UNVERIFIED)
+    if others:
+        server.stop(others)
+    server.restart(unit)
 
 
 def _after_restore(cfg: ServeConfig, unit: str, argv: list[str]) -> str:

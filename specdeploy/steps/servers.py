@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.operations import files
 
@@ -22,6 +23,7 @@ from specdeploy.config.problems import ConfigError, HostRefused, Problem
 from specdeploy.config.record import DeploymentRecord, service_record
 from specdeploy.config.schema import SECRETS_DIR, UNIT_DIR, ServeConfig
 from specdeploy.host.facts.files import JsonFile
+from specdeploy.host.facts.haproxy import BalancerServers
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.render import instances
@@ -49,6 +51,8 @@ class HostServers:
     # a re-split: running instance units holding a GPU the new layout gives to another instance,
     # stopped at the host's turn before any new instance starts (their memory counts as freed)
     resplit: tuple[str, ...] = ()
+    # instances an interrupted turn left drained on the serving balancer: put back at this turn
+    drained: tuple[str, ...] = ()
 
     @property
     def also_own(self) -> tuple[str, ...]:
@@ -86,6 +90,9 @@ def host_servers(cfg: ServeConfig) -> HostServers:
     # a crashed one-server unit is still enabled and would take vllm_port at boot: stopped too
     running = tuple(u for u in cfg.unit_names.values()
                     if host.get_fact(ServiceActive, unit=u) in LEFT_ON)  # fmt: skip
+    serving = host.get_fact(ServiceActive, unit=cfg.balancer_unit) == "active"
+    running = running or (() if serving else interrupted_conversion(cfg))
+    drained = left_drained(cfg) if serving else ()
     layout = box_layout(cfg, running)
     surplus = tuple(surplus_units(cfg, layout))
     moving = tuple(gpus_moving(cfg, layout, surplus))
@@ -98,7 +105,28 @@ def host_servers(cfg: ServeConfig) -> HostServers:
         logger.info(f"{host.print_prefix}{member.name}: port {member.port}, {member.devices_text}")
         check_gpus_first(member.cfg, (*running, *moving))
     return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus,
-                       resplit=moving)  # fmt: skip
+                       resplit=moving, drained=drained)  # fmt: skip
+
+
+def interrupted_conversion(cfg: ServeConfig) -> tuple[str, ...]:
+    """No one-server unit runs, the box's balancer does not serve (the caller knows), and the
+    host's record names its
+    installed one-server unit: an earlier run stopped that unit to become a box and never got the
+    box serving (it was cut off). That unit is still what a failure of this turn goes back to."""
+    read = lambda path: host.get_fact(JsonFile, path=path)  # noqa: E731
+    previous = service_record(cfg, read, host=host.name)
+    if previous is None or previous.unit.name not in cfg.unit_names.values():
+        return ()
+    installed = host.get_fact(Sha256File, path=cfg.unit_path(previous.unit.name))
+    return (previous.unit.name,) if installed is not None else ()
+
+
+def left_drained(cfg: ServeConfig) -> tuple[str, ...]:
+    """The instances the serving balancer holds in maintenance or draining: an earlier turn was cut
+    off before it put them back. This turn puts them back (rollback.roll_servers)."""
+    stat = host.get_fact(BalancerServers, socket=cfg.balancer_socket)
+    rows = stat.get("servers", {}) if stat else {}
+    return tuple(sorted(n for n, row in rows.items() if row.get("status") in ("MAINT", "DRAIN")))
 
 
 def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:

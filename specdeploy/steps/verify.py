@@ -12,7 +12,7 @@ from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.render.units import RenderedUnit
 from specdeploy.sampling.sampler import Sampler
-from specdeploy.steps import dataset, gate, install, lock, record, smoke
+from specdeploy.steps import dataset, gate, install, lock, record, smoke, turn
 from specdeploy.steps.preflight import ServerPreflight
 from specdeploy.steps.proof import ArgvProof, validated_by
 
@@ -49,6 +49,7 @@ def verify_and_record(
         # describing what the host runs (status, compare and tune read its pins)
         raise gate.GateFailed(f"{host.name}: speculation gate failed: {decision.reason}")
     removed = install.prune_venvs(cfg)  # verified: older releases can go
+    turn.enter(cfg, turn.Phase.RECORDING)
     entry = record.write_record(
         cfg,
         rendered,
@@ -64,6 +65,7 @@ def verify_and_record(
         timings=timings,
         revisions=pins or {},
     )
+    turn.enter(cfg, turn.Phase.SERVING_VERIFIED)  # what runs is what the record says
     return entry
 
 

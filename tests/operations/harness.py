@@ -21,7 +21,7 @@ A fixture's keys (all but `call` optional):
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
-                input, a sampler...)
+                input, a sampler, a server's turn...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -376,6 +376,24 @@ def _build_plan(case: Case, spec: dict):
     return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change)
 
 
+def _build_turn(case: Case, spec: dict):
+    """steps/turn.ServerTurn of the host's one server (its unit of `role`), where it stands: the
+    record's unit `verified` ({name, sha256}), the UnitChange `change` ($change's spec, `applied`
+    once swapped in) and the `phases` it went through."""
+    from specdeploy.steps.turn import Phase, ServerTurn
+
+    unit = _build_unit(case, spec.get("role", "speculative"))
+    change = None
+    if "change" in spec:
+        change = _build_change(case, spec["change"])
+        change.applied = bool(spec["change"].get("applied"))
+    verified = types.SimpleNamespace(**spec["verified"]) if "verified" in spec else None
+    turn = ServerTurn(case.cfg, unit.name, verified, change)
+    for phase in spec.get("phases", []):
+        turn.enter(Phase(phase))
+    return turn
+
+
 def _build_namespace(case: Case, spec: dict):
     return types.SimpleNamespace(**spec)
 
@@ -390,6 +408,7 @@ BUILDERS = {
     "$verify": _build_verify,
     "$record": _build_record,
     "$namespace": _build_namespace,
+    "$turn": _build_turn,
     "$plan": _build_plan,
     "$operation": _build_operation,
     "$preflight": _build_preflight,

@@ -57,8 +57,10 @@ def fleet(monkeypatch, valid_data):
         wait_healthy=lambda cfg, unit, speculative: {"seconds_to_healthy": 1.0},
         enable_only=lambda cfg, role: None,
         unverified_installed=lambda cfg, unit, verified_sha256: False,
+        stop_others=lambda cfg, keep: None,
     )
     monkeypatch.setattr(rollback, "server", fake_server)
+    monkeypatch.setattr(rollback.turn, "server", fake_server)  # the turn's one restore path
     monkeypatch.setattr(rollback, "unit_exec_argv", lambda text: ["/venv/bin/python"])
     cfg = config_from_data(valid_data)
     unit = RenderedUnit(

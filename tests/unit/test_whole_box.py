@@ -104,6 +104,13 @@ class Lifecycle:
             undrain=lambda cfg, name: self.log.append(f"undrain {name}"),
             is_healthy=lambda cfg: True,
             stop=lambda units: self.log.append(f"stop {' '.join(units)}"),
+            disable_and_stop=lambda units: (
+                self.log.append(f"stop {' '.join(units)}"),
+                self.commands.append(f"systemctl disable -q {' '.join(units)}"),
+            ),
+            start_unit=lambda unit: self.commands.append(f"systemctl start {unit}"),
+            start_enabled=lambda units: self.log.append("start enabled"),
+            put_back_record=lambda cfg, text: self.log.append(f"record {cfg.service_name}"),
             sh=lambda command, check=True: self.commands.append(command) or "",
             start_balancer=self.start_balancer,
             enable=lambda unit: self.log.append(f"enable {unit}"),
@@ -138,8 +145,9 @@ ONE_SERVER_UNIT = "[Service]\nExecStart=/venv/bin/python -m vllm.entrypoints.cli
 
 def plans(cfg, needed=(True, True, True, True)):
     layout = instances.expand(cfg, list(range(4)))
+    recorded = types.SimpleNamespace(unit=None, to_json=lambda: "{}")  # each served before
     return [
-        ServerPlan(m, rendered=None, previous=None, gate_input=None, needed=lambda n=n: n)
+        ServerPlan(m, rendered=None, previous=recorded, gate_input=None, needed=lambda n=n: n)
         for m, n in zip(layout.instances, needed, strict=True)
     ]
 
@@ -204,7 +212,8 @@ def test_a_failing_instance_is_put_back_and_the_rest_not_touched(valid_data, mon
         roll(cfg, plans(cfg))
     assert life.log == [
         "drain specdeploy-vllm-0", "restart specdeploy-vllm-0", "undrain specdeploy-vllm-0",
-        "drain specdeploy-vllm-1", "restart specdeploy-vllm-1", "undrain specdeploy-vllm-1",
+        "drain specdeploy-vllm-1", "restart specdeploy-vllm-1",
+        "start enabled", "undrain specdeploy-vllm-1",
     ]  # fmt: skip
 
 
@@ -225,7 +234,7 @@ def test_a_failure_puts_the_whole_batch_back(valid_data, monkeypatch):
         roll(cfg, plans(cfg))
     assert life.log == [
         "drain specdeploy-vllm-0", "drain specdeploy-vllm-1", "restart specdeploy-vllm-0",
-        "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
+        "start enabled", "undrain specdeploy-vllm-0", "undrain specdeploy-vllm-1",
     ]  # fmt: skip
 
 
@@ -253,12 +262,17 @@ def test_a_failed_balancer_brings_the_one_server_back_and_holds_the_next_host(va
     with pytest.raises(RolledBack, match="the balancer failed.*healthy again after 1.0s"):
         roll(cfg, plans(cfg, needed=(True, True)), single=["specdeploy-vllm.service"],
              balancer=files)  # fmt: skip
-    assert files.calls == ["swap_in"]  # the new balancer files go live at the turn, not before
+    # the new balancer files go live at the turn, not before, and go again with the box
+    assert files.calls == ["swap_in", "restore"]
     box_units = (
-        "specdeploy-vllm-balancer.service specdeploy-vllm-0.service specdeploy-vllm-1.service"
+        "specdeploy-vllm-balancer.service specdeploy-vllm-0.service "
+        "specdeploy-vllm-0-baseline.service specdeploy-vllm-1.service "
+        "specdeploy-vllm-1-baseline.service"
     )
-    # the one server back and checked healthy before the host is reported failed
-    assert life.log[-4:] == ["balancer reload=False", f"stop {box_units}",
+    # the one server back and checked healthy before the host is reported failed; the records
+    # of the instances it verified go with them (they serve nothing)
+    assert life.log[-6:] == ["balancer reload=False", f"stop {box_units}",
+                             "record specdeploy-vllm-0", "record specdeploy-vllm-1",
                              "enable specdeploy-vllm.service",
                              "healthy specdeploy-vllm.service"]  # fmt: skip
     assert any("systemctl start specdeploy-vllm.service" in c for c in life.commands)
