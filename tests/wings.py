@@ -199,7 +199,6 @@ WINGS: dict[str, Wing] = {
             "tests/integration/planted.py",
             "specdeploy/steps/verify.py",
             "specdeploy/flows/rollout.py",  # (h): the controller SIGTERMed mid-batch
-            "specdeploy/observe/status.py",  # (f): a unit installed, never verified
         ),
     ),
     "downloads": Wing(
