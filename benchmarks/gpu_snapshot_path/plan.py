@@ -19,7 +19,7 @@ import hashlib
 from benchmarks.gpu_payoff.make_models import COMMON
 from benchmarks.gpu_payoff.make_models import DRAFT as QWEN3_0_6B
 from specdeploy.checks.host_data import check_config
-from specdeploy.host.facts.nvidia import CudaBootInfo
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.render.argv import serve_args, speculative_json, unit_exec_argv
 from specdeploy.render.units import render_unit, service_environment
 

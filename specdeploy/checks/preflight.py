@@ -259,7 +259,10 @@ def evaluate(
     draft: dict | None,
     accelerators: AcceleratorInfo,
     ram: dict,
+    cpu: dict | None = None,
 ) -> Preflight:
+    """Every preflight rule over the weights' snapshots and the host's facts; `cpu`: the CpuInfo
+    fact (vllm-cpu: the class of identical hosts tells CPUs apart by it)."""
     result = Preflight()
     if draft is None:  # methods without a draft model (ngram, suffix), or a baseline server
         draft = NO_DRAFT | {
@@ -283,16 +286,19 @@ def evaluate(
     devices = check_accelerator(cfg, flags, accelerators, result)
     check_release(cfg, flags, accelerators, target, result)
     check_memory(cfg, flags, need, target, draft, devices, ram, result)
-    result.hardware = hardware(accelerators, ram)
+    result.hardware = hardware(accelerators, ram, cpu)
     return result
 
 
-def hardware(accelerators: AcceleratorInfo, ram: dict) -> dict:
+def hardware(accelerators: AcceleratorInfo, ram: dict, cpu: dict | None = None) -> dict:
     """What the host runs on, as far as a speculation verdict depends on it (steps/gate.py's
     class of identical hosts): its GPUs' model and memory, their count, the driver and CUDA; a
-    host without GPUs (vllm-cpu) by its memory, to the GiB."""
+    host without GPUs (vllm-cpu) by its CPU's model, its logical CPUs (the CpuInfo fact) and its
+    memory, to the GiB."""
     if not accelerators.gpus:
-        return {"device": "cpu", "memory_gib": round((ram.get("total") or 0) / 2**30)}
+        cpu = cpu or {}
+        return {"device": "cpu", "cpu_model": cpu.get("model", ""), "cpus": cpu.get("cpus", 0),
+                "memory_gib": round((ram.get("total") or 0) / 2**30)}  # fmt: skip
     return {
         "device": "gpu",
         "gpus": sorted(f"{g.name} {g.memory_total_bytes // 2**20} MiB" for g in accelerators.gpus),

@@ -539,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from specdeploy.host import pyinfra_speed
+
+    pyinfra_speed.compute_global_arguments_once()  # for the commands that run pyinfra in-process
     try:
         return args.func(args)
     except InventoryError as error:  # every command the same way: what, where, nothing touched

@@ -249,8 +249,10 @@ class DeploymentRecord(_Part):
     smoke_counters: ServerCounters | None = None
     gate: GateDecision | None = None
     validated_by: ValidatedBy | None = None
-    # a num_speculative_tokens_per_batch_size schedule's proof at every load level
-    # (report/load_summary.latest_proof); None: deployed without one. Absent without a schedule.
+    # a num_speculative_tokens_per_batch_size schedule's evidence (steps/schedule_proof.py): the
+    # kept proof of exactly its fingerprint (proven, key, fingerprint, run, measured_on, levels),
+    # or {proven: false, allowed_unproven: true, why} under allow_unproven_schedule. Absent without
+    # a schedule; None: a baseline deploy, or a record written before proofs were matched.
     schedule_proof: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     started_at: str

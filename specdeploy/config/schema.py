@@ -247,8 +247,11 @@ class SpeculationGate(BaseModel):
     )
     share: bool = Field(
         False,
-        description="One verdict per class of identical hosts (same units but their addresses, "
-        "release, hardware, workload, request set and gate settings): the class's first host, "
+        description="One verdict per class of identical hosts (the same unit text but its "
+        "address, so the same release, flags, Environment= lines and CPUAffinity; the same env "
+        "file names; the same hardware: GPUs, driver and CUDA, or on vllm-cpu the CPU model, its "
+        "logical CPUs and the memory; the same workload, request set and gate settings): the "
+        "class's first host, "
         "sized by class_cv, is gated and decides for the others, also in later runs "
         "(`specdeploy rollout`'s batches), until its decision would expire on a host. Off: every "
         "host is gated with `runs` per arm.",
@@ -695,6 +698,15 @@ class ServeConfig(BaseModel):
         description="A candidate num_speculative_tokens_per_batch_size (tune_method = load "
         "prints it) that compare_across_load measures instead of the deployed config, so a "
         "schedule is seen winning before it is ever deployed; None: the deployed config.",
+    )
+    allow_unproven_schedule: bool = Field(
+        False,
+        description="Deploy a num_speculative_tokens_per_batch_size schedule without a proof of "
+        "it: deploys/serve.py otherwise refuses a schedule unless the control node keeps a proof "
+        "(deploys/compare.py with compare_across_load) made with the same release, target and "
+        "draft at the same revisions, speculative config, workload, request set and hardware, "
+        "and proven. The record says which (schedule_proof.proven, allowed_unproven); status "
+        "and the alerts call such a schedule unproven.",
     )
 
     @field_validator("vllm_host")

@@ -8,7 +8,7 @@ import hashlib
 import json
 import random
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 
 from specdeploy.decide.decisions import (
@@ -225,12 +225,14 @@ def gate_needs_recheck(
     if recheck_days is not None:
         if not decided:
             return {"recheck": True, "why": "the previous fall-back has no decided_at"}
-        age = (now - datetime.fromisoformat(decided)).total_seconds() / 86400
-        if age >= recheck_days:
+        age = now - datetime.fromisoformat(decided)
+        # compared as durations: days as a float quotient miss the boundary (0.007 days old read
+        # as 0.006999...), and a fall-back exactly recheck_days old must re-measure
+        if age >= timedelta(days=recheck_days):
             return {
                 "recheck": True,
-                "why": f"the fall-back was decided {age:.1f} days ago (gate_recheck_days = "
-                f"{recheck_days:g})",
+                "why": f"the fall-back was decided {age.total_seconds() / 86400:.1f} days ago "
+                f"(gate_recheck_days = {recheck_days:g})",
             }
     return {
         "recheck": False,

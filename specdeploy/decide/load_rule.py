@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping, Sequence
 
 from specdeploy.config.record import BenchResult, bench_result
-from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.choose import choose_k
 from specdeploy.decide.decisions import BETTER, WORSE, compare_values, run_values
 from specdeploy.decide.stats import DEFAULT_ALPHA, median, min_runs_per_arm, rank_test
@@ -406,13 +405,34 @@ def proven_range(levels: Sequence[int]) -> tuple[int, int]:
     return (1, max(levels))
 
 
-def schedule_proven_range(cfg: ServeConfig) -> tuple[int, int] | None:
-    """The batch sizes a host's schedule is tuned and proven over (its workload's load levels,
-    which tune_method = load and compare_across_load measure); None without a schedule. Status and
-    the Prometheus alert compare the running batch against it."""
-    if SCHEDULE_KEY not in cfg.speculative_config:
+def proof_range(proof: Mapping | None) -> tuple[int, int] | None:
+    """The batch sizes a proof (a kept one, or a record's schedule_proof) proves its schedule over:
+    1 up to its highest level. None where it proves nothing: no proof, one that did not prove the
+    schedule, an allowance (allow_unproven_schedule), or a proof matched on host and schedule
+    alone (recorded before proofs carried their fingerprint's key)."""
+    if not proof or not proof.get("proven") or not proof.get("key") or not proof.get("levels"):
         return None
-    return proven_range([lv.concurrency for lv in cfg.workload.effective_load_levels])
+    return proven_range([int(c) for c in proof["levels"]])
+
+
+def schedule_standing(speculative_config: Mapping, proof: Mapping | None) -> str | None:
+    """What status says of a deployed schedule's evidence: None without a schedule, "schedule
+    proven at batch sizes 1-N (run R on H)" or "schedule unproven (why)"."""
+    if SCHEDULE_KEY not in speculative_config:
+        return None
+    top = proof_range(proof)
+    if top is not None:
+        return (f"schedule proven at batch sizes {top[0]}-{top[1]} (run {proof.get('run')} on "
+                f"{proof.get('measured_on')})")  # fmt: skip
+    if proof and proof.get("allowed_unproven"):
+        why = f"deployed under allow_unproven_schedule: {proof.get('why')}"
+    elif proof and proof.get("proven"):
+        why = "its proof was matched on the host and the schedule alone, not its fingerprint"
+    elif proof:
+        why = f"its proof did not prove it: {proof.get('verdict')}"
+    else:
+        why = "the record holds no proof"
+    return f"schedule unproven ({why})"
 
 
 def batch_outside_proven(proven: tuple[int, int] | None, running: float | None) -> str | None:
@@ -421,7 +441,7 @@ def batch_outside_proven(proven: tuple[int, int] | None, running: float | None) 
         return None
     return (
         f"running batch {running:g} is outside the schedule's proven range {proven[0]}-"
-        f"{proven[1]} (workload.load_levels): add the level and prove it (compare_across_load)"
+        f"{proven[1]} (its proof's load levels): add the level and prove it (compare_across_load)"
     )
 
 

@@ -36,7 +36,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "pip_install_args",
         "allow_unknown_release",
     ),
-    "What to serve": ("target_model", "target_revision", "served_model_name", "speculative_config"),
+    "What to serve": (
+        "target_model",
+        "target_revision",
+        "served_model_name",
+        "speculative_config",
+        "allow_unproven_schedule",
+    ),
     "Memory and batching": (
         "gpu_memory_utilization",
         "kv_cache_memory_bytes",

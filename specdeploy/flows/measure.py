@@ -16,15 +16,18 @@ from pyinfra.operations import python
 from specdeploy.checks.host_data import host_config_as_deployed
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
-from specdeploy.host import server
+from specdeploy.host import pyinfra_speed, server
 from specdeploy.measure.arms import Arm
 from specdeploy.measure.harness import measure_plan
+from specdeploy.measure.load_flow import LoadProof
 from specdeploy.measure.plans import compare_measurement, tune_measurement
 from specdeploy.render import instances
 from specdeploy.report import summary as report
+from specdeploy.report.load_summary import keep_proofs
 from specdeploy.report.paths import raw_dir, run_dir
-from specdeploy.steps import dataset, lock
+from specdeploy.steps import dataset, lock, schedule_proof
 from specdeploy.steps.rollback import host_turn, refuse_no_wait
+from specdeploy.steps.servers import available_devices
 
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
@@ -34,7 +37,7 @@ def measured_instance(cfg: ServeConfig) -> instances.Instance | None:
     from the facts as the deploy split it); None for a host with one server."""
     if cfg.instances is None:
         return None
-    layout = instances.expand(cfg, instances.available_devices(cfg, host.get_fact))
+    layout = instances.expand(cfg, available_devices(cfg, host.get_fact))
     if layout.problems:
         todo = "fix instances (deploys/serve.py refuses this split too)"
         raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
@@ -85,6 +88,7 @@ def _write_report(kind: str) -> None:
         return
     _REPORTED_HOSTS[str(directory)] = finished
     summary = report.write(directory, kind)
+    keep_proofs(directory, summary)  # each schedule's proof, by its fingerprint, for the deploys
     logger.info(
         f"{host.print_prefix}report: {directory}/summary.md ({', '.join(summary['charts'])})"
     )
@@ -124,11 +128,17 @@ def measurement_deploy(kind: str):
 
     @deploy(title, data_defaults=DATA_DEFAULTS)
     def _measure_fleet():
+        pyinfra_speed.compute_global_arguments_once()  # the deploy's entry, not an import, patches
         refuse_no_wait()  # --no-wait would take every host off its unit at once
         cfg = host_config_as_deployed()  # the record's pins: what the host really serves
         member = measured_instance(cfg)  # a whole box: one instance, drained; None: the host
         measured = member.cfg if member else cfg
         plan, cond, what = make_plan(measured)
+        if isinstance(plan, LoadProof):  # the proof's fingerprint, which a deploy must match
+            fingerprint = schedule_proof.measured_fingerprint(
+                measured, plan.measured_schedule(), candidate=plan.schedule is not None
+            )
+            cond = {**cond, "proof_fingerprint": fingerprint}
         if member is not None:
             cond = {**cond, **box_conditions(cfg, member)}
             what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"

@@ -30,6 +30,7 @@ from pyinfra.operations import python
 from specdeploy.checks.host_data import host_config_and_pins
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
+from specdeploy.host import pyinfra_speed
 from specdeploy.render import control
 from specdeploy.report import notes
 from specdeploy.steps import balancer, dataset, install, lock, proof, unit, weights
@@ -42,6 +43,7 @@ from specdeploy.steps.verify import verify_needed
 @deploy("specdeploy: serve vLLM with speculative decoding", data_defaults=DATA_DEFAULTS)
 def serve(role: str = "speculative"):
     started = time.time()
+    pyinfra_speed.compute_global_arguments_once()  # the deploy's entry, not an import, patches
     refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
     cfg, pins = host_config_and_pins()  # invalid host data stops the run before any host
     notes.serve_planned(host.name)  # what a failure before its turn leaves it serving: unchanged

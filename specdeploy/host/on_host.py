@@ -21,8 +21,6 @@ import shlex
 from pyinfra import host
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 
-from specdeploy.host import pyinfra_speed  # noqa: F401  (every deploy imports this module)
-
 # Connector arguments that are about one command, not about who runs it.
 _PER_COMMAND = {"_stdin", "_timeout", "_get_pty", "_success_exit_codes"}
 _MISSING = "specdeploy: no such file"  # read_text's marker on stderr for a missing file

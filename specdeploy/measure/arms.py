@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from specdeploy.config.schema import ServeConfig, Workload
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.render.units import RenderedUnit, render_unit
 
 
@@ -58,11 +59,13 @@ class SharedStep(NamedTuple):
 Plan = Iterable[Step] | Iterable[SharedStep]
 
 
-def measure_unit(cfg: ServeConfig, arm: Arm) -> RenderedUnit:
-    """The measurement instance for `arm`, rendered from the production template."""
+def measure_unit(cfg: ServeConfig, arm: Arm, cuda_boot: CudaBootInfo | None = None) -> RenderedUnit:
+    """The measurement instance for `arm`, rendered from the production template (`cuda_boot`: the
+    host's CudaBoot fact, steps/unit.cuda_boot)."""
     return render_unit(
         arm.config(cfg),
         "speculative" if arm.speculative else "baseline",
         prefix_caching=arm.prefix_caching,
         measurement_arm=arm.label,
+        cuda_boot=cuda_boot,
     )

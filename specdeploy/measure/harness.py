@@ -44,6 +44,7 @@ from specdeploy.measure.arms import Plan, measure_unit
 from specdeploy.sampling.runs import run_samples
 from specdeploy.sampling.sampler import Sample, Sampler
 from specdeploy.steps import lock, weights
+from specdeploy.steps import unit as steps_unit
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,9 @@ class Samples:
 
     def __iter__(self) -> Iterator[Sample]:
         cfg = self.cfg
+        boot = steps_unit.cuda_boot(cfg)  # the host's CudaBoot fact: the renderer reads none
         for i, (arm, warm, *same_server) in enumerate(self.steps):
-            unit = measure_unit(cfg, arm)
+            unit = measure_unit(cfg, arm, boot)
             workload = arm.workload or cfg.workload
             same = bool(same_server and same_server[0])
             yield Sample(

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.config.schema import ServeConfig
-from specdeploy.decide.load_rule import schedule_proven_range
+from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_range
+from specdeploy.report.load_summary import kept_proof_of
 
 JOB = "specdeploy-vllm"
 BALANCER_JOB = "specdeploy-balancer"  # a job of its own: job=~"specdeploy-vllm.*" is vLLM only
@@ -124,10 +125,14 @@ def latest_smoke(reports: Path, host: str) -> dict | None:
     return None
 
 
-def baseline_rules(baselines: dict[str, dict], proven: dict[str, int] | None = None) -> dict:
+def baseline_rules(
+    baselines: dict[str, dict],
+    proven: dict[str, int] | None = None,
+    unproven: list[str] | None = None,
+) -> dict:
     """Recording rules with one constant per host (what the deploy measured), for the alerts;
-    `proven`: {host: the largest batch its schedule was proven at (schedule_proven_range), else
-    max_num_seqs}."""
+    `proven`: {host: the largest batch its schedule's kept proof proves (decide/load_rule.
+    proof_range), else max_num_seqs}; `unproven`: hosts whose schedule no kept proof proves."""
     rules = []
     for host, smoke in sorted(baselines.items()):
         tpot = smoke.get("median_tpot_ms")
@@ -153,6 +158,10 @@ def baseline_rules(baselines: dict[str, dict], proven: dict[str, int] | None = N
          "labels": {"host": host}}
         for host, top in sorted((proven or {}).items())
     ]  # fmt: skip
+    schedule += [
+        {"record": "specdeploy:schedule_unproven", "expr": "vector(1)", "labels": {"host": host}}
+        for host in sorted(unproven or [])
+    ]
     groups = [{"name": "specdeploy-baselines", "rules": rules}]
     if schedule:  # a group of its own: the smoke baselines stay the first group
         groups.append({"name": "specdeploy-schedules", "rules": schedule})
@@ -221,6 +230,7 @@ def write_prometheus(
     jobs: dict[str | None, ScrapeJob] = {}  # api key (or None) -> job
     skipped, baselines = [], {}
     proven: dict[str, int] = {}
+    unproven: list[str] = []
     balancers = []
     for name, groups, data, cfg in hosts:
         targets = [(a, labels) for a, labels in scrape_targets(name, groups, data, cfg) if a]
@@ -243,9 +253,14 @@ def write_prometheus(
         smoke = latest_smoke(reports, name)
         if smoke:
             baselines[name] = smoke
-        # without a schedule, max_num_seqs: no batch leaves it, so the alert has data and is quiet
-        schedule = schedule_proven_range(cfg)
-        proven[name] = schedule[1] if schedule else cfg.effective_max_num_seqs
+        # without a schedule, max_num_seqs: no batch leaves it, so the alert has data and is quiet;
+        # a schedule: the range its kept proof proves, else it is unproven (no range at all)
+        if SCHEDULE_KEY not in cfg.speculative_config:
+            proven[name] = cfg.effective_max_num_seqs
+        elif schedule := proof_range(kept_proof_of(reports, cfg, name)):
+            proven[name] = schedule[1]
+        else:
+            unproven.append(name)
     if (out / "api-keys").is_dir():
         shutil.rmtree(out / "api-keys")  # keys of jobs that no longer exist must not linger
     if (out / "targets").is_dir():
@@ -263,7 +278,8 @@ def write_prometheus(
     live = any(cfg.speculation_control is not None for _, _, _, cfg in hosts)
     config = prometheus_config(scraped, live=live)
     _write(out / "prometheus.yml", header + yaml.safe_dump(config, sort_keys=False))
-    _write(out / "baselines.yml", header + yaml.safe_dump(baseline_rules(baselines, proven)))
+    rules = baseline_rules(baselines, proven, unproven)
+    _write(out / "baselines.yml", header + yaml.safe_dump(rules))
     for name in MONITORING_TEMPLATES:
         shutil.copyfile(monitoring_dir() / name, out / name)
     if live:

@@ -121,6 +121,7 @@ class RecordSummary:
     unit_sha256: str | None = None
     gate: GateSummary | None = None
     validated_by: str | None = None  # what stood behind the unit's argv (ValidatedBy.authority)
+    schedule: str | None = None  # a schedule's evidence: proven (where) or unproven (why)
 
 
 @dataclass

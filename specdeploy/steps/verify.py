@@ -28,13 +28,15 @@ def verify_and_record(
     box_gate: gate.BoxGate | None = None,
     proof: ArgvProof | None = None,
     previous: DeploymentRecord | None = None,
+    schedule_proof: dict | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
     `preflight`: its weights and preflight, from planning or right after the download.
     `gate_input`: the speculation gate's units and fingerprint, fixed while planning (None: no gate
     for this unit). `box_gate`: a whole box's rolling restart, which gates the box once. `proof`:
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
-    `previous`: the record as the run found it; the record says what validated the unit."""
+    `previous`: the record as the run found it; the record says what validated the unit.
+    `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py)."""
     # the server's benchmarks and restarts, resolved here once and handed down: the smoke run and
     # the gate receive it, not the host data; every fresh server renews the deploy lock first
     sampler = Sampler(cfg, preflight.tokenizer, lock.renewal(cfg))
@@ -62,6 +64,7 @@ def verify_and_record(
         started=started,
         gate=decision,
         validated_by=validated_by(cfg, rendered, proof, previous),
+        schedule_proof=schedule_proof,
         timings=timings,
         revisions=pins or {},
     )
@@ -77,7 +80,7 @@ def verify_needed(cfg: ServeConfig, rendered, previous, *, change, pins: dict, s
     up_to_date = (
         previous is not None
         and previous.unit.sha256 == rendered.sha256
-        and not gate.gate_pending(cfg, previous)
+        and not gate.gate_pending(cfg, previous, rendered.cuda_boot)
     )
     stale_workload = dataset.workload_changes(previous, cfg)
     if stale_workload:

@@ -173,12 +173,13 @@ def box_cfg(host_name, host_data):
 def box_layout(th, box_cfg):
     """A whole box's instances, split from the host's GPUs or cores as the deploy split them."""
     from specdeploy.render import instances
+    from specdeploy.steps.servers import available_devices
 
     def get_fact(cls, **kwargs):  # the deploy's facts, read with their own commands
         out = th.run(f"sh -c {shlex.quote(cls().command(**kwargs))}")
         return cls().process(out.stdout.splitlines())
 
-    return instances.expand(box_cfg, instances.available_devices(box_cfg, get_fact))
+    return instances.expand(box_cfg, available_devices(box_cfg, get_fact))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 
 from specdeploy.config.record import read_record
 from specdeploy.config.revisions import as_deployed
-from specdeploy.host.facts.nvidia import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
+from specdeploy.host.facts.cuda_boot import CUDA_BOOT_COMMAND, NVIDIA_MODPROBE, parse_cuda_boot
 from specdeploy.host.scripts import source
 from specdeploy.render.argv import (
     LEGACY_SPECULATIVE_FLAGS,

@@ -21,7 +21,7 @@ A fixture's keys (all but `call` optional):
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
-                input, a sampler, a server's turn...)
+                input, a sampler, a schedule's proof kept on the control node, a server's turn...)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -228,9 +228,11 @@ SHOWN = [n for n in DERIVED if n.endswith(("_text", "_sha256", "_fingerprint"))]
 
 
 def _build_unit(case: Case, role: str):
+    """The unit of `role` as plan_server renders it: from the CudaBoot fact the step reads."""
     from specdeploy.render.units import render_unit
+    from specdeploy.steps.unit import cuda_boot
 
-    case.unit = render_unit(case.cfg, role)
+    case.unit = render_unit(case.cfg, role, cuda_boot=cuda_boot(case.cfg))
     return case.unit
 
 
@@ -352,6 +354,21 @@ def _build_fleet_class(case: Case, spec: dict):
     return hardware
 
 
+def _build_kept_proof(case: Case, spec: dict):
+    """A schedule's proof kept on the control node as deploys/compare.py leaves it
+    (report/load_summary.keep_proofs), for the case's config on `hardware` with `changes` made to
+    its fingerprint (another release, ...), holding `proof`; the argument is `role`."""
+    from specdeploy.report.load_summary import PROOFS, proof_fingerprint, proof_key
+    from specdeploy.report.paths import reports_root
+
+    fingerprint = proof_fingerprint(case.cfg, spec["hardware"]) | spec.get("changes", {})
+    entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint, **spec["proof"]}
+    path = reports_root() / PROOFS / f"{entry['key']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry))
+    return spec["role"]
+
+
 def _build_operation(case: Case, changes: bool):
     """An operation's result (OperationMeta) as a later step reads it: `will_change` while
     planning, `did_change()` once it ran — both `changes`."""
@@ -417,6 +434,7 @@ BUILDERS = {
     "$smoke": _build_smoke,
     "$sampler": _build_sampler,
     "$fleet_class": _build_fleet_class,
+    "$kept_proof": _build_kept_proof,
 }
 
 

@@ -15,10 +15,11 @@ from pyinfra.facts.files import File, Sha1File, Sha256File
 from pyinfra.facts.server import Command
 
 from specdeploy.config.schema import config_from_data
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
 from specdeploy.host.facts.haproxy import BalancerServers
 from specdeploy.host.facts.http import HttpGet
-from specdeploy.host.facts.nvidia import Accelerators, GpuMemory
+from specdeploy.host.facts.nvidia import Accelerators, CudaBoot, GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.observe.rows import HostStatus
@@ -53,12 +54,13 @@ class FakeProbe(HostProbe):
     instance names) whose installed unit was swapped in 30 s ago by a run stopped before its health
     check: the record verified another text, the server runs the process started before."""
 
-    def __init__(self, data: dict, stat: str, down: str | None = None, swapped=()):
+    def __init__(self, data: dict, stat: str, down: str | None = None, swapped=(), boot=None):
         host = SimpleNamespace(name="box", groups=[], data=SimpleNamespace(dict=lambda: data))
         host.connect = lambda **kwargs: None
         super().__init__(None, host, 0.0)
         self.cfg = config_from_data(data)
         self.stat, self.down, self.swapped, self.scrapes = stat, down, set(swapped), {}
+        self.boot = boot or CudaBootInfo()  # the CudaBoot fact: every unit was installed from it
 
     def fact(self, cls, **kw):
         cfg = self.cfg
@@ -74,6 +76,8 @@ class FakeProbe(HostProbe):
             return "0-3"
         if cls is Accelerators:
             return None
+        if cls is CudaBoot:
+            return self.boot
         if cls is GpuMemory:
             return []
         if cls is JsonFile:
@@ -81,13 +85,13 @@ class FakeProbe(HostProbe):
             if member is None:
                 return None
             record = json.loads(RECORD.read_text())
-            unit = render_unit(member.cfg)
+            unit = render_unit(member.cfg, cuda_boot=self.boot)
             verified = VERIFIED_BEFORE if member.name in self.swapped else unit.text
             record["unit"] |= {"name": unit.name, "sha256": sha256(verified)}
             return record
         if cls in (FileText, Sha1File, Sha256File):
             member = paths.get(kw["path"])
-            text = render_unit(member.cfg).text if member else None
+            text = render_unit(member.cfg, cuda_boot=self.boot).text if member else None
             if cls is FileText or text is None:
                 return text
             return sha256(text) if cls is Sha256File else hashlib.sha1(text.encode()).hexdigest()

@@ -26,7 +26,8 @@ def units(*, port="8000", host="10.0.0.1", venv="vllm-0.32.0", request_set="sha-
     def unit(role, extra):
         argv = [f"/opt/specdeploy/venvs/{venv}/bin/python", "-m", "vllm", "serve", "m",
                 "--host", host, "--port", port, *extra]  # fmt: skip
-        return RenderedUnit(role, f"vllm-{role}", argv, " ".join(argv), f"/etc/{role}")
+        text = f"[Service]\nExecStart={' '.join(argv)}\n"
+        return RenderedUnit(role, f"vllm-{role}", argv, text, f"/etc/{role}")
 
     spec, base = unit("speculative", ["--speculative-config", "{}"]), unit("baseline", [])
     fp = gate_fingerprint(
@@ -69,6 +70,93 @@ def test_any_other_difference_is_another_class(differs):
 )
 def test_other_hardware_is_another_class(hardware):
     assert class_key(units(), CPU) != class_key(units(), hardware)
+
+
+def real_units(valid_data, **changes) -> GateInput:
+    """The gate's input as plan_server builds it, for host data `valid_data` with `changes`."""
+    from specdeploy.config.schema import config_from_data
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps.gate import gate_input
+
+    cfg = config_from_data({**valid_data, "speculation_gate": {"share": True}, **changes})
+    return gate_input(cfg, render_unit(cfg))
+
+
+def test_rendered_units_of_hosts_that_differ_by_their_address_alone_are_one_class(valid_data):
+    one = real_units(valid_data, vllm_host="10.0.0.1")
+    other = real_units(valid_data, vllm_host="10.0.0.2", vllm_port=8001)
+    assert one.speculative.text != other.speculative.text
+    assert class_key(one, CPU) == class_key(other, CPU)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"vllm_env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}},  # an Environment= line
+        {"vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "8"}},
+        {"vllm_api_key": "k" * 32},  # the env file sets another name
+    ],
+)
+def test_a_unit_environment_or_env_file_difference_is_another_class(valid_data, changes):
+    """The argv alone is the same: the class still tells them apart (on main it did not)."""
+    one, other = real_units(valid_data), real_units(valid_data, **changes)
+    assert one.speculative.argv == other.speculative.argv
+    assert class_key(one, CPU) != class_key(other, CPU)
+
+
+def test_the_env_files_secret_values_stay_out_of_the_class(valid_data):
+    """Two API keys: one class (a secret does not make a host slower), and no secret in the key's
+    input."""
+    one = real_units(valid_data, vllm_api_key="a" * 32)
+    other = real_units(valid_data, vllm_api_key="b" * 32)
+    assert class_key(one, CPU) == class_key(other, CPU)
+    assert one.env_file == {"VLLM_API_KEY": None}
+
+
+def test_a_box_instance_on_other_cores_is_another_class(valid_data):
+    """vllm-cpu whole boxes: the same instance on other cores (CPUAffinity=, the thread binding) is
+    another class; on the same cores of another host, the same one."""
+    from specdeploy.config.schema import config_from_data
+    from specdeploy.render import instances
+    from specdeploy.render.units import render_unit
+    from specdeploy.steps.gate import gate_input
+
+    data = {**valid_data, "vllm_package": "vllm-cpu", "instances": 2,
+            "speculation_gate": {"share": True}}  # fmt: skip
+    cfg = config_from_data(data)
+
+    def first(cores):
+        member = instances.expand(cfg, cores).instances[0].cfg
+        return gate_input(member, render_unit(member))
+
+    low, same, high = first([0, 1, 2, 3]), first([0, 1, 2, 3]), first([4, 5, 6, 7])
+    assert "CPUAffinity=" in low.speculative.text and low.speculative.argv == high.speculative.argv
+    assert class_key(low, CPU) == class_key(same, CPU) != class_key(high, CPU)
+
+
+def test_a_vllm_cpu_hosts_hardware_is_its_cpu_model_cpus_and_memory():
+    """checks/preflight.hardware from the facts: two hosts with the same memory but another CPU
+    model, or as many GiB on fewer cores, are other classes (on main: memory alone)."""
+    from specdeploy.checks.preflight import hardware
+    from specdeploy.host.facts.nvidia import AcceleratorInfo
+    from specdeploy.host.facts.system import CpuInfo
+    from tests.facts import fixture
+
+    def cpu_host(case, gib=16):
+        facts = fixture("CpuInfo", case)
+        return hardware(
+            AcceleratorInfo(status="missing"),
+            {"total": gib * 2**30},
+            CpuInfo().process(facts["output"]),
+        )
+
+    epyc = cpu_host("sandbox_epyc_2")
+    assert epyc == {"device": "cpu", "cpu_model": "AMD EPYC", "cpus": 2, "memory_gib": 16}
+    keys = {
+        class_key(units(), h) for h in (epyc, cpu_host("xeon_4"), cpu_host("arm_no_model_name"))
+    }
+    assert len(keys) == 3
+    assert class_key(units(), cpu_host("sandbox_epyc_2", 32)) != class_key(units(), epyc)
 
 
 def _critical_rank_sum(n: int, alpha: float) -> int:

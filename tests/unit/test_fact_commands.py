@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.host.facts.cuda_boot import CUDA_BOOT_COMMAND
 from specdeploy.host.facts.files import FileSha1, FileText, JsonFile
 from specdeploy.host.facts.http import HttpGet
-from specdeploy.host.facts.nvidia import CUDA_BOOT_COMMAND, CudaBoot, GpuMemory
+from specdeploy.host.facts.nvidia import CudaBoot, GpuMemory
 from specdeploy.host.facts.system import FreeDiskBytes, MemoryBytes
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import ModelSnapshot, PythonVersion, VllmVersion

@@ -111,15 +111,16 @@ def test_plain_cuda_host_renders_its_unit_through_pyinfra(valid_data):
     after persistenced only), as from the recorded fact."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.host.facts.nvidia import CudaBootInfo
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
     from specdeploy.render.units import render_unit
+    from specdeploy.steps.unit import cuda_boot
 
     recorded = fixture("CudaBoot", "h200_device_container")
     assert recorded["output"] == []
     cfg = config_from_data(valid_data)
     host = pyinfra_host(recorded["output"])
-    with ctx_host.use(host):
-        text = render_unit(cfg).text
+    with ctx_host.use(host):  # the step reads the fact, the renderer takes it
+        text = render_unit(cfg, cuda_boot=cuda_boot(cfg)).text
     assert host.connector.commands == [recorded["command"]]
     assert text == render_unit(cfg, cuda_boot=CudaBootInfo(**recorded["fact"])).text
     assert "nvidia-persistenced.service" in text and "ExecStartPre" not in text

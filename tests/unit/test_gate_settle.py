@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdeploy.config.record import GateDecision, read_record
 from specdeploy.config.schema import config_from_data
+from specdeploy.decide.gate_rule import gate_needs_recheck
 from specdeploy.render.units import render_unit
 from specdeploy.steps import gate
 
@@ -77,3 +83,51 @@ def test_a_record_from_before_fingerprints_measures_again(valid_data):
     assert gate.gate_settled_unit(cfg, render_unit(cfg, "speculative"), previous).role == (
         "speculative"
     )
+
+
+# --- the recheck boundary: a fall-back exactly recheck_days old re-measures --------------------
+
+DECIDED = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+def _frozen_clock(monkeypatch, now: datetime) -> None:
+    """steps/gate.py's clock reads `now` (planning time and the class decisions alike)."""
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return now
+
+    monkeypatch.setattr(gate, "datetime", Clock)
+
+
+@settings(max_examples=300, deadline=None)
+@given(days=st.floats(min_value=0.0001, max_value=400, allow_nan=False))
+def test_a_fall_back_exactly_recheck_days_old_re_measures_one_microsecond_younger_does_not(days):
+    """The rule itself, at any recheck_days: exactly that old re-measures (days as a float
+    quotient missed it, e.g. 0.007 days), a microsecond younger stands."""
+    fell = {"passed": False, "fingerprint": {"f": 1}, "decided_at": DECIDED.isoformat()}
+    at = DECIDED + timedelta(days=days)
+    assert gate_needs_recheck(fell, {"f": 1}, now=at, recheck_days=days)["recheck"]
+    younger = at - timedelta(microseconds=1)
+    assert not gate_needs_recheck(fell, {"f": 1}, now=younger, recheck_days=days)["recheck"]
+
+
+@pytest.mark.parametrize("days", [7, 0.5, 0.007])
+def test_the_step_and_the_class_re_measure_a_fall_back_exactly_recheck_days_old(
+    valid_data, tmp_path, monkeypatch, days
+):
+    """Through steps/gate.py: the host's settled fall-back (gate_settled_unit, gate_pending) and a
+    class's kept fall-back (FleetClasses.find) at the boundary, and a second before it."""
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
+    cfg = cfg_with_gate(valid_data, recheck_days=days, on_fail="baseline")
+    spec = render_unit(cfg, "speculative")
+    previous = fell_back(cfg, decided_at=DECIDED.isoformat())
+    gate.FleetClasses().keep("k", GateDecision.model_validate(previous.gate.as_json()), "canary")
+    boundary = DECIDED + timedelta(days=days)
+    for now, expired in ((boundary - timedelta(seconds=1), False), (boundary, True)):
+        _frozen_clock(monkeypatch, now)
+        settled = gate.gate_settled_unit(cfg, spec, previous)
+        assert settled.role == ("speculative" if expired else "baseline"), now
+        assert gate.gate_pending(cfg, previous) is expired
+        assert (gate.FleetClasses().find("k", days) is None) is expired

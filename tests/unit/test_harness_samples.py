@@ -15,7 +15,7 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts.nvidia import CudaBootInfo
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.measure import arms, harness, load_flow
 from tests.operations import harness as fake
 from tests.unit.conftest import VALID

@@ -13,7 +13,7 @@ import pytest
 from specdeploy.checks.host_data import Problem, check_host
 from specdeploy.config.host_text import unsafe_char
 from specdeploy.config.schema import config_from_data
-from specdeploy.host.facts.nvidia import CudaBootInfo
+from specdeploy.host.facts.cuda_boot import CudaBootInfo
 from specdeploy.render.argv import flag_value, systemd_split, unit_exec_argv
 from specdeploy.render.units import (
     env_file_quote,

@@ -94,7 +94,8 @@ ROOMS = [
     #            decide; low so steps, measurements, flows and the CLI write and read reports
     "host",  # facts per tool, commands on a host, the server lifecycle, benchmarks, host scripts:
     #          reads config and decide's counters
-    "render",  # argv, units and env files, a whole box's layout: reads the nvidia facts (host)
+    "render",  # argv, units and env files, a whole box's layout: pure, from host data and the
+    #            facts' values the steps pass in (host/facts/cuda_boot.py)
     "releases",  # the release tables, the `Release` a pin is looked up to, the wheel probe of
     #              `releases add`, the release matrix: reads only its own tables, so the checks,
     #              the install step and the docs all read a release from here
@@ -178,6 +179,26 @@ def test_decide_is_pure():
         if any(name == bad or name.startswith(bad + ".") for bad in impure)
     }
     assert not found, found
+
+
+def test_render_is_pure():
+    """render/ turns host data and the facts the steps pass in into text: it imports nothing of
+    pyinfra (not even through the modules it imports) and reads no fact."""
+    import subprocess
+    import sys
+
+    modules = sorted(module_name(p) for p in (PACKAGE / "render").glob("*.py"))
+    code = "; ".join(f"import {m}" for m in modules)
+    code += "; import sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyinfra'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+    reads = {
+        f"{path.name}: {node.attr}"
+        for path in (PACKAGE / "render").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in {"get_fact", "get_facts"}
+    }
+    assert not reads, reads
 
 
 def test_the_wheel_carries_no_sandbox(tmp_path):

@@ -3,14 +3,12 @@ random between the arms (leastconn would send more traffic to the faster arm).""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-
-import pytest
 
 from specdeploy.config.schema import config_from_data
 from specdeploy.render import control, instances
 from specdeploy.render.units import render_balancer
+from tests.tools import need_tool
 
 
 def box(valid_data, **extra):
@@ -48,8 +46,8 @@ def test_the_last_instances_are_the_control_arm(valid_data):
     assert control.control_instances(plain, names) == []
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy")
 def test_haproxy_accepts_the_random_balance(tmp_path, valid_data):
+    haproxy = need_tool("haproxy")
     cfg, members = box(valid_data, speculation_control={"instances": 1})
     text = render_balancer(cfg, members)[0].text
     text = text.replace(cfg.balancer_socket, str(tmp_path / "admin.sock"))
@@ -58,6 +56,6 @@ def test_haproxy_accepts_the_random_balance(tmp_path, valid_data):
     )
     (tmp_path / "haproxy.cfg").write_text(text + "\n")
     result = subprocess.run(
-        ["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
+        [haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -19,13 +19,15 @@ from tests.unit.conftest import VALID
 SPREAD = (0.97, 0.99, 1.0, 1.01, 1.03)
 
 
-def write_run(run_dir: Path, cfg, plan, tpot_ms: dict[str, dict[int, float]], kind: str) -> None:
-    """raw/gpu-1/: conditions.json and one NN-<label>.json per step of `plan`, each run's TPOT
-    the arm's median at its level times the next factor of SPREAD."""
+def write_run(
+    run_dir: Path, cfg, plan, tpot_ms: dict[str, dict[int, float]], kind: str, **extra
+) -> None:
+    """raw/gpu-1/: conditions.json (with `extra`) and one NN-<label>.json per step of `plan`, each
+    run's TPOT the arm's median at its level times the next factor of SPREAD."""
     raw = run_dir / "raw" / "gpu-1"
     raw.mkdir(parents=True)
     cond = {**conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)}
-    cond |= {"kind": kind, "host": "gpu-1", "finished_at": "2026-12-04T00:00:00+00:00"}
+    cond |= {"kind": kind, "host": "gpu-1", "finished_at": "2026-12-04T00:00:00+00:00", **extra}
     raw.joinpath("conditions.json").write_text(json.dumps(cond, default=str))
     seen: dict[str, int] = {}
     for i, (arm, warmup, same_server) in enumerate(plan):
@@ -129,31 +131,76 @@ def test_a_candidate_schedule_proven_winning_is_what_to_deploy(tmp_path):
     assert "'num_speculative_tokens': 3" in h["host_data_change"]
 
 
-def test_a_deployed_schedule_carries_its_proof_into_the_record(tmp_path):
-    """steps/record.py adds schedule_evidence: the newest proof of exactly this schedule on this
-    host, level by level; None where none was run; nothing for a config without a schedule."""
-    from specdeploy.config.record import DeploymentRecord
-    from specdeploy.report.load_summary import schedule_evidence
+CANDIDATE = ((1, 2, 3), (3, 4, 0))
+WINS = {
+    "baseline": {1: 40.0, 2: 45.0, 4: 50.0},
+    "schedule": {1: 20.0, 2: 30.0, 4: 50.3},
+    "fixed": {1: 20.2, 2: 30.1, 4: 75.0},
+}
+H200 = {"device": "gpu", "gpus": ["NVIDIA H200 143771 MiB"], "driver": "570.1", "cuda": "12.8"}
+
+
+def proof_run(root: Path, cfg, fingerprint, name="proof-run", finished="2026-12-04T00:00:00+00:00"):
+    """A compare_across_load run of CANDIDATE on gpu-1 whose conditions carry `fingerprint` (as
+    flows/measure.py writes them), reported and kept as the flow keeps it."""
+    from specdeploy.report.load_summary import keep_proofs
+
+    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=CANDIDATE)
+    write_run(root / name, cfg, plan, WINS, "compare", proof_fingerprint=fingerprint,
+              finished_at=finished)  # fmt: skip
+    return keep_proofs(root / name, report.write(root / name, "compare"))
+
+
+def deployed(**data):
+    """The config that deploys CANDIDATE as the proof's host-data line says."""
+    from specdeploy.decide.load_rule import schedule_config
+
+    cfg = cfg_with(**data)
+    return cfg.model_copy(update={"speculative_config": schedule_config(cfg.speculative_config,
+                                                                        CANDIDATE)})  # fmt: skip
+
+
+def test_a_proof_is_kept_by_its_full_fingerprint_and_found_by_nothing_less(tmp_path):
+    """report/load_summary: a proof is kept under its fingerprint's key and found only for exactly
+    that fingerprint: another release, target or draft revision, workload, request set, schedule or
+    hardware finds nothing (main matched host and schedule alone: each of these was 'proven')."""
+    from specdeploy.report.load_summary import kept_proof, proof_fingerprint
 
     cfg = cfg_with()
-    candidate = ((1, 2, 3), (3, 4, 0))
-    plan = LoadProof(cfg, 3, repeats=5, warmup_runs=0, schedule=candidate)
-    tpot = {
-        "baseline": {1: 40.0, 2: 45.0, 4: 50.0},
-        "schedule": {1: 20.0, 2: 30.0, 4: 50.3},
-        "fixed": {1: 20.2, 2: 30.1, 4: 75.0},
-    }
-    write_run(tmp_path / "proof-run", cfg, plan, tpot, "compare")
-    report.write(tmp_path / "proof-run", "compare")
-    spec = {**cfg.speculative_config, SCHEDULE_KEY: [[1, 2, 3], [3, 4, 0]]}
-    evidence = schedule_evidence(tmp_path, "gpu-1", spec)["schedule_proof"]
-    assert evidence["run"] == "proof-run" and evidence["proven"] is True
-    assert set(evidence["levels"]) == {"1", "2", "4"}
-    assert evidence["levels"]["1"]["verdict"] == "better"
-    assert evidence["levels"]["1"]["ratio"] == 0.5
-    assert evidence["levels"]["4"]["verdict"] == "no significant difference"
-    other = {**spec, SCHEDULE_KEY: [[1, 4, 3], [5, 8, 0]]}  # not the schedule that was proven
-    assert schedule_evidence(tmp_path, "gpu-1", other) == {"schedule_proof": None}
-    assert schedule_evidence(tmp_path, "gpu-2", spec) == {"schedule_proof": None}
-    assert schedule_evidence(tmp_path, "gpu-1", cfg.speculative_config) == {}
-    assert DeploymentRecord.model_fields["schedule_proof"].default is None
+    measured = proof_fingerprint(deployed(), H200)
+    (path,) = proof_run(tmp_path, cfg, measured)
+    assert path == tmp_path / "proofs" / f"{json.loads(path.read_text())['key']}.json"
+    found = kept_proof(tmp_path, proof_fingerprint(deployed(), H200))
+    assert (
+        found["proven"] is True and found["run"] == "proof-run" and found["measured_on"] == "gpu-1"
+    )
+    assert set(found["levels"]) == {"1", "2", "4"} and found["levels"]["1"]["verdict"] == "better"
+    assert found["proven_range"] == [1, 4]
+    workload = {**VALID["workload"], "load_levels": [1, 2, 8]}
+    draft = {**VALID["speculative_config"], "revision": "b" * 40}
+    others = {
+        "release": proof_fingerprint(deployed(vllm_version="0.33.0"), H200),
+        "target revision": proof_fingerprint(deployed(target_revision="c" * 40), H200),
+        "draft revision": proof_fingerprint(deployed(speculative_config=draft), H200),
+        "workload": proof_fingerprint(deployed(workload=workload), H200),
+        "hardware": proof_fingerprint(deployed(), {**H200, "gpus": H200["gpus"] * 2}),
+        "schedule": proof_fingerprint(cfg, H200, {**measured["speculative_config"],
+                                                   SCHEDULE_KEY: [[1, 4, 3], [5, 8, 0]]}),
+        "request set": {**measured, "request_set_sha256": "0" * 64},
+    }  # fmt: skip
+    for what, fingerprint in others.items():
+        assert fingerprint != measured, what
+        assert kept_proof(tmp_path, fingerprint) is None, what
+
+
+def test_a_proof_is_kept_newest_by_its_own_time_not_by_the_file(tmp_path):
+    """A re-rendered older run (written last) does not replace a newer proof of the same
+    fingerprint; a proof without a fingerprint (made before them) is not kept at all."""
+    from specdeploy.report.load_summary import kept_proof, proof_fingerprint
+
+    cfg = cfg_with()
+    fingerprint = proof_fingerprint(deployed(), H200)
+    proof_run(tmp_path, cfg, fingerprint, "new", finished="2026-12-04T10:00:00+00:00")
+    assert proof_run(tmp_path, cfg, fingerprint, "old", finished="2026-12-01T10:00:00+00:00") == []
+    assert kept_proof(tmp_path, fingerprint)["run"] == "new"
+    assert proof_run(tmp_path, cfg, None, "unfingerprinted") == []

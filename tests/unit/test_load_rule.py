@@ -266,21 +266,27 @@ def scheduled(valid_data, levels=(1, 2, 4)):
     return config_from_data(data)
 
 
-def test_the_proven_range_is_the_schedules_load_levels(valid_data):
-    from specdeploy.config.schema import config_from_data
-    from specdeploy.decide.load_rule import batch_outside_proven, schedule_proven_range
+def test_the_proven_range_is_the_proofs_levels_and_nothing_else_proves_one():
+    from specdeploy.decide.load_rule import batch_outside_proven, proof_range
 
-    assert schedule_proven_range(config_from_data(valid_data)) is None  # no schedule: no range
-    proven = schedule_proven_range(scheduled(valid_data))
+    proof = {"proven": True, "key": "k", "levels": {"1": {}, "2": {}, "4": {}}}
+    proven = proof_range(proof)
     assert proven == (1, 4)
     assert batch_outside_proven(proven, 4.0) is None
     assert batch_outside_proven(proven, 6.0) == (
-        "running batch 6 is outside the schedule's proven range 1-4 (workload.load_levels): add "
-        "the level and prove it (compare_across_load)"
+        "running batch 6 is outside the schedule's proven range 1-4 (its proof's load levels): "
+        "add the level and prove it (compare_across_load)"
     )
+    # no proof, a lost proof, an allowance, a proof matched before fingerprints: no range
+    for nothing in (None, {**proof, "proven": False}, {"proven": False, "allowed_unproven": True},
+                    {k: v for k, v in proof.items() if k != "key"}):  # fmt: skip
+        assert proof_range(nothing) is None and batch_outside_proven(None, 99.0) is None
 
 
-def test_render_writes_the_proven_batch_size_of_a_scheduled_host(tmp_path, valid_data):
+def test_render_calls_a_schedule_without_a_kept_proof_unproven(tmp_path, valid_data):
+    """No proof under the reports: the scheduled host gets no proven range (on main: its load
+    levels, with no proof at all), it is recorded as unproven; a host without a schedule keeps
+    max_num_seqs."""
     import yaml
 
     from specdeploy.observe.monitoring import write_prometheus
@@ -297,13 +303,9 @@ def test_render_writes_the_proven_batch_size_of_a_scheduled_host(tmp_path, valid
         {
             "record": "specdeploy:proven_batch_size_max",
             "expr": "vector(4)",
-            "labels": {"host": "a"},
-        },
-        {
-            "record": "specdeploy:proven_batch_size_max",
-            "expr": "vector(4)",
             "labels": {"host": "b"},
         },
+        {"record": "specdeploy:schedule_unproven", "expr": "vector(1)", "labels": {"host": "a"}},
     ]
     assert plain.effective_max_num_seqs == 4
 
@@ -336,8 +338,8 @@ def test_the_alert_fires_when_the_running_batch_leaves_the_proven_range(tmp_path
     notes = {
         "summary": "busy: batches larger than its speculation schedule was proven at",
         "description": "Up to 6 requests ran at once; the schedule "
-        "(num_speculative_tokens_per_batch_size) was measured winning only up to the highest of "
-        "workload.load_levels, and speculation can lose at a larger batch. Add that level and "
+        "(num_speculative_tokens_per_batch_size) was measured winning only up to the highest "
+        "load level of its proof, and speculation can lose at a larger batch. Add that level and "
         "prove it with deploys/compare.py (compare_across_load).",
     }
     promtool_test(

@@ -183,7 +183,7 @@ def test_release_venv_is_in_exec_start(valid_data):
 
 
 def _cuda_unit(valid_data, **boot):
-    from specdeploy.host.facts.nvidia import CudaBootInfo
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
 
     cfg = config_from_data(valid_data)
     return render_unit(cfg, cuda_boot=CudaBootInfo(**boot)).text.splitlines()
@@ -210,7 +210,7 @@ def test_cuda_unit_runs_nvidia_modprobe_as_root_only_where_installed(valid_data)
 
 
 def test_cuda_boot_lines_for_every_unit_of_the_service(valid_data):
-    from specdeploy.host.facts.nvidia import CudaBootInfo
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
 
     cfg = config_from_data(valid_data)
     boot = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
@@ -247,7 +247,7 @@ ExecStart="""
 def test_vllm_cpu_unit_renders_as_before_whatever_the_host_has(valid_data):
     """vllm-cpu: no CUDA lines, whatever the CudaBoot fact says (the text as it was rendered before
     the CUDA boot lines existed, up to ExecStart)."""
-    from specdeploy.host.facts.nvidia import CudaBootInfo
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
 
     valid_data["vllm_package"] = "vllm-cpu"
     cfg = config_from_data(valid_data)
@@ -258,26 +258,32 @@ def test_vllm_cpu_unit_renders_as_before_whatever_the_host_has(valid_data):
     assert "nvidia" not in text
 
 
-def test_cuda_unit_reads_the_deploy_hosts_fact_when_none_is_given(valid_data):
-    """Every render of one run (serve, the gate, measurements, status) agrees with the installed
-    unit: without `cuda_boot`, render_unit asks the host pyinfra is working on; vllm-cpu asks
-    nothing."""
+def test_the_renderer_reads_no_fact_the_steps_pass_the_cuda_boot_facts_in(valid_data):
+    """render_unit reads no fact, even with a host in context (None: the plain CUDA unit); the
+    step reads the host's CudaBoot (vllm-cpu: none) and every unit rendered from the production
+    unit (the gate's baseline, a settled fall-back) carries the same boot lines."""
     from pyinfra.context import ctx_host
 
-    from specdeploy.host.facts.nvidia import CudaBoot, CudaBootInfo
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
+    from specdeploy.host.facts.nvidia import CudaBoot
+    from specdeploy.steps import gate, unit
 
     asked = []
+    boot = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
 
     class Host:
         def get_fact(self, cls, **kwargs):
             asked.append(cls)
-            return CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+            return boot
 
-    cfg = config_from_data(valid_data)
+    pre = "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0"
+    cfg = config_from_data({**valid_data, "speculation_gate": {"runs": 3}})
     with ctx_host.use(Host()):
-        text = render_unit(cfg).text
-        valid_data["vllm_package"] = "vllm-cpu"
-        cpu = render_unit(config_from_data(valid_data)).text
-    assert asked == [CudaBoot]
-    assert "ExecStartPre=+/usr/bin/nvidia-modprobe -u -c0" in text and "nvidia" not in cpu
-    assert "ExecStartPre" not in render_unit(cfg).text  # no host in context: the plain CUDA unit
+        assert pre not in render_unit(cfg).text and asked == []  # the renderer asks nothing
+        read = unit.cuda_boot(cfg)
+        cpu = unit.cuda_boot(config_from_data({**valid_data, "vllm_package": "vllm-cpu"}))
+    assert asked == [CudaBoot] and read == boot and cpu is None
+    rendered = render_unit(cfg, cuda_boot=read)
+    units = gate.gate_input(cfg, rendered)
+    assert pre in rendered.text and pre in units.baseline.text
+    assert units.baseline.cuda_boot == boot

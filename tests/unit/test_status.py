@@ -346,6 +346,21 @@ def test_a_host_as_deployed_exits_0(valid_data, monkeypatch):
     assert entry["unit"]["verified"] is True and entry["unit"]["started_before_change"] is False
 
 
+def test_a_cuda_host_is_compared_with_the_unit_its_own_boot_facts_render(valid_data):
+    """An NVSwitch host's unit orders after fabricmanager and runs nvidia-modprobe: status reads
+    the host's CudaBoot fact itself and hands it to the renderer (which reads none), so the
+    installed unit is no drift; a host whose facts say otherwise is."""
+    from specdeploy.host.facts.cuda_boot import CudaBootInfo
+
+    nvswitch = CudaBootInfo(units=["nvidia-fabricmanager.service"], nvidia_modprobe=True)
+    probe = FakeProbe(valid_data, "both_up", boot=nvswitch)
+    out = read(probe)
+    assert (
+        "ExecStartPre=+/usr/bin/nvidia-modprobe" in render_unit(probe.cfg, cuda_boot=nvswitch).text
+    )
+    assert out.server.matches_unit and out.problems == []
+
+
 def test_an_unverified_swap_is_drift_named_and_exit_1(valid_data, monkeypatch):
     """Killed right after its unit swap: the installed unit is what the host data renders (no
     drift from the data), but not what the record verified, and the server still runs the process

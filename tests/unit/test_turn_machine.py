@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from specdeploy.config.schema import config_from_data
 from specdeploy.render.units import render_unit
+from specdeploy.steps import rollback
 from tests.unit.conftest import VALID
 from tests.unit.turn_host import (
     FakeHost,
@@ -28,6 +29,7 @@ from tests.unit.turn_host import (
     deployed_plain,
     invariant,
     on_stand_in,
+    plan_host,
     run_turn,
 )
 
@@ -256,3 +258,25 @@ def test_a_shrunk_box_whose_surplus_removal_fails_keeps_its_new_layout(tmp_path)
     assert "its new layout serves" in str(raised), raised
     assert [n for n, _ in fake.live_members] == ["specdeploy-vllm-0", "specdeploy-vllm-1"]
     assert first == [] and second == [], (first, second)
+
+
+@pytest.mark.parametrize("instances", [None, 2])
+def test_each_turn_hands_its_schedule_proof_to_the_record(tmp_path, monkeypatch, instances):
+    """What planning found for a deployed schedule reaches verify-and-record on a plain host and on
+    every instance of a box: the record's evidence is handed down, never looked up again."""
+    after = config(k=6, instances=instances)
+    fake = deployed(config(instances=instances))
+    handed: list = []
+    real = rollback.verify_or_rollback
+
+    def spy(*args, **kwargs):
+        handed.append(kwargs.get("schedule_proof"))
+        return real(*args, **kwargs)
+
+    on_stand_in(monkeypatch, fake, tmp_path)
+    monkeypatch.setattr(rollback, "verify_or_rollback", spy)
+    servers, plans, balancer = plan_host(fake, after)
+    for number, plan in enumerate(plans):
+        plan.schedule_proof = {"proven": True, "run": f"r{number}"}
+    rollback.roll_servers(servers, plans, balancer, started=0.0, pins={})
+    assert handed == [{"proven": True, "run": f"r{n}"} for n in range(len(plans))]

