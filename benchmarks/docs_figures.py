@@ -4,7 +4,7 @@ draws them for a user: a compare and a tune report are rebuilt by the product's 
 replays the live tier recorded; the H200 load chart is report/charts.load_chart over the recorded
 proof's summary; the payoff map and the rolling-restart timeline come from their own scripts, which
 draw with the report's style (charts.save). Every figure is sized for the manual's column:
-tests/unit/test_docs_figures.py checks each.
+tests/unit/project/test_docs_figures.py checks each.
 
 Usage: python benchmarks/docs_figures.py [NAME...]     (from the repo root; no NAME: all of them)
 """

@@ -9,9 +9,10 @@
   wing's modules) and a set of paths: `make test-changed` runs the wings whose paths changed since
   the merge base with main (`python -m tests.wings changed`).
 
-tests/unit/test_wings.py holds the map to the tree: every module under tests/integration is in the
-fast tier or in exactly one wing, every product and sandbox file is guarded by at least one wing,
-and the live tier never has fewer tests than LIVE_TESTS_AT_LEAST (a proof is moved, not dropped).
+tests/unit/project/test_wings.py holds the map to the tree: every module under tests/integration is
+in the fast tier or in exactly one wing, every product and sandbox file is guarded by at least one
+wing, and the live tier never has fewer tests than LIVE_TESTS_AT_LEAST (a proof is moved, not
+dropped).
 """
 
 from __future__ import annotations
@@ -104,11 +105,12 @@ WINGS: dict[str, Wing] = {
     "measure": Wing(
         "the trained pair: smoke figures, the compare, gate and tune verdicts, the tune and proof "
         "across load levels (recorded for the replays), the gate across load levels and a load "
-        "ramp across a schedule boundary",
+        "ramp across a schedule boundary, the choice among three drafts",
         (
             "tests/integration/test_trained_models.py",
             "tests/integration/test_load_aware.py",
             "tests/integration/test_load_gate.py",
+            "tests/integration/test_choose_draft.py",
         ),
         (
             "specdeploy/measure/*",
@@ -121,6 +123,9 @@ WINGS: dict[str, Wing] = {
             "specdeploy/host/watchdog.py",
             "deploys/compare.py",
             "deploys/tune.py",
+            "deploys/choose_draft.py",
+            "specdeploy/checks/draft_candidates.py",
+            "specdeploy/checks/model_cards.py",
         ),
     ),
     "box": Wing(
@@ -233,7 +238,7 @@ WINGS: dict[str, Wing] = {
 }
 
 # The live tier's size when this map was written (collected with `-m live`): it may grow, never
-# fall (tests/unit/test_wings.py collects it).
+# fall (tests/unit/project/test_wings.py collects it).
 LIVE_TESTS_AT_LEAST = 91
 
 

@@ -212,7 +212,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                                    gate_input=plan.gate_input, box_gate=None, proof=plan.proof,
                                    previous=plan.previous, schedule_proof=plan.schedule_proof,
                                    verified=plan.previous and plan.previous.unit,
-                                   **kwargs)  # fmt: skip
+                                   pinned_release=plan.release, **kwargs)  # fmt: skip
         return
     box = BoxTurn(servers, plans, balancer)
     try:
@@ -281,7 +281,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
                                proof=plan.proof, previous=plan.previous,
                                schedule_proof=plan.schedule_proof,
                                verified=plan.previous and plan.previous.unit, release=False,
-                               **kwargs)  # fmt: skip
+                               pinned_release=plan.release, **kwargs)  # fmt: skip
             box.verified.append(plan)
         for plan in batch if serving else ():
             box.undrain(plan.member.name)

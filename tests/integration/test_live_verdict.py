@@ -119,7 +119,8 @@ def test_pays_then_loses_then_falls_back(host, ssh, tmp_path, record_replay):
     client(ssh, host, model, prompts="/run/live-random.txt", temperature=1.5)
     phase2 = judge_phase(judge, ssh, host, 1 + AFTER)  # the straddling block, then AFTER loses
     print("phase 2:", json.dumps(phase2))
-    # the fast tier's replay (tests/unit/test_live_verdict_replay.py): every snapshot and step
+    # the fast tier's replay (tests/unit/decide/test_live_verdict_replay.py): every snapshot and
+    # step
     record_replay(
         "live_verdict",
         {
