@@ -6,7 +6,7 @@ set -euo pipefail
 # nginx-light: the sandbox gateway (gated HF repo, Debian repository); apt-utils: apt-ftparchive;
 # prometheus: the real Prometheus (and promtool) the monitoring tests run against the sandbox;
 # haproxy, socat: the real HAProxy the balancer tests query (its stats socket through socat);
-# chromium: the headless browser that renders the built manual (tests/unit/test_docs_site.py).
+# chromium: the headless browser that renders the built manual (tests/unit/project/test_docs_site.py).
 # python3-venv: the control node's virtualenv (Debian's python3 is externally managed, PEP 668).
 # `install-system-deps.sh demo`: only what `make demo` uses (Prometheus is for the tests).
 PKGS=(python3 python3-venv debootstrap systemd-container zstd iproute2 openssh-client libnuma1 git curl nginx-light apt-utils)

@@ -2,7 +2,7 @@
 
     python benchmarks/decision_rule.py [--trials 20000] [--seed 22]
 
-Prints figures, it is not a timed test (tests/unit/test_decision_rule.py is the fast check).
+Prints figures, it is not a timed test (tests/unit/decide/test_decision_rule.py is the fast check).
 Every simulated run is one run-level value (one fresh server start's median TPOT, ms). Spread
 models:
 

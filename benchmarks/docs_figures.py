@@ -5,7 +5,7 @@ replays the live tier recorded; the H200 load chart is report/charts.load_chart 
 proof's summary; the live verdict over time is report/charts.live_chart over the live wing's
 recorded judge; the payoff map and the rolling-restart timeline come from their own scripts, which
 draw with the report's style (charts.save). Every figure is sized for the manual's column:
-tests/unit/test_docs_figures.py checks each.
+tests/unit/project/test_docs_figures.py checks each.
 
 Usage: python benchmarks/docs_figures.py [NAME...]     (from the repo root; no NAME: all of them)
 """

@@ -4,7 +4,7 @@ by simulation (decide/live_rule.py: simulated_windows, live_power).
     python benchmarks/live_verdict_power.py [--trials 400]
 
 Prints figures for docs/guides/live-verdict.md; it is not a timed test
-(tests/unit/test_live_verdict.py is the fast check). Model: requests routed at random to the
+(tests/unit/decide/test_live_verdict.py is the fast check). Model: requests routed at random to the
 control arm with probability control/instances, per-request TPOT with CV 0.3, the load moving
 both arms together by a lognormal factor of spread 0.2 from window to window; 5-minute windows,
 decisions over 12 usable windows, alpha 0.05, at least 20 requests per arm and window. "power"

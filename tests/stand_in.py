@@ -1,6 +1,6 @@
 """A fleet of STAND-IN hosts for the control node's own work: the real serve deploy planned and
 executed against N hosts on a fake connector, counting what each host is sent and how often the
-fleet-wide work runs (issue 37). tests/unit/test_fleet_scale.py holds the counts on 20 hosts;
+fleet-wide work runs (issue 37). tests/unit/flows/test_fleet_scale.py holds the counts on 20 hosts;
 benchmarks/fleet_scale/plan_fleet.py prints the time and memory of 100 to 1,000.
 
 `StandInConnector` is a named STAND-IN for SSH hosts: nothing is connected to. Every host answers

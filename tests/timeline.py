@@ -1,6 +1,7 @@
 """The health timeline's verdict, apart from how its samples are taken: the live suite samples each
 host's /health over SSH (tests/integration/conftest.py, HealthTimeline), the fast tier replays the
-raw samples a live run recorded (tests/unit/test_timeline_replay.py). Both judge with this code."""
+raw samples a live run recorded (tests/unit/project/test_timeline_replay.py). Both judge with this
+code."""
 
 from __future__ import annotations
 

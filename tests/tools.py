@@ -6,8 +6,8 @@ one there is a broken setup, never a reason for a green run to prove less.
 
 Use `@pytest.mark.needs_tool("promtool")` on a test or module (`tests/conftest.py` calls
 `need_tool` before it runs), or `need_tool(...)` / `need_module(...)` inside a fixture or test that
-needs the path or the module. `tests/unit/test_tools.py` tests this helper and that no test skips
-on a missing tool any other way.
+needs the path or the module. `tests/unit/project/test_tools.py` tests this helper and that no test
+skips on a missing tool any other way.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
     python benchmarks/fleet_scale/plan_fleet.py [--hosts 1000] [--hosts 100 ...]
 
 The fleet is tests/stand_in.py's (its docstring says what a STAND-IN host answers, and why the
-figures are the control node's own cost); tests/unit/test_fleet_scale.py holds its counts on 20
-hosts. This prints total and per-host planning time, execution time, peak RSS
+figures are the control node's own cost); tests/unit/flows/test_fleet_scale.py holds its counts on
+20 hosts. This prints total and per-host planning time, execution time, peak RSS
 (resource.getrusage) and per host, commands per host (planning / execution), and how often the
 fleet-wide work ran: the request set's tokenizing and the release tables' parse (once each,
 however many hosts).

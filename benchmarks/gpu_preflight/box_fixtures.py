@@ -11,7 +11,7 @@ replaced by the index). Marked `"kind": "constructed"`, and `constructed` in the
   Instance 3 is restarting: its new engine's workers hold 9000 MiB on GPUs 6 and 7 so far.
   Another process (pid 4242, no unit) holds 62 GiB on GPU 5.
 The fact was asked about every instance's units (what a host-wide call prints); a per-instance call
-prints only its own `@@unit` parts (tests/unit/test_gpu_box.py keeps only those).
+prints only its own `@@unit` parts (tests/unit/checks/test_gpu_box.py keeps only those).
 
 Usage: python -m benchmarks.gpu_preflight.box_fixtures     (from the repo root)
 """

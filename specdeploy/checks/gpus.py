@@ -14,6 +14,20 @@ from specdeploy.host.facts.nvidia import AcceleratorInfo, Gpu
 from specdeploy.releases import capabilities
 from specdeploy.render.argv import EngineFlags, engine_flags
 
+# `release` not handed in: the checks look the pin up themselves (a caller without a deploy's start,
+# such as a test); a deploy hands the Release its start read (None: no table describes the pin)
+LOOK_UP = object()
+
+
+def pin_release(cfg: ServeConfig, release=LOOK_UP) -> capabilities.Release | None:
+    """`release` as handed in, else the pin's, looked up here (None where no table describes it)."""
+    if release is not LOOK_UP:
+        return release
+    try:
+        return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:  # refused by `specdeploy check`; bfloat16 still checked
+        return None
+
 
 class PreflightError(HostRefused):
     """The preflight's problems on one host (its GPUs, driver, memory, vocabulary, context)."""
@@ -163,6 +177,7 @@ def check_release(
     accelerators: AcceleratorInfo,
     target: dict | None,
     result: Preflight,
+    release: capabilities.Release | None = LOOK_UP,  # type: ignore[assignment]
 ) -> None:
     """The pinned build against the host (capabilities.py's tables): the driver too old for its
     CUDA; GPUs older than it supports; bfloat16 on GPUs without it (compute capability < 8.0: vLLM
@@ -170,10 +185,7 @@ def check_release(
     (then only an explicit --dtype is known, and a warning says so)."""
     if cfg.vllm_package != "vllm" or accelerators.status != "ok":
         return
-    try:  # the pin's release, looked up once for the driver and the GPUs below
-        release = capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
-    except capabilities.UnknownRelease:  # refused by `specdeploy check`; bfloat16 still checked
-        release = None
+    release = pin_release(cfg, release)  # one Release for the driver and the GPUs below
     # what the host has and runs first, then the build's table
     gpus = [g for g in _visible(cfg, accelerators.gpus) if _capability(g.compute_capability)]
     dtype, where = served_dtype(flags, target)
@@ -210,14 +222,22 @@ def check_release(
         )
 
 
-def check_gpus(cfg: ServeConfig, accelerators: AcceleratorInfo, target: dict | None) -> Preflight:
+def check_gpus(
+    cfg: ServeConfig,
+    accelerators: AcceleratorInfo,
+    target: dict | None,
+    *,
+    flags: EngineFlags | None = None,
+    release: capabilities.Release | None = LOOK_UP,  # type: ignore[assignment]
+) -> Preflight:
     """The accelerator checks that need no downloaded file, run while planning before any install
     or download is scheduled (serve.py): no or a failing nvidia-smi, the driver vs the build's CUDA,
     the GPUs' compute capability vs the build and the dtype, GPU count vs TP x PP x DP. `target`:
     the ModelSnapshot when the weights are already there, else None (the dtype then comes from
-    --dtype only). The memory fit needs the files and runs after the download (`evaluate`)."""
-    result, scratch, flags = Preflight(), Preflight(), engine_flags(cfg)
+    --dtype only). The memory fit needs the files and runs after the download (`evaluate`).
+    `flags`, `release`: what the deploy's start read (else parsed and looked up here)."""
+    result, scratch, flags = Preflight(), Preflight(), flags or engine_flags(cfg)
     check_accelerator(cfg, flags, accelerators, scratch)
     result.problems += scratch.problems  # its memory warnings come with the memory check
-    check_release(cfg, flags, accelerators, target, result)
+    check_release(cfg, flags, accelerators, target, result, release)
     return result

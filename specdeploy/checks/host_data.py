@@ -40,9 +40,8 @@ __all__ = [
     "check_host",
     "check_report",
     "check_warnings",
-    "host_config",
-    "host_config_and_pins",
-    "host_config_as_deployed",
+    "host_inputs",
+    "host_inputs_as_deployed",
     "moving_ref_notes",
     "unknown_keys",
 ]
@@ -196,7 +195,7 @@ def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
         problems += release_checks.check_speculative(host, cfg, pin.release, flags)
         problems += release_checks.check_draft_parallelism(host, cfg, pin.release, flags)[0]
     problems += (
-        _check_instances(host, cfg)
+        _check_instances(host, cfg, flags)
         + _check_pip_options(host, cfg)
         + _check_memory(host, cfg)
         + _check_lengths(host, cfg)
@@ -209,7 +208,7 @@ def _check_host(host: str, data: dict[str, Any]) -> HostCheck:
 
 # What pip accepts in a requirements file (pip_install_args reach pip as one, `-r`, so a token in
 # an index URL never shows in ps): pip's req_file.SUPPORTED_OPTIONS and SUPPORTED_OPTIONS_REQ, with
-# their short forms (tests/unit/test_record_is_truth.py compares it with the installed pip's).
+# their short forms (tests/unit/steps/test_record_is_truth.py compares it with the installed pip's).
 PIP_FILE_OPTIONS = frozenset({
     "--index-url", "-i", "--extra-index-url", "--no-index", "--constraint", "-c",
     "--requirement", "-r", "--editable", "-e", "--find-links", "-f", "--no-binary",
@@ -232,13 +231,14 @@ def _check_pip_options(host: str, cfg: ServeConfig) -> list[Problem]:
                     "--find-links, --trusted-host, --pre, --only-binary, ...)")]  # fmt: skip
 
 
-def _check_instances(host: str, cfg: ServeConfig) -> list[Problem]:
+def _check_instances(host: str, cfg: ServeConfig, flags: EngineFlags) -> list[Problem]:
     """A whole box (instances.py): what the host data alone decides (ports, listed devices); the
     split against the host's GPUs or cores is checked while planning, from the facts."""
     if cfg.instances is None:
         return []
     todo = "give every instance its own GPUs (cores for vllm-cpu) and port, or set instances = N"
-    problems = [Problem(host, "instances", p, todo) for p in instances.expand(cfg).problems]
+    layout = instances.expand(cfg, flags=flags)
+    problems = [Problem(host, "instances", p, todo) for p in layout.problems]
     for name in (instances.GPU_ENV, instances.CPU_ENV):
         if name in cfg.vllm_env:
             problems.append(
@@ -258,11 +258,45 @@ def _version(host: str, data: dict[str, Any]) -> release_checks.PinCheck:
     )
 
 
-def host_config_and_pins() -> tuple[ServeConfig, dict]:
+class HostInputs(NamedTuple):
+    """What a deploy's start hands down for its host, read once there: the config (moving refs
+    pinned), the `Release` its pin was looked up to and its engine flags parsed once (what the
+    checks read; the steps and the measurements take them from here, never from the version
+    string or the argv again), and the pins."""
+
+    cfg: ServeConfig
+    release: capabilities.Release | None  # None only for a pin no table describes (refused)
+    flags: EngineFlags
+    pins: dict
+
+
+def _checked(host: str, data: dict[str, Any]) -> HostCheck:
+    """check_config's check, kept whole: its config, the pin's Release and the parsed flags."""
+    checked = _check_host(host, data)
+    if checked.problems:
+        raise ConfigError(checked.problems)
+    return checked
+
+
+def _release(checked: HostCheck) -> capabilities.Release | None:
+    """The Release the pin check looked up; the schema's default pin's where the data has none."""
+    if checked.pin is not None:
+        return checked.pin.release
+    cfg = checked.cfg
+    try:
+        return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:
+        return None
+
+
+def host_inputs() -> HostInputs:
     """Inside a deploy: the current pyinfra host's validated config with moving refs pinned to the
-    commit the control node resolved (revisions.py), and those pins. Raises ConfigError (listing
-    every problem) before any operation is scheduled, so an invalid host is never touched."""
-    return _pinned(check_config(current_host.name, current_host.data.dict()))
+    commit the control node resolved (revisions.py), those pins, and the Release and engine flags
+    its check read. Raises ConfigError (listing every problem) before any operation is scheduled,
+    so an invalid host is never touched."""
+    checked = _checked(current_host.name, current_host.data.dict())
+    cfg, pins = _pinned(checked.cfg)
+    return HostInputs(cfg, _release(checked), checked.flags, pins)
 
 
 def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
@@ -281,18 +315,17 @@ def _pinned(cfg: ServeConfig) -> tuple[ServeConfig, dict]:
         ) from None
 
 
-def host_config() -> ServeConfig:
-    return host_config_and_pins()[0]
-
-
-def host_config_as_deployed() -> ServeConfig:
+def host_inputs_as_deployed() -> HostInputs:
     """Inside a measurement (compare, tune): the host's config as its deployment record says it
     was deployed — every moving ref at the record's commit, never resolved again (upstream may
-    have moved since the rollout). Only a ref the record does not answer is resolved."""
-    cfg = check_config(current_host.name, current_host.data.dict())
+    have moved since the rollout). Only a ref the record does not answer is resolved. With the
+    Release and engine flags its check read (the record changes revisions only)."""
+    checked = _checked(current_host.name, current_host.data.dict())
+    cfg = checked.cfg
     found = current_host.get_fact(JsonFile, path=cfg.record_path)
     record = read_record(found, where=f"{current_host.name}: {cfg.record_path}")
-    return _pinned(revisions.as_deployed(cfg, record))[0]
+    cfg, pins = _pinned(revisions.as_deployed(cfg, record))
+    return HostInputs(cfg, _release(checked), checked.flags, pins)
 
 
 def moving_ref_notes(host: str, data: dict[str, Any]) -> list[Problem]:

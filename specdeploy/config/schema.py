@@ -228,10 +228,13 @@ class SpeculationGate(BaseModel):
         description="Speculation stays only when its TPOT is shown below this share of the "
         "baseline's (speculative TPOT / baseline TPOT), one-sided at decision_alpha.",
     )
-    on_fail: Literal["baseline", "fail"] = Field(
+    on_fail: Literal["baseline", "fail", "best_proven"] = Field(
         "baseline",
         description="What a host that speculation does not pay off on does: `baseline` ends on "
-        "the baseline unit (the record says why); `fail` fails the deploy instead.",
+        "the baseline unit (the record says why); `fail` fails the deploy instead; "
+        "`best_proven` (opt-in) serves the best configuration the gate's own runs proved faster "
+        "than the baseline (across load: the fixed k without the schedule), recording why, and "
+        "the baseline only when nothing is.",
     )
     runs: int = Field(
         3,
@@ -282,6 +285,71 @@ class SpeculationGate(BaseModel):
         "than the baseline and the fixed k at none); else it falls back (on_fail), the per-level "
         "evidence in the record. Without a schedule the gate measures at one load.",
     )
+
+
+NGRAM = "ngram"  # the weightless prompt-lookup speculator: a draft candidate without a repo
+
+
+class DraftCandidate(BaseModel):
+    """One draft `deploys/choose_draft.py` considers: a draft model at a pinned revision (optionally
+    quantized, optionally across vocabularies), or the weightless `ngram` speculator."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo: ModelRef | Literal["ngram"] = Field(
+        description="The draft's Hub repo id (or absolute path), or \"ngram\" for vLLM's "
+        "prompt-lookup speculator (no weights, no KV cache of its own)."
+    )
+    revision: Revision = Field(
+        "main",
+        description="The draft's commit, branch or tag; a moving ref is resolved once on the "
+        "control node and the download pinned to its commit.",
+    )
+    quantization: Text | None = Field(
+        None,
+        description="The draft's `quantization` in speculative_config (e.g. `fp8`); None: as "
+        "the checkpoint says.",
+    )
+    use_heterogeneous_vocab: bool = Field(
+        False,
+        description="Measure a draft with another vocabulary through vLLM's vocabulary mapping "
+        "(vLLM 0.25 to 0.33 only, method draft_model, greedy drafting); unset, such a draft is "
+        "refused by name before its weights are downloaded.",
+    )
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.repo == NGRAM
+
+    @property
+    def name(self) -> str:
+        """How reports and refusals name it: repo@revision (+ quantization), or ngram."""
+        if self.is_ngram:
+            return NGRAM
+        return f"{self.repo}@{self.revision}" + (f" ({self.quantization})" if self.quantization
+                                                 else "")  # fmt: skip
+
+    def speculative_config(self, base: dict[str, Any], k: int) -> dict[str, Any]:
+        """The --speculative-config this candidate runs with at k: the host's own, its draft
+        replaced (keys that belong to another draft dropped)."""
+        keep = {key: v for key, v in base.items() if key not in DRAFT_KEYS}
+        if self.is_ngram:
+            return {**keep, "method": NGRAM, "num_speculative_tokens": k}
+        out = {**keep, "method": "draft_model", "model": self.repo, "revision": self.revision,
+               "num_speculative_tokens": k}  # fmt: skip
+        if self.quantization:
+            out["quantization"] = self.quantization
+        if self.use_heterogeneous_vocab:
+            out["use_heterogeneous_vocab"] = True
+        return out
+
+
+# speculative_config keys that describe one draft: a candidate replaces them all
+DRAFT_KEYS = frozenset(
+    {"method", "model", "revision", "quantization", "use_heterogeneous_vocab",
+     "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+     "draft_tensor_parallel_size", "code_revision", "tokenizer"}
+)  # fmt: skip
 
 
 class SpeculationControl(BaseModel):
@@ -681,6 +749,14 @@ class ServeConfig(BaseModel):
         False,
         description="predict only, opt-in: an arm's runs share one fresh server, each with its "
         "own request seed; faster, but runs on one server are not independent samples.",
+    )
+    draft_candidates: list[DraftCandidate] = Field(
+        default_factory=list,
+        description="The drafts deploys/choose_draft.py measures against each other and the "
+        "baseline on the workload's request set: [{repo, revision, quantization}, ..., "
+        '{repo = "ngram"}]. Each is refused by name (vocabulary, memory, the release\'s methods) '
+        "before any download; the survivors are downloaded, measured at the largest tune_k, "
+        "predicted over tune_k, and the best two proven against the baseline.",
     )
     compare_across_load: bool = Field(
         False,

@@ -15,7 +15,7 @@ answer) and choose.fleet_ratio (median of per-host ratios); gate_rule.gate_decis
 gate_rule.gate_next_step (one-sided, against max_tpot_ratio), gate_rule.gate_needs_recheck. "no
 significant difference" and "too few runs to decide at alpha" are verdicts. The effect is the ratio
 of medians with the rank-test inversion interval (stats.ratio_interval). Run order: run_order /
-round_order. Calibration: benchmarks/decision_rule.py and tests/unit/test_decision_rule.py.
+round_order. Calibration: benchmarks/decision_rule.py and tests/unit/decide/test_decision_rule.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,13 @@ from specdeploy.decide.decisions import (
     _sequential,
     summarize_values,
 )
-from specdeploy.decide.load_rule import PROOF_RULE, SCHEDULE_KEY, proof_runs, prove_schedule
+from specdeploy.decide.load_rule import (
+    PROOF_RULE,
+    SCHEDULE_KEY,
+    proof_runs,
+    prove_schedule,
+    schedule_config,
+)
 from specdeploy.decide.stats import (
     DEFAULT_ALPHA,
     SEQUENTIAL_RULE,
@@ -36,6 +42,7 @@ GATE_RULE = (
     "one-sided upper bound of the ratio is below max_tpot_ratio); the reverse test says whether a"
     " fall-back is conclusive"
 )
+BEST_PROVEN = "best_proven"  # on_fail: serve the best configuration proven faster, else baseline
 GATE_PASSED = "faster than the margin"
 GATE_SLOWER = "slower than the margin"
 GATE_NOT_SHOWN = "not shown faster than the margin"
@@ -83,11 +90,7 @@ def gate_decision(
         verdict = TOO_FEW_RUNS
     else:
         verdict = GATE_SLOWER if conclusive else GATE_NOT_SHOWN
-    action = (
-        "keep speculative"
-        if passed
-        else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
-    )
+    action = "keep speculative" if passed else _fall_back_action(on_fail)
     ratio = median(spec_tpot) / median(base_tpot)
     out = {
         "passed": passed,
@@ -361,18 +364,21 @@ def across_load_decision(
         verdict = ACROSS_LOAD_BEHIND
     else:
         verdict = ACROSS_LOAD_NOT_SHOWN
-    action = (
-        "keep the schedule"
-        if passed
-        else ("switch to baseline" if on_fail == "baseline" else "fail the deploy")
-    )
+    action = "keep the schedule" if passed else _fall_back_action(on_fail)
     instead = None
+    alternatives = []
     if not passed and proof["fixed_proven"]:
         instead = (
             f"k = {fixed_k} without the schedule was faster than the baseline at concurrency "
             f"{', '.join(map(str, proof['fixed_faster_at']))} and slower at none: set "
             f"num_speculative_tokens = {fixed_k} and drop {SCHEDULE_KEY} to deploy it"
         )
+        alternatives.append({"what": f"k = {fixed_k} without the schedule", "k": fixed_k,
+                             "proven": True, "why": instead,
+                             "faster_at": len(proof["fixed_faster_at"])})  # fmt: skip
+    served = best_proven(alternatives) if not passed and on_fail == BEST_PROVEN else None
+    if served is not None:
+        action = f"serve {served['what']} (best proven)"
     levels = {
         c: {
             "tpot_ms": {arm: summarize_values(list(v)) for arm, v in runs[c].items()},
@@ -388,6 +394,8 @@ def across_load_decision(
     reason = f"{verdict}: {proof['verdict']}{low_runs} -> {action}" + (
         f" ({instead})" if instead else ""
     )
+    if not passed and on_fail == BEST_PROVEN and served is None:
+        reason += "; nothing else was proven faster than the baseline"
     return {
         "passed": passed,
         "conclusive": passed or bool(proof["slower_at"] or proof["behind_fixed_at"]),
@@ -398,6 +406,7 @@ def across_load_decision(
         "runs": {"per_arm_per_level": fewest, "levels": len(runs)},
         "test": PROOF_RULE,
         "reason": reason,
+        **({"served_instead": served} if served is not None else {}),
         "across_load": {
             "schedule": [list(e) for e in schedule],
             "fixed_k": fixed_k,
@@ -411,6 +420,31 @@ def across_load_decision(
             "levels": levels,
         },
     }
+
+
+def _fall_back_action(on_fail: str) -> str:
+    if on_fail == "fail":
+        return "fail the deploy"
+    return "switch to baseline"  # best_proven: unless an alternative was proven (the caller)
+
+
+def best_proven(alternatives: Sequence[Mapping]) -> dict | None:
+    """on_fail = "best_proven": of the configurations the gate's runs proved faster than the
+    baseline (and slower nowhere), the one faster at the most load levels (ties: the first
+    listed); None when none was, so the host falls back to the baseline."""
+    proven = [a for a in alternatives if a.get("proven")]
+    if not proven:
+        return None
+    return dict(max(proven, key=lambda a: a.get("faster_at", 0)))
+
+
+def served_config(speculative_config: Mapping, decision: Mapping) -> dict | None:
+    """The speculative_config a best_proven fall-back serves (decision["served_instead"]), or
+    None when it serves the baseline."""
+    served = decision.get("served_instead")
+    if not served:
+        return None
+    return schedule_config(speculative_config, None, served["k"])
 
 
 def _brief(comparison: Mapping | None) -> dict | None:

@@ -1,7 +1,7 @@
 """docs/reference/: the host-data keys from the schema (type, default, description), the
 `specdeploy` and `specdeploy-sandbox` commands from their argparse parsers, and the release matrix
 from the release tables. The pages are committed; `python -m specdeploy.docs.reference` rewrites
-them and `--check` fails when one differs (tests/unit/test_docs_reference.py runs it)."""
+them and `--check` fails when one differs (tests/unit/docs/test_docs_reference.py runs it)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "compare_across_load",
         "compare_fixed_k",
         "compare_schedule",
+        "draft_candidates",
     ),
 }
 GROUP_NOTES = {

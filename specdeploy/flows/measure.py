@@ -13,15 +13,17 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from specdeploy.checks.host_data import host_config_as_deployed
+from specdeploy.checks.host_data import host_inputs_as_deployed
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
 from specdeploy.host import pyinfra_speed, server
 from specdeploy.measure.arms import Arm
+from specdeploy.measure.draft_flow import DraftPlan
 from specdeploy.measure.harness import measure_plan
 from specdeploy.measure.load_flow import LoadProof
-from specdeploy.measure.plans import compare_measurement, tune_measurement
+from specdeploy.measure.plans import compare_measurement, draft_measurement, tune_measurement
 from specdeploy.render import instances
+from specdeploy.render.argv import EngineFlags
 from specdeploy.report import summary as report
 from specdeploy.report.load_summary import keep_proofs
 from specdeploy.report.paths import raw_dir, run_dir
@@ -32,12 +34,15 @@ from specdeploy.steps.servers import available_devices
 _REPORTED_HOSTS: dict[str, int] = {}  # report dir -> hosts finished when the report was written
 
 
-def measured_instance(cfg: ServeConfig) -> instances.Instance | None:
+def measured_instance(
+    cfg: ServeConfig, flags: EngineFlags | None = None
+) -> instances.Instance | None:
     """Planning time: the instance of a whole box that compare/tune measure (the last one, split
-    from the facts as the deploy split it); None for a host with one server."""
+    from the facts as the deploy split it); None for a host with one server. `flags`: the engine
+    flags the measurement's start parsed."""
     if cfg.instances is None:
         return None
-    layout = instances.expand(cfg, available_devices(cfg, host.get_fact))
+    layout = instances.expand(cfg, available_devices(cfg, host.get_fact), flags=flags)
     if layout.problems:
         todo = "fix instances (deploys/serve.py refuses this split too)"
         raise ConfigError([Problem(host.name, "instances", p, todo) for p in layout.problems])
@@ -100,6 +105,10 @@ def _write_report(kind: str) -> None:
             print(f"{name}: {verdict}")
             if h.get("host_data_change"):
                 print(f"  {h['host_data_change']}")
+    if kind == "choose_draft":
+        for name, h in summary["hosts"].items():
+            print(f"{name}: {h['decision']['verdict']}")
+            print(f"  {h['host_data_change']}")
     if kind == "tune":
         for name, h in summary["hosts"].items():
             if "choice" not in h:
@@ -118,6 +127,7 @@ def _write_report(kind: str) -> None:
 MEASUREMENTS = {
     "compare": ("specdeploy: baseline vs speculative A/B", compare_measurement),
     "tune": ("specdeploy: num_speculative_tokens sweep", tune_measurement),
+    "choose_draft": ("specdeploy: which draft, at which k", draft_measurement),
 }
 
 
@@ -130,10 +140,11 @@ def measurement_deploy(kind: str):
     def _measure_fleet():
         pyinfra_speed.compute_global_arguments_once()  # the deploy's entry, not an import, patches
         refuse_no_wait()  # --no-wait would take every host off its unit at once
-        cfg = host_config_as_deployed()  # the record's pins: what the host really serves
-        member = measured_instance(cfg)  # a whole box: one instance, drained; None: the host
+        # the record's pins: what the host really serves; its Release and engine flags, read once
+        cfg, release, flags, _ = host_inputs_as_deployed()
+        member = measured_instance(cfg, flags)  # a whole box: one instance, drained; None: the host
         measured = member.cfg if member else cfg
-        plan, cond, what = make_plan(measured)
+        plan, cond, what = make_plan(measured, release=release, flags=flags)
         if isinstance(plan, LoadProof):  # the proof's fingerprint, which a deploy must match
             fingerprint = schedule_proof.measured_fingerprint(
                 measured, plan.measured_schedule(), candidate=plan.schedule is not None
@@ -144,6 +155,8 @@ def measurement_deploy(kind: str):
             what = f"{what} on {member.name} ({member.devices_text}), drained from the balancer"
         with lock.held(cfg):  # no serve deploy meanwhile
             dataset.ship_request_set(cfg)  # the request set every arm replays
+            if isinstance(plan, DraftPlan):  # the candidates that passed every check
+                plan.stage()
             # a measured host is off its deployed unit: at most max_unavailable hosts at once
             host_turn(cfg, what, _measure, cfg=measured, kind=kind, plan=plan, cond=cond,
                       box=cfg if member else None)  # fmt: skip

@@ -27,9 +27,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from specdeploy.checks.host_data import host_config_and_pins
+from specdeploy.checks.host_data import HostInputs, host_inputs
 from specdeploy.config.problems import HostRefused
-from specdeploy.config.schema import DATA_DEFAULTS, ServeConfig
+from specdeploy.config.schema import DATA_DEFAULTS
 from specdeploy.host import pyinfra_speed
 from specdeploy.render import control
 from specdeploy.report import notes
@@ -45,29 +45,32 @@ def serve(role: str = "speculative"):
     started = time.time()
     pyinfra_speed.compute_global_arguments_once()  # the deploy's entry, not an import, patches
     refuse_no_wait()  # before anything else: --no-wait would ignore the rolling restart
-    cfg, pins = host_config_and_pins()  # invalid host data stops the run before any host
+    # invalid host data stops the run before any host; the config, its Release and engine flags
+    # are read here once and handed down to every step
+    inputs = host_inputs()
     notes.serve_planned(host.name)  # what a failure before its turn leaves it serving: unchanged
     try:
-        _serve(cfg, pins, role, started)
+        _serve(inputs, role, started)
     except HostRefused as refused:  # this host's own state: it fails alone, the others go on
         fail_alone(refused)
 
 
-def _serve(cfg: ServeConfig, pins: dict, role: str, started: float) -> None:
+def _serve(inputs: HostInputs, role: str, started: float) -> None:
+    cfg, pins = inputs.cfg, inputs.pins
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
-    servers = host_servers(cfg)
+    servers = host_servers(cfg, inputs.release, inputs.flags)
     names = [member.name for member in servers.members]
     # a control arm (speculation_control): its instances are planned on the baseline unit; the
     # live autopilot's fall-back (observe/live_verdict.py) keeps only the first speculative
     fallen_back = os.environ.get(control.FALLBACK_ENV) == "1"
     plans = [plan_server(member, control.arm_of(cfg, names, member.name, role,
-                                                fallen_back=fallen_back))
+                                                fallen_back=fallen_back), servers)
              for member in servers.members]  # fmt: skip
     with lock.held(cfg):  # see steps/lock.py
         install.prepare_host(cfg)
         if servers.balanced:
             instance_dirs(servers)
-        install.install_vllm(cfg)
+        install.install_vllm(cfg, inputs.release)
         weights.download_token(cfg)
         weights.weights_are_roots(cfg)  # before root writes into the cache again
         shipped = dataset.ship_request_set(cfg)  # its upload op (None: a generated request set)

@@ -12,7 +12,7 @@ Labels: `<arm>@c<concurrency>` (baseline@c4, k3@c1, schedule@c16, fixed@c16)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from specdeploy.config.schema import LoadLevel, ServeConfig
 from specdeploy.decide.load_rule import (
@@ -25,8 +25,8 @@ from specdeploy.decide.load_rule import (
 from specdeploy.decide.stats import min_runs_per_arm
 from specdeploy.measure.arms import BASELINE, Arm, SharedStep, k_arm
 from specdeploy.measure.conditions import LoadConditions
-from specdeploy.releases.capabilities import speculative_keys
-from specdeploy.render.argv import engine_flags
+from specdeploy.releases.capabilities import Release
+from specdeploy.render.argv import EngineFlags
 from specdeploy.sampling.runs import visits as sampling_visits
 
 
@@ -72,10 +72,12 @@ def _levels_json(cfg: ServeConfig) -> list[dict]:
     return [lv.model_dump() for lv in cfg.workload.effective_load_levels]
 
 
-def _schedule_facts(cfg: ServeConfig) -> dict:
+def _schedule_facts(release: Release, flags: EngineFlags) -> dict:
+    """What the conditions say of the pinned release and the engine, read from the Release and
+    the engine flags the measurement's start handed in (flows/measure.py)."""
     return {
-        "schedule_supported": SCHEDULE_KEY in speculative_keys(cfg.vllm_version).keys,
-        "data_parallel_size": engine_flags(cfg).dp,
+        "schedule_supported": SCHEDULE_KEY in release.speculative_keys.keys,
+        "data_parallel_size": flags.dp,
     }
 
 
@@ -87,6 +89,9 @@ class LoadTune:
     ks: tuple[int, ...]
     repeats: int
     warmup_runs: int
+    # the pin's Release and the engine flags, read once at the measurement's start
+    release: Release = field(kw_only=True)
+    flags: EngineFlags = field(kw_only=True)
 
     def arms(self) -> list[Arm]:
         return [BASELINE, *(k_arm(self.cfg, k) for k in self.ks)]
@@ -108,7 +113,7 @@ class LoadTune:
             fixed_k=None,
             order=f"warm-up, then rounds over {arms} rotating by one; each visit a fresh "
             "server and one run per load level, lowest first",
-            **_schedule_facts(self.cfg),
+            **_schedule_facts(self.release, self.flags),
         )
 
 
@@ -124,6 +129,9 @@ class LoadProof:
     repeats: int
     warmup_runs: int
     schedule: tuple[tuple[int, int, int], ...] | None = None  # compare_schedule
+    # the pin's Release and the engine flags, read once at the measurement's start
+    release: Release = field(kw_only=True)
+    flags: EngineFlags = field(kw_only=True)
 
     def measured_schedule(self) -> list[list[int]] | None:
         if self.schedule:
@@ -161,5 +169,5 @@ class LoadProof:
             across_load=True,
             schedule=self.measured_schedule(),
             schedule_deployed=bool(self.measured_schedule()) and not self.schedule,
-            **_schedule_facts(self.cfg),
+            **_schedule_facts(self.release, self.flags),
         )

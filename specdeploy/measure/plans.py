@@ -39,6 +39,7 @@ from specdeploy.measure.conditions import (
     TuneConditions,
     VllmPin,
 )
+from specdeploy.measure.draft_flow import DraftPlan, draft_plan
 from specdeploy.measure.load_flow import (
     LoadProof,
     LoadTune,
@@ -46,6 +47,8 @@ from specdeploy.measure.load_flow import (
     tune_runs_per_arm,
 )
 from specdeploy.measure.tune_flow import PredictPlan, read_raw
+from specdeploy.releases.capabilities import Release
+from specdeploy.render.argv import EngineFlags
 from specdeploy.render.units import render_unit
 from specdeploy.report.paths import raw_dir
 
@@ -273,16 +276,19 @@ class Measurement(NamedTuple):
     conditions its report states (a mapping: conditions.json's object), and the line that says
     what (the pyinfra operation's name). Unpacks as (plan, cond, what)."""
 
-    plan: list[Step] | SequentialCompare | PredictPlan
+    plan: list[Step] | SequentialCompare | PredictPlan | DraftPlan
     conditions: Conditions
     what: str
 
 
-def compare_measurement(cfg: ServeConfig) -> Measurement:
+def compare_measurement(
+    cfg: ServeConfig, *, release: Release | None, flags: EngineFlags
+) -> Measurement:
     """compare_repeats set: that many runs per arm (one look at alpha); unset (the default): the
-    sequential compare up to compare_max_repeats runs per arm."""
+    sequential compare up to compare_max_repeats runs per arm. `release`, `flags`: the pin's
+    Release and the engine flags the measurement's start read (the load proof states them)."""
     if setting(cfg, "compare_across_load"):
-        return load_proof_measurement(cfg)
+        return load_proof_measurement(cfg, release=release, flags=flags)
     repeats = setting(cfg, "compare_repeats")
     max_runs = setting(cfg, "compare_max_repeats")
     warmup_runs = setting(cfg, "compare_warmup_runs")
@@ -331,13 +337,16 @@ def _budget_problem(cfg: ServeConfig, max_runs: int) -> Problem:
     )
 
 
-def tune_measurement(cfg: ServeConfig) -> Measurement:
+def tune_measurement(
+    cfg: ServeConfig, *, release: Release | None, flags: EngineFlags
+) -> Measurement:
+    """`release`, `flags`: as compare_measurement's."""
     ks = setting(cfg, "tune_k")
     if cfg.workload.dataset == "random":
         logger.warning(f"{host.print_prefix}tune: {RANDOM_REQUESTS_WARNING}")
     method = setting(cfg, "tune_method")
     if method == "load":
-        return load_tune_measurement(cfg, ks)
+        return load_tune_measurement(cfg, ks, release=release, flags=flags)
     predict = method == "predict"
     # None: the fewest runs at which choose_k can decide; the predict flow sizes it to the k it
     # confirms (tune_flow.predict_plan), the sweep to all of tune_k
@@ -383,11 +392,15 @@ def _levels_text(cfg: ServeConfig) -> str:
     return ", ".join(str(lv.concurrency) for lv in cfg.workload.effective_load_levels)
 
 
-def load_tune_measurement(cfg: ServeConfig, ks: list[int]) -> Measurement:
+def load_tune_measurement(
+    cfg: ServeConfig, ks: list[int], *, release: Release, flags: EngineFlags
+) -> Measurement:
     """tune_method = "load": tune_repeats, else the fewest runs at which a k can be shown faster
     at one level under the levels' correction (load_flow.tune_runs_per_arm)."""
     repeats = setting(cfg, "tune_repeats") or tune_runs_per_arm(cfg, ks, cfg.decision_alpha)
-    plan = LoadTune(cfg, tuple(ks), repeats, setting(cfg, "tune_warmup_runs"))
+    plan = LoadTune(
+        cfg, tuple(ks), repeats, setting(cfg, "tune_warmup_runs"), release=release, flags=flags
+    )
     cond = conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)
     what = (
         f"Tune k over {ks} at concurrency {_levels_text(cfg)} ({repeats} visits per arm, one run "
@@ -396,7 +409,9 @@ def load_tune_measurement(cfg: ServeConfig, ks: list[int]) -> Measurement:
     return Measurement(plan, cond, what)
 
 
-def load_proof_measurement(cfg: ServeConfig) -> Measurement:
+def load_proof_measurement(
+    cfg: ServeConfig, *, release: Release, flags: EngineFlags
+) -> Measurement:
     """compare_across_load: compare_repeats, else the fewest runs at which the two-sided test at
     alpha / L can decide (load_flow.proof_runs_per_arm)."""
     repeats = setting(cfg, "compare_repeats") or proof_runs_per_arm(cfg, cfg.decision_alpha)
@@ -411,8 +426,41 @@ def load_proof_measurement(cfg: ServeConfig) -> Measurement:
         repeats,
         setting(cfg, "compare_warmup_runs"),
         tuple(tuple(e) for e in candidate) if candidate else None,
+        release=release,
+        flags=flags,
     )
     cond = conditions(cfg, plan.conditions(), restart_between_samples=VISIT_NOTE)
     arms = " vs ".join(a.label for a in plan.arms())
     what = f"{arms} at concurrency {_levels_text(cfg)} ({repeats} visits per arm)"
     return Measurement(plan, cond, what)
+
+
+# --- which draft (deploys/choose_draft.py) --------------------------------------------------------
+
+
+def draft_measurement(
+    cfg: ServeConfig, *, release: Release | None, flags: EngineFlags
+) -> Measurement:
+    """The candidates checked (each refusal by name, before any download), then the pin runs at
+    the largest tune_k and the proof of the best two pairs, up to compare_max_repeats runs per arm
+    (measure/draft_flow.py). conditions.json also keeps every candidate's checks. `release`: the
+    pin's, read at the measurement's start (every candidate is checked against its rules)."""
+    if cfg.workload.dataset == "random":
+        logger.warning(f"{host.print_prefix}choose_draft: {RANDOM_REQUESTS_WARNING}")
+    plan = draft_plan(
+        cfg,
+        ks=setting(cfg, "tune_k"),
+        warmup_runs=setting(cfg, "tune_warmup_runs"),
+        max_runs=setting(cfg, "compare_max_repeats"),
+        out_dir=raw_dir("choose_draft", host.name),
+        release=release,
+    )
+    return Measurement(plan, draft_conditions(cfg, plan), plan.describe())
+
+
+def draft_conditions(cfg: ServeConfig, plan: DraftPlan) -> dict:
+    """conditions.json of a draft choice: every report's conditions, every candidate's checks (its
+    refusals by name) and the proof's budget, which the report replays the decision with."""
+    return {**conditions(cfg, plan.conditions()),
+            "draft_candidates": [c.as_json() for c in plan.checks],
+            "draft_max_runs": plan.max_runs}  # fmt: skip

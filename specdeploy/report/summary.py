@@ -41,6 +41,7 @@ from specdeploy.report.charts import (
     load_chart,
     tune_charts,
 )
+from specdeploy.report.draft_summary import draft_markdown, draft_report
 from specdeploy.report.load_summary import is_load_run, load_markdown, load_summary
 from specdeploy.report.markdown import compare_markdown, tune_markdown
 
@@ -307,6 +308,13 @@ def write(run_dir: Path, kind: str | None = None) -> dict:
         conds = [json.loads(p.read_text()) for p in (run_dir / "raw").glob("*/conditions.json")]
         kind = conds[0].get("kind", "compare") if conds else "compare"
     hosts = load_run(run_dir)
+    if kind == "choose_draft":  # which draft: the decision replayed from the raw files
+        s = draft_report(hosts, run_dir, _head(run_dir, kind, {}))
+        (run_dir / "summary.json").write_text(
+            json.dumps(s, indent=1, sort_keys=True, default=str) + "\n"
+        )
+        (run_dir / "summary.md").write_text(draft_markdown(s) + "\n")
+        return s
     if any(is_load_run(h["conditions"]) for h in hosts.values()):  # across load levels
         s = load_summary(hosts, _head(run_dir, kind, {}))
         s["charts"] = load_chart(s, run_dir)

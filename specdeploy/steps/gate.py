@@ -32,9 +32,11 @@ from specdeploy.config.record import BenchResult, DeploymentRecord, GateDecision
 from specdeploy.config.schema import ServeConfig
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.decide.gate_rule import (
+    BEST_PROVEN,
     gate_fingerprint,
     gate_needs_recheck,
     power_runs,
+    served_config,
     smoke_outside_band,
 )
 from specdeploy.decide.load_rule import SCHEDULE_KEY, proof_runs, schedule_config
@@ -328,22 +330,44 @@ def _gate(
         decision = _shared(
             box.decisions[key], units, source=box.decisions[key].measured["instance"]
         )
-    keep = decision.passed or decision.on_fail != "baseline"
-    rendered = units.speculative if keep else units.baseline
+    keep = decision.passed or decision.on_fail == "fail"
+    # on_fail = best_proven: the configuration the runs proved faster than the baseline, served
+    # as the speculative unit (its own argv), and the baseline only when none was proven
+    instead = None if keep else best_proven_unit(sampler.cfg, units.speculative, decision)
+    rendered = units.speculative if keep else (instead or units.baseline)
     speculative = rendered.role == "speculative"
+    to_baseline = rendered is units.baseline
     # A fall-back serves with the baseline unit from now on (also after a reboot), its staged copy
     # refreshed so a re-run sees it unchanged: switched before its start where the gate's runs
     # wrote it, after where this instance's start first writes it (a decision shared in a box).
     fall_back = {"disable": units.speculative.name, "enable": rendered.name}
-    if not keep and measured_here:
+    if to_baseline and measured_here:
         sampler.switch_enabled(**fall_back)
-    if last != rendered.role:  # the last server was the other arm's: start this one
+    if instead is not None:  # another argv under the speculative unit's name: written, started
+        checked = sampler.start(rendered, install=True)
+    elif last != rendered.role:  # the last server was the other arm's: start this one
         checked = sampler.start(rendered, install=not measured_here)
     elif not measured_here:  # it serves already: no restart, checked again
         checked = sampler.healthy(rendered.name, speculative=speculative)
-    if not keep and not measured_here:
+    if to_baseline and not measured_here:
         sampler.switch_enabled(**fall_back)
     return rendered, checked, decision
+
+
+def best_proven_unit(
+    cfg: ServeConfig, speculative: RenderedUnit, decision: GateDecision
+) -> RenderedUnit | None:
+    """on_fail = best_proven: the speculative unit serving the configuration the gate proved
+    faster than the baseline (decide/gate_rule.served_config), or None (the baseline)."""
+    if decision.on_fail != BEST_PROVEN:
+        return None
+    served = served_config(cfg.speculative_config, decision.as_json())
+    if served is None:
+        return None
+    logger.info(f"{host.print_prefix}speculation gate: serving {decision['served_instead']['what']}"
+                " instead (proven faster than the baseline)")  # fmt: skip
+    alternative = cfg.model_copy(update={"speculative_config": served})
+    return render_unit(alternative, "speculative", cuda_boot=speculative.cuda_boot)
 
 
 def _recorded(units: GateInput, decision: dict) -> GateDecision:
@@ -396,18 +420,21 @@ def gate_settled_unit(
 ) -> RenderedUnit:
     """Planning time, deploys/serve.py: when the gate already switched this host to the baseline
     and nothing it depends on changed since (units, workload, gate settings, age), keep serving the
-    baseline: no re-measurement and no flip-flop on a re-run."""
+    baseline (or, on_fail = best_proven, the configuration it proved instead): no re-measurement
+    and no flip-flop on a re-run."""
     gate = previous.gate if previous else None
     if (
-        rendered.role == "speculative"
-        and cfg.speculation_gate is not None
-        and cfg.speculation_gate.on_fail == "baseline"
-        and gate is not None
-        and not gate.passed
-        and previous.role == "baseline"
-        and not _recheck(cfg, previous, rendered.cuda_boot)["recheck"]
+        rendered.role != "speculative"
+        or cfg.speculation_gate is None
+        or cfg.speculation_gate.on_fail not in ("baseline", BEST_PROVEN)
+        or gate is None
+        or gate.passed
     ):
-        return render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
+        return rendered
+    instead = best_proven_unit(cfg, rendered, gate) if previous.role == "speculative" else None
+    if previous.role == "baseline" or instead is not None:
+        if not _recheck(cfg, previous, rendered.cuda_boot)["recheck"]:
+            return instead or render_unit(cfg, "baseline", cuda_boot=rendered.cuda_boot)
     return rendered
 
 

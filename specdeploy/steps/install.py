@@ -31,8 +31,8 @@ from specdeploy.releases.capabilities import (
     HOST_SYSTEM_PACKAGES,
     PACKAGE_REMOVE_AFTER_INSTALL,
     PACKAGE_SYSTEM_DEPENDENCIES,
+    Release,
     alias_for,
-    build_facts,
 )
 from specdeploy.render.argv import unit_exec_argv
 from specdeploy.steps import lock
@@ -75,7 +75,8 @@ def prepare_host(cfg: ServeConfig):
 
 
 @deploy("Install pinned vLLM")
-def install_vllm(cfg: ServeConfig):
+def install_vllm(cfg: ServeConfig, release: Release | None):
+    """`release`: the pin's, read at the deploy's start (its wheel's Requires-Python)."""
     installed = host.get_fact(VllmVersion, venv=cfg.venv, package=cfg.vllm_package)
     alias = alias_for(cfg.vllm_package, cfg.vllm_version)
     alias_ok = alias is None or is_pin(
@@ -87,7 +88,7 @@ def install_vllm(cfg: ServeConfig):
         host.noop(f"{pin} is installed in {cfg.venv}{also}")
         return
     if not is_pin(installed, cfg.vllm_version):  # a new venv: refuse now, not half way through pip
-        problem = python_problem(cfg, host.get_fact(PythonVersion, venv=cfg.venv))
+        problem = python_problem(cfg, host.get_fact(PythonVersion, venv=cfg.venv), release)
         problem = problem or venv_disk_problem(
             cfg, host.get_fact(FreeDiskBytes, path=cfg.venvs_dir)
         )
@@ -120,13 +121,14 @@ def pip_args_of(cfg: ServeConfig) -> list[str]:
     return ["-r", cfg.pip_options_file] if cfg.pip_install_args else []
 
 
-def python_problem(cfg: ServeConfig, found: dict | None) -> str | None:
+def python_problem(cfg: ServeConfig, found: dict | None, release: Release | None) -> str | None:
     """Why the host's Python cannot run the pinned release, or None: the release's wheel says
     which Pythons it installs on (Requires-Python, kept in its table: releases/tables/), and pip on
     another would stop half way with "no matching distribution". `found`: the PythonVersion fact;
     None (no python3 yet: prepare_host installs the distribution's) and a release without a table
-    are left to pip."""
-    requires = (build_facts(cfg.vllm_version, cfg.vllm_package) or {}).get("requires_python")
+    are left to pip. `release`: the pin's Release (None: no table describes it)."""
+    facts = release.build_facts(cfg.vllm_package) if release is not None else None
+    requires = (facts or {}).get("requires_python")
     if not requires or not found:
         return None
     try:

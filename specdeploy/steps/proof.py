@@ -35,7 +35,7 @@ from specdeploy.host.on_host import (
     sh_status,
 )
 from specdeploy.host.scripts import source
-from specdeploy.releases.capabilities import table_for
+from specdeploy.releases.capabilities import Release
 from specdeploy.render.units import RenderedUnit, secrets, service_environment
 from specdeploy.report import notes
 from specdeploy.steps import lock
@@ -213,16 +213,16 @@ def prove_changed(cfg: ServeConfig, plans: list) -> None:
 
 
 def validated_by(
-    cfg: ServeConfig,
+    release: Release | None,
     rendered: RenderedUnit,
     proof: ArgvProof | None,
     previous: DeploymentRecord | None,
 ) -> ValidatedBy:
     """The record's account of what stood behind `rendered`: the release table the checks read
-    (for a release newer than every table, deployed under allow_unknown_release, the newest table,
-    marked borrowed) and the proof of this run, or of the run that swapped the same unit in (a
-    re-record keeps it)."""
-    choice = table_for(cfg.vllm_version, cfg.allow_unknown_release)
+    (`release`, the one the deploy's start looked up; for a release newer than every table,
+    deployed under allow_unknown_release, the newest table, marked borrowed) and the proof of this
+    run, or of the run that swapped the same unit in (a re-record keeps it)."""
+    choice = release.choice if release is not None else None
     table = {"table": choice.release if choice else None}
     if choice and choice.unknown:  # only then: records of a release's own table stay as they were
         table["table_borrowed"] = True

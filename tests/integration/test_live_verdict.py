@@ -263,7 +263,7 @@ def test_pays_then_loses_then_falls_back(live_box, host, ssh, tmp_path, record_r
         "phase2_traffic": phase2_traffic,
         "phase2_start": phase2_start,
     }
-    # the fast tier's replay (tests/unit/test_live_verdict_replay.py): every snapshot and step
+    # the fast tier's replay (tests/unit/decide/test_live_verdict_replay.py): every snapshot, step
     recorded = {"live-verdict.json": judge.path, "phases.json": phases, "probe.json": PROBED}
     record_replay("live_verdict", recorded)
     assert [s["verdict"] for s in phase2][-AFTER:] == [live_rule.LOSES] * AFTER, phase2

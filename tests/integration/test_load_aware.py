@@ -17,9 +17,9 @@ here (Bonferroni over 3 levels: 0.033 per level, reachable at 4 + 4 runs, one or
 0.05 the proof would need 5 visits per arm, about 5 sandbox minutes more. What the runs decide is
 recomputed from the raw JSONs (tests.unit.replays.rank_p_less), never assumed: whether a crossover
 shows on this machine is read from the runs. The tune and the proof are recorded for the fast
-tier's replays (tests/unit/test_load_replay.py): `trained_load_tune`, `trained_load_proof`. 16-20
-fresh-server visits of 3 runs each (~55 s each) and two or three deploys: ~20-25 sandbox minutes
-on a fleet already up."""
+tier's replays (tests/unit/measure/test_load_replay.py): `trained_load_tune`, `trained_load_proof`.
+16-20 fresh-server visits of 3 runs each (~55 s each) and two or three deploys: ~20-25 sandbox
+minutes on a fleet already up."""
 
 from __future__ import annotations
 

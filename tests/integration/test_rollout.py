@@ -341,7 +341,8 @@ def test_a_ramp_goes_on_past_a_failed_host_within_its_failure_budget(
     """Issue 37: `--batches 1 --max-fail-percent 40` (a budget of 1 of 3 hosts): the broken host
     is rolled back and counted, the rollout goes on to the third host, which ends on the new
     config; the progress file says so, host by host. Its batches, exit codes and notes are the
-    fast tier's replay of the failure budget (tests/unit/test_rollout_budget_replay.py)."""
+    fast tier's replay of the failure budget
+    (tests/unit/flows/rollout/test_rollout_budget_replay.py)."""
     canary, broken, third = hosts
     plant_broken_draft(ssh, broken)
     spec = {**cfg_of(canary).speculative_config}

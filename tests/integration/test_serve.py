@@ -246,7 +246,8 @@ def test_a_short_live_tune_predicts_from_its_pins_and_restores_production(
     from their pooled per-position acceptance), one run per arm (tune_repeats = 1), no warm-up run.
     One run per arm is too few for any verdict, and the report says so instead of recommending a
     k; production is back on its deployed unit, untouched. The flow's decisions on enough runs of
-    real acceptance are replayed from a live trained-pair run in tests/unit/test_tune_replay.py."""
+    real acceptance are replayed from a live trained-pair run in
+    tests/unit/measure/test_tune_replay.py."""
     host = hosts[0]
     before = service_state(sandbox_ssh, host)
     unit_before = ssh(sandbox_ssh, host, "sha256sum /etc/systemd/system/specdeploy-vllm.service")

@@ -132,7 +132,7 @@ def free_port() -> int:
 
 def balancer_query(expr: str) -> bool:
     """A query of a whole box's balancer (HAProxy's exporter): no data on a single-server host;
-    tests/unit/test_balancer_prometheus.py runs those on a real HAProxy and Prometheus."""
+    tests/unit/observe/test_balancer_prometheus.py runs those on a real HAProxy and Prometheus."""
     return "specdeploy-balancer" in expr or "haproxy_" in expr
 
 

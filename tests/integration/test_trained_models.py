@@ -17,9 +17,9 @@ from the baseline and the deploy the smoke and compare tests read, so the module
 server start and smoke fewer than measuring the gate last would.
 
 The compare, the gate and the tune record their raw files for the fast tier's replays
-(tests/unit/test_{compare,gate,tune}_replay.py) under `make test-live`; the tune's 9-15
-fresh-server runs cost 7-11 minutes, more than any other test, which is why the fast tier replays
-it and a short live tune runs in test_serve.py.
+(tests/unit/measure/test_{compare,tune}_replay.py, tests/unit/steps/gate/test_gate_replay.py)
+under `make test-live`; the tune's 9-15 fresh-server runs cost 7-11 minutes, more than any other
+test, which is why the fast tier replays it and a short live tune runs in test_serve.py.
 """
 
 from __future__ import annotations
@@ -198,8 +198,8 @@ def test_gate_falls_back_to_baseline_with_the_poor_draft(gated, host, sandbox_ss
     assert again.returncode == 0, tail(again)
     assert "speculation gate" not in again.stdout + again.stderr
     assert sandbox_ssh(host, f"systemctl show -p MainPID --value {UNIT_BASELINE}").stdout == pid
-    # tests/unit/test_gate_replay.py replays the decision from these: the six runs' bench JSONs
-    # (gate/<host>/<file name>, names as g["files"] has them) and the record the gate wrote
+    # tests/unit/steps/gate/test_gate_replay.py replays the decision from these: the six runs' bench
+    # JSONs (gate/<host>/<file name>, names as g["files"] has them) and the record the gate wrote
     bench_files = {
         f"gate/{host}/{Path(path).name}": REPO / path
         for arm_files in g["files"].values()
@@ -286,8 +286,8 @@ def test_tune_on_the_poor_draft_predicts_then_confirms_and_leaves_speculation_of
     assert sandbox_ssh(host, f"systemctl is-active {UNIT_BASELINE}").stdout.strip() == "active"
     gone = sandbox_ssh(host, "test -e /etc/systemd/system/specdeploy-vllm-measure.service")
     assert gone.returncode == 1
-    # tests/unit/test_tune_replay.py replays the flow from these: the host's runs, conditions and
-    # prediction (raw/<host>/) and the report's summary.json
+    # tests/unit/measure/test_tune_replay.py replays the flow from these: the host's runs,
+    # conditions and prediction (raw/<host>/) and the report's summary.json
     names = [*sorted(raw_dir.glob("[0-9][0-9]-*.json")), raw_dir / "conditions.json"]
     raw_files = {f"raw/{host}/{p.name}": p for p in [*names, raw_dir / "prediction.json"]}
     record_replay("trained_tune", {**raw_files, "summary.json": out / "summary.json"})
@@ -393,8 +393,8 @@ def test_compare_finds_speculation_faster_with_the_good_draft(
     # the deployed speculative unit serves again afterwards
     active = sandbox_ssh(host, "systemctl is-active specdeploy-vllm.service")
     assert active.stdout.strip() == "active"
-    # tests/unit/test_compare_replay.py replays the stop at 4 + 4 from these: every raw file of
-    # the host (NN-<arm>.json, conditions.json) and the report's summary.json
+    # tests/unit/measure/test_compare_replay.py replays the stop at 4 + 4 from these: every raw file
+    # of the host (NN-<arm>.json, conditions.json) and the report's summary.json
     raw = compare_run / "raw" / host
     raw_files = {f"raw/{host}/{p.name}": p for p in sorted(raw.iterdir()) if p.is_file()}
     record_replay("trained_compare", {**raw_files, "summary.json": compare_run / "summary.json"})

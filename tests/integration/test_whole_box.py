@@ -9,7 +9,7 @@ is measured once: the deploy (health + smoke per instance, the balancer), a no-o
 rolled one instance at a time under a client loop on the balancer, an instance whose new config
 cannot start, rolled back while the other serves, compare (with the APC profile) on one drained
 instance (tune takes the same measurement path, flows/measure.py: its box report is checked in
-tests/unit/test_measure_box.py), and last the speculation gate, which leaves the box on its
+tests/unit/flows/test_measure_box.py), and last the speculation gate, which leaves the box on its
 baseline units. The module stops the box at the end.
 """
 

@@ -1,9 +1,9 @@
 """The fake host behind tests/operations/<step>/<case>.json: pyinfra's operation fixtures
 (pyinfra's tests/test_operations.py and tests/util.py), for specdeploy's deploy steps.
 
-A step runs against a real pyinfra `State` and `Host` (as tests/unit/test_fact_defaults.py builds
-them), whose facts come from the fixture and whose execution-time commands (`on_host`) answer from
-it; nothing is connected to. What comes out is compared with the fixture:
+A step runs against a real pyinfra `State` and `Host` (as tests/unit/host/test_fact_defaults.py
+builds them), whose facts come from the fixture and whose execution-time commands (`on_host`) answer
+from it; nothing is connected to. What comes out is compared with the fixture:
 
 * planning time (a step that is a pyinfra `@deploy` or `@operation`): every operation it scheduled,
   in order, with the commands pyinfra would run for it on this host, or the `noop` it said; and the
@@ -14,14 +14,17 @@ it; nothing is connected to. What comes out is compared with the fixture:
 A fixture's keys (all but `call` optional):
 
     call        the step's function in specdeploy/steps/<dir>.py, or specdeploy/sampling/<dir>.py
-                (dotted for a method)
+                (dotted for a method; a generator is run to its end)
     host_data   merged over tests/unit/conftest.py's VALID (dicts merged key by key)
     args, kwargs
                 the call's arguments; "$cfg" is the host data's config, and a one-key object
                 {"$builder": value} builds an argument (BUILDERS below: a rendered unit, a secret,
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
-                input, a sampler, a schedule's proof kept on the control node, a server's turn...)
+                input, a sampler (its samples' host calls stood in for: SampleStandIns), a plan's
+                samples, a schedule's proof kept on the control node, a server's turn...); a
+                step's `release`/`pinned_release` and `flags` not given are the host data's
+                (HANDED: what the deploy's start reads once and hands down)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -66,6 +69,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -98,6 +102,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 
 from specdeploy.config.schema import ServeConfig, config_from_data
+from specdeploy.render.argv import engine_flags
 from tests.unit.conftest import VALID
 
 FIXTURES = Path(__file__).parent
@@ -109,7 +114,9 @@ CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "machine": "c0ffee
 INPUTS = ("description", "call", "host_data", "executing", "control_node", "held_locks",
           "failed_first", "args", "kwargs", "facts")  # fmt: skip
 OUTPUTS = ("operations", "noops", "host", "warnings", "returns", "exception")
-ANSWERS = {"out", "stderr", "ok"}  # a host entry's answer fields (and "text" or "file" of a read)
+# a host entry's answer fields (and "text" or "file" of a read; "tpot_ms", "itl_ms", "raw",
+# "counters" and "checked" of a sample's stand-in, SampleStandIns)
+ANSWERS = {"out", "stderr", "ok", "tpot_ms", "itl_ms", "raw", "counters", "checked"}
 REPO = FIXTURES.parents[1]
 
 
@@ -153,6 +160,12 @@ class Case:
         self.members = None  # a whole box's instances ($members)
         self.gate_input = None  # the gate's units and fingerprint ($gate_input)
         self.reports: str | None = None  # where reports land on the control node ({reports})
+        self.shell: Shell | None = None  # the fixture's host (run_case sets it)
+        self.samples_stand_in = False  # a $sampler with "samples": "stand-in" (SampleStandIns)
+        self.samples: list = []  # the samples a $samples argument built
+        # what the deploy's start reads once and hands down (checks/host_data.host_inputs)
+        self.release = _release_of(self.cfg)
+        self.flags = engine_flags(self.cfg)
         self._derived: dict[str, str] = {}
 
     def derived(self, name: str) -> str:
@@ -168,6 +181,30 @@ class Case:
             except FixtureError:
                 return None  # not cached: a $unit argument may still come
         return self._derived[name]
+
+
+def _release_of(cfg: ServeConfig):
+    from specdeploy.releases import capabilities
+
+    try:
+        return capabilities.release_of(cfg.vllm_version, cfg.allow_unknown_release)
+    except capabilities.UnknownRelease:
+        return None
+
+
+# A step's parameters that a deploy's start fills (flows/serve.py, flows/measure.py: the pin's
+# Release and the engine flags, read once): given from the host data where the fixture does not
+# give them, as the flow hands them down.
+HANDED = {"release": "release", "pinned_release": "release", "flags": "flags"}
+
+
+def handed_in(case: Case, function, args: list, kwargs: dict) -> dict:
+    """`kwargs` with what the deploy's start hands the step (HANDED) and the fixture left out."""
+    params = list(inspect.signature(function).parameters)
+    given = set(params[: len(args)]) | set(kwargs)
+    extra = {name: getattr(case, attr) for name, attr in HANDED.items()
+             if name in params and name not in given}  # fmt: skip
+    return {**kwargs, **extra}
 
 
 def _sha1(text: str) -> str:
@@ -247,7 +284,7 @@ def _build_layout(case: Case, available: list[int] | None):
     """A whole box's split of the host's GPUs or cores `available` (render/instances.expand)."""
     from specdeploy.render import instances
 
-    layout = instances.expand(case.cfg, available)
+    layout = instances.expand(case.cfg, available, flags=case.flags)
     case.members = layout.instances
     return layout
 
@@ -257,9 +294,11 @@ def _build_servers(case: Case, available: list[int] | None):
     or (instances unset) the host's one server."""
     from specdeploy.steps.servers import HostServers, the_one_server
 
+    handed = {"release": case.release, "flags": case.flags}
     if case.cfg.instances is None:
-        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False)
-    return HostServers(case.cfg, tuple(_build_layout(case, available).instances), balanced=True)
+        return HostServers(case.cfg, (the_one_server(case.cfg),), balanced=False, **handed)
+    members = tuple(_build_layout(case, available).instances)
+    return HostServers(case.cfg, members, balanced=True, **handed)
 
 
 def _build_secret(case: Case, value: str):
@@ -328,9 +367,115 @@ def _build_sampler(case: Case, spec: dict):
     from specdeploy.steps import lock
 
     readmit = tuple(spec["readmit"]) if spec.get("readmit") else None
+    case.samples_stand_in = spec.get("samples") == "stand-in"
     tokenizer = spec.get("tokenizer", "/var/lib/specdeploy/hf/tok")
     return Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
                    restores=spec.get("restores"), readmit=readmit)  # fmt: skip
+
+
+# A stand-in benchmark's vLLM result where the entry gives no "raw": what a 16-prompt run of the
+# fixtures' workload prints, its median TPOT the entry's "tpot_ms" (its ITL "itl_ms", else twice
+# the TPOT)
+STAND_IN_RAW = {"completed": 16, "failed": 0, "total_output_tokens": 4096, "median_ttft_ms": 40.0,
+                "median_e2el_ms": 2000.0, "output_lens": [256] * 16}  # fmt: skip
+
+
+def stand_in_raw(tpot_ms: float, itl_ms: float | None = None) -> dict:
+    """STAND_IN_RAW at a median TPOT of `tpot_ms` (vLLM's keys in the order it writes them)."""
+    raw = dict(STAND_IN_RAW)
+    itl_ms = round(2 * tpot_ms, 6) if itl_ms is None else itl_ms
+    return {**{k: raw.pop(k) for k in ("completed", "failed", "total_output_tokens",
+                                       "median_ttft_ms")},
+            "median_tpot_ms": tpot_ms, "median_itl_ms": itl_ms, **raw}  # fmt: skip
+
+
+class SampleStandIns:
+    """A `$sampler` with "samples": "stand-in": what one sample runs on the host (its fresh
+    server, its warm-up, its benchmark: sampling/sampler.py's start_fresh, warm_up, PendingBench)
+    is a stand-in, so a measuring step's fixture (the gate) pins its own operations: the samples it
+    asks for, in order, each a host entry {"sampled": what}, answered by the entry ("tpot_ms": the
+    benchmark's median TPOT, "itl_ms" its ITL where not twice that; "raw": its whole vLLM result;
+    "counters": the server's spec-decode counts over the run, else none counted; "checked": a fresh
+    server's health check, else {"healthy": unit}). The sampler itself runs as it does on a host:
+    the lease renewed before every fresh server, the visit's same server reused, the unit the gate
+    ends on started through it. What the stand-ins stand for is pinned once by
+    tests/operations/runs/ (one sample's commands, on a fresh server and on the same server)."""
+
+    def __init__(self, case: Case):
+        self.case = case
+
+    def sampled(self, what: str) -> dict:
+        return self.case.shell._next({"sampled": what})
+
+    def patch(self, monkeypatch) -> None:
+        from specdeploy.sampling import sampler
+
+        monkeypatch.setattr(sampler, "start_fresh", self.start_fresh)
+        monkeypatch.setattr(sampler, "warm_up", self.warm_up)
+        monkeypatch.setattr(sampler, "PendingBench", self.bench)
+
+    def start_fresh(self, cfg, unit, *, speculative: bool, install: bool = True) -> dict:
+        entry = self.sampled(f"start {unit.name}" + (", its unit written" if install else ""))
+        return entry.get("checked", {"healthy": unit.name})
+
+    def warm_up(self, cfg, workload) -> None:
+        self.sampled("warm up")
+
+    def bench(self, cfg, *, tokenizer: str, name: str, workload=None, extra=()):
+        return StandInBench(self, cfg, name, workload)
+
+
+class StandInBench:
+    """host/bench.PendingBench as SampleStandIns answers it: started with its server, run on ask."""
+
+    def __init__(self, stand_ins: SampleStandIns, cfg, name: str, workload):
+        self.stand_ins, self.cfg, self.name = stand_ins, cfg, name
+        self.concurrency = (workload or cfg.workload).max_concurrency
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def run(self, *, local: Path, meta: dict | None = None):
+        from specdeploy.config.record import BenchResult
+        from specdeploy.config.timestamps import utc_iso
+        from specdeploy.decide.metrics import acceptance
+
+        entry = self.stand_ins.sampled(f"bench {self.name} at concurrency {self.concurrency}")
+        raw = entry.get("raw") or stand_in_raw(entry["tpot_ms"], entry.get("itl_ms"))
+        counters = entry.get("counters") or acceptance({}, {})
+        run = {**(meta or {}), "host": HOST, "server_counters": counters, "bench_seconds": 0.0,
+               "finished_at": utc_iso()}  # fmt: skip
+        result = BenchResult.model_validate(raw | {"specdeploy": run})
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(result.to_json())
+        return result
+
+
+def _build_samples(case: Case, spec: list[dict]):
+    """sampling/sampler.Sample each, as a plan asks for them: its server's unit (`unit`: a role,
+    rendered as $unit renders it), its raw file's `name`, the workload at load level `concurrency`
+    (else the host's), `meta`, `renew_s`, `install`, `same_server`."""
+    from specdeploy.sampling.sampler import Sample
+
+    levels = {lv.concurrency: lv for lv in case.cfg.workload.effective_load_levels}
+    samples = []
+    for item in spec:
+        level = levels.get(item.get("concurrency"))
+        workload = case.cfg.workload.at_level(level) if level else case.cfg.workload
+        samples.append(Sample(_build_unit(case, item["unit"]), item["name"], workload,
+                              item.get("meta", {}), item.get("renew_s"),
+                              install=item.get("install", True),
+                              same_server=item.get("same_server", False)))  # fmt: skip
+    case.samples += samples
+    return samples
+
+
+def _build_reports_dir(case: Case, under: str):
+    """A folder `under` the control node's reports folder ({reports})."""
+    return Path(case.reports) / under
 
 
 def _build_smoke(case: Case, spec: dict):
@@ -390,7 +535,8 @@ def _build_plan(case: Case, spec: dict):
 
     change = _build_change(case, {"role": spec.get("role", "speculative"), **spec["change"]})
     previous = _build_record(case, spec["previous"]) if "previous" in spec else None
-    return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change)
+    return ServerPlan(the_one_server(case.cfg), change.unit, previous, None, change=change,
+                      release=case.release, flags=case.flags)  # fmt: skip
 
 
 def _build_turn(case: Case, spec: dict):
@@ -435,6 +581,8 @@ BUILDERS = {
     "$sampler": _build_sampler,
     "$fleet_class": _build_fleet_class,
     "$kept_proof": _build_kept_proof,
+    "$samples": _build_samples,
+    "$reports_dir": _build_reports_dir,
 }
 
 
@@ -719,6 +867,7 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
     case = Case(data)
     state, host = pyinfra_host()
     facts, shell = Facts(case), Shell(case)
+    case.shell = shell
     noops: list[tuple[str | None, str]] = []
     host.get_fact = facts.get_fact
     host.noop = lambda description: noops.append((host.current_op_hash, description))
@@ -769,9 +918,13 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         result, error = None, None
         try:
             args = build(case, data.get("args", []))
-            kwargs = build(case, data.get("kwargs", {}))
+            kwargs = handed_in(case, function, args, build(case, data.get("kwargs", {})))
+            if case.samples_stand_in:
+                SampleStandIns(case).patch(monkeypatch)
             state.is_executing = executing and not planned
             result = function(*args, **kwargs)
+            if isinstance(result, types.GeneratorType):  # a loop over samples: run to its end
+                result = list(result)
         except Exception as raised:  # what a step raises is an output (a FixtureError is not)
             error = raised
         except FixtureError as stopped:  # a writer gets what was recorded up to here
@@ -901,6 +1054,12 @@ def jsonable(case: Case, value, host):
         return f"$op:{host.op_hash_order.index(value._hash)}"
     if isinstance(value, RenderedUnit):
         return {"$unit": value.role, "name": value.name}
+    if any(value is sample for sample in case.samples):  # a $samples argument: by its name
+        return {"$sample": value.name}
+    if value is case.release:  # the deploy's start's, handed down
+        return "$release"
+    if value is case.flags:
+        return "$flags"
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True, exclude_none=True)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

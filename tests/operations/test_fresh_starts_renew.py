@@ -3,7 +3,8 @@
 `lock_lease_s` another deploy could take the lock over while the gate rewrote units. The gate's
 own operation fixtures run again with this process holding the host's lock; every renewal is
 answered RENEWED and counted, and each fresh start (`systemctl start` after `reset-failed`, as
-host/server.start_fresh runs it) must come after a renewal made since the previous start."""
+host/server.start_fresh runs it, or the gate fixtures' stand-in for it, {"sampled": "start ..."}:
+harness.SampleStandIns) must come after a renewal made since the previous start."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def is_fresh_start(command: str) -> bool:
     return command.startswith("systemctl reset-failed ") and "; systemctl start " in command
 
 
+def is_stand_in_start(call: dict) -> bool:
+    return call.get("sampled", "").startswith("start ")
+
+
 class RenewedShell(harness.Shell):
     """The fixture's host, with every renewal of the held lock answered RENEWED (not from the
     fixture: its own renewals are taken out) and logged beside the fresh starts, in order."""
@@ -47,6 +52,11 @@ class RenewedShell(harness.Shell):
         if is_fresh_start(text):
             self.events.append("start")
         return super().sh_status(command, stdin=stdin, timeout=timeout)
+
+    def _next(self, call: dict) -> dict:
+        if is_stand_in_start(call):
+            self.events.append("start")
+        return super()._next(call)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -1,4 +1,4 @@
-"""What every replay of a live decision shares (tests/unit/test_*_replay.py): where the recordings
+"""What every replay of a live decision shares (tests/unit/*/test_*_replay.py): where the recordings
 live and how a replayed figure is compared with the recorded one.
 
 A recording is tests/unit/data/replays/<name>/, written by a live test through the

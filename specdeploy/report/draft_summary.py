@@ -1,0 +1,119 @@
+"""The report of deploys/choose_draft.py, rebuilt from the raw files only (the decision replayed by
+decide/draft_rule.draft_choice over them): per candidate its refusal or its acceptance by position,
+predicted and measured TPOT, the KV cache it leaves (sequences of max_model_len) and its download
+size; the decision with alpha; the host-data change; draft_tpot.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdeploy.config.schema import DraftCandidate
+from specdeploy.decide import draft_rule
+from specdeploy.decide.stats import DEFAULT_ALPHA
+from specdeploy.report.charts import SMALLEST_PT, _plt, _save
+
+
+def host_choice(name: str, h: dict) -> dict:
+    """One host's draft_choice from its conditions and runs, and the host-data line to set."""
+    cond = h["conditions"]  # conditions.json: the plan's keys (ks, ...) beside the rest
+    candidates = cond.get("draft_candidates") or []
+    choice = draft_rule.draft_choice(
+        candidates, h["runs"], ks=cond["ks"],
+        max_runs=cond["draft_max_runs"],
+        alpha=cond.get("decision_alpha", DEFAULT_ALPHA),
+    )  # fmt: skip
+    rec = choice["decision"]["recommended"]
+    configs = [
+        DraftCandidate.model_validate(c["candidate"]).speculative_config(
+            cond.get("speculative_config") or {}, rec["k"] if rec else 1
+        )
+        for c in candidates
+    ]
+    return {**choice, "host_data_change": draft_rule.host_data_change(name, choice["decision"],
+                                                                        configs)}  # fmt: skip
+
+
+def draft_report(hosts: dict[str, dict], run_dir: Path, head: dict) -> dict:
+    s = {**head, "hosts": {name: host_choice(name, h) for name, h in hosts.items()}}
+    s["charts"] = draft_chart(s, run_dir)
+    return s
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _kv(c: dict) -> str:
+    if c.get("kv_tokens_taken") is None:
+        return "-"
+    return f"{c['kv_tokens_taken']} ({c.get('max_sequences')})"
+
+
+def draft_markdown(s: dict) -> str:
+    lines = [f"# Which draft: {s['run']}", ""]
+    for name, h in s["hosts"].items():
+        d = h["decision"]
+        lines += [f"## {name}", "", f"**{d['verdict']}** (alpha {d['alpha']:g}; {d['rule']})", "",
+                  "| candidate | refused | acceptance by position | predicted best k | predicted "
+                  "TPOT ms | proven k | measured TPOT ms | KV tokens it takes (sequences left) | "
+                  "download |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for c in h["candidates"]:
+            rates = ", ".join(f"{a:.2f}" for a in c.get("per_position_acceptance") or []) or "-"
+            refused = "; ".join(c.get("refused") or []) or "no"
+            lines.append(
+                f"| {c['name']} | {refused} | {rates} | {c.get('best_k') or '-'} | "
+                f"{_ms(c.get('predicted_tpot_ms'))} | {c.get('proven_k') or '-'} | "
+                f"{_ms(c.get('measured_tpot_ms'))} | {_kv(c)} | "
+                f"{_size(c.get('download_bytes'))} |"
+            )
+        base = (d.get("baseline") or {}).get("median")
+        lines += ["", f"Baseline median TPOT: {_ms(base)} ms. Host data: `{h['host_data_change']}`",
+                  ""]  # fmt: skip
+    lines += [f"![TPOT by k per candidate]({c})" for c in s.get("charts", [])]
+    return "\n".join(lines)
+
+
+def draft_chart(s: dict, run_dir: Path) -> list[str]:
+    """draft_tpot.png: per host, each measured candidate's predicted TPOT over k (line), its
+    proven median (filled marker), the baseline's median (dashed); beside it acceptance by
+    position per candidate."""
+    hosts = [(n, h) for n, h in s["hosts"].items() if any(c.get("rows") for c in h["candidates"])]
+    if not hosts:
+        return []
+    plt = _plt()
+    fig, axes = plt.subplots(len(hosts), 2, figsize=(8, 3.6 * len(hosts)), squeeze=False)
+    for (name, h), (tpot_ax, acc_ax) in zip(hosts, axes, strict=True):
+        for ci, c in enumerate(x for x in h["candidates"] if x.get("rows")):
+            color = f"C{ci}"
+            rows = [r for r in c["rows"] if r.get("tpot_ms") is not None]
+            label = f"{c['name'][:28]} predicted"
+            tpot_ax.plot([r["k"] for r in rows], [r["tpot_ms"] for r in rows], marker=".",
+                         linestyle="--", color=color, label=label)  # fmt: skip
+            if c.get("measured_tpot_ms") is not None:
+                tpot_ax.plot([c["proven_k"]], [c["measured_tpot_ms"]], "o", markersize=9,
+                             color=color, label="proven median")  # fmt: skip
+            rates = c.get("per_position_acceptance") or []
+            acc_ax.plot(range(1, len(rates) + 1), rates, marker="o", color=color,
+                        label=c["name"][:28])  # fmt: skip
+        base = (h["decision"].get("baseline") or {}).get("median")
+        if base is not None:
+            tpot_ax.axhline(base, color="gray", linestyle=":", label="baseline median")
+        tpot_ax.set_xlabel("num_speculative_tokens (k)", fontsize=9)
+        tpot_ax.set_ylabel("TPOT (ms)", fontsize=9)
+        tpot_ax.set_title(f"{name}: TPOT by k per candidate", fontsize=9)
+        acc_ax.set_xlabel("draft position", fontsize=9)
+        acc_ax.set_ylabel("share accepted", fontsize=9)
+        acc_ax.set_ylim(0, 1)
+        acc_ax.set_title("acceptance by position (pin run at the largest k)", fontsize=9)
+        for ax in (tpot_ax, acc_ax):
+            ax.tick_params(labelsize=SMALLEST_PT + 1)
+            ax.legend(fontsize=SMALLEST_PT)
+            ax.grid(alpha=0.3)
+    return [_save(fig, run_dir, "draft_tpot.png")]

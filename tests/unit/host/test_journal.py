@@ -1,0 +1,67 @@
+"""Failure messages quote vLLM's own refusal: the journal summary on lines recorded on an H200
+(benchmarks/gpu_truth, a server refused for free memory below gpu_memory_utilization)."""
+
+from specdeploy.host.on_host import ERROR_LINE, journal_command, root_cause, summarize_journal
+from tests.unit import DATA
+
+RECORDED = (DATA / "journal-h200-free-memory-refusal.txt").read_text()
+REFUSAL = (
+    "ValueError: Free memory on device cuda:0 (118.69/139.8 GiB) on startup is less than desired "
+    "GPU memory utilization (0.92, 128.62 GiB). Decrease GPU memory utilization or reduce GPU "
+    "memory used by other processes."
+)
+
+
+def test_recorded_refusal_is_quoted_first():
+    lines = RECORDED.splitlines()
+    assert lines[-1].endswith("RuntimeError: Engine core initialization failed. See root cause "
+                              "above. Failed core proc(s): {}")  # fmt: skip
+    summary = summarize_journal(lines)
+    assert summary.splitlines()[0] == f"[root cause] {REFUSAL}"
+    assert "[last lines]" in summary and summary.endswith(lines[-1])
+
+
+def test_exception_lines_match_without_a_word_boundary():
+    for line in [
+        "(EngineCore pid=3820) ValueError: Free memory on device cuda:0 (78.69/139.8 GiB)",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    ]:
+        assert ERROR_LINE.search(line)
+    assert root_cause(["x", "torch.OutOfMemoryError: CUDA out of memory."]) == (
+        "torch.OutOfMemoryError: CUDA out of memory."
+    )
+
+
+def test_wrapper_only_when_nothing_else_and_warnings_mentioning_errors_do_not_count():
+    warning = RECORDED.splitlines()[0]
+    assert "OSError: [Errno 24]" in warning  # a WARNING that names an exception in its text
+    wrapper = (
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above."
+    )
+    assert root_cause([warning, wrapper]) == wrapper.split(") ", 1)[1]
+    assert root_cause([warning]) is None
+    assert summarize_journal(["a", "b"]) == "a\nb"
+
+
+def test_journal_is_limited_to_the_last_invocation():
+    command = journal_command("specdeploy-vllm.service")
+    assert "systemctl show -p InvocationID --value specdeploy-vllm.service" in command
+    assert 'journalctl _SYSTEMD_INVOCATION_ID="$id" -n 600' in command
+    assert "else journalctl -u specdeploy-vllm.service -n 600" in command  # no invocation id
+    assert journal_command("u.service", whole_unit=True).startswith("journalctl -u u.service")
+
+
+def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(monkeypatch):
+    from specdeploy.host import on_host
+
+    calls = []
+
+    def fake(command):
+        calls.append(command)
+        whole = command.startswith("journalctl -u")
+        return True, RECORDED if whole else "INFO starting vLLM API server\n", None
+
+    monkeypatch.setattr(on_host, "sh_status", fake)
+    assert on_host.journal_tail("u.service").startswith(f"[root cause] {REFUSAL}")
+    assert len(calls) == 2
