@@ -197,9 +197,10 @@ class HostProbe:
         if new:
             time.sleep(self.interval)
 
-    def read_server(self, cfg, problems: list[str]) -> ServerStatus:
+    def read_server(self, cfg, problems: list[str], role: str = "speculative") -> ServerStatus:
         """One server (the host's, or one instance of a whole box): its record, unit drift,
-        service, /health and live figures (its problems onto `problems`)."""
+        service, /health and live figures (its problems onto `problems`). `role`: the unit the
+        host data plans for it (a box's control arm: the baseline)."""
         from pyinfra.facts.files import File, Sha1File, Sha256File
 
         host = self.host
@@ -210,7 +211,9 @@ class HostProbe:
         cfg = as_deployed(cfg, record)
         # the CUDA unit renders from the host's CudaBoot fact, read here and passed in
         boot = self.fact(CudaBoot) if cfg.vllm_package == "vllm" else None
-        expected = gate_settled_unit(cfg, render_unit(cfg, "speculative", cuda_boot=boot), record)
+        if record is not None and record.live_fallback:  # the autopilot rolled it to baseline
+            role = "baseline"
+        expected = gate_settled_unit(cfg, render_unit(cfg, role, cuda_boot=boot), record)
         path = cfg.unit_path(expected.name)
         drift = unit_drift(self.fact(FileText, path=path), self.fact(Sha1File, path=path), expected)
         # the record's unit as the deploy tests it (host/server.unverified_unit); None: nothing to

@@ -22,6 +22,7 @@ from specdeploy.observe.rows import (
     InstanceStatus,
 )
 from specdeploy.render import instances
+from specdeploy.render.control import arm_of
 from specdeploy.render.units import render_balancer
 from specdeploy.steps.servers import available_devices
 
@@ -36,9 +37,11 @@ def read_box(probe, cfg, row: HostStatus) -> None:
     row.gpu = gpus
     probe.prime([member.cfg for member in layout.instances])
     row.instances = []
+    names = [member.name for member in layout.instances]
     for member in layout.instances:
         own: list[str] = []
-        server = probe.read_server(member.cfg, own)
+        server = probe.read_server(member.cfg, own, role=arm_of(cfg, names, member.name,
+                                                                "speculative"))  # fmt: skip
         entry = InstanceStatus(member.name, member.port, member.devices_text, own, server)
         if member.device_kind == "gpus":
             entry.gpu = [g for g in gpus if g["index"] in member.devices]

@@ -53,19 +53,28 @@ class FakeProbe(HostProbe):
     instance names) whose installed unit was swapped in 30 s ago by a run stopped before its health
     check: the record verified another text, the server runs the process started before."""
 
-    def __init__(self, data: dict, stat: str, down: str | None = None, swapped=(), boot=None):
+    def __init__(self, data: dict, stat: str, down: str | None = None, swapped=(), boot=None,
+                 arms=None, fallen=()):  # fmt: skip
         host = SimpleNamespace(name="box", groups=[], data=SimpleNamespace(dict=lambda: data))
         host.connect = lambda **kwargs: None
         super().__init__(None, host, 0.0)
         self.cfg = config_from_data(data)
         self.stat, self.down, self.swapped, self.scrapes = stat, down, set(swapped), {}
         self.boot = boot or CudaBootInfo()  # the CudaBoot fact: every unit was installed from it
+        # `arms`: {instance: role} where an instance runs another unit than the speculative one
+        # (a control arm); `fallen`: instances the live autopilot rolled to the baseline (their
+        # records say so)
+        self.arms, self.fallen = dict(arms or {}), set(fallen)
+
+    def unit_of(self, member):
+        return render_unit(member.cfg, self.arms.get(member.name, "speculative"),
+                           cuda_boot=self.boot)  # fmt: skip
 
     def fact(self, cls, **kw):
         cfg = self.cfg
         layout = instances.expand(cfg, [0, 1, 2, 3])
         members = layout.instances or [SimpleNamespace(name=cfg.service_name, cfg=cfg)]
-        units = {render_unit(m.cfg).name: m for m in members}
+        units = {self.unit_of(m).name: m for m in members}
         paths = {m.cfg.unit_path(name): m for name, m in units.items()}
         records = {m.cfg.record_path: m for m in members}
         envs = {m.cfg.env_file: m for m in members}
@@ -84,13 +93,16 @@ class FakeProbe(HostProbe):
             if member is None:
                 return None
             record = json.loads(RECORD.read_text())
-            unit = render_unit(member.cfg, cuda_boot=self.boot)
+            unit = self.unit_of(member)
             verified = VERIFIED_BEFORE if member.name in self.swapped else unit.text
             record["unit"] |= {"name": unit.name, "sha256": sha256(verified)}
+            record["role"] = unit.role
+            if member.name in self.fallen:
+                record["live_fallback"] = {"decisions": 2, "alpha": 0.05}
             return record
         if cls in (FileText, Sha1File, Sha256File):
             member = paths.get(kw["path"])
-            text = render_unit(member.cfg, cuda_boot=self.boot).text if member else None
+            text = self.unit_of(member).text if member else None
             if cls is FileText or text is None:
                 return text
             return sha256(text) if cls is Sha256File else hashlib.sha1(text.encode()).hexdigest()

@@ -76,3 +76,21 @@ def test_an_unverified_instance_is_named_and_the_host_not_ok(valid_data):
     assert lines[2].split()[:2] == ["box/specdeploy-vllm-1", "NO"] and "drift" in lines[2]
     entry = out.to_json()["instances"][1]
     assert entry["unit"]["verified"] is False and entry["unit"]["drift"] is True
+
+
+def test_a_control_arm_on_the_baseline_is_as_deployed(valid_data):
+    """A box with a control arm (`speculation_control`): its last instance runs the baseline unit
+    by design, which is not drift; an instance the live autopilot rolled to the baseline (its
+    record names the fall-back) is as deployed too, and a speculative one where the host data
+    plans the baseline is drift."""
+    data = box_data(valid_data, speculation_control={"instances": 1})
+    arms = {"specdeploy-vllm-1": "baseline"}
+    out = read(FakeProbe(data, "both_up", arms=arms))
+    assert out.problems == [] and out.healthy and out.matches_data, out.problems
+    assert [e.server.unit.role for e in out.instances] == ["speculative", "baseline"]
+    fell = {"specdeploy-vllm-0": "baseline", "specdeploy-vllm-1": "baseline"}
+    out = read(FakeProbe(data, "both_up", arms=fell, fallen=["specdeploy-vllm-0"]))
+    assert out.problems == [] and out.healthy, out.problems
+    out = read(FakeProbe(data, "both_up"))  # the control instance runs the speculative unit
+    assert not out.healthy or not out.matches_data
+    assert any(p.startswith("specdeploy-vllm-1: ") for p in out.problems), out.problems
