@@ -239,7 +239,7 @@ WINGS: dict[str, Wing] = {
 
 # The live tier's size when this map was written (collected with `-m live`): it may grow, never
 # fall (tests/unit/project/test_wings.py collects it).
-LIVE_TESTS_AT_LEAST = 91
+LIVE_TESTS_AT_LEAST = 95
 
 
 def wing_of_test(path: str) -> str | None:
