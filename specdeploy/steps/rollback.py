@@ -406,6 +406,10 @@ def _box_failed(box: BoxTurn, error: Exception) -> None:
             if restored:
                 entry["restored"] = ", ".join(restored)
             states = "; ".join(checked) or "its instances serve as they were left"
+            # the instances whose turn never began: they serve what they served, on disk too
+            untouched = [plan.member.name for plan in box.plans if plan not in box.swapped]
+            if untouched:
+                states += f"; not touched: {', '.join(untouched)}"
             entry["after"] = (
                 f"{states}; no instance left drained; {cfg.balancer_unit} is "
                 f"{server.is_active(cfg.balancer_unit)}"

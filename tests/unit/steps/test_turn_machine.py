@@ -284,3 +284,13 @@ def test_each_turn_hands_its_schedule_proof_to_the_record(tmp_path, monkeypatch,
         plan.schedule_proof = {"proven": True, "run": f"r{number}"}
     rollback.roll_servers(servers, plans, balancer, started=0.0, pins={})
     assert handed == [{"proven": True, "run": f"r{n}"} for n in range(len(plans))]
+
+
+def test_a_box_whose_first_instance_fails_names_the_instances_it_did_not_touch(tmp_path):
+    """A box rolled one instance at a time: the first fails and is rolled back, so the others'
+    turns never begin; the message and the rollout's note name them as not touched."""
+    _, _, _, _, raised, _ = turn_on_stand_in(
+        tmp_path, "box changes its unit", "new", "faster", None
+    )
+    assert "ROLLED BACK" in str(raised), raised
+    assert "not touched: specdeploy-vllm-1" in str(raised), raised
