@@ -254,6 +254,11 @@ class DeploymentRecord(_Part):
     # or {proven: false, allowed_unproven: true, why} under allow_unproven_schedule. Absent without
     # a schedule; None: a baseline deploy, or a record written before proofs were matched.
     schedule_proof: dict[str, Any] | None = None
+    # the choice of draft (deploys/choose_draft.py) kept for this host's fingerprint
+    # (steps/draft_choice.py): run, measured_on, candidates (each refusal or its evidence), pairs,
+    # decision (with the proving runs' TPOTs: draft_rule.replay replays it), alpha, the
+    # recommended speculative_config (None: off) and `followed`. Absent where none is kept
+    draft_choice: dict[str, Any] | None = None
     # the live autopilot's fall-back that wrote this record (observe/live_verdict.step_evidence):
     # action, why, the streak's decisions, its windows (count, from, to), alpha, the judge's file.
     # Absent from every other deploy's record

@@ -169,11 +169,23 @@ def decide(
 ) -> dict:
     """The recommendation from the proving runs: the pair shown faster than the baseline at its
     look's level (alpha / pairs, spent over the looks) with the lowest median TPOT, or OFF."""
+    return decide_tpot(tpot_by_label(results), pairs, names, max_runs=max_runs, alpha=alpha)
+
+
+def decide_tpot(
+    measured: Mapping[str, Sequence[float]],
+    pairs: Sequence[tuple[int, int]],
+    names: Sequence[str],
+    *,
+    max_runs: int,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict:
+    """decide() over the proving runs' run-level TPOTs by label; the decision keeps them
+    (`tpot`), so a recorded decision replays from itself (replay())."""
     labels = [arm_label(i, k) for i, k in pairs]
-    measured = tpot_by_label(results)
-    tpot = {a: measured.get(a, []) for a in [BASELINE, *labels]}
+    tpot = {a: list(measured.get(a, [])) for a in [BASELINE, *labels]}
     out = {"alpha": alpha, "rule": DRAFT_RULE, "pairs": [], "max_runs": max_runs,
-           "baseline": summarize_values(tpot[BASELINE])}  # fmt: skip
+           "baseline": summarize_values(tpot[BASELINE]), "tpot": tpot}  # fmt: skip
     if not labels:
         return {**out, "recommended": None, "verdict": f"{OFF}: no candidate could be predicted"}
     # the last look the runs reached decides: replay the looks in order, as the flow took them
@@ -242,3 +254,17 @@ def draft_choice(
             "measured_tpot_ms": measured.get(i, {}).get("median")})  # fmt: skip
     return {"candidates": rows, "pairs": [list(p) for p in pairs], "alpha": alpha,
             "decision": decision}  # fmt: skip
+
+
+def replay(choice: Mapping) -> dict:
+    """A recorded draft_choice (draft_choice.json, the report's, or a deployment record's) through
+    the rules again from what it keeps: the pairs from each candidate's recorded pin evidence
+    (best_pairs), the decision from the proving runs' TPOTs (decide_tpot). Returns {pairs,
+    decision}: equal to the recorded ones unless the rules changed since."""
+    evidence = {c["index"]: c for c in choice["candidates"]}
+    pairs = best_pairs(evidence)
+    recorded = choice["decision"]
+    decision = decide_tpot(recorded.get("tpot") or {}, pairs,
+                           [c["name"] for c in choice["candidates"]],
+                           max_runs=recorded["max_runs"], alpha=choice["alpha"])  # fmt: skip
+    return {"pairs": [list(p) for p in pairs], "decision": decision}

@@ -25,6 +25,7 @@ from specdeploy.measure.plans import compare_measurement, draft_measurement, tun
 from specdeploy.render import instances
 from specdeploy.render.argv import EngineFlags
 from specdeploy.report import summary as report
+from specdeploy.report.draft_summary import APPLY, choice_fingerprint, keep_choices
 from specdeploy.report.load_summary import keep_proofs
 from specdeploy.report.paths import raw_dir, run_dir
 from specdeploy.steps import dataset, lock, schedule_proof
@@ -94,6 +95,8 @@ def _write_report(kind: str) -> None:
     _REPORTED_HOSTS[str(directory)] = finished
     summary = report.write(directory, kind)
     keep_proofs(directory, summary)  # each schedule's proof, by its fingerprint, for the deploys
+    if kind == "choose_draft":  # each host's choice, by its fingerprint, for the deploy's record
+        keep_choices(directory, summary)
     logger.info(
         f"{host.print_prefix}report: {directory}/summary.md ({', '.join(summary['charts'])})"
     )
@@ -109,6 +112,8 @@ def _write_report(kind: str) -> None:
         for name, h in summary["hosts"].items():
             print(f"{name}: {h['decision']['verdict']}")
             print(f"  {h['host_data_change']}")
+            if h["decision"]["recommended"] is not None:
+                print(f"  {APPLY}")
     if kind == "tune":
         for name, h in summary["hosts"].items():
             if "choice" not in h:
@@ -145,6 +150,9 @@ def measurement_deploy(kind: str):
         member = measured_instance(cfg, flags)  # a whole box: one instance, drained; None: the host
         measured = member.cfg if member else cfg
         plan, cond, what = make_plan(measured, release=release, flags=flags)
+        if isinstance(plan, DraftPlan):  # the choice's, which the deploy that applies it matches
+            cond = {**cond, "choice_fingerprint": choice_fingerprint(
+                measured, schedule_proof.host_hardware(measured))}  # fmt: skip
         if isinstance(plan, LoadProof):  # the proof's fingerprint, which a deploy must match
             fingerprint = schedule_proof.measured_fingerprint(
                 measured, plan.measured_schedule(), candidate=plan.schedule is not None

@@ -1,20 +1,24 @@
 """The report of deploys/choose_draft.py, rebuilt from the raw files only (the decision replayed by
 decide/draft_rule.draft_choice over them): per candidate its refusal or its acceptance by position,
 predicted and measured TPOT, the KV cache it leaves (sequences of max_model_len) and its download
-size; the decision with alpha; the host-data change; draft_tpot.png."""
+size; the decision with alpha; the host-data change and how to apply it; draft_tpot.png. The
+choice is kept by its fingerprint (keep_choices) for the serve deploy that applies it, whose record
+keeps it (steps/draft_choice.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specdeploy.config.schema import DraftCandidate
+from specdeploy.config.schema import DraftCandidate, ServeConfig
 from specdeploy.decide import draft_rule
 from specdeploy.decide.stats import DEFAULT_ALPHA
 from specdeploy.report.charts import SMALLEST_PT, _plt, _save
+from specdeploy.report.load_summary import keep_entry, proof_fingerprint, proof_key
 
 
 def host_choice(name: str, h: dict) -> dict:
-    """One host's draft_choice from its conditions and runs, and the host-data line to set."""
+    """One host's draft_choice from its conditions and runs, the host-data line to set and the
+    speculative_config it sets (None: speculation off)."""
     cond = h["conditions"]  # conditions.json: the plan's keys (ks, ...) beside the rest
     candidates = cond.get("draft_candidates") or []
     choice = draft_rule.draft_choice(
@@ -30,13 +34,63 @@ def host_choice(name: str, h: dict) -> dict:
         for c in candidates
     ]
     return {**choice, "host_data_change": draft_rule.host_data_change(name, choice["decision"],
-                                                                        configs)}  # fmt: skip
+                                                                        configs),
+            "speculative_config": configs[rec["candidate"]] if rec else None,
+            "choice_fingerprint": cond.get("choice_fingerprint"),
+            "finished_at": cond.get("finished_at")}  # fmt: skip
 
 
 def draft_report(hosts: dict[str, dict], run_dir: Path, head: dict) -> dict:
     s = {**head, "hosts": {name: host_choice(name, h) for name, h in hosts.items()}}
     s["charts"] = draft_chart(s, run_dir)
     return s
+
+
+# --- the choice kept for the deploys, and what a deploy's record says of it -----------------------
+
+CHOICES = "draft_choices"  # under the reports root: one kept choice per fingerprint
+APPLY = (
+    "apply: set it in host data, then roll it out the ordinary way (specdeploy rollout INVENTORY "
+    "deploys/serve.py); each host's deployment record then keeps this choice (draft_choice)"
+)
+# what makes the deployed speculative_config the recommended one
+FOLLOWED_KEYS = ("method", "model", "revision", "num_speculative_tokens", "quantization")
+
+
+def choice_fingerprint(cfg: ServeConfig, hardware: dict) -> dict:
+    """What a draft choice depends on, and so what a deploy must match to record it: the schedule
+    proof's fingerprint (release, target, workload with its load levels, request set, hardware)
+    without the draft and the speculative config, which are what it chooses."""
+    out = proof_fingerprint(cfg, hardware)
+    return {key: v for key, v in out.items() if key not in ("draft", "speculative_config")}
+
+
+def keep_choices(run_dir: Path, summary: dict) -> list[Path]:
+    """After the report (flows/measure.py): each host's choice kept as <reports root>/draft_choices/
+    <key>.json with the fingerprint its conditions carry (a later choice of the same fingerprint
+    replaces it), for the serve deploy's record (steps/draft_choice.py)."""
+    kept = []
+    for name, h in (summary.get("hosts") or {}).items():
+        fingerprint = h.get("choice_fingerprint")
+        if not fingerprint:
+            continue
+        entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint,
+                 "run": summary.get("run"), "measured_on": name,
+                 **{key: h[key] for key in ("finished_at", "alpha", "candidates", "pairs",
+                                            "decision", "speculative_config")}}  # fmt: skip
+        path = Path(run_dir).parent / CHOICES / f"{entry['key']}.json"
+        if keep_entry(path, entry):
+            kept.append(path)
+    return kept
+
+
+def follows(choice: dict, speculative_config: dict | None) -> bool:
+    """Does a server with `speculative_config` (None: the baseline) serve what `choice` (a kept
+    one) recommends: its draft at its k, or speculation off."""
+    want = choice.get("speculative_config")
+    if want is None or speculative_config is None:
+        return want is None and speculative_config is None
+    return all(want.get(key) == speculative_config.get(key) for key in FOLLOWED_KEYS)
 
 
 def _size(n: int | None) -> str:
@@ -76,6 +130,8 @@ def draft_markdown(s: dict) -> str:
         base = (d.get("baseline") or {}).get("median")
         lines += ["", f"Baseline median TPOT: {_ms(base)} ms. Host data: `{h['host_data_change']}`",
                   ""]  # fmt: skip
+        if d["recommended"] is not None:
+            lines += [f"To {APPLY}.", ""]
     lines += [f"![TPOT by k per candidate]({c})" for c in s.get("charts", [])]
     return "\n".join(lines)
 

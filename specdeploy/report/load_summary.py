@@ -248,15 +248,22 @@ def keep_proofs(run_dir: Path, summary: dict) -> list[Path]:
         entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint,
                  **_evidence(summary.get("run"), name, h)}  # fmt: skip
         path = Path(run_dir).parent / PROOFS / f"{entry['key']}.json"
-        there = _read(path)
-        if there and (there.get("finished_at") or "") > (entry["finished_at"] or ""):
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-        os.replace(partial, path)  # a reader sees the old proof or the new one, whole
-        kept.append(path)
+        if keep_entry(path, entry):
+            kept.append(path)
     return kept
+
+
+def keep_entry(path: Path, entry: dict) -> bool:
+    """Evidence kept by its fingerprint's key (a schedule's proof, a draft choice): written
+    atomically unless the one there finished later (by the time it records, never a file's)."""
+    there = _read(path)
+    if there and (there.get("finished_at") or "") > (entry["finished_at"] or ""):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)  # a reader sees the old entry or the new one, whole
+    return True
 
 
 def _read(path: Path) -> dict | None:
@@ -266,9 +273,10 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def kept_proof(root: Path, fingerprint: Mapping) -> dict | None:
-    """The proof kept under the reports root `root` for exactly `fingerprint`, else None."""
-    entry = _read(Path(root) / PROOFS / f"{proof_key(fingerprint)}.json")
+def kept_proof(root: Path, fingerprint: Mapping, folder: str = PROOFS) -> dict | None:
+    """The proof (or other evidence, `folder`) kept under the reports root `root` for exactly
+    `fingerprint`, else None."""
+    entry = _read(Path(root) / folder / f"{proof_key(fingerprint)}.json")
     return entry if entry and entry.get("fingerprint") == fingerprint else None
 
 

@@ -40,12 +40,14 @@ def build_record(
     pruned_venvs: list[str] | None = None,
     validated_by: ValidatedBy | None = None,
     schedule_proof: dict | None = None,
+    draft_choice: dict | None = None,
     live_fallback: dict | None = None,
 ) -> DeploymentRecord:
     """The record of a verified deploy; `unit` is the unit the host serves with (its role too).
     Every piece of evidence is handed in by the step that made it: `schedule_proof`, the proof of
     a deployed schedule or the allowance of an unproven one (steps/schedule_proof.py, while
-    planning); nothing is looked up here."""
+    planning), `draft_choice`, the kept choice of draft for this host's fingerprint
+    (steps/draft_choice.py, while planning); nothing is looked up here."""
     w = cfg.workload
     record = {
         # set, not defaulted: to_json writes only what was set; a reader tells releases apart by it
@@ -100,6 +102,8 @@ def build_record(
         **({"validated_by": validated_by} if validated_by is not None else {}),
         # only with a schedule, so every other record stays as it was
         **({"schedule_proof": schedule_proof} if SCHEDULE_KEY in cfg.speculative_config else {}),
+        # only where a draft choice is kept for this fingerprint: every other record stays as it was
+        **({"draft_choice": draft_choice} if draft_choice is not None else {}),
         # only in a live autopilot's fall-back: the verdict and windows it fell back on
         **({"live_fallback": live_fallback} if live_fallback is not None else {}),
         "timings": timings,

@@ -254,6 +254,7 @@ def roll_servers(servers: HostServers, plans: list[ServerPlan], balancer=None, *
                                    change=plan.change, lock_cfg=cfg, preflight=plan.preflight,
                                    gate_input=plan.gate_input, box_gate=None, proof=plan.proof,
                                    previous=plan.previous, schedule_proof=plan.schedule_proof,
+                                   draft_choice=plan.draft_choice,
                                    verified=plan.previous and plan.previous.unit,
                                    pinned_release=plan.release, **kwargs)  # fmt: skip
         return
@@ -323,6 +324,7 @@ def _roll_box(box: BoxTurn, **kwargs) -> None:
                                gate_input=plan.gate_input, box_gate=box_gate,
                                proof=plan.proof, previous=plan.previous,
                                schedule_proof=plan.schedule_proof,
+                               draft_choice=plan.draft_choice,
                                verified=plan.previous and plan.previous.unit, release=False,
                                pinned_release=plan.release, **kwargs)  # fmt: skip
             box.verified.append(plan)

@@ -31,7 +31,7 @@ from specdeploy.render import instances
 from specdeploy.render.argv import EngineFlags
 from specdeploy.render.instances import CPU_IDS_COMMAND, Instance, parse_cpu_ids
 from specdeploy.render.units import RenderedUnit, render_unit
-from specdeploy.steps import gate, schedule_proof, unit
+from specdeploy.steps import draft_choice, gate, schedule_proof, unit
 from specdeploy.steps.preflight import ServerPreflight, check_gpus_first
 from specdeploy.steps.proof import ArgvProof
 from specdeploy.steps.unit import UnitChange
@@ -78,6 +78,7 @@ class ServerPlan:
     preflight: ServerPreflight | None = None  # set by steps/preflight.preflight_every_server
     proof: ArgvProof | None = None  # set by steps/proof.prove_plans when its unit changes
     schedule_proof: dict | None = None  # steps/schedule_proof.schedule_evidence, for the record
+    draft_choice: dict | None = None  # steps/draft_choice.choice_evidence, for the record
     needed: Callable[[], bool] = lambda: True  # must its restart-health-smoke-record call run?
     release: Release | None = None  # the host's (HostServers.release): the record names its table
     flags: EngineFlags | None = None  # the host's engine flags, for the preflight
@@ -188,8 +189,8 @@ def plan_server(member: Instance, role: str, servers: HostServers) -> ServerPlan
     unit.show_unit_diff(own, rendered)
     evidence = schedule_proof.schedule_evidence(own, role)  # refuses an unproven schedule
     return ServerPlan(member, rendered, previous, gate.gate_input(own, rendered),
-                      schedule_proof=evidence, release=servers.release,
-                      flags=servers.flags)  # fmt: skip
+                      schedule_proof=evidence, release=servers.release, flags=servers.flags,
+                      draft_choice=draft_choice.choice_evidence(own, role))  # fmt: skip
 
 
 @deploy("Instance directories")

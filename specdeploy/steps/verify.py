@@ -30,6 +30,7 @@ def verify_and_record(
     proof: ArgvProof | None = None,
     previous: DeploymentRecord | None = None,
     schedule_proof: dict | None = None,
+    draft_choice: dict | None = None,
     pinned_release: Release | None,
     live_fallback: dict | None = None,
 ) -> DeploymentRecord:
@@ -40,6 +41,7 @@ def verify_and_record(
     the host's vLLM's proof of this run's unit (steps/proof.py; None: its unit did not change),
     `previous`: the record as the run found it; the record says what validated the unit.
     `schedule_proof`: what planning found for a deployed schedule (steps/schedule_proof.py).
+    `draft_choice`: the kept draft choice for this server's fingerprint (steps/draft_choice.py).
     `pinned_release`: the pin's Release, looked up at the deploy's start (the record names its
     table). `live_fallback`: the live autopilot's evidence when this run is its fall-back."""
     # the server's benchmarks and restarts, resolved here once and handed down: the smoke run and
@@ -70,6 +72,7 @@ def verify_and_record(
         gate=decision,
         validated_by=validated_by(pinned_release, rendered, proof, previous),
         schedule_proof=schedule_proof,
+        draft_choice=draft_choice,
         live_fallback=live_fallback,
         timings=timings,
         revisions=pins or {},
