@@ -1,6 +1,6 @@
-"""The draft choice recorded on the host: deploys/choose_draft.py's report keeps each host's choice by
-its fingerprint (report/draft_summary.keep_choices); the serve deploy that applies it (the ordinary
-rolling path, host data set to the printed change) finds exactly that choice while planning
+"""The draft choice recorded on the host: deploys/choose_draft.py's report keeps each host's choice
+by its fingerprint (report/draft_summary.keep_choices); the serve deploy that applies it (the
+ordinary rolling path, host data set to the printed change) finds exactly that choice while planning
 (steps/draft_choice.py) and its deployment record keeps it, saying whether the server follows it;
 the recorded choice replays through decide/draft_rule. A deploy with no kept choice records nothing
 new."""
@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.context import ctx_host
 
 from specdeploy.checks.draft_candidates import CandidateCheck
 from specdeploy.config.problems import Problem
@@ -19,14 +20,23 @@ from specdeploy.config.schema import config_from_data
 from specdeploy.decide import draft_rule
 from specdeploy.measure import draft_flow
 from specdeploy.measure.plans import draft_conditions
+from specdeploy.render.units import render_unit
 from specdeploy.report import summary as report
 from specdeploy.report.draft_summary import CHOICES, choice_fingerprint, follows, keep_choices
-from specdeploy.render.units import render_unit
 from specdeploy.steps import draft_choice, record, schedule_proof
 from tests.unit.measure.test_draft_choice import KS, PlayedHost
-from tests.unit.steps.test_schedule_proof import planning  # noqa: F401 (a fixture)
+from tests.unit.steps.test_schedule_proof import Host
 
 TRAINED = "org/trained"
+
+
+@pytest.fixture
+def planning(tmp_path, monkeypatch):
+    """Reports under tmp_path, the H200 host gpu-1 in context (as test_schedule_proof plans)."""
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path))
+    host = Host()
+    with ctx_host.use(host):
+        yield host
 
 
 def checks_of(cfg) -> tuple[CandidateCheck, ...]:
@@ -127,7 +137,8 @@ def test_without_a_kept_choice_nothing_is_read_or_recorded(planning, tmp_path, v
 
 
 def test_follows_compares_the_draft_and_k_not_the_rest():
-    want = {"method": "draft_model", "model": "d", "revision": "a" * 40, "num_speculative_tokens": 3}
+    want = {"method": "draft_model", "model": "d", "revision": "a" * 40,
+            "num_speculative_tokens": 3}  # fmt: skip
     choice = {"speculative_config": want}
     assert follows(choice, {**want, "disable_by_batch_size": 8})
     assert not follows(choice, {**want, "num_speculative_tokens": 4})
