@@ -17,6 +17,12 @@ Cheap first, then proven:
 
 Labels: the pin runs are `p-baseline` and `p-d<i>-k<k>`, the proving runs `baseline` and
 `d<i>-k<k>` (i: the candidate's place in draft_candidates), so the proof counts only its own runs.
+
+At load levels (the workload's load_levels, the load proof's visits: a fresh server per arm, one run
+per level, labels `<arm>@c<concurrency>`): each level is pinned, predicted, paired and proven as
+above on its own runs, at alpha / levels (Bonferroni over the levels, as the load proof spends it);
+each level has its verdict, and the recommendation is the pair shown faster than the baseline at
+every level (the lowest worst-level TPOT ratio), else "off" with each level's verdict.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from collections.abc import Mapping, Sequence
 
 from specdeploy.config.record import BenchResult
 from specdeploy.decide.decisions import _clean, run_values, summarize_values
+from specdeploy.decide.load_rule import level_alpha, split_label
 from specdeploy.decide.predict import best_k, json_rows, predict, run_from_bench
 from specdeploy.decide.stats import DEFAULT_ALPHA, median, rank_test, sequential_looks
-from specdeploy.decide.tune_rule import runs_by_label
+from specdeploy.decide.tune_rule import counted, runs_by_label
 
 PIN_BASELINE = "p-baseline"
 BASELINE = "baseline"
@@ -234,11 +241,17 @@ def draft_choice(
     ks: Sequence[int],
     max_runs: int,
     alpha: float,
+    levels: Sequence[int] | None = None,
 ) -> dict:
     """The record (raw/<host>/draft_choice.json, summary.json): every candidate (refused ones by
     name with why, the others with their pin evidence, predicted and measured TPOT), the pairs
     proven, the decision and alpha. `candidates`: [{name, refused (list of reasons, empty when
-    measured), download_bytes, kv_tokens, ...}] as the flow found them."""
+    measured), download_bytes, kv_tokens, ...}] as the flow found them. `levels`: the workload's
+    load levels (concurrencies), when it has them: each level's pairs and decision under
+    `levels`, each candidate's evidence per level, the decision across them."""
+    if levels:
+        return _at_levels(candidates, results, ks=ks, max_runs=max_runs, alpha=alpha,
+                          levels=list(levels))  # fmt: skip
     evidence = curves(results, ks)
     pairs = best_pairs(evidence)
     names = [c["name"] for c in candidates]
@@ -256,15 +269,120 @@ def draft_choice(
             "decision": decision}  # fmt: skip
 
 
+# --- at load levels -------------------------------------------------------------------------------
+
+LEVEL_RULE = (
+    "at every load level on its own runs at alpha / levels; recommended: the pair shown faster "
+    "than the baseline at every level with the lowest worst-level TPOT ratio, else speculation off"
+)
+EVIDENCE = ("pinned_k", "per_position_acceptance", "acceptance_length", "pin_tpot_ms", "best_k",
+            "predicted_tpot_ms", "rows", "proven_k", "measured_tpot_ms")  # fmt: skip
+
+
+def level_runs(results: Sequence[BenchResult | Mapping], concurrency: int) -> list[BenchResult]:
+    """The counted runs at one load level, labelled as without levels (d0-k4@c4 -> d0-k4), so
+    every rule above reads one level's runs as it reads a run without levels."""
+    out = []
+    for r in counted(results):
+        parts = split_label(r.run.arm)
+        if parts and parts[1] == concurrency:
+            out.append(r.model_copy(update={"run": r.run.model_copy(update={"arm": parts[0]})}))
+    return out
+
+
+def level_pairs(
+    results: Sequence[BenchResult | Mapping], ks: Sequence[int], levels: Sequence[int]
+) -> dict[int, list[tuple[int, int]]]:
+    """{concurrency: the pairs to prove there} from each level's pin runs."""
+    return {c: best_pairs(curves(level_runs(results, c), ks)) for c in levels}
+
+
+def union_pairs(by_level: Mapping) -> list[tuple[int, int]]:
+    """Every level's pairs once: the arms the proof visits (each visit runs every level)."""
+    return sorted({tuple(p) for pairs in by_level.values() for p in pairs})
+
+
+def level_steps(
+    results: Sequence[BenchResult | Mapping],
+    by_level: Mapping[int, Sequence[tuple[int, int]]],
+    *,
+    max_runs: int,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict[int, dict]:
+    """next_step at every level over its own pairs at alpha / levels; the proof stops once every
+    level says "decide now"."""
+    each = level_alpha(alpha, len(by_level))
+    out = {}
+    for c, pairs in by_level.items():
+        labels = [arm_label(i, k) for i, k in pairs]
+        if not labels:
+            out[c] = {"action": "decide now", "reason": "no candidate could be predicted"}
+            continue
+        tpot = tpot_by_label(level_runs(results, c))
+        out[c] = next_step(tpot, labels, max_runs=max_runs, alpha=each)
+    return out
+
+
+def across_levels(decisions: Mapping[str, Mapping], *, alpha: float, max_runs: int) -> dict:
+    """The recommendation from each level's decision ({str(concurrency): decide()'s})."""
+    faster = [{(p["candidate"], p["k"]): p for p in d["pairs"] if p["faster_than_baseline"]}
+              for d in decisions.values()]  # fmt: skip
+    common = set.intersection(*(set(f) for f in faster)) if faster else set()
+    first = next(iter(decisions.values()), {})
+    out = {"alpha": alpha, "rule": f"{DRAFT_RULE}; {LEVEL_RULE}", "max_runs": max_runs,
+           "pairs": first.get("pairs", []), "baseline": first.get("baseline"),
+           "levels": {c: d["verdict"] for c, d in decisions.items()}}  # fmt: skip
+    each = "; ".join(f"c{c}: {d['verdict']}" for c, d in decisions.items())
+    if not common:
+        return {**out, "recommended": None,
+                "verdict": f"{OFF}: no draft and k shown faster than the baseline at every load "
+                f"level ({each})"}  # fmt: skip
+    worst = {p: max(f[p]["ratio_to_baseline"] for f in faster) for p in common}
+    i, k = min(common, key=lambda p: (worst[p], p))
+    name = faster[0][(i, k)]["name"]
+    verdict = (f"{name} at k = {k}: faster than the baseline at every load level (worst TPOT "
+               f"ratio {worst[(i, k)]:.3f}, alpha {alpha:g} over the levels; {each})")  # fmt: skip
+    return {**out, "recommended": {"candidate": i, "name": name, "k": k}, "verdict": verdict}
+
+
+def _at_levels(candidates, results, *, ks, max_runs, alpha, levels) -> dict:
+    each = level_alpha(alpha, len(levels))
+    per = {str(c): draft_choice(candidates, level_runs(results, c), ks=ks, max_runs=max_runs,
+                                alpha=each) for c in levels}  # fmt: skip
+    first = per[str(levels[0])]
+    rows = [{**row, "levels": {c: {key: per[c]["candidates"][n][key] for key in EVIDENCE}
+                               for c in per}}
+            for n, row in enumerate(first["candidates"])]  # fmt: skip
+    decision = across_levels({c: ch["decision"] for c, ch in per.items()}, alpha=alpha,
+                             max_runs=max_runs)  # fmt: skip
+    return {"candidates": rows, "alpha": alpha,
+            "pairs": [list(p) for p in union_pairs({c: ch["pairs"] for c, ch in per.items()})],
+            "levels": {c: {"pairs": ch["pairs"], "decision": ch["decision"]}
+                       for c, ch in per.items()},
+            "decision": decision}  # fmt: skip
+
+
 def replay(choice: Mapping) -> dict:
     """A recorded draft_choice (draft_choice.json, the report's, or a deployment record's) through
     the rules again from what it keeps: the pairs from each candidate's recorded pin evidence
     (best_pairs), the decision from the proving runs' TPOTs (decide_tpot). Returns {pairs,
     decision}: equal to the recorded ones unless the rules changed since."""
-    evidence = {c["index"]: c for c in choice["candidates"]}
-    pairs = best_pairs(evidence)
+    names = [c["name"] for c in choice["candidates"]]
     recorded = choice["decision"]
-    decision = decide_tpot(recorded.get("tpot") or {}, pairs,
-                           [c["name"] for c in choice["candidates"]],
+    if choice.get("levels"):
+        each = level_alpha(choice["alpha"], len(choice["levels"]))
+        per = {}
+        for c, level in choice["levels"].items():
+            pairs = best_pairs({row["index"]: row["levels"][c] for row in choice["candidates"]})
+            tpot = level["decision"].get("tpot") or {}
+            per[c] = {"pairs": [list(p) for p in pairs],
+                      "decision": decide_tpot(tpot, pairs, names, max_runs=recorded["max_runs"],
+                                              alpha=each)}  # fmt: skip
+        decision = across_levels({c: lv["decision"] for c, lv in per.items()},
+                                 alpha=choice["alpha"], max_runs=recorded["max_runs"])  # fmt: skip
+        pairs = [list(p) for p in union_pairs({c: lv["pairs"] for c, lv in per.items()})]
+        return {"pairs": pairs, "decision": decision, "levels": per}
+    pairs = best_pairs({c["index"]: c for c in choice["candidates"]})
+    decision = decide_tpot(recorded.get("tpot") or {}, pairs, names,
                            max_runs=recorded["max_runs"], alpha=choice["alpha"])  # fmt: skip
     return {"pairs": [list(p) for p in pairs], "decision": decision}

@@ -15,7 +15,11 @@ decide/draft_rule.py's: the pin runs (the baseline and each survivor at the larg
 candidate's TPOT curve predicted over tune_k, the best two candidate/k pairs and the baseline in
 rotating rounds of fresh servers until the sequential rule decides. raw/<host>/draft_choice.json is
 the record (draft_rule.draft_choice), written after the pin phase and again at the end; the report
-rebuilds it from the raw files (report/draft_summary.py)."""
+rebuilds it from the raw files (report/draft_summary.py).
+
+When the workload has load levels, both phases run as the load proof's visits (load_flow.visits: a
+fresh server per arm, one run per level on it) and each level is paired, proven and decided on its
+own runs (draft_rule: at load levels)."""
 
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from specdeploy.config.schema import DraftCandidate, ServeConfig
 from specdeploy.decide import draft_rule
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.system import CpuInfo, MemoryBytes
-from specdeploy.measure.arms import BASELINE, Arm, Step
+from specdeploy.measure import load_flow
+from specdeploy.measure.arms import BASELINE, Arm, SharedStep, Step
 from specdeploy.measure.conditions import TuneConditions
 from specdeploy.measure.tune_flow import read_raw, rounds
 from specdeploy.releases.capabilities import Release
@@ -98,6 +103,11 @@ class DraftPlan:
     def survivors(self) -> list[CandidateCheck]:
         return [c for c in self.checks if not c.refused]
 
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The workload's load levels (concurrencies), when it has them: the choice at each."""
+        return tuple(lv.concurrency for lv in self.cfg.workload.load_levels or ())
+
     def stage(self) -> None:
         """Under the deploy lock: the survivors' weights at their pinned revisions, by the
         download step (sized first, refused under the disk rule); ngram has none."""
@@ -109,11 +119,14 @@ class DraftPlan:
         candidates = [c.as_json() for c in self.checks]
         choice = draft_rule.draft_choice(
             candidates, read_raw(self.out_dir)(), ks=self.ks, max_runs=self.max_runs,
-            alpha=self.cfg.decision_alpha,
+            alpha=self.cfg.decision_alpha, levels=self.levels or None,
         )  # fmt: skip
         (self.out_dir / DRAFT_CHOICE).write_text(json.dumps(choice, indent=1))
 
-    def __iter__(self) -> Iterator[Step]:
+    def __iter__(self) -> Iterator[Step | SharedStep]:
+        if self.levels:
+            yield from self._at_levels()
+            return
         cfg, k_max = self.cfg, max(self.ks)
         pin_baseline = Arm(draft_rule.PIN_BASELINE, False)
         for _ in range(self.warmup_runs):
@@ -139,6 +152,32 @@ class DraftPlan:
                 break
         self.record()
 
+    def _at_levels(self) -> Iterator[SharedStep]:
+        """The same phases as the load proof visits: a fresh server per arm, one run per load
+        level on it (load_flow.visits); each level paired and proven on its own runs."""
+        cfg, k_max = self.cfg, max(self.ks)
+        pins = [Arm(draft_rule.PIN_BASELINE, False),
+                *(pin_arm(cfg, check, k_max, pin=True) for check in self.survivors)]  # fmt: skip
+        yield from load_flow.visits(cfg, pins, repeats=1, warmup_runs=self.warmup_runs)
+        read = read_raw(self.out_dir)
+        by_level = draft_rule.level_pairs(read(), self.ks, self.levels)
+        self.record()
+        by_index = {c.index: c for c in self.checks}
+        pairs = draft_rule.union_pairs(by_level)
+        arms = [BASELINE, *(pin_arm(cfg, by_index[i], k, pin=False) for i, k in pairs)]
+        r = 0
+        while pairs:
+            shift = r % len(arms)  # no arm always first
+            yield from load_flow.visits(cfg, arms[shift:] + arms[:shift], repeats=1, warmup_runs=0)
+            r += 1
+            steps = draft_rule.level_steps(read(), by_level, max_runs=self.max_runs,
+                                           alpha=cfg.decision_alpha)  # fmt: skip
+            said = "; ".join(f"c{c}: {step['reason']}" for c, step in steps.items())
+            logger.info(f"{host.print_prefix}choose_draft, {r} rounds: {said}")
+            if all(step["action"] == "decide now" for step in steps.values()):
+                break
+        self.record()
+
     def conditions(self) -> TuneConditions:
         return TuneConditions(
             ks=list(self.ks),
@@ -147,7 +186,14 @@ class DraftPlan:
             tune_method="choose_draft",
             order="warm-up, then the baseline and each candidate at the largest k (pin), then the "
             "best two candidate/k pairs and the baseline in rotating rounds until the sequential "
-            "rule decides; the exact order is the sample index",
+            "rule decides"
+            + (
+                f"; at load levels {list(self.levels)}: each a fresh server per arm and one run "
+                "per level, lowest first, each level's own best two pairs"
+                if self.levels
+                else ""
+            )
+            + "; the exact order is the sample index",
         )
 
     def describe(self) -> str:

@@ -463,4 +463,5 @@ def draft_conditions(cfg: ServeConfig, plan: DraftPlan) -> dict:
     refusals by name) and the proof's budget, which the report replays the decision with."""
     return {**conditions(cfg, plan.conditions()),
             "draft_candidates": [c.as_json() for c in plan.checks],
-            "draft_max_runs": plan.max_runs}  # fmt: skip
+            "draft_max_runs": plan.max_runs,
+            "draft_levels": list(plan.levels) or None}  # fmt: skip

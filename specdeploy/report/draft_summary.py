@@ -24,7 +24,7 @@ def host_choice(name: str, h: dict) -> dict:
     choice = draft_rule.draft_choice(
         candidates, h["runs"], ks=cond["ks"],
         max_runs=cond["draft_max_runs"],
-        alpha=cond.get("decision_alpha", DEFAULT_ALPHA),
+        alpha=cond.get("decision_alpha", DEFAULT_ALPHA), levels=cond.get("draft_levels"),
     )  # fmt: skip
     rec = choice["decision"]["recommended"]
     configs = [
@@ -77,7 +77,8 @@ def keep_choices(run_dir: Path, summary: dict) -> list[Path]:
         entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint,
                  "run": summary.get("run"), "measured_on": name,
                  **{key: h[key] for key in ("finished_at", "alpha", "candidates", "pairs",
-                                            "decision", "speculative_config")}}  # fmt: skip
+                                            "decision", "speculative_config")},
+                 **({"levels": h["levels"]} if "levels" in h else {})}  # fmt: skip
         path = Path(run_dir).parent / CHOICES / f"{entry['key']}.json"
         if keep_entry(path, entry):
             kept.append(path)
@@ -127,6 +128,12 @@ def draft_markdown(s: dict) -> str:
                 f"{_ms(c.get('measured_tpot_ms'))} | {_kv(c)} | "
                 f"{_size(c.get('download_bytes'))} |"
             )
+        lines += [""] if d.get("levels") else []
+        for c, verdict in (d.get("levels") or {}).items():
+            lines.append(f"- at concurrency {c}: {verdict}")
+        if d.get("levels"):
+            lines += ["", "The table shows the lowest load level; summary.json has every level.",
+                      ""]  # fmt: skip
         base = (d.get("baseline") or {}).get("median")
         lines += ["", f"Baseline median TPOT: {_ms(base)} ms. Host data: `{h['host_data_change']}`",
                   ""]  # fmt: skip

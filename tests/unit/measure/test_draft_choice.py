@@ -15,6 +15,7 @@ from specdeploy.checks.model_cards import card_from_listing
 from specdeploy.config.problems import Problem
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide import draft_rule as rule
+from specdeploy.decide.load_rule import split_label
 from specdeploy.measure import draft_flow
 from specdeploy.measure.plans import draft_conditions
 from specdeploy.releases.capabilities import release_of
@@ -265,3 +266,103 @@ def test_a_card_is_read_by_the_snapshot_parser_and_sized_by_what_the_download_fe
     assert card["vocab_size"] == 1024 and card["tokenizer_vocab_size"] == 2
     assert card["head_dim"] == 32 and card["weight_bytes"] == 4000
     assert card["download_bytes"] == 4350  # never original/ or the README
+
+
+# --- at the workload's load levels ----------------------------------------------------------------
+
+LEVELS = [1, 16]
+
+
+def tpot_at(name: str, request_set: str, k: int, c: int, slope: float) -> float:
+    """The fixtures' TPOT at concurrency c: every step slower under load, and each draft token
+    `slope` of a step more per further sequence (a busy batch leaves speculation less room)."""
+    load = 1 + 0.05 * (c - 1)
+    return true_tpot(name, request_set, k) * load * (1 + slope * (c - 1) * k if k else 1)
+
+
+class PlayedLevels(PlayedHost):
+    """PlayedHost at load levels: each step's label names its level (`<arm>@c<concurrency>`)."""
+
+    def __init__(self, out_dir, names, request_set, slope):
+        super().__init__(out_dir, names, request_set)
+        self.slope, self.steps = slope, []
+
+    def run(self, plan):
+        for arm, warm, same_server in plan:
+            self.steps.append((arm.label, warm, same_server))
+            k = arm.speculative_config["num_speculative_tokens"] if arm.speculative else 0
+            label, c = split_label(arm.label)
+            parsed = rule.parse_label(label)
+            name = self.names[parsed[1]] if parsed else ""
+            rates = ACCEPTANCE[self.request_set][name] if parsed else None
+            tpot = tpot_at(name, self.request_set, k, c, self.slope)
+            tpot *= 1 + 0.01 * ((self.index % 3) - 1)
+            result = bench(arm.label, self.index, tpot, k, rates)
+            result["specdeploy"] |= {"warmup": warm, "speculative_config": arm.speculative_config}
+            (self.out_dir / f"{self.index:02d}-{arm.label}.json").write_text(json.dumps(result))
+            self.index += 1
+
+
+def chosen_at_levels(valid_data, tmp_path, monkeypatch, slope):
+    monkeypatch.setattr(draft_flow, "logger", SimpleNamespace(info=lambda _: None))
+    monkeypatch.setattr(draft_flow, "host", SimpleNamespace(print_prefix="h1: "))
+    workload = {**valid_data["workload"], "load_levels": LEVELS}
+    cfg = config_from_data({**valid_data, "workload": workload, "max_num_seqs": 16,
+                            "draft_candidates": [{"repo": "org/trained"}, {"repo": "org/poor"},
+                                                 {"repo": "org/other-vocab"}]})  # fmt: skip
+    other = Problem("h1", "draft_candidates[2] (org/other-vocab@main)", "vocab_size 3072", "drop")
+    c = cfg.draft_candidates
+    checks = (CandidateCheck(0, c[0]), CandidateCheck(1, c[1]),
+              CandidateCheck(2, c[2], refusals=[other]))  # fmt: skip
+    out = tmp_path / "raw" / "h1"
+    out.mkdir(parents=True)
+    plan = draft_flow.DraftPlan(cfg, checks, tuple(KS), 1, 8, out)
+    played = PlayedLevels(out, ["trained", "poor", "other"], "chat", slope)
+    played.run(plan)
+    (out / "conditions.json").write_text(json.dumps({**draft_conditions(cfg, plan),
+                                                     "finished_at": "x"}))  # fmt: skip
+    recorded = json.loads((out / draft_flow.DRAFT_CHOICE).read_text())
+    return played, recorded, report.write(tmp_path, "choose_draft")["hosts"]["h1"]
+
+
+def test_at_load_levels_each_level_is_pinned_and_proven_and_has_its_verdict(
+    valid_data, tmp_path, monkeypatch
+):
+    """Under load the draft stops paying at concurrency 16: the trained draft wins at 1, nothing
+    at 16, so the choice is "off", with each level's verdict (without levels, the same runs at
+    concurrency 1 recommend the trained draft)."""
+    played, recorded, h = chosen_at_levels(valid_data, tmp_path, monkeypatch, slope=0.05)
+    steps = played.steps
+    # the load proof's visits: one fresh server per arm, its higher level on the same server
+    assert steps[:5] == [("p-baseline@c1", True, False), ("p-baseline@c1", False, False),
+                         ("p-baseline@c16", False, True), ("p-d0-k5@c1", False, False),
+                         ("p-d0-k5@c16", False, True)]  # fmt: skip
+    assert not any("d2-" in label for label, *_ in steps)  # refused: never measured
+    proving = [label for label, warm, _ in steps[7:]]
+    assert {split_label(x)[1] for x in proving} == set(LEVELS)
+    levels = recorded["levels"]
+    assert levels["1"]["decision"]["recommended"]["name"] == "org/trained@main"
+    assert levels["16"]["decision"]["recommended"] is None
+    assert levels["1"]["decision"]["alpha"] == pytest.approx(0.025)  # alpha / levels
+    d = recorded["decision"]
+    assert d["recommended"] is None and d["verdict"].startswith(rule.OFF)
+    assert "c1: org/trained@main at k" in d["verdict"] and "c16: off" in d["verdict"]
+    # each candidate's evidence at each level
+    assert set(recorded["candidates"][0]["levels"]) == {"1", "16"}
+    # the report replays it from the raw files, and the record replays through the rules
+    assert h["decision"] == d and h["levels"] == levels
+    again = rule.replay(recorded)
+    assert again["decision"] == d and again["levels"] == levels
+    md = (tmp_path / "summary.md").read_text()
+    assert "at concurrency 16: off" in md
+
+
+def test_at_load_levels_a_draft_that_pays_at_every_level_is_recommended(
+    valid_data, tmp_path, monkeypatch
+):
+    _, recorded, h = chosen_at_levels(valid_data, tmp_path, monkeypatch, slope=0.0)
+    rec = recorded["decision"]["recommended"]
+    assert rec["name"] == "org/trained@main"
+    assert all(lv["decision"]["recommended"]["name"] == rec["name"]
+               for lv in recorded["levels"].values())  # fmt: skip
+    assert f"'num_speculative_tokens': {rec['k']}" in h["host_data_change"]
