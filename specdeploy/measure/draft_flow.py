@@ -36,6 +36,7 @@ from specdeploy.config import revisions
 from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import DraftCandidate, ServeConfig
 from specdeploy.decide import draft_rule
+from specdeploy.decide.load_rule import level_alpha
 from specdeploy.host.facts.nvidia import Accelerators
 from specdeploy.host.facts.system import CpuInfo, MemoryBytes
 from specdeploy.measure import load_flow
@@ -202,6 +203,23 @@ class DraftPlan:
                 f"{len(self.checks) - len(self.survivors)} refused)")  # fmt: skip
 
 
+def reachable(cfg: ServeConfig, max_runs: int) -> None:
+    """Planning time: the proof's budget can show a pair faster at its share of decision_alpha
+    (per pair, per load level), or the host is refused before anything runs."""
+    levels = len(cfg.workload.load_levels or ()) or 1
+    pairs = min(draft_rule.PAIRS, len(cfg.draft_candidates))
+    each = level_alpha(cfg.decision_alpha, levels)
+    if draft_rule.looks(max_runs, pairs, each):
+        return
+    where = f" over {levels} load levels" if levels > 1 else ""
+    raise ConfigError([Problem(
+        host.name, "compare_max_repeats",
+        f"{max_runs} runs per arm can never show a candidate faster than the baseline at "
+        f"decision_alpha {cfg.decision_alpha:g} / {pairs} pairs{where}",
+        "raise compare_max_repeats (or decision_alpha, or list fewer load levels)",
+    )])  # fmt: skip
+
+
 def draft_plan(cfg: ServeConfig, *, ks: list[int], warmup_runs: int, max_runs: int,
                out_dir: Path, release: Release | None) -> DraftPlan:  # fmt: skip
     """Planning time, before any download: the checks and the plan (DraftPlan.stage downloads the
@@ -218,5 +236,6 @@ def draft_plan(cfg: ServeConfig, *, ks: list[int], warmup_runs: int, max_runs: i
                 )
             ]
         )
+    reachable(cfg, max_runs)
     checks = checked_candidates(cfg, max(ks), release)
     return DraftPlan(cfg, tuple(checks), tuple(sorted(set(ks))), warmup_runs, max_runs, out_dir)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from specdeploy.checks.draft_candidates import CandidateCheck, check_candidates
 from specdeploy.checks.model_cards import card_from_listing
-from specdeploy.config.problems import Problem
+from specdeploy.config.problems import ConfigError, Problem
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide import draft_rule as rule
 from specdeploy.decide.load_rule import split_label
@@ -366,3 +366,19 @@ def test_at_load_levels_a_draft_that_pays_at_every_level_is_recommended(
     assert all(lv["decision"]["recommended"]["name"] == rec["name"]
                for lv in recorded["levels"].values())  # fmt: skip
     assert f"'num_speculative_tokens': {rec['k']}" in h["host_data_change"]
+
+
+def test_a_budget_that_can_never_decide_is_refused_before_anything_runs(valid_data, monkeypatch):
+    monkeypatch.setattr(draft_flow, "host", SimpleNamespace(name="h1"))
+    two = [{"repo": "org/a"}, {"repo": "org/b"}]
+    cfg = config_from_data({**valid_data, "draft_candidates": two})
+    draft_flow.reachable(cfg, 4)  # 1/70 <= 0.05 / 2 at 4 + 4
+    workload = {**valid_data["workload"], "load_levels": [1, 4, 16]}
+    cfg = config_from_data({**valid_data, "workload": workload, "max_num_seqs": 16,
+                            "draft_candidates": two})  # fmt: skip
+    with pytest.raises(ConfigError) as refused:  # 0.05 / 3 / 2 needs 5 + 5
+        draft_flow.reachable(cfg, 4)
+    problem = refused.value.problems[0]
+    assert problem.host == "h1" and problem.field == "compare_max_repeats"
+    assert "over 3 load levels" in problem.what
+    draft_flow.reachable(cfg, 5)
