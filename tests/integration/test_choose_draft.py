@@ -7,10 +7,12 @@ the trained draft, the deliberately poor one and the draft with another vocabula
 - the trained draft is recommended with its k, proven faster than the baseline at decision_alpha by
   the exact test, recomputed here from the raw JSONs;
 - the report's decision is the one the flow recorded (draft_choice.json), so the fast tier's replay
-  (tests/unit/measure/test_draft_choice.py) drives the same rule.
+  (tests/unit/measure/test_draft_choice_replay.py) drives the same rule;
+- applied by the ordinary serve deploy (host data set to the printed speculative_config), the
+  host's deployment record keeps the choice (draft_choice, followed) and it replays from there.
 
 Pin phase: baseline + 2 candidates, one run each; proof: 3 arms x 4 rounds at least: 15+ fresh
-server runs, about 10-15 minutes on the sandbox.
+server runs, about 10-15 minutes on the sandbox, then one serve deploy (restart, smoke).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from specdeploy.decide import draft_rule
 from specdeploy.decide.stats import rank_test
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.vllm]
@@ -31,6 +34,7 @@ TIMEOUT = 3600
 TRAINED = "specdeploy-sandbox/pycode-draft"
 POOR = "specdeploy-sandbox/pycode-draft-poor"
 OTHER_VOCAB = "specdeploy-sandbox/tiny-llama-draft-othervocab"
+RECORD = "/var/lib/specdeploy/records/specdeploy-vllm.json"
 PROMPTS = 4  # per run: the trained draft halves TPOT on this request set; 4 requests show it
 
 
@@ -50,33 +54,42 @@ def host(sandbox_services, sandbox_fleet):
     return sandbox_fleet["hosts"][0]["name"]
 
 
-@pytest.fixture(scope="module")
-def chosen(host, sandbox_services, tmp_path_factory):
-    """The trained pair deployed, then deploys/choose_draft.py over the three drafts at their
-    mirror commits, k 1-4, no warm-up. Returns (report dir, what pyinfra printed)."""
-    models = sandbox_services["models"]
-    candidates = [{"repo": repo, "revision": models[repo]["main"]}
-                  for repo in (TRAINED, POOR, OTHER_VOCAB)]  # fmt: skip
-    inventory = tmp_path_factory.mktemp("draft") / "inventory.py"
-    inventory.write_text(
+def inventory(path: Path, host: str, candidates: list, **data) -> Path:
+    """The sandbox inventory of `host` alone, its workload at PROMPTS requests per run, the
+    candidates and tune_k 1-4 with no warm-up, and `data` on top."""
+    path.write_text(
         "import runpy\n"
         f"_base = runpy.run_path({str(REPO / 'inventories/sandbox.py')!r})\n"
         f"_group = runpy.run_path({str(REPO / 'group_data/sandbox.py')!r})\n"
         f"_workload = {{**_group['workload'], 'num_prompts': {PROMPTS}}}\n"
         f"_data = {{'workload': _workload, 'draft_candidates': {candidates!r}, "
-        "'tune_k': [1, 2, 3, 4], 'tune_warmup_runs': 0}\n"
+        f"'tune_k': [1, 2, 3, 4], 'tune_warmup_runs': 0, **{data!r}}}\n"
         f"sandbox = [(n, {{**d, **_data}}) for n, d in _base['sandbox'] if n == {host!r}]\n"
     )
-    deployed = pyinfra(inventory, "deploys/serve.py")
+    return path
+
+
+@pytest.fixture(scope="module")
+def chosen(host, sandbox_services, tmp_path_factory):
+    """The trained pair deployed, then deploys/choose_draft.py over the three drafts at their
+    mirror commits, k 1-4, no warm-up, its reports (and the kept choice) under a reports root of
+    its own. Returns (report dir, what pyinfra printed, candidates)."""
+    models = sandbox_services["models"]
+    candidates = [{"repo": repo, "revision": models[repo]["main"]}
+                  for repo in (TRAINED, POOR, OTHER_VOCAB)]  # fmt: skip
+    where = tmp_path_factory.mktemp("draft")
+    reports = {"SPECDEPLOY_REPORTS": str(where / "reports")}
+    inv = inventory(where / "inventory.py", host, candidates)
+    deployed = pyinfra(inv, "deploys/serve.py", env=reports)
     assert deployed.returncode == 0, tail(deployed)
     run = f"test-choose-draft-{os.getpid()}"
-    result = pyinfra(inventory, "deploys/choose_draft.py", env={"SPECDEPLOY_RUN": run})
+    result = pyinfra(inv, "deploys/choose_draft.py", env={"SPECDEPLOY_RUN": run, **reports})
     assert result.returncode == 0, tail(result)
-    return REPO / "reports" / run, result.stdout + result.stderr
+    return where / "reports" / run, result.stdout + result.stderr, candidates
 
 
 def test_the_other_vocabulary_is_refused_by_name_before_its_download(chosen, host, sandbox_ssh):
-    out, printed = chosen
+    out, printed, _ = chosen
     assert f"refused {host}: draft_candidates[2] ({OTHER_VOCAB}@" in printed
     cond = json.loads((out / "raw" / host / "conditions.json").read_text())
     refused = cond["draft_candidates"][2]["refused"]
@@ -88,7 +101,7 @@ def test_the_other_vocabulary_is_refused_by_name_before_its_download(chosen, hos
 
 
 def test_the_poor_draft_is_measured_and_the_trained_one_recommended(chosen, host, record_replay):
-    out, printed = chosen
+    out, printed, _ = chosen
     raw_dir = out / "raw" / host
     raw = [json.loads(f.read_text()) for f in sorted(raw_dir.glob("[0-9][0-9]-*.json"))]
     arms = [r["specdeploy"]["arm"] for r in raw]
@@ -110,7 +123,32 @@ def test_the_poor_draft_is_measured_and_the_trained_one_recommended(chosen, host
     assert f"'num_speculative_tokens': {rec['k']}" in summary["hosts"][host]["host_data_change"]
     assert (out / "draft_tpot.png").is_file()
     assert f"{host}: {TRAINED}@" in printed  # the verdict printed, naming the draft
+    assert "specdeploy rollout INVENTORY deploys/serve.py" in printed  # how to apply it
     # the raw runs, the conditions (every candidate's checks) and the recorded decision, for a
     # fast-tier replay of draft_rule over them
     files = {f"raw/{host}/{f.name}": f for f in raw_dir.glob("*.json")}
     record_replay("trained_choose_draft", {**files, "summary.json": out / "summary.json"})
+
+
+def test_applied_by_the_ordinary_deploy_the_choice_is_in_the_host_record(
+    chosen, host, sandbox_ssh, tmp_path, record_replay
+):
+    """The printed change applied as any host-data change is: deploys/serve.py with the
+    recommended speculative_config. The deployment record keeps the choice the report kept
+    (draft_choice, followed), and it replays through the rules from the record alone."""
+    out, _, candidates = chosen
+    h = json.loads((out / "summary.json").read_text())["hosts"][host]
+    assert h["speculative_config"]["model"] == TRAINED
+    inv = inventory(tmp_path / "inventory.py", host, candidates,
+                    speculative_config=h["speculative_config"])  # fmt: skip
+    deployed = pyinfra(inv, "deploys/serve.py", env={"SPECDEPLOY_REPORTS": str(out.parent)})
+    assert deployed.returncode == 0, tail(deployed)
+    record = json.loads(sandbox_ssh(host, f"cat {RECORD}").stdout)
+    choice = record["draft_choice"]
+    assert choice["followed"] is True and choice["run"] == out.name, choice.get("followed")
+    assert choice["decision"] == h["decision"]
+    k = h["decision"]["recommended"]["k"]
+    assert record["speculative_config"]["num_speculative_tokens"] == k
+    again = draft_rule.replay(choice)
+    assert again["pairs"] == choice["pairs"] and again["decision"] == choice["decision"]
+    record_replay("trained_choose_draft_record", {"record.json": record})
