@@ -22,6 +22,7 @@ from specdeploy.decide.load_rule import SCHEDULE_KEY
 from specdeploy.host.on_host import read_text, sh, write_text
 from specdeploy.render.units import RenderedUnit
 from specdeploy.report.bench_summary import summarize
+from specdeploy.report.draft_summary import follows
 
 
 def build_record(
@@ -47,8 +48,10 @@ def build_record(
     Every piece of evidence is handed in by the step that made it: `schedule_proof`, the proof of
     a deployed schedule or the allowance of an unproven one (steps/schedule_proof.py, while
     planning), `draft_choice`, the kept choice of draft for this host's fingerprint
-    (steps/draft_choice.py, while planning); nothing is looked up here."""
+    (steps/draft_choice.py, while planning), recorded with `followed` for the unit it ends on;
+    nothing is looked up here."""
     w = cfg.workload
+    served = cfg.speculative_config if unit.role == "speculative" else None  # None: baseline
     record = {
         # set, not defaulted: to_json writes only what was set; a reader tells releases apart by it
         "schema": SCHEMA,
@@ -103,7 +106,11 @@ def build_record(
         # only with a schedule, so every other record stays as it was
         **({"schedule_proof": schedule_proof} if SCHEDULE_KEY in cfg.speculative_config else {}),
         # only where a draft choice is kept for this fingerprint: every other record stays as it was
-        **({"draft_choice": draft_choice} if draft_choice is not None else {}),
+        **(
+            {"draft_choice": {**draft_choice, "followed": follows(draft_choice, served)}}
+            if draft_choice is not None
+            else {}
+        ),  # fmt: skip
         # only in a live autopilot's fall-back: the verdict and windows it fell back on
         **({"live_fallback": live_fallback} if live_fallback is not None else {}),
         "timings": timings,

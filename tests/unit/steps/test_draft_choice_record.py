@@ -49,10 +49,11 @@ def checks_of(cfg) -> tuple[CandidateCheck, ...]:
             CandidateCheck(2, c[2], refusals=[other]))  # fmt: skip
 
 
-def build(cfg, draft=None):
-    """steps/record.build_record for a verified deploy of `cfg`, handed `draft` as its choice."""
+def build(cfg, draft=None, role="speculative"):
+    """steps/record.build_record for a verified deploy of `cfg` ending on its `role` unit, handed
+    `draft` as its choice."""
     return record.build_record(
-        cfg, render_unit(cfg), vllm_version="0.32.0", snapshots={},
+        cfg, render_unit(cfg, role), vllm_version="0.32.0", snapshots={},
         preflight=SimpleNamespace(vocab=None, memory=None), health=None, smoke=None,
         started=time.time(), draft_choice=draft,
     )  # fmt: skip
@@ -90,7 +91,7 @@ def test_the_applied_choice_is_found_recorded_and_replays(planning, tmp_path, va
     assert "specdeploy rollout" in (tmp_path / "draft-run" / "summary.md").read_text()
     deployed = applied(cfg, summary)
     evidence = draft_choice.choice_evidence(deployed, "speculative")
-    assert evidence["followed"] is True and evidence["run"] == "draft-run"
+    assert evidence["run"] == "draft-run"
     written = build(deployed, evidence)
     on_disk = json.loads(written.to_json())["draft_choice"]
     assert on_disk["decision"] == h["decision"] and on_disk["followed"] is True
@@ -100,9 +101,12 @@ def test_the_applied_choice_is_found_recorded_and_replays(planning, tmp_path, va
     # replayable from the record alone: the rules give back its pairs and its decision
     again = draft_rule.replay(on_disk)
     assert again["pairs"] == on_disk["pairs"] and again["decision"] == on_disk["decision"]
-    # the same host still on its old draft: the choice is recorded, not followed
-    assert draft_choice.choice_evidence(cfg, "speculative")["followed"] is False
-    assert draft_choice.choice_evidence(deployed, "baseline")["followed"] is False
+    # the same host still on its old draft, or ending on the baseline (a gate's fall-back): the
+    # choice is recorded, not followed
+    old_draft = build(cfg, draft_choice.choice_evidence(cfg, "speculative"))
+    assert old_draft.draft_choice["followed"] is False
+    fell_back = build(deployed, evidence, role="baseline")
+    assert fell_back.role == "baseline" and fell_back.draft_choice["followed"] is False
 
 
 def test_a_replay_of_a_tampered_record_disagrees(planning, tmp_path, valid_data):
