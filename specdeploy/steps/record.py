@@ -110,7 +110,7 @@ def build_record(
             {"draft_choice": {**draft_choice, "followed": follows(draft_choice, served)}}
             if draft_choice is not None
             else {}
-        ),  # fmt: skip
+        ),
         # only in a live autopilot's fall-back: the verdict and windows it fell back on
         **({"live_fallback": live_fallback} if live_fallback is not None else {}),
         "timings": timings,
