@@ -1142,6 +1142,17 @@ def dumps(value, indent: int = 0, width: int = 100) -> str:
     if len(flat) + indent <= width or not isinstance(value, dict | list) or not value:
         return flat
     pad = " " * (indent + 2)
+    if isinstance(value, list) and not any(isinstance(v, dict | list) for v in value):
+        # scalars (an argv, a run's latencies) packed as words on a line, as a command reads
+        lines, line = [], ""
+        for word in (json.dumps(v, ensure_ascii=False) + "," for v in value):
+            if line and len(pad) + len(line) + 1 + len(word) > width:
+                lines.append(pad + line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(pad + line[:-1])
+        return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
     if isinstance(value, list):
         items = [pad + dumps(v, indent + 2, width) for v in value]
         return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
