@@ -112,12 +112,19 @@ NOW = 1796144400.0  # 2026-12-01T17:00:00Z: every clock a step reads
 CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "machine": "c0ffee00c0ffee00",
                 "started": "5150", "running_pids": [4242], "starts": {}}  # fmt: skip
 INPUTS = ("description", "call", "host_data", "executing", "control_node", "held_locks",
-          "failed_first", "args", "kwargs", "facts")  # fmt: skip
+          "failed_first", "stand_ins", "args", "kwargs", "facts")  # fmt: skip
 OUTPUTS = ("operations", "noops", "host", "warnings", "returns", "exception")
 # a host entry's answer fields (and "text" or "file" of a read; "tpot_ms", "itl_ms", "raw",
 # "counters" and "checked" of a sample's stand-in, SampleStandIns)
-ANSWERS = {"out", "stderr", "ok", "tpot_ms", "itl_ms", "raw", "counters", "checked"}
+ANSWERS = {"out", "stderr", "ok", "tpot_ms", "itl_ms", "raw", "counters", "checked", "returns",
+           "raises"}  # fmt: skip
 REPO = FIXTURES.parents[1]
+DATA = FIXTURES / "data"  # what fixtures share, by name: {"$data": name} (not a fixture itself)
+
+
+def cases() -> list[Path]:
+    """Every operation fixture: tests/operations/<step>/<case>.json, but the shared data."""
+    return sorted(p for p in FIXTURES.glob("*/*.json") if p.parent != DATA)
 
 
 class FixtureError(BaseException):
@@ -167,6 +174,19 @@ class Case:
         self.release = _release_of(self.cfg)
         self.flags = engine_flags(self.cfg)
         self._derived: dict[str, str] = {}
+        # objects shown by name where a step hands them on: what a stand-in returned
+        # ("$health_and_smoke[1]") and parts of a built argument ("$preflight.snapshots")
+        self.named: list[tuple[Any, str]] = []
+
+    def name(self, value, name: str) -> None:
+        if not (value is None or isinstance(value, bool | int | float | str)):
+            self.named.append((value, name))
+
+    def name_of(self, value) -> str | None:
+        return next((name for obj, name in self.named if obj is value), None)
+
+    def object_named(self, name: str):
+        return next((obj for obj, known in self.named if known == name), None)
 
     def derived(self, name: str) -> str:
         if name not in DERIVED:
@@ -454,6 +474,68 @@ class StandInBench:
         return result
 
 
+class StandIns:
+    """`stand_ins`: ["module:function", ...], steps (or sampling) functions a composite step calls,
+    each replaced at its own boundary by a recorded stand-in, so the composite's fixture proves
+    only the composition (which parts, in which order, what each is handed, what a failure does)
+    and each part is proven by its own fixtures (tests/operations/<module>/). A call is a host
+    entry {"called": "module:function", "args", "kwargs"} (compared, in order, with the host's
+    other calls), answered by the entry: "returns" (built as an argument is: "$unit", "$record",
+    ...), or "raises" {"name", "message"} (an exception class of specdeploy by its name). What a
+    stand-in returned is shown by name where the step hands it on: "$function", and "$function[i]"
+    for the i-th of a tuple."""
+
+    def __init__(self, case: Case, host):
+        self.case, self.host = case, host
+
+    def patch(self, monkeypatch) -> None:
+        for spec in self.case.data.get("stand_ins", []):
+            module_name, _, attr = spec.partition(":")
+            module = step_module(module_name)
+            original = getattr(module, attr)
+            replacement = self.stand_in(spec, original)
+            _patch_everywhere(monkeypatch, original, replacement)
+
+    def stand_in(self, spec: str, original):
+        case, host, short = self.case, self.host, spec.partition(":")[2]
+
+        def called(*args, **kwargs):
+            call: dict[str, Any] = {"called": spec}
+            if args:
+                call["args"] = jsonable(case, list(args), host)
+            if kwargs:
+                call["kwargs"] = jsonable(case, kwargs, host)
+            entry = case.shell._next(call)
+            if "raises" in entry:
+                raised = entry["raises"]
+                raise exception_named(raised["name"])(raised["message"])
+            result = build(case, entry.get("returns"))
+            if isinstance(result, list):
+                for i, value in enumerate(result):
+                    case.name(value, f"${short}[{i}]")
+                result = tuple(result)
+            case.name(result, f"${short}")
+            return result
+
+        called.__wrapped__ = original
+        return called
+
+
+def exception_named(name: str) -> type[BaseException]:
+    """The exception class `name` of a specdeploy module (or a builtin one)."""
+    import builtins
+    import sys
+
+    for module_name, module in list(sys.modules.items()):
+        value = getattr(module, name, None) if module_name.startswith("specdeploy") else None
+        if isinstance(value, type) and issubclass(value, Exception):
+            return value
+    value = getattr(builtins, name, None)
+    if isinstance(value, type) and issubclass(value, Exception):
+        return value
+    raise FixtureError(f"no exception class {name} in specdeploy")
+
+
 def _build_samples(case: Case, spec: list[dict]):
     """sampling/sampler.Sample each, as a plan asks for them: its server's unit (`unit`: a role,
     rendered as $unit renders it), its raw file's `name`, the workload at load level `concurrency`
@@ -525,7 +607,19 @@ def _build_preflight(case: Case, spec: dict):
     from specdeploy.checks.gpus import Preflight
     from specdeploy.steps.preflight import ServerPreflight
 
-    return ServerPreflight(substitute(case, spec["snapshots"]), Preflight(**spec.get("result", {})))
+    preflight = ServerPreflight(substitute(case, spec["snapshots"]),
+                                Preflight(**spec.get("result", {})))  # fmt: skip
+    case.name(preflight, "$preflight")
+    case.name(preflight.snapshots, "$preflight.snapshots")
+    case.name(preflight.result, "$preflight.result")
+    return preflight
+
+
+def _build_preflight_result(case: Case, spec: dict):
+    """checks/gpus.Preflight: what the preflight's rules found (steps/preflight.run_preflight)."""
+    from specdeploy.checks.gpus import Preflight
+
+    return Preflight(**spec)
 
 
 def _build_plan(case: Case, spec: dict):
@@ -575,6 +669,7 @@ BUILDERS = {
     "$plan": _build_plan,
     "$operation": _build_operation,
     "$preflight": _build_preflight,
+    "$preflight_result": _build_preflight_result,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
     "$smoke": _build_smoke,
@@ -586,9 +681,23 @@ BUILDERS = {
 }
 
 
+def shared_data(value):
+    """`value` with every {"$data": name} replaced by tests/operations/data/<name>.json."""
+    if isinstance(value, dict) and set(value) == {"$data"}:
+        return shared_data(json.loads((DATA / f"{value['$data']}.json").read_text()))
+    if isinstance(value, list):
+        return [shared_data(v) for v in value]
+    if isinstance(value, dict):
+        return {k: shared_data(v) for k, v in value.items()}
+    return value
+
+
 def build(case: Case, value):
+    value = shared_data(value)
     if value == "$cfg":
         return case.cfg
+    if isinstance(value, str) and case.object_named(value) is not None:  # handed on, by name
+        return case.object_named(value)
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in BUILDERS:
         ((name, spec),) = value.items()
         return BUILDERS[name](case, spec)
@@ -686,7 +795,7 @@ class Shell:
     `host` entries; every call is recorded (on_host.sh runs on sh_status, as it does for real)."""
 
     def __init__(self, case: Case):
-        self.case, self.script = case, case.data.get("host", [])
+        self.case, self.script = case, shared_data(case.data.get("host", []))
         self.calls: list[dict] = []
 
     def _next(self, call: dict) -> dict:
@@ -921,6 +1030,7 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
             kwargs = handed_in(case, function, args, build(case, data.get("kwargs", {})))
             if case.samples_stand_in:
                 SampleStandIns(case).patch(monkeypatch)
+            StandIns(case, host).patch(monkeypatch)
             state.is_executing = executing and not planned
             result = function(*args, **kwargs)
             if isinstance(result, types.GeneratorType):  # a loop over samples: run to its end
@@ -953,8 +1063,19 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         got["host"] = shown(case, shell.calls)
         got["warnings"] = [strip_prefix(m) for m in recorder.messages]
         if "exception" not in got:
-            got["returns"] = shown(case, jsonable(case, result, host))
+            got["returns"] = written_back(shell.calls, result) or shown(
+                case, jsonable(case, result, host)
+            )
     return got
+
+
+def written_back(calls: list[dict], result) -> dict | None:
+    """A returned record that is exactly what the step wrote to the host (its JSON, every field):
+    shown as {"$written": path}, the write entry holding it once."""
+    if not isinstance(result, BaseModel) or not hasattr(result, "to_json"):
+        return None
+    text = json.loads(result.to_json())
+    return next(({"$written": c["write"]} for c in calls if c.get("json") == text), None)
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -1048,6 +1169,8 @@ def jsonable(case: Case, value, host):
 
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if case.name_of(value) is not None:  # handed on from a stand-in or a built argument
+        return case.name_of(value)
     if isinstance(value, ServeConfig):
         return "$cfg" if value is case.cfg else {"$cfg": value.service_name}
     if isinstance(value, OperationMeta):
@@ -1120,7 +1243,7 @@ def default(key: str):
 
 def compared(got: dict, data: dict) -> tuple[dict, dict]:
     """(what the step did, what the fixture says) for every output key."""
-    want = {key: data.get(key, default(key)) for key in OUTPUTS}
+    want = {key: shared_data(data.get(key, default(key))) for key in OUTPUTS}
     have = {key: got.get(key, default(key)) for key in OUTPUTS}
     return have, want
 
@@ -1131,6 +1254,8 @@ def write_back(path: Path, data: dict, got: dict) -> None:
     out = {k: data[k] for k in first if k not in OUTPUTS}
     for key in OUTPUTS:
         value = got.get(key, default(key))
+        if key in data and shared_data(data[key]) == value:
+            value = data[key]  # as the fixture says it ({"$data": ...} kept)
         if value != default(key):
             out[key] = value
     path.write_text(dumps(out) + "\n")
