@@ -614,6 +614,7 @@ def _build_preflight(case: Case, spec: dict):
     case.name(preflight, "$preflight")
     case.name(preflight.snapshots, "$preflight.snapshots")
     case.name(preflight.result, "$preflight.result")
+    case.name(preflight.result.hardware, "$preflight.result.hardware")
     return preflight
 
 
@@ -741,7 +742,7 @@ class Facts:
     """pyinfra's FakeHost.get_fact: the fixture's value for the fact and its arguments."""
 
     def __init__(self, case: Case):
-        self.case, self.facts = case, case.data.get("facts", {})
+        self.case, self.facts = case, shared_data(case.data.get("facts", {}))
         self.read: set[tuple[str, str | None]] = set()
 
     def unread(self) -> list[str]:
