@@ -177,6 +177,8 @@ class Case:
         # objects shown by name where a step hands them on: what a stand-in returned
         # ("$health_and_smoke[1]") and parts of a built argument ("$preflight.snapshots")
         self.named: list[tuple[Any, str]] = []
+        # what each stand-in returned, as shown when it returned (a step may change it after)
+        self.returned: list[tuple[str, Any]] = []
 
     def name(self, value, name: str) -> None:
         if not (value is None or isinstance(value, bool | int | float | str)):
@@ -493,7 +495,9 @@ class StandIns:
     def patch(self, monkeypatch) -> None:
         for spec in self.case.data.get("stand_ins", []):
             module_name, _, attr = spec.partition(":")
-            module = step_module(module_name)
+            # a step's or sampling's module by its folder's name, else a dotted room.module
+            module = (importlib.import_module(f"specdeploy.{module_name}") if "." in module_name
+                      else step_module(module_name))  # fmt: skip
             original = getattr(module, attr)
             replacement = self.stand_in(spec, original)
             _patch_everywhere(monkeypatch, original, replacement)
@@ -512,8 +516,13 @@ class StandIns:
                 raised = entry["raises"]
                 raise exception_named(raised["name"])(raised["message"])
             result = build(case, entry.get("returns"))
+            parts = list(enumerate(result)) if isinstance(result, list) else [(None, result)]
+            for i, value in parts:  # as it was returned, before the step adds to it
+                if isinstance(value, dict):
+                    name = f"${short}" if i is None else f"${short}[{i}]"
+                    case.returned.append((name, copy.deepcopy(jsonable(case, value, host))))
             if isinstance(result, list):
-                for i, value in enumerate(result):
+                for i, value in parts:
                     case.name(value, f"${short}[{i}]")
                 result = tuple(result)
             case.name(result, f"${short}")
@@ -1198,7 +1207,7 @@ def jsonable(case: Case, value, host):
     if value is case.flags:
         return "$flags"
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return extending(case, value.model_dump(mode="json", by_alias=True, exclude_none=True))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(case, getattr(value, f.name), host)
                 for f in dataclasses.fields(value)}  # fmt: skip
@@ -1219,6 +1228,16 @@ def jsonable(case: Case, value, host):
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return repr(value)
+
+
+def extending(case: Case, dumped: dict) -> dict:
+    """A record that holds every field of a dict a stand-in returned (a gate decision the step
+    records with what it adds): {"$extends": that stand-in's name, the fields it adds}."""
+    for name, said in case.returned:
+        if len(said) >= 3 and all(dumped.get(k) == v for k, v in said.items() if v is not None):
+            if all(dumped.get(k) is None for k, v in said.items() if v is None):
+                return {"$extends": name} | {k: v for k, v in dumped.items() if k not in said}
+    return dumped
 
 
 @functools.cache
