@@ -393,8 +393,10 @@ def _build_sampler(case: Case, spec: dict):
     readmit = tuple(spec["readmit"]) if spec.get("readmit") else None
     case.samples_stand_in = spec.get("samples") == "stand-in"
     tokenizer = spec.get("tokenizer", "/var/lib/specdeploy/hf/tok")
-    return Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
-                   restores=spec.get("restores"), readmit=readmit)  # fmt: skip
+    sampler = Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
+                      restores=spec.get("restores"), readmit=readmit)  # fmt: skip
+    case.name(sampler, "$sampler")
+    return sampler
 
 
 # A stand-in benchmark's vLLM result where the entry gives no "raw": what a 16-prompt run of the
