@@ -520,7 +520,7 @@ class StandIns:
             result = build(case, entry.get("returns"))
             parts = list(enumerate(result)) if isinstance(result, list) else [(None, result)]
             for i, value in parts:  # as it was returned, before the step adds to it
-                if isinstance(value, dict):
+                if isinstance(value, dict) and case.name_of(value) is None:
                     name = f"${short}" if i is None else f"${short}[{i}]"
                     case.returned.append((name, copy.deepcopy(jsonable(case, value, host))))
             if isinstance(result, list):
@@ -1236,7 +1236,7 @@ def extending(case: Case, dumped: dict) -> dict:
     """A record that holds every field of a dict a stand-in returned (a gate decision the step
     records with what it adds): {"$extends": that stand-in's name, the fields it adds}."""
     for name, said in case.returned:
-        if len(said) >= 3 and all(dumped.get(k) == v for k, v in said.items() if v is not None):
+        if isinstance(said, dict) and len(said) >= 3 and all(dumped.get(k) == v for k, v in said.items() if v is not None):
             if all(dumped.get(k) is None for k, v in said.items() if v is None):
                 return {"$extends": name} | {k: v for k, v in dumped.items() if k not in said}
     return dumped
@@ -1298,8 +1298,8 @@ def kept(said, made):
     """What the step `made`, in the fixture's words where it says the same (its {"$data": ...})."""
     if shared_data(said) == made:
         return said
-    if isinstance(said, list) and isinstance(made, list) and len(said) == len(made):
-        return [kept(a, b) for a, b in zip(said, made, strict=True)]
+    if isinstance(said, list) and isinstance(made, list):
+        return [kept(a, b) for a, b in zip(said, made, strict=False)] + made[len(said) :]
     if isinstance(said, dict) and isinstance(made, dict):
         return {k: kept(said.get(k), v) for k, v in made.items()}
     return made
