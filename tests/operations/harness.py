@@ -40,15 +40,22 @@ A fixture's keys (all but `call` optional):
     held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
     failed_first
                 hosts of this run that failed their restart before this one (steps/rollback.py)
+    stand_ins   ["module:function", ...]: the parts a composite step calls, each replaced at its
+                own boundary by a recorded stand-in (StandIns: a "called" host entry, compared in
+                order with the host's other calls, answered with "returns" or "raises"), so the
+                composite's fixture proves the composition and each part is proven by its own
+                fixtures; "module" is a folder here (steps/, sampling/) or a dotted room.module
     operations  out: [{"name", "commands"} or {"name", "noop"}] (+ "arguments": the non-default
                 global arguments such as _if, _timeout, _serial)
     noops       out: what the step said with host.noop outside any operation
     host        in and out: [{"sh": command, "stdin", "timeout", answers "out", "stderr", "ok"},
                 {"read": path, answer "text" (null: no such file) or "file" (repo-relative)},
-                {"write": path, "mode", "text" or "json"}]
+                {"write": path, "mode", "text" or "json"}, {"called": a stand-in, "args",
+                "kwargs", answer "returns" or "raises"}]
     warnings    out: what the step logged as warnings (without the host prefix)
     returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta;
-                {"$called": value}: a function it returns for execution time, called then)
+                {"$called": value}: a function it returns for execution time, called then;
+                {"$written": path}: a record equal, field for field, to what the step wrote there)
     exception   out: {"name", "message"} when the step raised
 
 "$name" in facts and arguments is a derived value (DERIVED: the rendered unit's sha1, the gate's
@@ -56,6 +63,13 @@ fingerprint, ...), and an output equal to a derived text, sha256 or fingerprint 
 so a template change does not rewrite every fixture. In outputs, a host script's source is
 "{script:name}" and the control node's reports folder "{reports}"; "{fixtures}" (in host data
 too) is this folder. Every clock reads NOW; the control node is CONTROL_NODE.
+
+What a stand-in returned, and the parts of a built argument a step hands on, show by name where
+they are handed on ("$health_and_smoke[1]", "$preflight.snapshots", "$sampler"), so a fixture
+shows what goes from one part to the next; a record built on what a stand-in returned shows as
+{"$extends": its name, the fields the step added}. {"$data": name} anywhere in a fixture is
+tests/operations/data/<name>.json, data several fixtures share (a model's snapshot, a smoke run, a
+record, a measured gate decision): one part's output is the next part's input, written once.
 
 SPECDEPLOY_WRITE_FIXTURES=1 rewrites the outputs of every fixture from what the steps did (the
 inputs and the host's answers stay): for writing a new case; review the diff like code.
@@ -819,7 +833,7 @@ class Shell:
         if entry is not None and _call_part(entry) == shown(self.case, call):
             call.update({k: v for k, v in entry.items() if k not in call})
             return entry
-        if WRITE and entry is not None and "called" in entry and entry["called"] == call.get("called"):
+        if WRITE and entry is not None and entry.get("called", False) == call.get("called"):
             # a writer: a stand-in's answer kept, its arguments rewritten from what the step made
             call.update({k: v for k, v in entry.items() if k in ANSWERS})
             return entry
@@ -1192,7 +1206,8 @@ def jsonable(case: Case, value, host):
     if isinstance(value, ServeConfig):
         return "$cfg" if value is case.cfg else {"$cfg": value.service_name}
     if type(value).__name__ == "Sampler":  # sampling/sampler.Sampler: as $sampler builds it
-        shown = {"tokenizer": value.tokenizer, "renew_lease": jsonable(case, value.renew_lease, host)}
+        renews = jsonable(case, value.renew_lease, host)
+        shown = {"tokenizer": value.tokenizer, "renew_lease": renews}
         shown |= {k: v for k in ("restores", "readmit") if (v := getattr(value, k)) is not None}
         if value.cfg is not case.cfg:
             shown["cfg"] = jsonable(case, value.cfg, host)
@@ -1236,9 +1251,10 @@ def extending(case: Case, dumped: dict) -> dict:
     """A record that holds every field of a dict a stand-in returned (a gate decision the step
     records with what it adds): {"$extends": that stand-in's name, the fields it adds}."""
     for name, said in case.returned:
-        if isinstance(said, dict) and len(said) >= 3 and all(dumped.get(k) == v for k, v in said.items() if v is not None):
-            if all(dumped.get(k) is None for k, v in said.items() if v is None):
-                return {"$extends": name} | {k: v for k, v in dumped.items() if k not in said}
+        if not isinstance(said, dict) or len(said) < 3:
+            continue
+        if all(dumped.get(k) == v for k, v in said.items()):  # None: a field left unset
+            return {"$extends": name} | {k: v for k, v in dumped.items() if k not in said}
     return dumped
 
 
