@@ -10,7 +10,7 @@ import json
 import weakref
 from collections.abc import Mapping
 
-from specdeploy.config.problems import ConfigError, Problem
+from specdeploy.config.problems import ConfigError, Problem, name_list
 from specdeploy.config.schema import ServeConfig, config_from_data
 from specdeploy.decide.live_rule import control_count, fallback_keeps, min_live_windows
 from specdeploy.render.control import class_name, control_classes
@@ -157,7 +157,7 @@ def check_classes(configs: Mapping[str, ServeConfig]) -> list[Problem]:
                 values.setdefault(shown, []).append(h)
             if len(values) > 1:
                 mixed = True
-                said = "; ".join(f"{v} on {', '.join(hs)}" for v, hs in values.items())
+                said = "; ".join(f"{v} on {name_list(hs)}" for v, hs in values.items())
                 every(
                     field,
                     f"{where}: its hosts differ ({said}); one judge decides for the class",
