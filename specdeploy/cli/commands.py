@@ -466,11 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
         command(
             sub,
             "live",
-            "judge speculation on live traffic on boxes with a control arm",
-            "For every box with a control arm (speculation_control): read both arms' /metrics "
-            "once a window, decide pays, loses or undecided by the exact sign test over paired "
-            "windows, export the verdicts for Prometheus and, where speculation_autopilot says "
-            "so, roll the box through the ordinary serve path.",
+            "judge speculation on live traffic on boxes and classes with a control arm",
+            "For every box, and every class of plain hosts, with a control arm "
+            "(speculation_control): read both arms' /metrics once a window, decide pays, loses "
+            "or undecided by the exact sign test over paired windows, export the verdicts for "
+            "Prometheus and, where speculation_autopilot says so, roll the box or the class "
+            "through the ordinary serve path.",
         )
     )
     p.add_argument(
