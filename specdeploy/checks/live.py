@@ -192,7 +192,9 @@ def _every(problems: list[Problem], hosts: list[str]):
     return add
 
 
-_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pyinfra Inventory -> configs
+# pyinfra Inventory -> its configs, and each class host's (class, problems): read once per run
+_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def inventory_configs(inventory) -> dict[str, ServeConfig]:
@@ -217,14 +219,17 @@ def class_hosts(name: str, inventory) -> list[str]:
     """Inside a deploy: the hosts of host `name`'s control class in the pyinfra `inventory` (all of
     it, whatever --limit picks, so every run chooses the same control hosts); [] outside a class.
     Raises ConfigError with its class's problems before any host is touched."""
-    configs = inventory_configs(inventory)
-    cfg = configs.get(name)
-    if cfg is None:
+    if inventory is None:
         return []
-    for hosts in control_classes(configs).values():
-        if name in hosts:
+    classes = _CLASSES.get(inventory)
+    if classes is None:
+        configs = inventory_configs(inventory)
+        classes = {}
+        for hosts in control_classes(configs).values():
             problems = check_classes({h: configs[h] for h in hosts})
-            if problems:
-                raise ConfigError(problems)
-            return hosts
-    return []
+            classes.update(dict.fromkeys(hosts, (hosts, problems)))
+        _CLASSES[inventory] = classes
+    hosts, problems = classes.get(name, ([], []))
+    if problems:
+        raise ConfigError(problems)
+    return hosts
