@@ -60,7 +60,9 @@ def _serve(inputs: HostInputs, role: str, started: float) -> None:
     cfg, pins = inputs.cfg, inputs.pins
     # a plain host's control class (speculation_control across the inventory's plain hosts serving
     # the same target and draft), refused as host data is if it cannot hold both arms; [] outside
-    peers = live.class_hosts(host.name, host.state.inventory)
+    # (read only where this host asks for one: the inventory's data is parsed once for it)
+    peers = (live.class_hosts(host.name, host.state.inventory)
+             if cfg.speculation_control is not None and cfg.instances is None else [])  # fmt: skip
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
     servers = host_servers(cfg, inputs.release, inputs.flags)
     names = [member.name for member in servers.members]
