@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 from specdeploy.checks import host_data as checks
+from specdeploy.checks.live import check_classes
 from specdeploy.config.inventory import InventoryError, host_data, hosts_with_data, limit_hosts
-from specdeploy.config.problems import grouped, shared_line
+from specdeploy.config.problems import ConfigError, grouped, shared_line
+from specdeploy.config.schema import config_from_data
 from specdeploy.releases import capabilities, matrix, probe
 from specdeploy.render import units as render
 from specdeploy.report.paths import reports_root
@@ -30,6 +32,9 @@ def cmd_check(args) -> int:
         return 1
     reports = [checks.check_report(name, data) for name, data in hosts.items()]  # one per host
     problems = [p for report in reports for p in report.problems]
+    # across hosts: the control classes of plain hosts, over the hosts whose own data is valid
+    valid = [name for name, report in zip(hosts, reports, strict=True) if not report.problems]
+    problems += check_classes({name: config_from_data(hosts[name]) for name in valid})
     if args.strict:  # keys neither specdeploy's nor pyinfra's count as problems too
         problems += [p for name, data in hosts.items() for p in checks.unknown_keys(name, data)]
     warnings = [w for report in reports for w in report.warnings]
@@ -176,7 +181,7 @@ def cmd_live(args) -> int:
             metrics_port=args.metrics_port,
             once=args.once,
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, ConfigError) as error:
         print(f"specdeploy live: {error}", file=sys.stderr)
         return 2
 
@@ -186,8 +191,6 @@ def cmd_unlock(args) -> int:
     first)."""
     import shlex
     import subprocess
-
-    from specdeploy.config.schema import config_from_data
 
     hosts = hosts_with_data(args.inventory, args.group_data)
     chosen = limit_hosts([(name, groups) for name, groups, _ in hosts], args.limit, args.inventory)
@@ -463,11 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
         command(
             sub,
             "live",
-            "judge speculation on live traffic on boxes with a control arm",
-            "For every box with a control arm (speculation_control): read both arms' /metrics "
-            "once a window, decide pays, loses or undecided by the exact sign test over paired "
-            "windows, export the verdicts for Prometheus and, where speculation_autopilot says "
-            "so, roll the box through the ordinary serve path.",
+            "judge speculation on live traffic on boxes and classes with a control arm",
+            "For every box, and every class of plain hosts, with a control arm "
+            "(speculation_control): read both arms' /metrics once a window, decide pays, loses "
+            "or undecided by the exact sign test over paired windows, export the verdicts for "
+            "Prometheus and, where speculation_autopilot says so, roll the box or the class "
+            "through the ordinary serve path.",
         )
     )
     p.add_argument(

@@ -4,10 +4,11 @@ scrapes, the CLI and the exporter show what these return).
 
 A box with a control arm (host data `speculation_control`) serves the same traffic on two arms
 behind a balancer that routes each request at random: the speculative instances and the control
-instances on the baseline unit. Every `live_window_s` seconds each arm's counters are read from
-vLLM's own /metrics (summed over the arm's instances), and one window holds, per arm, the mean
-per-request TPOT (Δ sum / Δ count of vllm:request_time_per_output_token_seconds), the requests
-that finished with a TPOT (that Δ count) and the speculative arm's draft acceptance.
+instances on the baseline unit (a class of plain hosts: its hosts are the instances, behind the
+operator's balancer; render/control.py). Every `live_window_s` seconds each arm's counters are
+read from vLLM's own /metrics (summed over the arm's instances), and one window holds, per arm,
+the mean per-request TPOT (Δ sum / Δ count of vllm:request_time_per_output_token_seconds), the
+requests that finished with a TPOT (that Δ count) and the speculative arm's draft acceptance.
 
 The windows are paired in time: both arms' figures come from the same seconds of the same traffic
 mix, so a load swing moves both and cancels in their ratio (speculative / baseline). Each window

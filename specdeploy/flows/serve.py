@@ -27,6 +27,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
+from specdeploy.checks import live
 from specdeploy.checks.host_data import HostInputs, host_inputs
 from specdeploy.config.problems import HostRefused
 from specdeploy.config.schema import DATA_DEFAULTS
@@ -57,13 +58,20 @@ def serve(role: str = "speculative"):
 
 def _serve(inputs: HostInputs, role: str, started: float) -> None:
     cfg, pins = inputs.cfg, inputs.pins
+    # a plain host's control class (speculation_control across the inventory's plain hosts serving
+    # the same target and draft), refused as host data is if it cannot hold both arms; [] outside
+    # (read only where this host asks for one: the inventory's data is parsed once for it)
+    peers = (live.class_hosts(host.name, host.state.inventory)
+             if cfg.speculation_control is not None and cfg.instances is None else [])  # fmt: skip
     # the driver, compute capability, dtype, GPU count and a whole box's split: before any download
     servers = host_servers(cfg, inputs.release, inputs.flags)
     names = [member.name for member in servers.members]
-    # a control arm (speculation_control): its instances are planned on the baseline unit; the
-    # live autopilot's fall-back (observe/live_verdict.py) keeps only the first speculative
+    # a control arm (speculation_control): a box's control instances, or a control host of a
+    # class, are planned on the baseline unit; the live autopilot's fall-back
+    # (observe/live_verdict.py) keeps only the first speculative
     fallen_back = os.environ.get(control.FALLBACK_ENV) == "1"
-    plans = [plan_server(member, control.arm_of(cfg, names, member.name, role,
+    plans = [plan_server(member, control.arm_of(cfg, peers or names,
+                                                host.name if peers else member.name, role,
                                                 fallen_back=fallen_back), servers)
              for member in servers.members]  # fmt: skip
     with lock.held(cfg):  # see steps/lock.py

@@ -1,14 +1,17 @@
-"""The live verdict on a running box with a control arm: read both arms' /metrics once a window,
-judge (decide/live_rule.py), keep what was seen and decided on the control node, export it to
-Prometheus (prometheus_client) and say it in `specdeploy status`.
+"""The live verdict on a running box, or a class of plain hosts, with a control arm: read both arms'
+/metrics once a window, judge (decide/live_rule.py), keep what was seen and decided on the control
+node, export it to Prometheus (prometheus_client) and say it in `specdeploy status`.
 
-One `LiveJudge` per box. Each `observe()` is one window boundary: every instance's /metrics
-(the same text Prometheus scrapes), summed per arm (live_rule.arm_counters). The windows, the
-decisions and the autopilot's steps are written to `<reports>/<host>/live-verdict.json` after each
-boundary, so a restarted judge, `specdeploy status` and a replay read the same evidence.
+One `LiveJudge` per box, and one per control class of plain hosts (render/control.class_key),
+named by its class (render/control.class_name) where a box's is named by its host: there each
+host is what an instance is on a box. Each `observe()` is one window boundary: every instance's
+(or class host's) /metrics (the same text Prometheus scrapes), summed per arm
+(live_rule.arm_counters). The windows, the decisions and the autopilot's steps are written to
+`<reports>/<host or class>/live-verdict.json` after each boundary, so a restarted judge,
+`specdeploy status` and a replay read the same evidence.
 
-Exported series (one set per host; the verdict is a label, so an alert matches on it and never on
-a comparison that a NaN would silence):
+Exported series (one set per box or class, its name in the `host` label; the verdict is a label,
+so an alert matches on it and never on a comparison that a NaN would silence):
 
 * `speculation_live_ratio{host, verdict}`: the latest decision's median paired ratio
   (speculative / baseline TPOT), `speculation_live_ratio_low` / `_high` its interval;
@@ -30,10 +33,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from specdeploy.config.schema import ServeConfig
+from specdeploy.config.schema import ServeConfig, config_from_data
 from specdeploy.config.timestamps import utc_iso
 from specdeploy.decide import live_rule
-from specdeploy.render.control import EVIDENCE_ENV, FALLBACK_ENV, control_instances
+from specdeploy.render.control import (
+    EVIDENCE_ENV,
+    FALLBACK_ENV,
+    class_key,
+    class_name,
+    control_classes,
+    control_instances,
+)
 from specdeploy.render.instances import expand
 from specdeploy.report.paths import reports_root
 
@@ -44,22 +54,28 @@ def live_path(host: str, root: Path | None = None) -> Path:
     return (root or reports_root()) / host / LIVE_FILE
 
 
-def arm_urls(cfg: ServeConfig, *, fallen_back: bool = False, address=None) -> dict[str, list[str]]:
-    """{arm: {instance name: its /metrics URL}}; `address(instance cfg)` gives host:port as the
-    control node reaches it (monitoring.scrape_address; None: loopback), else the host's own
-    base_url."""
-    members = expand(cfg).instances
-    names = [m.name for m in members]
+def arm_urls(
+    cfg: ServeConfig,
+    *,
+    fallen_back: bool = False,
+    address=None,
+    hosts: Mapping[str, ServeConfig] | None = None,
+) -> dict[str, dict[str, str]]:
+    """{arm: {instance name: its /metrics URL}}: a box's instances, or with `hosts` ({host name:
+    config}: a control class) its hosts. `address(name, cfg)` gives host:port as the control node
+    reaches it (monitoring.scrape_address; None: loopback), else the server's own base_url."""
+    members = list(hosts.items()) if hosts else [(m.name, m.cfg) for m in expand(cfg).instances]
+    names = [name for name, _ in members]
     control = set(control_instances(cfg, names, fallen_back=fallen_back))
     out: dict[str, dict[str, str]] = {arm: {} for arm in live_rule.ARMS}
-    for m in members:
-        where = address(m.cfg) if address else m.cfg.base_url.removeprefix("http://")
+    for name, own in members:
+        where = address(name, own) if address else own.base_url.removeprefix("http://")
         if where is None:
             raise ValueError(
-                f"{m.name}: vllm_host {cfg.vllm_host} is loopback: the live judge cannot read its "
+                f"{name}: vllm_host {own.vllm_host} is loopback: the live judge cannot read its "
                 "/metrics from here (bind a private address, as for Prometheus)"
             )
-        out["baseline" if m.name in control else "speculative"][m.name] = f"http://{where}/metrics"
+        out["baseline" if name in control else "speculative"][name] = f"http://{where}/metrics"
     return out
 
 
@@ -69,7 +85,9 @@ def _get(url: str, timeout: float = 10.0) -> str:
 
 
 class LiveJudge:
-    """A box's live verdict over time; `state` is what live-verdict.json holds."""
+    """A box's (or a control class's) live verdict over time; `state` is what live-verdict.json
+    holds. `host`: the box's host, or the class's name; `hosts`: a class's {host name: config}
+    (its settings agree: checks/live.check_classes; `cfg` is one of them)."""
 
     def __init__(
         self,
@@ -80,9 +98,12 @@ class LiveJudge:
         fetch: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.time,
         address=None,
+        hosts: Mapping[str, ServeConfig] | None = None,
     ):
         self.host, self.cfg, self.fetch, self.clock = host, cfg, fetch, clock
-        self.address = address
+        self.address, self.hosts = address, dict(hosts) if hosts else None
+        # what an autopilot's roll limits the serve run to: the box's host, or the class's hosts
+        self.targets = sorted(self.hosts) if self.hosts else [host]
         self.path = path or live_path(host)
         self.state = self._load()
 
@@ -99,6 +120,8 @@ class LiveJudge:
                 "autopilot": live_rule.autopilot_start(),
                 "steps": [],
             }
+        if self.hosts:
+            state["hosts"] = self.targets
         return state
 
     def settings(self) -> dict:
@@ -117,7 +140,7 @@ class LiveJudge:
         /metrics text}}, else fetched), then the verdict and the autopilot's steps on every new
         decision. Returns `result()`."""
         if texts is None:
-            urls = arm_urls(self.cfg, address=self.address)
+            urls = arm_urls(self.cfg, address=self.address, hosts=self.hosts)
             fetch = self.fetch or _get  # read at call time: a test replaces the module's
             every = {n: fetch(u) for us in urls.values() for n, u in us.items()}
             # each instance's arm is what it serves, read from its own /metrics (a speculative
@@ -173,7 +196,8 @@ class LiveJudge:
                     "verdict": None,
                     "text": None,
                     "action": live_rule.DEPLOYED,
-                    "why": f"{served} of {size} instances serve speculation again",
+                    "why": f"{served} of {size} {'hosts' if self.hosts else 'instances'} serve "
+                    "speculation again",
                     "start": snap["t"],
                     "end": snap["t"],
                 }  # fmt: skip
@@ -221,18 +245,21 @@ def step_evidence(judge: LiveJudge, step: dict) -> dict:
 
 
 def roll_command(
-    inventory: str, host: str, step: dict, evidence: dict | None = None
+    inventory: str, host: str | Sequence[str], step: dict, evidence: dict | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The ordinary rolling path for an autopilot step that rolls the box (argv, environment):
-    `pyinfra INVENTORY deploys/serve.py --limit HOST`, with FALLBACK_ENV set for a fall-back (the
-    box keeps one speculative instance as its control arm) and the step's `evidence`
-    (step_evidence) for its records; nothing set for a return."""
+    """The ordinary rolling path for an autopilot step that rolls the box or the class (argv,
+    environment): `pyinfra INVENTORY deploys/serve.py --limit HOST` (a class: a --limit per host;
+    the serve run rolls them max_unavailable at a time), with FALLBACK_ENV set for a fall-back
+    (the box or class keeps one speculative instance or host as its control arm) and the step's
+    `evidence` (step_evidence) for its records; nothing set for a return."""
     env = {}
     if step["action"] == live_rule.FALL_BACK:
         env[FALLBACK_ENV] = "1"
         if evidence is not None:
             env[EVIDENCE_ENV] = json.dumps(evidence, sort_keys=True)
-    return ["pyinfra", "-y", inventory, "deploys/serve.py", "--limit", host], env
+    hosts = [host] if isinstance(host, str) else list(host)
+    limits = [word for name in hosts for word in ("--limit", name)]
+    return ["pyinfra", "-y", inventory, "deploys/serve.py", *limits], env
 
 
 def export(registry: CollectorRegistry, results: Mapping[str, tuple[dict, dict]]) -> None:
@@ -308,8 +335,9 @@ def metrics_text(results: Mapping[str, tuple[dict, dict]]) -> bytes:
 
 
 def live_summary(host: str, root: Path | None = None) -> dict | None:
-    """A host's live verdict as the judge last left it (None: no judge for it): {verdict, text,
-    ratio, low, high, confidence, windows, skipped, pending, alpha, autopilot, serving}."""
+    """A box's (or class's) live verdict as the judge last left it (None: no judge for it):
+    {verdict, text, ratio, low, high, confidence, windows, skipped, pending, alpha, autopilot,
+    serving, hosts (a class's; None for a box)}."""
     try:
         state = json.loads(live_path(host, root).read_text())
     except (OSError, ValueError):
@@ -329,11 +357,25 @@ def live_summary(host: str, root: Path | None = None) -> dict | None:
         "alpha": s["alpha"],
         "autopilot": s["autopilot"],
         "serving": state["autopilot"]["serving"],
+        "hosts": state.get("hosts"),
     }
 
 
+def judge_names(hosts: Sequence[str], configs: Mapping[str, ServeConfig]) -> list[str]:
+    """The judges `hosts` are judged by, once each in their order: a host's own name (a box), or
+    its control class's (render/control.class_name; `configs`: the inventory's {name: config})."""
+    out: list[str] = []
+    for host in hosts:
+        cfg = configs.get(host)
+        name = class_name(cfg) if cfg is not None and class_key(cfg) is not None else host
+        if name not in out:
+            out.append(name)
+    return out
+
+
 def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
-    """What `specdeploy status` says of each host's live verdict (hosts without a judge: none)."""
+    """What `specdeploy status` says of each box's or class's live verdict (`hosts`: their judges'
+    names; those without a judge: none)."""
     lines = []
     for host in hosts:
         summary = live_summary(host, root)
@@ -345,9 +387,10 @@ def status_lines(hosts: Sequence[str], root: Path | None = None) -> list[str]:
             if summary["autopilot"] == "off"
             else f"; autopilot {summary['autopilot']}: serving {summary['serving']}"
         )
+        members = f" ({len(summary['hosts'])} hosts)" if summary["hosts"] else ""
         lines.append(
-            f"live verdict {host}: {summary['text']} (alpha {summary['alpha']:g}{skipped}, "
-            f"{summary['pending']} toward the next){pilot}"
+            f"live verdict {host}{members}: {summary['text']} (alpha {summary['alpha']:g}"
+            f"{skipped}, {summary['pending']} toward the next){pilot}"
         )
     return lines
 
@@ -365,25 +408,51 @@ class _LiveCollector:
 
 
 def judges_for(inventory: str, *, limit=None, group_data=None, warn=print) -> list[LiveJudge]:
-    """A judge per host of the inventory with a control arm on a box (speculation_control)."""
+    """A judge per box of the inventory with a control arm (speculation_control), and one per
+    control class of plain hosts (render/control.control_classes, over the whole inventory) with a
+    host in `limit`. A class the checks refuse (checks/live.check_classes) raises ConfigError."""
     from specdeploy.checks.host_data import check_config
+    from specdeploy.checks.live import check_classes
     from specdeploy.config.inventory import hosts_with_data, limit_hosts
+    from specdeploy.config.problems import ConfigError
     from specdeploy.observe.monitoring import scrape_address
 
     hosts = hosts_with_data(inventory, group_data)
     chosen = set(limit_hosts([(n, g) for n, g, _ in hosts], limit, inventory))
+    datas = {name: data for name, _, data in hosts}
+    configs = {}
+    for name, data in datas.items():  # the limit's hosts checked; the others only for classes
+        if name in chosen:
+            configs[name] = check_config(name, data)
+        else:
+            try:
+                configs[name] = config_from_data(data)
+            except ValueError:  # pydantic's ValidationError: in no class, refused where deployed
+                continue
+    problems = check_classes(configs)
+    if problems:
+        raise ConfigError(problems)
     judges = []
-    for name, _, data in hosts:
-        if name not in chosen:
+    for name in datas:
+        cfg = configs[name]
+        if name not in chosen or cfg.speculation_control is None or cfg.instances is None:
             continue
-        cfg = check_config(name, data)
-        if cfg.speculation_control is None or cfg.instances is None:
-            continue
-        judge = LiveJudge(name, cfg, address=lambda c, n=name, d=data: scrape_address(n, d, c))
+        judge = LiveJudge(name, cfg, address=lambda _, c, n=name: scrape_address(n, datas[n], c))
         arm_urls(cfg, address=judge.address)  # loopback: refused now, not at the first window
         judges.append(judge)
+    for members in control_classes(configs).values():
+        if not chosen.intersection(members):
+            continue
+        cfg = configs[members[0]]
+        judge = LiveJudge(class_name(cfg), cfg, hosts={m: configs[m] for m in members},
+                          address=lambda n, c: scrape_address(n, datas[n], c))  # fmt: skip
+        arm_urls(cfg, address=judge.address, hosts=judge.hosts)
+        judges.append(judge)
     if not judges:
-        warn("no host of this inventory has a control arm on a box (speculation_control)")
+        warn(
+            "no host of this inventory has a control arm (speculation_control) on a box or "
+            "across a class of plain hosts"
+        )
     return judges
 
 
@@ -396,7 +465,7 @@ def roll_if_asked(judge: LiveJudge, inventory: str, *, run=None, warn=print) -> 
     step = judge.pending_action()
     if step is None or "rolled" in step:
         return None
-    argv, env = roll_command(inventory, judge.host, step, step_evidence(judge, step))
+    argv, env = roll_command(inventory, judge.targets, step, step_evidence(judge, step))
     warn(f"live verdict {judge.host}: {step['action']}: {step['why']}")
     runner = run or (lambda a, e: subprocess.run(a, env={**os.environ, **e}).returncode)
     step["rolled"] = runner(argv, env)

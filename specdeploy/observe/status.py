@@ -27,6 +27,7 @@ import time
 from datetime import UTC
 
 from specdeploy.checks.host_data import ConfigError, check_config
+from specdeploy.checks.live import class_hosts, inventory_configs
 from specdeploy.config.inventory import limit_hosts, load_inventory
 from specdeploy.config.record import DeploymentRecord, SmokeSummary, service_record
 from specdeploy.config.revisions import as_deployed
@@ -38,7 +39,7 @@ from specdeploy.host.facts.nvidia import CudaBoot, GpuMemory
 from specdeploy.host.facts.systemd import ServiceShow
 from specdeploy.host.facts.vllm import VllmVersion
 from specdeploy.host.server import NEVER_VERIFIED, curl_config, unverified_unit
-from specdeploy.observe.live_verdict import live_summary, status_lines
+from specdeploy.observe.live_verdict import judge_names, live_summary, status_lines
 from specdeploy.observe.rows import (
     GateSummary,
     HealthCheck,
@@ -53,6 +54,7 @@ from specdeploy.observe.rows import (
 )
 from specdeploy.observe.status_table import format_table
 from specdeploy.render.argv import argv_diff, unit_exec_argv
+from specdeploy.render.control import arm_of
 from specdeploy.render.units import render_env_file, render_unit
 from specdeploy.steps.gate import gate_settled_unit
 
@@ -187,6 +189,16 @@ class HostProbe:
         got = self.fact(HttpGet, url=f"{cfg.base_url}/metrics", timeout=10, _stdin=curl_config(cfg))
         ok = got["exit"] == 0 and got["http"] == 200
         return time.monotonic(), got["body"] if ok else None
+
+    def class_arm(self, cfg, problems: list[str]) -> str:
+        """The unit a plain host's data plans for it: the baseline on a control host of its class
+        (render/control.py), else speculative; a class its checks refuse is said as a problem."""
+        try:
+            peers = class_hosts(self.host.name, self.state and self.state.inventory)
+        except ConfigError as error:
+            problems.append(f"control class invalid: {str(error).splitlines()[0]}")
+            return "speculative"
+        return arm_of(cfg, peers, self.host.name, "speculative")
 
     def prime(self, cfgs: list) -> None:
         """A first /metrics scrape of each server that has none from the last round, then one
@@ -351,7 +363,7 @@ class HostProbe:
 
         if cfg.instances is None:
             self.prime([cfg])
-            row.server = self.read_server(cfg, problems)
+            row.server = self.read_server(cfg, problems, role=self.class_arm(cfg, problems))
             row.healthy, row.matches_unit = row.server.healthy, row.server.matches_unit
         else:  # a whole box: one entry per instance, and the balancer (status_box.py)
             from specdeploy.observe.status_box import read_box
@@ -394,6 +406,10 @@ class Fleet:
         hosts = [h for h in inventory if h.name in chosen]
         self.state = state
         self.probes = [HostProbe(state, h, interval) for h in hosts]
+
+    def inventory(self):
+        """pyinfra's inventory of the fleet (every host, whatever --limit picks)."""
+        return self.state.inventory
 
     def _one(self, probe: HostProbe) -> HostStatus:
         import gevent
@@ -471,10 +487,13 @@ def run_status(
             if stop.is_set():
                 break
             code = 0 if results and all(row.ok for row in results) else 1
+            # a box with a control arm, or a host of a control class: its judge's latest verdict
+            configs = inventory_configs(fleet.inventory())
             if as_json:
                 rows = [row.to_json() for row in results]
-                for row in rows:  # a box with a control arm: its judge's latest verdict
-                    if (live := live_summary(row.get("host", ""))) is not None:
+                for row in rows:
+                    (judge,) = judge_names([row.get("host", "")], configs)
+                    if (live := live_summary(judge)) is not None:
                         row["live_verdict"] = live
                 print(
                     json.dumps(rows, indent=None if watch else 2, default=str),
@@ -487,7 +506,7 @@ def run_status(
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 print(f"specdeploy status {inventory}  {stamp}", file=out)
                 print(format_table(results), file=out, flush=True)
-                for line in status_lines([row.host for row in results]):  # a control arm's
+                for line in status_lines(judge_names([row.host for row in results], configs)):
                     print(line, file=out, flush=True)
             if not watch:
                 return code

@@ -40,15 +40,22 @@ A fixture's keys (all but `call` optional):
     held_locks  {lock path: line}: the deploy locks this process holds on the host (steps/lock.py)
     failed_first
                 hosts of this run that failed their restart before this one (steps/rollback.py)
+    stand_ins   ["module:function", ...]: the parts a composite step calls, each replaced at its
+                own boundary by a recorded stand-in (StandIns: a "called" host entry, compared in
+                order with the host's other calls, answered with "returns" or "raises"), so the
+                composite's fixture proves the composition and each part is proven by its own
+                fixtures; "module" is a folder here (steps/, sampling/) or a dotted room.module
     operations  out: [{"name", "commands"} or {"name", "noop"}] (+ "arguments": the non-default
                 global arguments such as _if, _timeout, _serial)
     noops       out: what the step said with host.noop outside any operation
     host        in and out: [{"sh": command, "stdin", "timeout", answers "out", "stderr", "ok"},
                 {"read": path, answer "text" (null: no such file) or "file" (repo-relative)},
-                {"write": path, "mode", "text" or "json"}]
+                {"write": path, "mode", "text" or "json"}, {"called": a stand-in, "args",
+                "kwargs", answer "returns" or "raises"}]
     warnings    out: what the step logged as warnings (without the host prefix)
     returns     out: the step's return value as JSON ("$op:N": the Nth operation's OperationMeta;
-                {"$called": value}: a function it returns for execution time, called then)
+                {"$called": value}: a function it returns for execution time, called then;
+                {"$written": path}: a record equal, field for field, to what the step wrote there)
     exception   out: {"name", "message"} when the step raised
 
 "$name" in facts and arguments is a derived value (DERIVED: the rendered unit's sha1, the gate's
@@ -56,6 +63,13 @@ fingerprint, ...), and an output equal to a derived text, sha256 or fingerprint 
 so a template change does not rewrite every fixture. In outputs, a host script's source is
 "{script:name}" and the control node's reports folder "{reports}"; "{fixtures}" (in host data
 too) is this folder. Every clock reads NOW; the control node is CONTROL_NODE.
+
+What a stand-in returned, and the parts of a built argument a step hands on, show by name where
+they are handed on ("$health_and_smoke[1]", "$preflight.snapshots", "$sampler"), so a fixture
+shows what goes from one part to the next; a record built on what a stand-in returned shows as
+{"$extends": its name, the fields the step added}. {"$data": name} anywhere in a fixture is
+tests/operations/data/<name>.json, data several fixtures share (a model's snapshot, a smoke run, a
+record, a measured gate decision): one part's output is the next part's input, written once.
 
 SPECDEPLOY_WRITE_FIXTURES=1 rewrites the outputs of every fixture from what the steps did (the
 inputs and the host's answers stay): for writing a new case; review the diff like code.
@@ -112,12 +126,19 @@ NOW = 1796144400.0  # 2026-12-01T17:00:00Z: every clock a step reads
 CONTROL_NODE = {"host": "ctl", "user": "tester", "pid": 4242, "machine": "c0ffee00c0ffee00",
                 "started": "5150", "running_pids": [4242], "starts": {}}  # fmt: skip
 INPUTS = ("description", "call", "host_data", "executing", "control_node", "held_locks",
-          "failed_first", "args", "kwargs", "facts")  # fmt: skip
+          "failed_first", "stand_ins", "args", "kwargs", "facts")  # fmt: skip
 OUTPUTS = ("operations", "noops", "host", "warnings", "returns", "exception")
 # a host entry's answer fields (and "text" or "file" of a read; "tpot_ms", "itl_ms", "raw",
 # "counters" and "checked" of a sample's stand-in, SampleStandIns)
-ANSWERS = {"out", "stderr", "ok", "tpot_ms", "itl_ms", "raw", "counters", "checked"}
+ANSWERS = {"out", "stderr", "ok", "tpot_ms", "itl_ms", "raw", "counters", "checked", "returns",
+           "raises"}  # fmt: skip
 REPO = FIXTURES.parents[1]
+DATA = FIXTURES / "data"  # what fixtures share, by name: {"$data": name} (not a fixture itself)
+
+
+def cases() -> list[Path]:
+    """Every operation fixture: tests/operations/<step>/<case>.json, but the shared data."""
+    return sorted(p for p in FIXTURES.glob("*/*.json") if p.parent != DATA)
 
 
 class FixtureError(BaseException):
@@ -167,6 +188,21 @@ class Case:
         self.release = _release_of(self.cfg)
         self.flags = engine_flags(self.cfg)
         self._derived: dict[str, str] = {}
+        # objects shown by name where a step hands them on: what a stand-in returned
+        # ("$health_and_smoke[1]") and parts of a built argument ("$preflight.snapshots")
+        self.named: list[tuple[Any, str]] = []
+        # what each stand-in returned, as shown when it returned (a step may change it after)
+        self.returned: list[tuple[str, Any]] = []
+
+    def name(self, value, name: str) -> None:
+        if not (value is None or isinstance(value, bool | int | float | str)):
+            self.named.append((value, name))
+
+    def name_of(self, value) -> str | None:
+        return next((name for obj, name in self.named if obj is value), None)
+
+    def object_named(self, name: str):
+        return next((obj for obj, known in self.named if known == name), None)
 
     def derived(self, name: str) -> str:
         if name not in DERIVED:
@@ -344,6 +380,7 @@ def _build_gate_input(case: Case, role: str):
     from specdeploy.steps import gate
 
     case.gate_input = gate.gate_input(case.cfg, _build_unit(case, role))
+    case.name(case.gate_input, "$gate_input")
     return case.gate_input
 
 
@@ -356,6 +393,7 @@ def _build_box_gate(case: Case, spec: dict | None):
     if spec and "decision" in spec:
         decision = GateDecision.model_validate(substitute(case, spec["decision"]))
         box.decisions[gate.BoxGate.key(case.gate_input)] = decision
+    case.name(box, "$box_gate")
     return box
 
 
@@ -369,8 +407,10 @@ def _build_sampler(case: Case, spec: dict):
     readmit = tuple(spec["readmit"]) if spec.get("readmit") else None
     case.samples_stand_in = spec.get("samples") == "stand-in"
     tokenizer = spec.get("tokenizer", "/var/lib/specdeploy/hf/tok")
-    return Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
-                   restores=spec.get("restores"), readmit=readmit)  # fmt: skip
+    sampler = Sampler(case.cfg, tokenizer=tokenizer, renew_lease=lock.renewal(case.cfg),
+                      restores=spec.get("restores"), readmit=readmit)  # fmt: skip
+    case.name(sampler, "$sampler")
+    return sampler
 
 
 # A stand-in benchmark's vLLM result where the entry gives no "raw": what a 16-prompt run of the
@@ -454,6 +494,75 @@ class StandInBench:
         return result
 
 
+class StandIns:
+    """`stand_ins`: ["module:function", ...], steps (or sampling) functions a composite step calls,
+    each replaced at its own boundary by a recorded stand-in, so the composite's fixture proves
+    only the composition (which parts, in which order, what each is handed, what a failure does)
+    and each part is proven by its own fixtures (tests/operations/<module>/). A call is a host
+    entry {"called": "module:function", "args", "kwargs"} (compared, in order, with the host's
+    other calls), answered by the entry: "returns" (built as an argument is: "$unit", "$record",
+    ...), or "raises" {"name", "message"} (an exception class of specdeploy by its name). What a
+    stand-in returned is shown by name where the step hands it on: "$function", and "$function[i]"
+    for the i-th of a tuple."""
+
+    def __init__(self, case: Case, host):
+        self.case, self.host = case, host
+
+    def patch(self, monkeypatch) -> None:
+        for spec in self.case.data.get("stand_ins", []):
+            module_name, _, attr = spec.partition(":")
+            # a step's or sampling's module by its folder's name, else a dotted room.module
+            module = (importlib.import_module(f"specdeploy.{module_name}") if "." in module_name
+                      else step_module(module_name))  # fmt: skip
+            original = getattr(module, attr)
+            replacement = self.stand_in(spec, original)
+            _patch_everywhere(monkeypatch, original, replacement)
+
+    def stand_in(self, spec: str, original):
+        case, host, short = self.case, self.host, spec.partition(":")[2]
+
+        def called(*args, **kwargs):
+            call: dict[str, Any] = {"called": spec}
+            if args:
+                call["args"] = jsonable(case, list(args), host)
+            if kwargs:
+                call["kwargs"] = jsonable(case, kwargs, host)
+            entry = case.shell._next(call)
+            if "raises" in entry:
+                raised = entry["raises"]
+                raise exception_named(raised["name"])(raised["message"])
+            result = build(case, entry.get("returns"))
+            parts = list(enumerate(result)) if isinstance(result, list) else [(None, result)]
+            for i, value in parts:  # as it was returned, before the step adds to it
+                if isinstance(value, dict) and case.name_of(value) is None:
+                    name = f"${short}" if i is None else f"${short}[{i}]"
+                    case.returned.append((name, copy.deepcopy(jsonable(case, value, host))))
+            if isinstance(result, list):
+                for i, value in parts:
+                    case.name(value, f"${short}[{i}]")
+                result = tuple(result)
+            case.name(result, f"${short}")
+            return result
+
+        called.__wrapped__ = original
+        return called
+
+
+def exception_named(name: str) -> type[BaseException]:
+    """The exception class `name` of a specdeploy module (or a builtin one)."""
+    import builtins
+    import sys
+
+    for module_name, module in list(sys.modules.items()):
+        value = getattr(module, name, None) if module_name.startswith("specdeploy") else None
+        if isinstance(value, type) and issubclass(value, Exception):
+            return value
+    value = getattr(builtins, name, None)
+    if isinstance(value, type) and issubclass(value, Exception):
+        return value
+    raise FixtureError(f"no exception class {name} in specdeploy")
+
+
 def _build_samples(case: Case, spec: list[dict]):
     """sampling/sampler.Sample each, as a plan asks for them: its server's unit (`unit`: a role,
     rendered as $unit renders it), its raw file's `name`, the workload at load level `concurrency`
@@ -525,7 +634,20 @@ def _build_preflight(case: Case, spec: dict):
     from specdeploy.checks.gpus import Preflight
     from specdeploy.steps.preflight import ServerPreflight
 
-    return ServerPreflight(substitute(case, spec["snapshots"]), Preflight(**spec.get("result", {})))
+    preflight = ServerPreflight(substitute(case, spec["snapshots"]),
+                                Preflight(**spec.get("result", {})))  # fmt: skip
+    case.name(preflight, "$preflight")
+    case.name(preflight.snapshots, "$preflight.snapshots")
+    case.name(preflight.result, "$preflight.result")
+    case.name(preflight.result.hardware, "$preflight.result.hardware")
+    return preflight
+
+
+def _build_preflight_result(case: Case, spec: dict):
+    """checks/gpus.Preflight: what the preflight's rules found (steps/preflight.run_preflight)."""
+    from specdeploy.checks.gpus import Preflight
+
+    return Preflight(**spec)
 
 
 def _build_plan(case: Case, spec: dict):
@@ -575,6 +697,7 @@ BUILDERS = {
     "$plan": _build_plan,
     "$operation": _build_operation,
     "$preflight": _build_preflight,
+    "$preflight_result": _build_preflight_result,
     "$gate_input": _build_gate_input,
     "$box_gate": _build_box_gate,
     "$smoke": _build_smoke,
@@ -586,9 +709,23 @@ BUILDERS = {
 }
 
 
+def shared_data(value):
+    """`value` with every {"$data": name} replaced by tests/operations/data/<name>.json."""
+    if isinstance(value, dict) and set(value) == {"$data"}:
+        return shared_data(json.loads((DATA / f"{value['$data']}.json").read_text()))
+    if isinstance(value, list):
+        return [shared_data(v) for v in value]
+    if isinstance(value, dict):
+        return {k: shared_data(v) for k, v in value.items()}
+    return value
+
+
 def build(case: Case, value):
+    value = shared_data(value)
     if value == "$cfg":
         return case.cfg
+    if isinstance(value, str) and case.object_named(value) is not None:  # handed on, by name
+        return case.object_named(value)
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in BUILDERS:
         ((name, spec),) = value.items()
         return BUILDERS[name](case, spec)
@@ -630,7 +767,7 @@ class Facts:
     """pyinfra's FakeHost.get_fact: the fixture's value for the fact and its arguments."""
 
     def __init__(self, case: Case):
-        self.case, self.facts = case, case.data.get("facts", {})
+        self.case, self.facts = case, shared_data(case.data.get("facts", {}))
         self.read: set[tuple[str, str | None]] = set()
 
     def unread(self) -> list[str]:
@@ -686,7 +823,7 @@ class Shell:
     `host` entries; every call is recorded (on_host.sh runs on sh_status, as it does for real)."""
 
     def __init__(self, case: Case):
-        self.case, self.script = case, case.data.get("host", [])
+        self.case, self.script = case, shared_data(case.data.get("host", []))
         self.calls: list[dict] = []
 
     def _next(self, call: dict) -> dict:
@@ -695,6 +832,10 @@ class Shell:
         entry = self.script[i] if i < len(self.script) else None
         if entry is not None and _call_part(entry) == shown(self.case, call):
             call.update({k: v for k, v in entry.items() if k not in call})
+            return entry
+        if WRITE and entry is not None and entry.get("called", False) == call.get("called"):
+            # a writer: a stand-in's answer kept, its arguments rewritten from what the step made
+            call.update({k: v for k, v in entry.items() if k in ANSWERS})
             return entry
         if WRITE and i < len(self.script) + 5:  # recorded, answered with nothing, for a writer
             return {}
@@ -921,6 +1062,7 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
             kwargs = handed_in(case, function, args, build(case, data.get("kwargs", {})))
             if case.samples_stand_in:
                 SampleStandIns(case).patch(monkeypatch)
+            StandIns(case, host).patch(monkeypatch)
             state.is_executing = executing and not planned
             result = function(*args, **kwargs)
             if isinstance(result, types.GeneratorType):  # a loop over samples: run to its end
@@ -953,8 +1095,19 @@ def run_case(data: dict, monkeypatch, tmp_path) -> dict:
         got["host"] = shown(case, shell.calls)
         got["warnings"] = [strip_prefix(m) for m in recorder.messages]
         if "exception" not in got:
-            got["returns"] = shown(case, jsonable(case, result, host))
+            got["returns"] = written_back(shell.calls, result) or shown(
+                case, jsonable(case, result, host)
+            )
     return got
+
+
+def written_back(calls: list[dict], result) -> dict | None:
+    """A returned record that is exactly what the step wrote to the host (its JSON, every field):
+    shown as {"$written": path}, the write entry holding it once."""
+    if not isinstance(result, BaseModel) or not hasattr(result, "to_json"):
+        return None
+    text = json.loads(result.to_json())
+    return next(({"$written": c["write"]} for c in calls if c.get("json") == text), None)
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -1048,8 +1201,18 @@ def jsonable(case: Case, value, host):
 
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if case.name_of(value) is not None:  # handed on from a stand-in or a built argument
+        return case.name_of(value)
     if isinstance(value, ServeConfig):
         return "$cfg" if value is case.cfg else {"$cfg": value.service_name}
+    if type(value).__name__ == "Sampler":  # sampling/sampler.Sampler: as $sampler builds it
+        renews = jsonable(case, value.renew_lease, host)
+        shown = {"tokenizer": value.tokenizer, "renew_lease": renews}
+        shown |= {k: v for k in ("restores", "readmit") if (v := getattr(value, k)) is not None}
+        if value.cfg is not case.cfg:
+            shown["cfg"] = jsonable(case, value.cfg, host)
+        case.name(value, "$sampler")  # shown whole once, then by name: the same one handed on
+        return {"$sampler": shown}
     if isinstance(value, OperationMeta):
         return f"$op:{host.op_hash_order.index(value._hash)}"
     if isinstance(value, RenderedUnit):
@@ -1061,7 +1224,7 @@ def jsonable(case: Case, value, host):
     if value is case.flags:
         return "$flags"
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return extending(case, value.model_dump(mode="json", by_alias=True, exclude_none=True))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(case, getattr(value, f.name), host)
                 for f in dataclasses.fields(value)}  # fmt: skip
@@ -1082,6 +1245,17 @@ def jsonable(case: Case, value, host):
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return repr(value)
+
+
+def extending(case: Case, dumped: dict) -> dict:
+    """A record that holds every field of a dict a stand-in returned (a gate decision the step
+    records with what it adds): {"$extends": that stand-in's name, the fields it adds}."""
+    for name, said in case.returned:
+        if not isinstance(said, dict) or len(said) < 3:
+            continue
+        if all(dumped.get(k) == v for k, v in said.items()):  # None: a field left unset
+            return {"$extends": name} | {k: v for k, v in dumped.items() if k not in said}
+    return dumped
 
 
 @functools.cache
@@ -1120,7 +1294,7 @@ def default(key: str):
 
 def compared(got: dict, data: dict) -> tuple[dict, dict]:
     """(what the step did, what the fixture says) for every output key."""
-    want = {key: data.get(key, default(key)) for key in OUTPUTS}
+    want = {key: shared_data(data.get(key, default(key))) for key in OUTPUTS}
     have = {key: got.get(key, default(key)) for key in OUTPUTS}
     return have, want
 
@@ -1130,10 +1304,21 @@ def write_back(path: Path, data: dict, got: dict) -> None:
     first = [k for k in INPUTS if k in data] + [k for k in data if k not in INPUTS]
     out = {k: data[k] for k in first if k not in OUTPUTS}
     for key in OUTPUTS:
-        value = got.get(key, default(key))
+        value = kept(data.get(key), got.get(key, default(key)))
         if value != default(key):
             out[key] = value
     path.write_text(dumps(out) + "\n")
+
+
+def kept(said, made):
+    """What the step `made`, in the fixture's words where it says the same (its {"$data": ...})."""
+    if shared_data(said) == made:
+        return said
+    if isinstance(said, list) and isinstance(made, list):
+        return [kept(a, b) for a, b in zip(said, made, strict=False)] + made[len(said) :]
+    if isinstance(said, dict) and isinstance(made, dict):
+        return {k: kept(said.get(k), v) for k, v in made.items()}
+    return made
 
 
 def dumps(value, indent: int = 0, width: int = 100) -> str:
@@ -1142,6 +1327,17 @@ def dumps(value, indent: int = 0, width: int = 100) -> str:
     if len(flat) + indent <= width or not isinstance(value, dict | list) or not value:
         return flat
     pad = " " * (indent + 2)
+    if isinstance(value, list) and not any(isinstance(v, dict | list) for v in value):
+        # scalars (an argv, a run's latencies) packed as words on a line, as a command reads
+        lines, line = [], ""
+        for word in (json.dumps(v, ensure_ascii=False) + "," for v in value):
+            if line and len(pad) + len(line) + 1 + len(word) > width:
+                lines.append(pad + line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(pad + line[:-1])
+        return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
     if isinstance(value, list):
         items = [pad + dumps(v, indent + 2, width) for v in value]
         return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"

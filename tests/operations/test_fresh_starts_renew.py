@@ -17,12 +17,15 @@ from tests.operations import harness
 LOCK = "/run/specdeploy/locks/specdeploy-vllm.deploy.lock"
 HELD = {LOCK: "holder=tester@ctl:4242/c0ffee00c0ffee00/5150 since=2026-12-01T17:00:00Z host=h1"}
 
-# (fixture, fresh starts it makes): the plain gate (3 runs per arm), the first host of a class (its
-# power-derived runs), and the gate across load (9 visits, then the fall-back's baseline start)
+# (fixture, fresh starts it makes): the gate's one measuring loop (sampling/gate_plans.measure_gate)
+# at one load (3 runs per arm: also the first host of a class, whose power-derived runs the step
+# hands it, gate/speculation_gate_class_canary_measures.json) and across load (9 visits); and the
+# step's own start of the unit it ends on (the across-load fall-back's baseline)
 CASES = {
-    "plain gate": ("gate/speculation_gate_measures_pass.json", 6),
-    "class canary": ("gate/speculation_gate_class_canary_measures.json", 6),
-    "across load": ("gate/speculation_gate_across_load_falls_back.json", 10),
+    "plain gate": ("gate_plans/measure_gate_measures_pass.json", 6),
+    "too few runs": ("gate_plans/measure_gate_too_few_runs.json", 4),
+    "across load": ("gate_plans/measure_gate_across_load_falls_back.json", 9),
+    "the fall-back's start": ("gate/speculation_gate_across_load_falls_back.json", 1),
 }
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = sorted(Path(__file__).parent.glob("*/*.json"))
+from tests.operations import harness
+
+FIXTURES = harness.cases()
 # host data whose values may hold credentials
 SECRET_KEYS = ("pip_install_args", "hf_endpoint", "hf_token")
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.operations import harness
 
-CASES = sorted(harness.FIXTURES.glob("*/*.json"))
+CASES = harness.cases()
 STEPS = Path(harness.FIXTURES.parents[1] / "specdeploy" / "steps")
 
 

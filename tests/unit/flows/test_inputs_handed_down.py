@@ -118,9 +118,9 @@ def test_one_planned_host_looks_its_release_up_and_parses_its_flags_once(monkeyp
     assert calls == {"release_of": 1, "table_for": 1, "engine_flags": 1}, calls
 
 
-# a record as the verify step writes it (tests/operations/verify/): what compare reads back
-VERIFIED = REPO / "tests/operations/verify/verify_and_record_plain_no_gate.json"
-RECORD = next(e["json"] for e in json.loads(VERIFIED.read_text())["host"] if "json" in e)
+# a record as the verify step writes it (tests/operations/record/write_record_verified.json):
+# what compare reads back
+RECORD = json.loads((REPO / "tests/operations/data/record_verified.json").read_text())
 
 
 def test_a_planned_measurement_looks_its_release_up_and_parses_its_flags_once():

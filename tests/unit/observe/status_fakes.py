@@ -157,3 +157,6 @@ class FakeFleet(Fleet):
 
     def __init__(self, *probes: FakeProbe):
         self.timeout, self.interval, self.probes = 30.0, 0.0, list(probes)
+
+    def inventory(self):
+        return None  # no pyinfra state: no control class

