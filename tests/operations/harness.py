@@ -22,9 +22,9 @@ A fixture's keys (all but `call` optional):
                 a whole box's members, its layout or a host's servers, a planned unit change, a
                 server's plan, an operation's result, a record, a server's preflight, a gate
                 input, a sampler (its samples' host calls stood in for: SampleStandIns), a plan's
-                samples, a schedule's proof kept on the control node, a server's turn...); a
-                step's `release`/`pinned_release` and `flags` not given are the host data's
-                (HANDED: what the deploy's start reads once and hands down)
+                samples, a schedule's proof or a draft choice kept on the control node, a
+                server's turn...); a step's `release`/`pinned_release` and `flags` not given are
+                the host data's (HANDED: what the deploy's start reads once and hands down)
     executing   run as pyinfra does at execution time (`state.is_executing`); default false
     facts       {"FactClass": value} for a fact without arguments, else
                 {"FactClass": {"arg=value, other=value": value}} (pyinfra's get_kwargs_str: sorted;
@@ -623,6 +623,22 @@ def _build_kept_proof(case: Case, spec: dict):
     return spec["role"]
 
 
+def _build_kept_choice(case: Case, spec: dict):
+    """A draft choice kept on the control node as deploys/choose_draft.py leaves it
+    (report/draft_summary.keep_choices), for the case's config on `hardware` with `changes` made
+    to its fingerprint, holding `choice`; the argument is `role`."""
+    from specdeploy.report.draft_summary import CHOICES, choice_fingerprint
+    from specdeploy.report.load_summary import proof_key
+    from specdeploy.report.paths import reports_root
+
+    fingerprint = choice_fingerprint(case.cfg, spec["hardware"]) | spec.get("changes", {})
+    entry = {"key": proof_key(fingerprint), "fingerprint": fingerprint, **spec["choice"]}
+    path = reports_root() / CHOICES / f"{entry['key']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry))
+    return spec["role"]
+
+
 def _build_operation(case: Case, changes: bool):
     """An operation's result (OperationMeta) as a later step reads it: `will_change` while
     planning, `did_change()` once it ran — both `changes`."""
@@ -704,6 +720,7 @@ BUILDERS = {
     "$sampler": _build_sampler,
     "$fleet_class": _build_fleet_class,
     "$kept_proof": _build_kept_proof,
+    "$kept_choice": _build_kept_choice,
     "$samples": _build_samples,
     "$reports_dir": _build_reports_dir,
 }
