@@ -143,6 +143,13 @@ def draft_markdown(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _legend_name(c: dict) -> str:
+    """A candidate as the chart's legend names it: its place and the repo's last part (two drafts
+    of one organisation differ there, never in the first 28 characters of repo@sha)."""
+    repo = c["name"].split("@")[0].rsplit("/", 1)[-1]
+    return f"d{c.get('index', '?')} {repo[:24]}"
+
+
 def draft_chart(s: dict, run_dir: Path) -> list[str]:
     """draft_tpot.png: per host, each measured candidate's predicted TPOT over k (line), its
     proven median (filled marker), the baseline's median (dashed); beside it acceptance by
@@ -156,15 +163,15 @@ def draft_chart(s: dict, run_dir: Path) -> list[str]:
         for ci, c in enumerate(x for x in h["candidates"] if x.get("rows")):
             color = f"C{ci}"
             rows = [r for r in c["rows"] if r.get("tpot_ms") is not None]
-            label = f"{c['name'][:28]} predicted"
+            label = f"{_legend_name(c)} predicted"
             tpot_ax.plot([r["k"] for r in rows], [r["tpot_ms"] for r in rows], marker=".",
                          linestyle="--", color=color, label=label)  # fmt: skip
             if c.get("measured_tpot_ms") is not None:
                 tpot_ax.plot([c["proven_k"]], [c["measured_tpot_ms"]], "o", markersize=9,
-                             color=color, label="proven median")  # fmt: skip
+                             color=color, label=f"{_legend_name(c)} proven median")  # fmt: skip
             rates = c.get("per_position_acceptance") or []
             acc_ax.plot(range(1, len(rates) + 1), rates, marker="o", color=color,
-                        label=c["name"][:28])  # fmt: skip
+                        label=_legend_name(c))  # fmt: skip
         base = (h["decision"].get("baseline") or {}).get("median")
         if base is not None:
             tpot_ax.axhline(base, color="gray", linestyle=":", label="baseline median")
@@ -174,6 +181,7 @@ def draft_chart(s: dict, run_dir: Path) -> list[str]:
         acc_ax.set_xlabel("draft position", fontsize=9)
         acc_ax.set_ylabel("share accepted", fontsize=9)
         acc_ax.set_ylim(0, 1)
+        acc_ax.xaxis.get_major_locator().set_params(integer=True)  # positions 1, 2, ...
         acc_ax.set_title("acceptance by position (pin run at the largest k)", fontsize=9)
         for ax in (tpot_ax, acc_ax):
             ax.tick_params(labelsize=SMALLEST_PT + 1)
