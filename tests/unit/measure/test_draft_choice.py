@@ -382,3 +382,29 @@ def test_a_budget_that_can_never_decide_is_refused_before_anything_runs(valid_da
     assert problem.host == "h1" and problem.field == "compare_max_repeats"
     assert "over 3 load levels" in problem.what
     draft_flow.reachable(cfg, 5)
+
+
+def test_the_chart_tells_two_drafts_of_one_organisation_apart(tmp_path, monkeypatch):
+    """The sandbox's trained and poor drafts share their first 28 characters of repo@sha: the
+    legend names each by its place and its repo's last part."""
+    from specdeploy.report import draft_summary
+
+    drawn = []
+    monkeypatch.setattr(
+        draft_summary, "_save", lambda fig, run_dir, name: drawn.append(fig) or name
+    )
+    rows = [{"k": k, "tpot_ms": 20.0 - k} for k in range(5)]
+    candidates = [{"index": i, "name": f"specdeploy-sandbox/pycode-draft{tail}@{'a' * 40}",
+                   "rows": rows, "per_position_acceptance": [0.5, 0.3]}
+                  for i, tail in enumerate(["", "-poor"])]  # fmt: skip
+    s = {"hosts": {"h1": {"candidates": candidates, "decision": {"baseline": {"median": 20.0}}}}}
+    assert draft_summary.draft_chart(s, tmp_path) == ["draft_tpot.png"]
+    (fig,) = drawn
+    tpot_ax, acc_ax = fig.axes
+    names = [t.get_text() for t in acc_ax.get_legend().get_texts()]
+    assert names == ["d0 pycode-draft", "d1 pycode-draft-poor"]
+    assert [t.get_text() for t in tpot_ax.get_legend().get_texts()] == [
+        "d0 pycode-draft predicted",
+        "d1 pycode-draft-poor predicted",
+        "baseline median",
+    ]
