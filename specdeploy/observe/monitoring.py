@@ -158,10 +158,14 @@ def baseline_rules(
          "labels": {"host": host}}
         for host, top in sorted((proven or {}).items())
     ]  # fmt: skip
+    # every host says whether its schedule is unproven (1) or not (0), so the alert's expression
+    # has data on every host and cannot go silent where no schedule is unproven
+    hosts_said = sorted({*(proven or {}), *(unproven or [])})
     schedule += [
-        {"record": "specdeploy:schedule_unproven", "expr": "vector(1)", "labels": {"host": host}}
-        for host in sorted(unproven or [])
-    ]
+        {"record": "specdeploy:schedule_unproven",
+         "expr": f"vector({int(host in (unproven or []))})", "labels": {"host": host}}
+        for host in hosts_said
+    ]  # fmt: skip
     groups = [{"name": "specdeploy-baselines", "rules": rules}]
     if schedule:  # a group of its own: the smoke baselines stay the first group
         groups.append({"name": "specdeploy-schedules", "rules": schedule})

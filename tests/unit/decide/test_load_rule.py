@@ -306,6 +306,7 @@ def test_render_calls_a_schedule_without_a_kept_proof_unproven(tmp_path, valid_d
             "labels": {"host": "b"},
         },
         {"record": "specdeploy:schedule_unproven", "expr": "vector(1)", "labels": {"host": "a"}},
+        {"record": "specdeploy:schedule_unproven", "expr": "vector(0)", "labels": {"host": "b"}},
     ]
     assert plain.effective_max_num_seqs == 4
 

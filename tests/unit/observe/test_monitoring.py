@@ -178,7 +178,7 @@ def test_promtool_accepts_rules_and_rendered_config(tmp_path, valid_data):
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 23 rules found" in result.stdout and "SUCCESS: 3 rules found" in result.stdout
+    assert "SUCCESS: 23 rules found" in result.stdout and "SUCCESS: 4 rules found" in result.stdout
 
 
 # --- a whole box (issue 23) -------------------------------------------------------------------

@@ -179,7 +179,9 @@ def test_render_writes_a_proven_range_only_from_a_kept_proof(planning, tmp_path)
             "specdeploy:proven_batch_size_max",
             "plain",
         ): f"vector({cfg_with().effective_max_num_seqs})",
+        ("specdeploy:schedule_unproven", "gpu-1"): "vector(0)",
         ("specdeploy:schedule_unproven", "gpu-2"): "vector(1)",
+        ("specdeploy:schedule_unproven", "plain"): "vector(0)",
     }
 
 
@@ -198,6 +200,7 @@ def test_the_unproven_alert_fires_for_a_serving_unproven_schedule_alone(tmp_path
         {"series": 'specdeploy:schedule_unproven{host="unproven"}', "values": "1x30"},
         {"series": 'specdeploy:schedule_unproven{host="idle"}', "values": "1x30"},
         {"series": 'specdeploy:proven_batch_size_max{host="proven"}', "values": "4x30"},
+        {"series": 'specdeploy:schedule_unproven{host="proven"}', "values": "0x30"},
     ]
     alert = "SpeculationScheduleUnproven"
     notes = {
