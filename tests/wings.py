@@ -226,8 +226,8 @@ WINGS: dict[str, Wing] = {
             "templates/monitoring/live-verdict.yml",
         ),
     ),
-    "sandbox": Wing(
-        "the sandbox itself: hosts, services, systemd quoting, down leaves nothing",
+    "fleet": Wing(
+        "the sandbox fleet itself: hosts, services, systemd quoting, down leaves nothing",
         (
             "tests/integration/test_sandbox_hosts.py",
             "tests/integration/test_sandbox_services.py",

@@ -71,3 +71,17 @@ def test_the_live_tier_never_shrinks_and_the_main_job_stays_in_the_fast_tier():
     assert not [t for t in live if t.split("::")[0] in wings.FAST_LIVE]
     main_job = (REPO / "tests/integration/test_main_job.py").read_text()
     assert main_job.count("\ndef test_") >= 5
+
+
+def test_a_wing_selects_only_its_own_tests():
+    """`-m "live and (<wing>)"` selects a wing by its marker: a wing named like a marker the tests
+    set themselves (pytest.mark.sandbox is on every test that needs the fleet) would select them
+    all."""
+    import re
+
+    pyproject = (REPO / "pyproject.toml").read_text()
+    own = set(re.findall(r'^\s*"(\w+): ', pyproject, flags=re.M))
+    for module in (REPO / "tests").rglob("*.py"):
+        own |= set(re.findall(r"pytest\.mark\.(\w+)", module.read_text()))
+    assert "sandbox" in own  # the scan sees the markers
+    assert sorted(set(wings.WINGS) & own) == [], "rename the wing: a test's own marker has its name"
