@@ -60,6 +60,10 @@ def tune() -> None:
     report_charts("trained_tune", {"tune_tpot.png": "tune-tpot.png"})
 
 
+def draft() -> None:
+    report_charts("trained_choose_draft", {"draft_tpot.png": "draft-tpot.png"})
+
+
 def h200_load() -> None:
     recording = REPO / "benchmarks/gpu_load/h200-0.26.0-5starts/summary.json"
     proof = json.loads(recording.read_text())["proof"]
@@ -94,6 +98,7 @@ def live_verdict() -> None:
 FIGURES = {
     "compare": compare,
     "tune": tune,
+    "draft": draft,
     "h200-load": h200_load,
     "h200-payoff": h200_payoff,
     "rolling-timeline": rolling_timeline,

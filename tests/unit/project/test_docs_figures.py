@@ -70,7 +70,7 @@ def test_every_figure_of_the_manual_is_shown_by_a_page():
 def report_charts(tmp_path_factory) -> list[Path]:
     """The charts the product's report draws from the recorded compare, tune and load runs."""
     charts = []
-    for replay in ("trained_compare", "trained_tune"):
+    for replay in ("trained_compare", "trained_tune", "trained_choose_draft"):
         run_dir = tmp_path_factory.mktemp(replay)
         shutil.copytree(REPLAYS / replay / "raw", run_dir / "raw")
         charts += [run_dir / name for name in summary.write(run_dir)["charts"]]
@@ -83,7 +83,7 @@ def report_charts(tmp_path_factory) -> list[Path]:
 def test_every_chart_a_report_draws_is_legible_in_a_column(report_charts):
     names = {png.name for png in report_charts}
     assert names == {"latency.png", "ratios.png", "acceptance.png", "tune_tpot.png",
-                     "load_ratio.png"}  # fmt: skip
+                     "load_ratio.png", "draft_tpot.png"}  # fmt: skip
     for png in report_charts:
         px, reckoned = shown_text_px(png)
         assert px >= SMALLEST_PX, f"{png.name}: smallest text {reckoned} < {SMALLEST_PX} px"
