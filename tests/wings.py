@@ -211,7 +211,7 @@ WINGS: dict[str, Wing] = {
         ("tests/integration/test_host_download.py",),
         ("specdeploy/config/revisions.py",),
     ),
-    "live": Wing(
+    "verdict": Wing(
         "speculation judged on live traffic: a box with a control arm behind HAProxy routing at "
         "random, the live verdict pays on the trained set and loses on random-token traffic, the "
         "autopilot falls back through the serve path with no failed request",
