@@ -2,7 +2,7 @@
 draws them for a user: a compare and a tune report are rebuilt by the product's report
 (specdeploy/report/summary.write, which draws report/charts.py's charts) from the raw files of the
 replays the live tier recorded; the H200 load chart is report/charts.load_chart over the recorded
-proof's summary; the live verdict over time is report/charts.live_chart over the live wing's
+proof's summary; the live verdict over time is report/charts.live_chart over the verdict wing's
 recorded judge; the payoff map and the rolling-restart timeline come from their own scripts, which
 draw with the report's style (charts.save). Every figure is sized for the manual's column:
 tests/unit/project/test_docs_figures.py checks each.

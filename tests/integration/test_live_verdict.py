@@ -16,7 +16,7 @@ skipped and no decision mixes the two phases. Last, identical arms (both instanc
 baseline after the fall-back) must not decide.
 
 Short windows for the sandbox (30 s, the shortest host data allows; 6 per decision, 5 requests
-per arm at least): a decision every 3 minutes. The recording (`make test-live WING=live`) is what
+per arm at least): a decision every 3 minutes. The recording (`make test-live WING=verdict`) is what
 the fast tier's replay and the guide's chart are drawn from.
 """
 

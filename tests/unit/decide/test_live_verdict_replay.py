@@ -1,4 +1,4 @@
-"""Replay of the live wing's recording (tests/integration/test_live_verdict.py): the windows
+"""Replay of the verdict wing's recording (tests/integration/test_live_verdict.py): the windows
 recomputed from the recorded /metrics snapshots give the decisions the live judge made, and the
 autopilot replayed on them takes the same steps; phase 1 (the trained set) pays, phase 2 (the
 traffic the probe found slowest for speculation) loses until the autopilot falls back; the probe
