@@ -133,13 +133,15 @@ def journal_command(unit: str, lines: int = 600, *, whole_unit: bool = False) ->
     )
 
 
-def journal_tail(unit: str, lines: int = 20, errors: int = 20) -> str:
+def journal_tail(unit: str, lines: int = 20, errors: int = 20, *, restarted: bool = True) -> str:
     """The unit's last invocation, summarised for a failure message (`summarize_journal`). Under
-    Restart=on-failure the last invocation may be a restart that has not failed yet: when it holds
-    no exception, the unit's whole recent journal is read instead."""
+    Restart=on-failure the last invocation may be a restart that has not failed yet: when the unit
+    `restarted` and that invocation holds no exception, the unit's whole recent journal is read
+    instead. A unit that did not restart is its last invocation alone: an exception of an earlier
+    run of the unit is not this failure's root cause."""
     _ok, stdout, _ = sh_status(journal_command(unit))
     text = stdout.splitlines()
-    if root_cause(text) is None:
+    if restarted and root_cause(text) is None:
         _ok, stdout, _ = sh_status(journal_command(unit, whole_unit=True))
         text = stdout.splitlines() or text
     return summarize_journal(text, lines, errors)

@@ -147,7 +147,7 @@ def wait_healthy(
             why = "it crashed and systemd restarted it" if crashed else f"state {state}"
             raise HealthError(
                 f"{host.name}: {unit} not healthy after {elapsed:.0f}s ({why}); "
-                f"last journal lines:\n{journal_tail(unit)}"
+                f"last journal lines:\n{journal_tail(unit, restarted=crashed)}"
             )
         if elapsed >= next_report:
             logger.info(
@@ -162,7 +162,7 @@ def wait_healthy(
     except Exception as error:
         raise HealthError(
             f"{host.name}: {unit} is up but a check failed: {error}\n"
-            f"last journal lines:\n{journal_tail(unit)}"
+            f"last journal lines:\n{journal_tail(unit, restarted=False)}"
         ) from error
 
 

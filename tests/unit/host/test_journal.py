@@ -65,3 +65,22 @@ def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(monkeypatch):
     monkeypatch.setattr(on_host, "sh_status", fake)
     assert on_host.journal_tail("u.service").startswith(f"[root cause] {REFUSAL}")
     assert len(calls) == 2
+
+
+def test_a_unit_that_did_not_restart_is_its_last_invocation_alone(monkeypatch):
+    """A server that is up but fails a check (or never restarted): an exception an earlier run of
+    the unit logged is not named as the root cause (the fault wing's gate test saw an earlier
+    run's EngineDeadError named the cause of a 401)."""
+    from specdeploy.host import on_host
+
+    calls = []
+
+    def fake(command):
+        calls.append(command)
+        whole = command.startswith("journalctl -u")
+        return True, RECORDED if whole else "INFO starting vLLM API server\n", None
+
+    monkeypatch.setattr(on_host, "sh_status", fake)
+    summary = on_host.journal_tail("u.service", restarted=False)
+    assert summary == "INFO starting vLLM API server" and len(calls) == 1
+    assert "[root cause]" not in summary
