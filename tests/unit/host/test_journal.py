@@ -1,6 +1,9 @@
 """Failure messages quote vLLM's own refusal: the journal summary on lines recorded on an H200
 (benchmarks/gpu_truth, a server refused for free memory below gpu_memory_utilization)."""
 
+import pytest
+
+from specdeploy.host import on_host
 from specdeploy.host.on_host import ERROR_LINE, journal_command, root_cause, summarize_journal
 from tests.unit import DATA
 
@@ -52,10 +55,13 @@ def test_journal_is_limited_to_the_last_invocation():
     assert journal_command("u.service", whole_unit=True).startswith("journalctl -u u.service")
 
 
-def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(monkeypatch):
+@pytest.fixture
+def journal_reads(monkeypatch) -> list[str]:
+    """The journal commands journal_tail runs: the last invocation holds a healthy start, the
+    unit's whole journal the recorded refusal of an earlier run."""
     from specdeploy.host import on_host
 
-    calls = []
+    calls: list[str] = []
 
     def fake(command):
         calls.append(command)
@@ -63,24 +69,18 @@ def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(monkeypatch):
         return True, RECORDED if whole else "INFO starting vLLM API server\n", None
 
     monkeypatch.setattr(on_host, "sh_status", fake)
+    return calls
+
+
+def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(journal_reads):
     assert on_host.journal_tail("u.service").startswith(f"[root cause] {REFUSAL}")
-    assert len(calls) == 2
+    assert len(journal_reads) == 2
 
 
-def test_a_unit_that_did_not_restart_is_its_last_invocation_alone(monkeypatch):
+def test_a_unit_that_did_not_restart_is_its_last_invocation_alone(journal_reads):
     """A server that is up but fails a check (or never restarted): an exception an earlier run of
     the unit logged is not named as the root cause (the fault wing's gate test saw an earlier
     run's EngineDeadError named the cause of a 401)."""
-    from specdeploy.host import on_host
-
-    calls = []
-
-    def fake(command):
-        calls.append(command)
-        whole = command.startswith("journalctl -u")
-        return True, RECORDED if whole else "INFO starting vLLM API server\n", None
-
-    monkeypatch.setattr(on_host, "sh_status", fake)
     summary = on_host.journal_tail("u.service", restarted=False)
-    assert summary == "INFO starting vLLM API server" and len(calls) == 1
+    assert summary == "INFO starting vLLM API server" and len(journal_reads) == 1
     assert "[root cause]" not in summary
