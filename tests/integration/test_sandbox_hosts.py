@@ -100,6 +100,7 @@ def test_tmp_usable_and_writable_root(sandbox_fleet, sandbox_ssh):
         "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(42)'; rm -rf /tmp/v",
     )
     assert p.returncode == 0, p.stdout + p.stderr
+    assert len(p.stdout.split()) == 3, p.stdout + p.stderr
     size, avail_gb, answer = p.stdout.split()
     assert int(size) == 64 * 1024 * 1024
     assert int(avail_gb) >= 10

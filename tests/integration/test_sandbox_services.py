@@ -164,11 +164,12 @@ def test_pip_no_index_find_links(svc, venv):
 
 
 def test_pip_does_not_fall_back_to_pypi(svc, venv):
-    # Not in the wheelhouse: the index must answer 404, never redirect to pypi.org.
-    assert not list(wheelhouse.wheelhouse_dir().glob("six-*"))
-    r = _pip(venv, *svc["pip_install_args"], "six")
+    # A real PyPI project the wheelhouse does not hold (it holds the product's own dependencies
+    # for the clean room, six among them): the index must answer 404, never redirect to pypi.org.
+    assert not list(wheelhouse.wheelhouse_dir().glob("cowsay-*"))
+    r = _pip(venv, *svc["pip_install_args"], "cowsay")
     assert r.returncode != 0
-    assert "No matching distribution found for six" in r.stdout + r.stderr
+    assert "No matching distribution found for cowsay" in r.stdout + r.stderr
 
 
 def _sha256(path: Path) -> str:
