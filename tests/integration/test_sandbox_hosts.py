@@ -97,7 +97,8 @@ def test_tmp_usable_and_writable_root(sandbox_fleet, sandbox_ssh):
         "set -e; f=$(mktemp); dd if=/dev/zero of=$f bs=1M count=64 status=none; "
         "stat -c %s $f; rm $f; touch /opt/specdeploy-write-test && rm /opt/specdeploy-write-test; "
         "df -B1G --output=avail / | tail -1; "
-        "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(42)'; rm -rf /tmp/v",
+        # a plain host: python3 for pyinfra's facts, no python3-venv (the deploy installs it)
+        "python3 -c 'print(42)'",
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert len(p.stdout.split()) == 3, p.stdout + p.stderr
