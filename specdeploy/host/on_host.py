@@ -133,12 +133,12 @@ def journal_command(unit: str, lines: int = 600, *, whole_unit: bool = False) ->
     )
 
 
-def journal_tail(unit: str, lines: int = 20, errors: int = 20, *, restarted: bool = True) -> str:
+def journal_tail(unit: str, lines: int = 20, errors: int = 20, *, restarted: bool) -> str:
     """The unit's last invocation, summarised for a failure message (`summarize_journal`). Under
     Restart=on-failure the last invocation may be a restart that has not failed yet: when the unit
     `restarted` and that invocation holds no exception, the unit's whole recent journal is read
     instead. A unit that did not restart is its last invocation alone: an exception of an earlier
-    run of the unit is not this failure's root cause."""
+    run of the unit is not this failure's root cause. Every caller says which it is."""
     _ok, stdout, _ = sh_status(journal_command(unit))
     text = stdout.splitlines()
     if restarted and root_cause(text) is None:

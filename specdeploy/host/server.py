@@ -527,9 +527,12 @@ def start_balancer(cfg: ServeConfig, *, reload: bool) -> None:
         if is_healthy(cfg):
             return
         if time.monotonic() - started > 60:
+            # An active balancer that does not answer is its last invocation alone; one that is
+            # not active may be a restart that has not logged its failure yet.
+            state = is_active(cfg.balancer_unit)
             raise HealthError(
                 f"{host.name}: {cfg.balancer_unit} does not answer /health on {cfg.base_url} "
-                f"({is_active(cfg.balancer_unit)}); last journal lines:\n"
-                f"{journal_tail(cfg.balancer_unit)}"
+                f"({state}); last journal lines:\n"
+                f"{journal_tail(cfg.balancer_unit, restarted=state != 'active')}"
             )
         time.sleep(1)

@@ -1,6 +1,8 @@
 """Failure messages quote vLLM's own refusal: the journal summary on lines recorded on an H200
 (benchmarks/gpu_truth, a server refused for free memory below gpu_memory_utilization)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from specdeploy.host import on_host
@@ -73,7 +75,7 @@ def journal_reads(monkeypatch) -> list[str]:
 
 
 def test_a_restart_that_has_not_failed_yet_falls_back_to_the_unit(journal_reads):
-    assert on_host.journal_tail("u.service").startswith(f"[root cause] {REFUSAL}")
+    assert on_host.journal_tail("u.service", restarted=True).startswith(f"[root cause] {REFUSAL}")
     assert len(journal_reads) == 2
 
 
@@ -84,3 +86,27 @@ def test_a_unit_that_did_not_restart_is_its_last_invocation_alone(journal_reads)
     summary = on_host.journal_tail("u.service", restarted=False)
     assert summary == "INFO starting vLLM API server" and len(journal_reads) == 1
     assert "[root cause]" not in summary
+
+
+@pytest.mark.parametrize(("state", "restarted"), [("active", False), ("activating", True)])
+def test_a_balancer_that_does_not_answer_says_which_journal_it_read(monkeypatch, state, restarted):
+    """An active HAProxy that does not answer /health never restarted: its earlier runs' errors are
+    not this failure's; one that is not active may be a restart that has not failed yet."""
+    from specdeploy.host import server
+
+    asked: list[bool] = []
+    clock = iter([0.0, 61.0])
+    monkeypatch.setattr(server, "host", SimpleNamespace(name="gpu-1", print_prefix=""))
+    monkeypatch.setattr(server, "sh", lambda command: "")
+    monkeypatch.setattr(server, "enable", lambda unit: None)
+    monkeypatch.setattr(server, "start_if_inactive", lambda unit: False)
+    monkeypatch.setattr(server, "is_healthy", lambda cfg: False)
+    monkeypatch.setattr(server, "is_active", lambda unit: state)
+    monkeypatch.setattr(server.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(
+        server, "journal_tail", lambda unit, *, restarted: asked.append(restarted) or "lines"
+    )
+    cfg = SimpleNamespace(balancer_unit="specdeploy-balancer.service", base_url="http://x:8000")
+    with pytest.raises(server.HealthError, match=f"does not answer /health .*\\({state}\\)"):
+        server.start_balancer(cfg, reload=False)
+    assert asked == [restarted]
