@@ -49,3 +49,17 @@ def test_every_step_has_fixtures():
     assert steps(), STEPS
     missing = [s for s in steps() if not list((harness.FIXTURES / s).glob("*.json"))]
     assert missing == [], f"steps without tests/operations/<step>/*.json: {missing}"
+
+
+def test_a_started_process_answers_its_pid():
+    """A host command that starts a process in the background answers with its PID (`echo $!`),
+    which later commands kill by: a fixture that answers anything else asserts commands no host
+    would run (two once asserted `kill -TERM -{"choices": ...}`)."""
+    wrong = [
+        f"{path.relative_to(harness.FIXTURES)}: {call.get('out')!r}"
+        for path in CASES
+        for call in json.loads(path.read_text()).get("host", [])
+        if call.get("sh", "").rstrip().endswith("echo $!; }")
+        and not call.get("out", "").strip().isdigit()
+    ]
+    assert wrong == [], wrong
