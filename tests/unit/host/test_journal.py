@@ -61,8 +61,6 @@ def test_journal_is_limited_to_the_last_invocation():
 def journal_reads(monkeypatch) -> list[str]:
     """The journal commands journal_tail runs: the last invocation holds a healthy start, the
     unit's whole journal the recorded refusal of an earlier run."""
-    from specdeploy.host import on_host
-
     calls: list[str] = []
 
     def fake(command):
